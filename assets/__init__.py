@@ -1,0 +1,1 @@
+"""WHAT is produced: one module per stage, each exposing `defs` (a `dg.Definitions`)."""

@@ -1,0 +1,1 @@
+"""Pure logic of the onboarding pipeline: no Dagster imports, testable in milliseconds."""

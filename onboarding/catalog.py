@@ -1,0 +1,191 @@
+"""Model catalog: `configs/models/*.yaml` -> validated `ModelSpec`s keyed by partition key.
+
+A spec says where a checkpoint comes from and how it must be proven (precision ladder, eval
+tasks, traffic scenarios, SLO overrides). Unknown keys are rejected and every error names the
+file and the field, because a typo in a gate silently relaxing it is the worst failure here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from onboarding.errors import ConfigError
+from onboarding.names import is_dns1123_label
+
+Precision = Literal["nvfp4", "fp8", "bf16"]
+
+_S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<prefix>.*)$")
+_HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(@(?P<revision>[\w.\-/]+))?$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SloOverrides(_Strict):
+    """Per-model SLOs; unset fields fall back to `configs/gates.yaml`."""
+
+    ttft_p95_s: float | None = Field(default=None, gt=0)
+    itl_mean_ms: float | None = Field(default=None, gt=0)
+    error_rate_max: float | None = Field(default=None, ge=0, le=1)
+    target_concurrency: int | None = Field(default=None, ge=1)
+
+
+class ArchitectureHint(_Strict):
+    """Declared facts for plan-only entries, whose weights the pipeline never sees."""
+
+    params_billion: float = Field(gt=0)
+    num_layers: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    moe: bool = False
+    active_params_billion: float | None = Field(default=None, gt=0)
+
+
+class SourceRef(_Strict):
+    kind: Literal["s3", "hf"]
+    location: str  # bucket for s3, repo id for hf
+    path: str  # prefix for s3 (ends with '/'), '' for hf
+    revision: str | None = None
+
+    @property
+    def uri(self) -> str:
+        if self.kind == "s3":
+            return f"s3://{self.location}/{self.path}"
+        return f"hf://{self.location}" + (f"@{self.revision}" if self.revision else "")
+
+
+def parse_source(uri: str) -> SourceRef:
+    if m := _S3_URI.match(uri):
+        prefix = m["prefix"]
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        return SourceRef(kind="s3", location=m["bucket"], path=prefix)
+    if m := _HF_URI.match(uri):
+        return SourceRef(kind="hf", location=m["repo"], path="", revision=m["revision"])
+    raise ValueError(
+        "expected 's3://<bucket>/<prefix>/' or 'hf://<org>/<name>@<revision>', got " + repr(uri)
+    )
+
+
+class ModelSpec(_Strict):
+    id: str = Field(description="partition key: DNS-1123 label")
+    source: str = Field(description="s3://bucket/prefix/ or hf://org/name@revision")
+    served_name: str
+    description: str = ""
+    precision_ladder: list[Precision] = Field(default_factory=lambda: ["nvfp4", "fp8", "bf16"])
+    eval_tasks: list[str] = Field(default_factory=list)
+    scenarios: list[str] = Field(default_factory=lambda: ["chat"])
+    slo: SloOverrides = Field(default_factory=SloOverrides)
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="production engine parameters, e.g. max_model_len"
+    )
+    plan_only: bool = Field(
+        default=False, description="a spec for planning and rendering only: nothing is fetched"
+    )
+    architecture: ArchitectureHint | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _dns(cls, v: str) -> str:
+        if not is_dns1123_label(v):
+            raise ValueError(
+                f"{v!r} is not a DNS-1123 label (lowercase letters, digits and '-', at most 63, "
+                "starting and ending with a letter or digit)"
+            )
+        return v
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        parse_source(v)
+        return v
+
+    @field_validator("precision_ladder")
+    @classmethod
+    def _ladder(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("the precision ladder needs at least one precision")
+        if len(set(v)) != len(v):
+            raise ValueError(f"precision ladder {v} names a precision twice")
+        return v
+
+    @property
+    def source_ref(self) -> SourceRef:
+        return parse_source(self.source)
+
+
+def format_validation_error(path: Path | str, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "<top level>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{path}: field '{field}': unknown key (check its spelling)")
+        elif e["type"] == "missing":
+            lines.append(f"{path}: field '{field}': required but missing")
+        else:
+            lines.append(f"{path}: field '{field}': {e['msg']}")
+    return "; ".join(lines)
+
+
+def load_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(
+            f"{path}{where}", f"not valid YAML ({getattr(exc, 'problem', exc)})", "Fix the syntax."
+        ) from None
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot be read ({exc.strerror})", "Check the path.") from None
+
+
+def parse_spec(data: Any, origin: str, default_id: str | None = None) -> ModelSpec:
+    """Validate one spec mapping; `origin` (a file path or URI) goes into every error."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            origin, f"expected a mapping of spec fields, got {type(data).__name__}",
+            "Write the spec as YAML key: value pairs (see configs/models/*.yaml).",
+        )
+    if default_id is not None:
+        data = {"id": default_id, **data}
+    try:
+        return ModelSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(origin, format_validation_error("spec", exc), "Fix the spec.") from None
+
+
+def load_catalog(models_dir: Path) -> dict[str, ModelSpec]:
+    """All specs under `models_dir`, keyed by id; duplicate ids are an error."""
+    if not models_dir.is_dir():
+        raise ConfigError(
+            str(models_dir), "the model catalog directory does not exist",
+            "Set ONBOARDING_CONFIG_DIR to a directory holding models/*.yaml.",
+        )
+    specs: dict[str, ModelSpec] = {}
+    for path in sorted(models_dir.glob("*.yaml")):
+        spec = parse_spec(load_yaml(path), str(path))
+        if spec.id in specs:
+            raise ConfigError(
+                str(path), f"model id {spec.id!r} is already defined by another file",
+                "Give each catalog entry a unique id.",
+            )
+        specs[spec.id] = spec
+    return specs
+
+
+def resolve(catalog: dict[str, ModelSpec], key: str) -> ModelSpec:
+    try:
+        return catalog[key]
+    except KeyError:
+        known = ", ".join(sorted(catalog)) or "none"
+        raise ConfigError(
+            f"model {key!r}", f"not in the catalog (known: {known})",
+            "Add configs/models/<id>.yaml, or upload the checkpoint so the sensor registers it.",
+        ) from None

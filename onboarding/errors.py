@@ -1,0 +1,27 @@
+"""One exception type whose message always carries the cause and the fix.
+
+Users read these in the Dagster UI without opening logs, so every raise site says what failed,
+on which object, why, and what to do next.
+"""
+
+from __future__ import annotations
+
+
+class OnboardingError(RuntimeError):
+    """An error a user can act on: `what` failed because `cause`; `fix` says what to do."""
+
+    def __init__(self, what: str, cause: str, fix: str):
+        self.what, self.cause, self.fix = what, cause, fix
+        super().__init__(f"{what}: {cause}. {fix}")
+
+
+class ConfigError(OnboardingError):
+    """A configuration file or value is malformed; names the file and field."""
+
+
+class FetchError(OnboardingError):
+    """Fetching a checkpoint failed; nothing in the cache was overwritten."""
+
+
+class IntegrityError(FetchError):
+    """Bytes received do not match what the source recorded."""

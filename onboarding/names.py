@@ -1,0 +1,28 @@
+"""DNS-1123 names: partition keys and Kubernetes object names derive from arbitrary model ids."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_LABEL = 63
+
+
+def is_dns1123_label(name: str) -> bool:
+    return len(name) <= MAX_LABEL and bool(_DNS1123_LABEL.match(name))
+
+
+def to_dns1123_label(name: str, max_len: int = MAX_LABEL) -> str:
+    """`Meta-Llama/Llama-3.1-70B_Instruct` -> `meta-llama-llama-3-1-70b-instruct`.
+
+    Lossy names are made unique with a short hash of the original when they had to be cut, so
+    two long ids that share a prefix never collide.
+    """
+    label = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    if not label:
+        raise ValueError(f"model id {name!r} has no letters or digits to build a DNS-1123 name from")
+    if len(label) > max_len:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        label = label[: max_len - 9].rstrip("-") + "-" + digest
+    return label

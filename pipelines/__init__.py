@@ -1,0 +1,1 @@
+"""WHEN and HOW the graph runs: Definitions, partitions, jobs, sensors, schedules, executors."""

@@ -1,0 +1,16 @@
+"""Jobs: onboarding a model end to end, partitioned by model."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from pipelines.partitions import models_partitions
+
+onboard_model = dg.define_asset_job(
+    "onboard_model",
+    selection=dg.AssetSelection.all() - dg.AssetSelection.groups("plan_only"),
+    partitions_def=models_partitions,
+    description="Fetch, quantize, evaluate, time, benchmark, plan and render one model.",
+)
+
+jobs = [onboard_model]

@@ -1,0 +1,25 @@
+"""Resources by key, built from environment variables so no secret is ever in code or logs.
+
+Local runs read the embedded defaults set by `scripts/dev.sh`; a cluster sets the same variables
+from a Secret/ConfigMap. Each resource is the production class, configured differently.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from resources.huggingface import HuggingFaceStore
+from resources.nvme_cache import NvmeCache
+from resources.s3 import S3ObjectStore
+
+
+def build_resources() -> dict[str, object]:
+    return {
+        "s3": S3ObjectStore(
+            endpoint_url=dg.EnvVar("S3_ENDPOINT_URL"),
+            access_key_id=dg.EnvVar("AWS_ACCESS_KEY_ID"),
+            secret_access_key=dg.EnvVar("AWS_SECRET_ACCESS_KEY"),
+        ),
+        "hf": HuggingFaceStore(),
+        "nvme_cache": NvmeCache(root=dg.EnvVar("ONBOARDING_CACHE_ROOT")),
+    }
