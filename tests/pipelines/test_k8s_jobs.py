@@ -1,0 +1,147 @@
+"""Step pods as dagster-k8s renders them: GPU steps get exactly their GPUs and placement, CPU none.
+
+The Jobs come from the k8s executor's own step handler (see k8s_render); only the API client is
+a recorder, because no cluster exists here. Every rendered Job is validated strictly against the
+Kubernetes schemas shipped with kubernetes-validate (offline).
+"""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+from dagster._core.definitions.reconstruct import ReconstructableRepository
+from dagster._core.test_utils import instance_for_test
+
+from onboarding.cluster import load_cluster_config, load_node_type
+from onboarding.paths import PROJECT_ROOT
+from pipelines.executors import step_gpu_run_config
+from pipelines.step_tags import GPU_BOUND_ASSETS, K8S_CONFIG_TAG, gpu_step_tags
+from tests.pipelines.k8s_render import KUBECONFIG, k8s_run_launcher_overrides, render_step_job
+from tests.pipelines.stand_in_graph import EDGES
+
+CPU_STAGES = [s for s in EDGES if s not in GPU_BOUND_ASSETS]
+K8S_VERSION = "1.33.0"
+
+
+@pytest.fixture(scope="module")
+def k8s_instance(tmp_path_factory):
+    kubeconfig = tmp_path_factory.mktemp("kube") / "config"
+    kubeconfig.write_text(KUBECONFIG)
+    with instance_for_test(overrides=k8s_run_launcher_overrides(str(kubeconfig))) as instance:
+        yield instance
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    repo = ReconstructableRepository.for_module(
+        "tests.pipelines.stand_in_graph", "defs", working_directory=str(PROJECT_ROOT)
+    )
+    return repo.get_reconstructable_job("onboard_model")
+
+
+def _pod(rendered):
+    return rendered["job"]["spec"]["template"]["spec"]
+
+
+def _container(rendered):
+    (container,) = _pod(rendered)["containers"]
+    return container
+
+
+def _validate(rendered):
+    kubernetes_validate.validate(rendered["job"], K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("stage", GPU_BOUND_ASSETS)
+def test_gpu_step_pod_has_exactly_its_gpus_and_placement(stage, stand_in, k8s_instance):
+    cfg = load_cluster_config()
+    node = load_node_type(cfg.step_pods.node_type)
+    rendered = render_step_job(stand_in, stage, k8s_instance)
+    _validate(rendered)
+    pod, container = _pod(rendered), _container(rendered)
+
+    gpus = str(cfg.step_pods.gpus[stage])
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == gpus
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == gpus
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": node.gpu_product}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": cfg.step_pods.shm_size}
+    cache = cfg.step_pods.cache
+    assert volumes["model-cache"]["hostPath"]["path"] == cache.host_path
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["dshm"] == "/dev/shm"
+    assert mounts["model-cache"] == cache.mount_path
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["ONBOARDING_CACHE_ROOT"] == cache.mount_path
+    assert container["image"] == cfg.step_pods.gpu_image
+    assert rendered["job"]["metadata"]["labels"]["dagster/op"] == stage
+
+
+@pytest.mark.parametrize("stage", CPU_STAGES)
+def test_cpu_step_pod_has_no_gpu_placement(stage, stand_in, k8s_instance):
+    rendered = render_step_job(stand_in, stage, k8s_instance)
+    _validate(rendered)
+    pod, container = _pod(rendered), _container(rendered)
+    resources = container.get("resources") or {}
+    assert "nvidia.com/gpu" not in json.dumps(resources)
+    assert not pod.get("nodeSelector")
+    assert not pod.get("tolerations")
+    assert {v["name"] for v in pod.get("volumes") or []}.isdisjoint({"dshm", "model-cache"})
+    # The code location's (CPU) image, not the GPU one.
+    assert container["image"] == "registry.example.com/model-onboarding:0.1.0"
+
+
+def test_merge_order_per_step_config_beats_op_tag_beats_step_k8s_config(stand_in, k8s_instance):
+    """executor step_k8s_config < op tag < per_step_k8s_config; the merge is deep."""
+    executor_config = {
+        "step_k8s_config": {
+            "container_config": {"resources": {"limits": {"nvidia.com/gpu": "7"}}},
+            "pod_spec_config": {"priority_class_name": "onboarding"},
+        },
+        **step_gpu_run_config({"serving_benchmark": 4})["execution"]["config"],
+    }
+    bench = render_step_job(stand_in, "serving_benchmark", k8s_instance, executor_config)
+    _validate(bench)
+    resources = _container(bench)["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == "4"
+    assert resources["limits"]["nvidia.com/gpu"] == "4"
+    assert resources["requests"]["cpu"] == load_cluster_config().step_pods.resources.requests["cpu"]
+    assert _pod(bench)["nodeSelector"]  # kept from the op tag
+    assert _pod(bench)["priorityClassName"] == "onboarding"  # executor-wide setting kept
+
+    # Without a per-step override the op tag beats the executor-wide limit of 7.
+    quant = render_step_job(stand_in, "quantized", k8s_instance, executor_config)
+    assert _container(quant)["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # ...and a CPU step gets the executor-wide setting as is: why GPUs never go there.
+    plan = render_step_job(stand_in, "deployment_plan", k8s_instance, executor_config)
+    assert _container(plan)["resources"]["limits"]["nvidia.com/gpu"] == "7"
+
+
+def test_job_level_tags_do_not_reach_step_pods(stand_in, k8s_instance):
+    run_tags = {
+        K8S_CONFIG_TAG: json.dumps({"pod_spec_config": {"node_selector": {"pool": "run-level"}}})
+    }
+    rendered = render_step_job(stand_in, "checkpoint", k8s_instance, run_tags=run_tags)
+    assert not _pod(rendered).get("nodeSelector")
+    gpu = render_step_job(stand_in, "accuracy", k8s_instance, run_tags=run_tags)
+    assert "pool" not in _pod(gpu)["nodeSelector"]
+
+
+def test_step_gpu_run_config_refuses_more_gpus_than_a_node_has():
+    node = load_node_type(load_cluster_config().step_pods.node_type)
+    with pytest.raises(ValueError, match="node has"):
+        step_gpu_run_config({"serving_benchmark": node.gpus_per_node + 1})
+    with pytest.raises(ValueError, match="not a GPU-bound"):
+        step_gpu_run_config({"checkpoint": 1})
+
+
+def test_node_type_from_env_changes_the_selector(monkeypatch):
+    monkeypatch.setenv("ONBOARDING_NODE_TYPE", "b300")
+    config = json.loads(gpu_step_tags("load_timing")[K8S_CONFIG_TAG])
+    b300 = load_node_type("b300")
+    assert config["pod_spec_config"]["node_selector"] == {"nvidia.com/gpu.product": b300.gpu_product}
