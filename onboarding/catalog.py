@@ -43,6 +43,7 @@ class ArchitectureHint(_Strict):
     num_layers: int = Field(gt=0)
     num_kv_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
+    num_attention_heads: int | None = Field(default=None, gt=0)  # TP must divide it
     moe: bool = False
     active_params_billion: float | None = Field(default=None, gt=0)
 

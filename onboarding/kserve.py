@@ -1,0 +1,600 @@
+"""KServe manifests from a deployment plan: InferenceService (+ ServingRuntime) and gateway routes.
+
+Pure rendering, no Dagster and no cluster: every value comes from the plan, the model's spec,
+`configs/deploy.yaml`, the `images:`/`env_switches:` sections of `configs/stack.yaml`, or a
+measurement, and the manifest's annotations say which. Credentials are only ever referenced
+(service account, secretKeyRef); `inline_secret_findings` is the gate that proves it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from onboarding.catalog import ModelSpec, format_validation_error, load_yaml
+from onboarding.errors import ConfigError
+from onboarding.names import to_dns1123_label
+from onboarding.paths import PROJECT_ROOT
+from onboarding.plan import GIB, DeploymentPlan, NodePlan, NodeType
+
+OUTPUT_DIR_ENV = "ONBOARDING_OUTPUT_DIR"
+LABEL_PREFIX = "model-onboarding.io"
+ISVC_NAME_MAX = 45  # KServe appends "-predictor" (and Knative a revision) within 63
+RUNTIME_CONTAINER = "kserve-container"
+SHM_VOLUME = "dshm"
+Engine = Literal["vllm", "sglang"]
+
+_SECRET_NAME = re.compile(
+    r"(?i)(token|secret|passw(or)?d|api[_-]?key|access[_-]?key|credential|private[_-]?key)"
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---- configuration ------------------------------------------------------------------------
+
+
+class SecretRef(_Strict):
+    name: str
+    key: str
+
+
+class StorageConfig(_Strict):
+    variants_uri: str = Field(pattern=r"^(s3|pvc|gs|hf)://.*\{model\}.*\{precision\}")
+
+
+class ProbeConfig(_Strict):
+    safety_factor: float = Field(ge=1.0)
+    min_startup_s: int = Field(ge=0)
+    unmeasured_startup_s: int = Field(gt=0)
+    period_s: int = Field(ge=1)
+    timeout_s: int = Field(ge=1)
+    path: str = Field(pattern=r"^/")
+    readiness_failure_threshold: int = Field(ge=1)
+    liveness_period_s: int = Field(ge=1)
+    liveness_failure_threshold: int = Field(ge=1)
+
+
+class Replicas(_Strict):
+    min: int = Field(ge=0)
+    max: int = Field(ge=1)
+
+
+class GatewayConfig(_Strict):
+    provider: str = "hosted_vllm"
+    cluster_domain: str = "svc.cluster.local"
+    routing_strategy: str = "simple-shuffle"
+
+
+class DeployConfig(_Strict):
+    namespace: str
+    target_node_types: list[str] = Field(min_length=1)
+    deployment_mode: Literal["RawDeployment", "Serverless"] = "RawDeployment"
+    replicas: Replicas
+    service_account: str
+    hf_token_secret: SecretRef | None = None
+    storage: StorageConfig
+    probes: ProbeConfig
+    shm_gib_per_gpu: int = Field(ge=1)
+    container_port: int = Field(ge=1, le=65535)
+    metrics_path: str = Field(pattern=r"^/")
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+
+
+class EnvSwitch(_Strict):
+    """An engine environment variable set only where every stated condition holds."""
+
+    name: str = Field(pattern=r"^[A-Z_][A-Z0-9_]*$")
+    value: str
+    why: str
+    engine: Engine | None = None
+    precisions: list[str] | None = None
+    moe: bool | None = None
+    archs: list[str] | None = None
+
+    def applies(self, engine: str, precision: str, moe: bool, arch: str) -> bool:
+        return ((self.engine is None or self.engine == engine)
+                and (self.precisions is None or precision in self.precisions)
+                and (self.moe is None or self.moe == moe)
+                and (self.archs is None or arch in self.archs))
+
+
+class ImagesConfig(_Strict):
+    engine: Engine
+    vllm: dict[str, str] = Field(default_factory=dict)
+    sglang: dict[str, str] = Field(default_factory=dict)
+
+
+class _StackSections(BaseModel):
+    """The sections of stack.yaml rendering reads; other sections belong to other stages."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    versions: dict[str, str]
+    images: ImagesConfig
+    env_switches: list[EnvSwitch] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _tags_carry_versions(self) -> _StackSections:
+        for engine in ("vllm", "sglang"):
+            version = self.versions.get(engine)
+            for arch, image in getattr(self.images, engine).items():
+                tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
+                if version and version not in tag:
+                    raise ValueError(
+                        f"images.{engine}.{arch}: tag of {image!r} does not carry "
+                        f"versions.{engine} {version!r}"
+                    )
+        return self
+
+
+@dataclass(frozen=True)
+class Stack:
+    engine: Engine
+    engine_version: str
+    images: dict[str, str]  # arch -> image of `engine`
+    env_switches: tuple[EnvSwitch, ...]
+    fingerprint: str  # first 12 hex of sha256 over the canonical stack.yaml
+
+
+def stack_fingerprint(data: Any) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+@lru_cache(maxsize=8)
+def _load_stack(path: Path, mtime_ns: int) -> Stack:
+    data = load_yaml(path)
+    try:
+        sections = _StackSections.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(str(path), format_validation_error(path, exc),
+                          "Fix the images:/env_switches: sections of stack.yaml.") from None
+    engine = sections.images.engine
+    return Stack(engine=engine, engine_version=sections.versions.get(engine, "unknown"),
+                 images=dict(getattr(sections.images, engine)),
+                 env_switches=tuple(sections.env_switches), fingerprint=stack_fingerprint(data))
+
+
+def load_stack(path: Path) -> Stack:
+    if not path.is_file():
+        raise ConfigError(str(path), "does not exist", "Restore configs/stack.yaml.")
+    return _load_stack(path, path.stat().st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _load_deploy(path: Path, mtime_ns: int) -> DeployConfig:
+    try:
+        return DeployConfig.model_validate(load_yaml(path))
+    except ValidationError as exc:
+        raise ConfigError(str(path), format_validation_error(path, exc),
+                          "Fix deploy.yaml.") from None
+
+
+def load_deploy(path: Path) -> DeployConfig:
+    if not path.is_file():
+        raise ConfigError(str(path), "does not exist", "Restore configs/deploy.yaml.")
+    return _load_deploy(path, path.stat().st_mtime_ns)
+
+
+def output_dir() -> Path:
+    """`ONBOARDING_OUTPUT_DIR`, else `<repo>/.data/manifests`."""
+    return Path(os.environ.get(OUTPUT_DIR_ENV) or PROJECT_ROOT / ".data" / "manifests")
+
+
+# ---- names --------------------------------------------------------------------------------
+
+
+def service_name(model_id: str, node_type: str, max_len: int = ISVC_NAME_MAX) -> str:
+    """InferenceService name: a DNS-1035 label (KServe wants a leading letter) ending in the node."""
+    suffix = f"-{to_dns1123_label(node_type, 12)}"
+    base = to_dns1123_label(model_id, max_len - len(suffix))
+    if not base[0].isalpha():
+        base = to_dns1123_label(f"m-{base}", max_len - len(suffix))
+    return base + suffix
+
+
+def runtime_name(stack: Stack, arch: str) -> str:
+    image = stack.images[arch]
+    digest = hashlib.sha256(image.encode()).hexdigest()[:6]
+    return to_dns1123_label(f"{stack.engine}-{stack.engine_version}-{arch}-{digest}")
+
+
+def label_value(value: str) -> str:
+    """A Kubernetes label value (<= 63, alphanumeric at both ends, [-_.] inside)."""
+    v = re.sub(r"[^A-Za-z0-9_.-]+", "-", value)[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", v)
+
+
+# ---- the pieces -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartupProbePlan:
+    basis: Literal["measured", "default"]
+    window_s: int
+    failure_threshold: int
+    explanation: str
+
+
+def startup_probe_plan(cold_start_p95_s: float | None, cfg: ProbeConfig) -> StartupProbePlan:
+    """window = max(min_startup_s, ceil(safety_factor x cold-start p95)); unmeasured: the default.
+
+    Kubernetes allows a container `failureThreshold x periodSeconds` to start, so the threshold is
+    the window divided by the period, rounded up.
+    """
+    if cold_start_p95_s is None:
+        window = cfg.unmeasured_startup_s
+        why = (f"default: never load-timed, conservative {window} s "
+               "(configs/deploy.yaml probes.unmeasured_startup_s)")
+        basis: Literal["measured", "default"] = "default"
+    else:
+        scaled = math.ceil(cfg.safety_factor * cold_start_p95_s)
+        window = max(cfg.min_startup_s, scaled)
+        why = (f"measured: cold-start p95 {cold_start_p95_s:.1f} s x safety "
+               f"{cfg.safety_factor:g} = {scaled} s, floor {cfg.min_startup_s} s -> {window} s")
+        basis = "measured"
+    threshold = max(1, math.ceil(window / cfg.period_s))
+    return StartupProbePlan(basis, threshold * cfg.period_s, threshold, why)
+
+
+def source_precision(config_dtype: str | None) -> str:
+    """Precision of the source checkpoint from config.json's dtype; bf16 when it says nothing."""
+    if config_dtype in (None, "bfloat16", "float16", "float32"):
+        return "bf16"
+    return config_dtype
+
+
+def storage_uri(spec: ModelSpec, precision: str, source_prec: str, cfg: DeployConfig) -> str:
+    """The source itself when it is the planned precision, else the published variant."""
+    if precision != source_prec:
+        return cfg.storage.variants_uri.format(model=spec.id, precision=precision)
+    ref = spec.source_ref
+    if ref.kind == "hf":  # KServe's form: hf://org/name:revision
+        return f"hf://{ref.location}" + (f":{ref.revision}" if ref.revision else "")
+    return ref.uri
+
+
+_PLAN_OWNED = {"tensor_parallel_size", "model", "served_model_name", "port", "host"}
+_FROM_INPUTS = {"max_model_len", "gpu_memory_utilization", "kv_cache_dtype"}
+
+
+def _check_engine_args(spec: ModelSpec) -> None:
+    for key, value in spec.engine_args.items():
+        if _SECRET_NAME.search(key):
+            raise ConfigError(
+                f"model {spec.id!r}: engine_args.{key}",
+                "looks like a credential, and engine args are rendered into the manifest in clear",
+                "Remove it; give credentials to the pod through a secret (deploy.yaml "
+                "service_account / hf_token_secret).",
+            )
+        if key in _PLAN_OWNED:
+            raise ConfigError(
+                f"model {spec.id!r}: engine_args.{key}={value!r}",
+                "set by the deployment plan and the manifest, not by the spec",
+                f"Remove engine_args.{key}.",
+            )
+
+
+def _flag(key: str, value: Any) -> list[str]:
+    name = "--" + key.replace("_", "-")
+    if value is True:
+        return [name]
+    if value is False or value is None:
+        return []
+    if isinstance(value, dict | list):
+        return [f"{name}={json.dumps(value, sort_keys=True, separators=(',', ':'))}"]
+    return [f"{name}={value}"]
+
+
+def engine_args(engine: Engine, spec: ModelSpec, plan: DeploymentPlan, node: NodePlan,
+                port: int) -> list[str]:
+    """Engine CLI args: the plan's numbers first, then the spec's production parameters."""
+    _check_engine_args(spec)
+    inputs = plan.inputs
+    max_seqs = spec.engine_args.get("max_num_seqs", inputs.target_concurrency)
+    if engine == "vllm":
+        args = ["--model=/mnt/models", f"--served-model-name={spec.served_name}",
+                f"--port={port}", f"--tensor-parallel-size={node.tensor_parallel}",
+                f"--max-model-len={inputs.context_tokens}", f"--max-num-seqs={max_seqs}",
+                f"--gpu-memory-utilization={inputs.gpu_memory_utilization:g}"]
+    else:
+        args = ["--model-path=/mnt/models", f"--served-model-name={spec.served_name}",
+                "--host=0.0.0.0", f"--port={port}", f"--tp-size={node.tensor_parallel}",
+                f"--context-length={inputs.context_tokens}",
+                f"--max-running-requests={max_seqs}",
+                f"--mem-fraction-static={inputs.gpu_memory_utilization:g}"]
+    if inputs.kv_cache_dtype:
+        args.append(f"--kv-cache-dtype={inputs.kv_cache_dtype}")
+    for key in sorted(spec.engine_args):
+        if key in _FROM_INPUTS or key == "max_num_seqs":
+            continue
+        args += _flag(key, spec.engine_args[key])
+    return args
+
+
+def _probe(path: str, port: int, period: int, threshold: int, timeout: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
+            "failureThreshold": threshold, "timeoutSeconds": timeout, "successThreshold": 1}
+
+
+@dataclass(frozen=True)
+class RenderInputs:
+    """Everything one model x node type manifest is rendered from."""
+
+    spec: ModelSpec
+    plan: DeploymentPlan
+    node_type: str
+    node: NodeType
+    stack: Stack
+    deploy: DeployConfig
+    source_precision: str = "bf16"
+
+
+@dataclass(frozen=True)
+class Route:
+    served_name: str
+    service: str
+    namespace: str
+    node_type: str
+    precision: str
+    tensor_parallel: int
+
+
+@dataclass(frozen=True)
+class Rendered:
+    node_type: str
+    service: str
+    runtime: str
+    docs: tuple[dict[str, Any], ...]
+    startup: StartupProbePlan
+    route: Route
+    env_switches: tuple[str, ...]
+
+
+def render_servingruntime(stack: Stack, arch: str, cfg: DeployConfig) -> dict[str, Any]:
+    command = (["python3", "-m", "vllm.entrypoints.openai.api_server"] if stack.engine == "vllm"
+               else ["python3", "-m", "sglang.launch_server"])
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": "ServingRuntime",
+        "metadata": {
+            "name": runtime_name(stack, arch),
+            "namespace": cfg.namespace,
+            "labels": {
+                "app.kubernetes.io/part-of": "model-onboarding",
+                f"{LABEL_PREFIX}/engine": stack.engine,
+                f"{LABEL_PREFIX}/engine-version": label_value(stack.engine_version),
+                f"{LABEL_PREFIX}/arch": arch,
+                f"{LABEL_PREFIX}/stack-fingerprint": stack.fingerprint,
+            },
+        },
+        "spec": {
+            "annotations": {"prometheus.kserve.io/port": str(cfg.container_port),
+                            "prometheus.kserve.io/path": cfg.metrics_path},
+            "supportedModelFormats": [{"name": stack.engine, "version": "1",
+                                       "autoSelect": False}],
+            "multiModel": False,
+            "containers": [{
+                "name": RUNTIME_CONTAINER,
+                "image": stack.images[arch],
+                "command": command,
+                "ports": [{"containerPort": cfg.container_port, "protocol": "TCP"}],
+                "env": [{"name": "HF_HOME", "value": "/tmp/hf"},
+                        {"name": "HF_HUB_OFFLINE", "value": "1"}],
+            }],
+        },
+    }
+
+
+def render(ri: RenderInputs) -> Rendered:
+    """ServingRuntime + InferenceService for one model on one node type (a feasible plan)."""
+    spec, plan, cfg, stack, node_t = ri.spec, ri.plan, ri.deploy, ri.stack, ri.node
+    node = plan.node(ri.node_type)
+    if not node.feasible or node.tensor_parallel is None or node.precision is None:
+        raise ConfigError(
+            f"model {spec.id!r} on {ri.node_type}", f"no feasible plan ({node.reason})",
+            "Remove the node type from deploy.yaml target_node_types, or change the model's "
+            "precision ladder, context or concurrency.",
+        )
+    arch = node_t.arch
+    if arch not in stack.images:
+        raise ConfigError(
+            f"stack.yaml images.{stack.engine}.{arch}", "required but missing",
+            f"Add the {stack.engine} image built for {arch} ({ri.node_type} nodes).",
+        )
+    tp, port, probes = node.tensor_parallel, cfg.container_port, cfg.probes
+    name, runtime = service_name(spec.id, ri.node_type), runtime_name(stack, arch)
+    m = plan.inputs.measured
+    startup = startup_probe_plan(m.cold_start_p95_s, probes)
+    uri = storage_uri(spec, node.precision, ri.source_precision, cfg)
+
+    switches = [s for s in stack.env_switches
+                if s.applies(stack.engine, node.precision, plan.inputs.shape.moe, arch)]
+    env: list[dict[str, Any]] = [{"name": s.name, "value": s.value} for s in switches]
+    if uri.startswith("hf://") and cfg.hf_token_secret is not None:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": cfg.hf_token_secret.name, "key": cfg.hf_token_secret.key,
+            "optional": True}}})
+
+    shm_gib = cfg.shm_gib_per_gpu * tp if tp > 1 else 0
+    resources = {"cpu": str(tp * node_t.cpu_per_gpu),
+                 "memory": f"{tp * node_t.host_memory_gib_per_gpu + shm_gib}Gi",
+                 "nvidia.com/gpu": str(tp)}
+    model: dict[str, Any] = {
+        "modelFormat": {"name": stack.engine},
+        "runtime": runtime,
+        "storageUri": uri,
+        "args": engine_args(stack.engine, spec, plan, node, port),
+        "env": env,
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "startupProbe": _probe(probes.path, port, probes.period_s, startup.failure_threshold,
+                               probes.timeout_s),
+        "readinessProbe": _probe(probes.path, port, probes.period_s,
+                                 probes.readiness_failure_threshold, probes.timeout_s),
+        "livenessProbe": _probe(probes.path, port, probes.liveness_period_s,
+                                probes.liveness_failure_threshold, probes.timeout_s),
+    }
+    if not env:
+        del model["env"]
+    predictor: dict[str, Any] = {
+        "minReplicas": cfg.replicas.min,
+        "maxReplicas": cfg.replicas.max,
+        "serviceAccountName": cfg.service_account,
+        "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+                        "prometheus.io/path": cfg.metrics_path},
+        "nodeSelector": {"nvidia.com/gpu.product": node_t.gpu_product},
+        "tolerations": _tolerations(node_t),
+        "model": model,
+    }
+    if shm_gib:
+        model["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+        predictor["volumes"] = [{"name": SHM_VOLUME, "emptyDir": {
+            "medium": "Memory", "sizeLimit": f"{shm_gib}Gi"}}]
+
+    throughput = (f"measured: {node.tokens_per_s_per_gpu:g} tokens/s/GPU on {ri.node_type}"
+                  if node.throughput_basis == "measured"
+                  else f"absent: never benchmarked on {ri.node_type}")
+    numa = ",".join(map(str, node.numa_nodes))
+    annotations = {
+        "serving.kserve.io/deploymentMode": cfg.deployment_mode,
+        "serving.kserve.io/enable-prometheus-scraping": "true",
+        f"{LABEL_PREFIX}/served-model-name": spec.served_name,
+        f"{LABEL_PREFIX}/source": spec.source,
+        f"{LABEL_PREFIX}/plan": node.reason,
+        f"{LABEL_PREFIX}/weights": (f"{node.weight_basis}: {node.weight_bytes} bytes "
+                                    f"{node.precision}"),
+        f"{LABEL_PREFIX}/gpus": (f"{','.join(map(str, node.gpu_ids))} on NUMA node(s) {numa} "
+                                 "(kubelet topology manager aligns them)"),
+        f"{LABEL_PREFIX}/startup-probe": startup.explanation,
+        f"{LABEL_PREFIX}/throughput": throughput,
+    }
+    if switches:
+        annotations[f"{LABEL_PREFIX}/env-switches"] = "; ".join(
+            f"{s.name}={s.value}: {s.why}" for s in switches)
+    isvc = {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {
+            "name": name,
+            "namespace": cfg.namespace,
+            "labels": {
+                "app.kubernetes.io/name": name,
+                "app.kubernetes.io/part-of": "model-onboarding",
+                f"{LABEL_PREFIX}/model": label_value(spec.id),
+                f"{LABEL_PREFIX}/node-type": ri.node_type,
+                f"{LABEL_PREFIX}/precision": node.precision,
+                f"{LABEL_PREFIX}/tensor-parallel": str(tp),
+                f"{LABEL_PREFIX}/stack-fingerprint": stack.fingerprint,
+                f"{LABEL_PREFIX}/weights-basis": node.weight_basis or "estimate",
+                f"{LABEL_PREFIX}/probe-basis": startup.basis,
+            },
+            "annotations": annotations,
+        },
+        "spec": {"predictor": predictor},
+    }
+    route = Route(spec.served_name, name, cfg.namespace, ri.node_type, node.precision, tp)
+    return Rendered(ri.node_type, name, runtime, (render_servingruntime(stack, arch, cfg), isvc),
+                    startup, route, tuple(s.name for s in switches))
+
+
+def _tolerations(node: NodeType) -> list[dict[str, str]]:
+    """The GPU taint is always tolerated, plus every taint the node type declares."""
+    out = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    for t in node.taints:
+        tol = {"key": t.key, "operator": "Equal" if t.value else "Exists", "effect": t.effect}
+        if t.value:
+            tol["value"] = t.value
+        if tol not in out:
+            out.append(tol)
+    return out
+
+
+# ---- output ---------------------------------------------------------------------------------
+
+
+def to_yaml(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]], header: str = "") -> str:
+    body = yaml.safe_dump_all(list(docs), sort_keys=False, default_flow_style=False, width=100)
+    lines = "".join(f"# {line}\n" for line in header.splitlines()) if header else ""
+    return lines + body
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write to a temporary sibling and rename, so a reader never sees half a manifest."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def route_table(routes: list[Route], cfg: DeployConfig) -> dict[str, Any]:
+    """LiteLLM proxy config: one model_name per served model, one deployment per service.
+
+    Deployments sharing a model_name are load-balanced by LiteLLM, so a model served on two node
+    types is one name behind the gateway.
+    """
+    gw = cfg.gateway
+    model_list = []
+    for r in sorted(routes, key=lambda r: (r.served_name, r.node_type, r.service)):
+        model_list.append({
+            "model_name": r.served_name,
+            "litellm_params": {
+                "model": f"{gw.provider}/{r.served_name}",
+                "api_base": f"http://{r.service}-predictor.{r.namespace}.{gw.cluster_domain}/v1",
+            },
+            "model_info": {"id": f"{r.namespace}/{r.service}", "node_type": r.node_type,
+                           "precision": r.precision, "tensor_parallel": r.tensor_parallel},
+        })
+    return {"model_list": model_list,
+            "router_settings": {"routing_strategy": gw.routing_strategy}}
+
+
+def inline_secret_findings(docs: Any, secret_values: tuple[str, ...] = ()) -> list[str]:
+    """Every place a credential appears inline; empty means the output is safe to commit.
+
+    Flags env vars whose name looks like a credential but carry a literal `value`, CLI flags of
+    that kind, and any occurrence of a known secret value (e.g. this process's AWS key).
+    """
+    found: list[str] = []
+    values = tuple(v for v in secret_values if v and len(v) >= 8)
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("name"), str) and "value" in node and _SECRET_NAME.search(
+                    node["name"]):
+                found.append(f"{path}: env {node['name']} has an inline value")
+            for k, v in node.items():
+                walk(v, f"{path}.{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+        elif isinstance(node, str):
+            if re.match(r"^--[\w-]+=", node) and _SECRET_NAME.search(node.split("=", 1)[0]):
+                found.append(f"{path}: argument {node.split('=', 1)[0]} carries a value")
+            if any(v in node for v in values):
+                found.append(f"{path}: contains a secret value from the environment")
+
+    walk(docs, "$")
+    return found
+
+
+def gib(n: int) -> float:
+    return round(n / GIB, 2)
