@@ -1,0 +1,111 @@
+"""Stage 1: fetch a model's checkpoint into the NVMe cache, verified, as the `checkpoint` asset.
+
+The data version is the manifest's content hash, so a new revision at the source marks every
+descendant stale, and re-materializing an unchanged checkpoint is a no-op on the wire.
+"""
+
+import dagster as dg
+
+from onboarding.catalog import ModelSpec, load_catalog, resolve
+from onboarding.checkpoint_manifest import read_safetensors_header
+from onboarding.errors import ConfigError, FetchError, IntegrityError
+from onboarding.paths import models_dir
+from onboarding.refs import CheckpointRef
+from pipelines.partitions import models_partitions
+from resources.huggingface import HuggingFaceStore
+from resources.nvme_cache import FetchResult, NvmeCache
+from resources.s3 import S3ObjectStore
+
+COMPLETE = "checkpoint_complete"
+INTACT = "checkpoint_integrity"
+
+def model_spec(partition_key: str) -> ModelSpec:
+    """The catalog entry for a partition (shared by every stage)."""
+    return resolve(load_catalog(models_dir()), partition_key)
+
+@dg.asset(
+    partitions_def=models_partitions,
+    group_name="fetch",
+    kinds={"s3", "huggingface"},
+    check_specs=[
+        dg.AssetCheckSpec(COMPLETE, asset="checkpoint", blocking=True,
+                          description="every file present at its size; the shard index "
+                                      "satisfied; safetensors headers parse"),
+        dg.AssetCheckSpec(INTACT, asset="checkpoint", blocking=True,
+                          description="every file's sha256 on disk equals the manifest, which "
+                                      "matched the source's recorded checksums at fetch time"),
+    ],
+)
+def checkpoint(context: dg.AssetExecutionContext, s3: S3ObjectStore, hf: HuggingFaceStore,
+               nvme_cache: NvmeCache):
+    """The model's checkpoint, fetched from S3 or the Hugging Face Hub into the NVMe cache."""
+    spec = model_spec(context.partition_key)
+    if spec.plan_only:
+        raise ConfigError(f"model {spec.id!r}", "is a plan-only catalog entry: it has no weights "
+                          "to fetch", "Run the plan_model job for it, or remove plan_only.")
+    source = spec.source_ref
+    store = s3 if source.kind == "s3" else hf
+    try:
+        result = nvme_cache.fetch(spec.id, store, source, log=context.log.info)
+    except IntegrityError as exc:
+        yield dg.AssetCheckResult(check_name=INTACT, passed=False, metadata={
+            "problem": exc.cause, "what_to_do": exc.fix})
+        raise
+    except FetchError as exc:
+        if "shard" in exc.cause:
+            yield dg.AssetCheckResult(check_name=COMPLETE, passed=False,
+                                      metadata={"problem": exc.cause, "what_to_do": exc.fix})
+        raise
+    yield dg.Output(
+        CheckpointRef(model=spec.id, source=source.uri, revision=result.manifest.revision,
+                      path=str(result.path), content_hash=result.manifest.content_hash,
+                      total_bytes=result.manifest.total_bytes,
+                      files=tuple(f.path for f in result.manifest.files)),
+        data_version=dg.DataVersion(result.manifest.content_hash),
+        metadata=_metadata(result),
+    )
+    yield _completeness(nvme_cache, result)
+    yield _integrity(nvme_cache, result)
+
+def _metadata(result: FetchResult) -> dict:
+    m = result.manifest
+    return {
+        "source": m.source,
+        "revision": m.revision,
+        "cache_path": dg.MetadataValue.path(str(result.path)),
+        "files": len(m.files),
+        "weight_bytes": sum(f.size for f in m.files if f.path.endswith(".safetensors")),
+        "total_bytes": m.total_bytes,
+        "fetch_seconds": round(result.seconds, 3),
+        "fetch_mb_per_s": round(result.mb_per_s, 1),
+        "bytes_fetched": result.bytes_fetched,
+        "bytes_resumed": result.bytes_resumed,
+        "warm_cache": result.warm,
+        "content_hash": m.content_hash,
+        "file_table": dg.MetadataValue.md(
+            "| file | bytes | sha256 |\n|---|---:|---|\n"
+            + "\n".join(f"| {f.path} | {f.size:,} | `{f.sha256[:16]}…` |" for f in m.files)),
+    }
+
+def _completeness(cache: NvmeCache, result: FetchResult) -> dg.AssetCheckResult:
+    problems = cache.verify(result.path, full=False)
+    for f in result.manifest.files:
+        if f.path.endswith(".safetensors") and not problems:
+            try:
+                read_safetensors_header(result.path / f.path)
+            except IntegrityError as exc:
+                problems.append(f"{f.path}: {exc.cause}")
+    has_config = any(f.path == "config.json" for f in result.manifest.files)
+    if not has_config:
+        problems.append("config.json: missing (engines cannot load a checkpoint without it)")
+    return dg.AssetCheckResult(check_name=COMPLETE, passed=not problems, metadata={
+        "files_expected": len(result.manifest.files), "problems": "\n".join(problems) or "none"})
+
+def _integrity(cache: NvmeCache, result: FetchResult) -> dg.AssetCheckResult:
+    problems = cache.verify(result.path, full=True)
+    return dg.AssetCheckResult(check_name=INTACT, passed=not problems, metadata={
+        "files_hashed": len(result.manifest.files), "problems": "\n".join(problems) or "none",
+        "what_to_do": "none" if not problems else
+        "The cached bytes changed on disk. Delete the entry (cache_path) and re-run to re-fetch."})
+
+defs = dg.Definitions(assets=[checkpoint])

@@ -1,0 +1,305 @@
+"""The node-local NVMe cache: `<root>/<model>/<revision>/`, complete or absent.
+
+A fetch stages into `<root>/<model>/.staging-<revision>/` (kept across runs, so a killed fetch
+resumes), verifies sizes, checksums, safetensors headers and the shard index, writes the
+manifest, and only then renames the staging directory into place. A reader therefore never sees
+half a checkpoint, and a failed fetch never touches the entry a previous run verified.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from onboarding.catalog import SourceRef
+from onboarding.checkpoint_manifest import (
+    MANIFEST_NAME,
+    CheckpointManifest,
+    FileEntry,
+    dir_fsync,
+    index_shards,
+    md5_file,
+    read_safetensors_header,
+    sha256_file,
+    verify_entry,
+)
+from onboarding.errors import FetchError, IntegrityError
+from resources.object_store import ObjectStore, RemoteCheckpoint, RemoteObject
+
+LogFn = Callable[[str], None]
+GIB = 1 << 30
+
+
+@dataclass
+class FetchResult:
+    path: Path
+    manifest: CheckpointManifest
+    warm: bool
+    seconds: float
+    bytes_fetched: int  # over the wire in this run
+    bytes_resumed: int = 0  # found already received by an interrupted earlier run
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_fetched / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+class NvmeCache(dg.ConfigurableResource):
+    root: str = Field(description="cache root on the node's NVMe, e.g. /data/models")
+    reserve_gb: float = Field(default=2.0, ge=0, description="free space left after a fetch")
+    lock_timeout_s: float = Field(default=5.0, ge=0,
+                                  description="wait for another run's lock on the same entry")
+    warm_verify: str = Field(default="sizes", pattern="^(sizes|full)$",
+                             description="re-verification of a cached entry: sizes or sha256")
+    hash_workers: int = Field(default=2, ge=1)
+
+    # -- layout -------------------------------------------------------------------------------
+    def root_path(self) -> Path:
+        root = Path(self.root)
+        root.mkdir(parents=True, exist_ok=True)
+        return root.resolve()
+
+    def entry_dir(self, model: str, revision: str) -> Path:
+        return self.root_path() / model / revision
+
+    def read_manifest(self, entry: Path) -> CheckpointManifest | None:
+        path = entry / MANIFEST_NAME
+        if not path.is_file():
+            return None
+        try:
+            return CheckpointManifest.read(path)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    @contextmanager
+    def lock(self, model: str, revision: str) -> Iterator[None]:
+        """Exclusive per entry; a second run waits `lock_timeout_s`, then says who holds it."""
+        model_dir = self.root_path() / model
+        model_dir.mkdir(parents=True, exist_ok=True)
+        path = model_dir / f".{revision}.lock"
+        with open(path, "a+") as fh:
+            deadline = time.monotonic() + self.lock_timeout_s
+            while True:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        fh.seek(0)
+                        holder = fh.read().strip() or "another process"
+                        raise FetchError(f"cache entry {model}/{revision}",
+                                         f"locked by {holder}", "Wait for that run to finish "
+                                         "(or stop it); this run changed nothing.") from None
+                    time.sleep(0.2)
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"pid {os.getpid()} on {os.uname().nodename}")
+            fh.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    # -- fetch --------------------------------------------------------------------------------
+    def fetch(self, model: str, store: ObjectStore, source: SourceRef,
+              log: LogFn = lambda _: None) -> FetchResult:
+        remote = store.describe(source)
+        self._check_index(store, source, remote)
+        with self.lock(model, remote.revision):
+            entry = self.entry_dir(model, remote.revision)
+            t0 = time.monotonic()
+            warm = self._verified(entry, remote)
+            if warm is not None:
+                log(f"warm cache: {entry} already holds {len(warm.files)} verified files")
+                return FetchResult(entry, warm, True, time.monotonic() - t0, 0)
+            staging = entry.parent / f".staging-{remote.revision}"
+            staging.mkdir(parents=True, exist_ok=True)
+            self._check_free_space(remote, staging)
+            manifest, resumed = self._download_and_verify(model, store, source, remote, staging,
+                                                          log)
+            (staging / MANIFEST_NAME).write_text(manifest.to_json())
+            dir_fsync(staging)
+            if entry.exists():  # present but failed verification: keep it for inspection
+                self._quarantine(model, remote.revision, entry, "entry failed re-verification")
+            os.replace(staging, entry)
+            dir_fsync(entry.parent)
+            self._drop_stale_staging(entry.parent, keep=staging.name)
+            seconds = time.monotonic() - t0
+            return FetchResult(entry, manifest, False, seconds, remote.total_bytes - resumed,
+                               resumed)
+
+    def _verified(self, entry: Path, remote: RemoteCheckpoint) -> CheckpointManifest | None:
+        manifest = self.read_manifest(entry)
+        if manifest is None:
+            return None
+        expected = {o.path: o.size for o in remote.objects}
+        if {f.path: f.size for f in manifest.files} != expected:
+            return None
+        return None if verify_entry(entry, manifest, self.warm_verify == "full") else manifest
+
+    def _check_index(self, store: ObjectStore, source: SourceRef, remote: RemoteCheckpoint):
+        """A shard the index names but the source lacks fails before any weight is fetched."""
+        present = {o.path for o in remote.objects}
+        for obj in remote.objects:
+            if not obj.path.endswith(".safetensors.index.json"):
+                continue
+            base = obj.path.rsplit("/", 1)[0] + "/" if "/" in obj.path else ""
+            try:
+                named = index_shards(store.read_small(source, obj))
+            except ValueError:
+                raise IntegrityError(f"{source.uri}{obj.path}", "the shard index is not valid JSON",
+                                     "Re-upload the index file.") from None
+            absent = sorted(n for n in named if base + n not in present)
+            if absent:
+                raise FetchError(f"{source.uri}{obj.path}",
+                                 f"the weight map names {len(absent)} shard(s) the source does not "
+                                 f"have: {', '.join(absent[:5])}",
+                                 "Upload the missing shards (or wait for the upload to finish).")
+
+    def _check_free_space(self, remote: RemoteCheckpoint, staging: Path) -> None:
+        have = 0
+        for o in remote.objects:
+            p = staging / o.path
+            if p.is_file():
+                have += min(p.stat().st_size, o.size)
+        needed = remote.total_bytes - have
+        free = shutil.disk_usage(staging).free
+        reserve = int(self.reserve_gb * GIB)
+        if free < needed + reserve:
+            raise FetchError(
+                f"cache {self.root}", f"{free / GIB:.2f} GiB free, the fetch needs "
+                f"{needed / GIB:.2f} GiB plus a {self.reserve_gb:g} GiB reserve",
+                "Free space on the cache volume (old revisions under the cache root can go) or "
+                "lower nvme_cache.reserve_gb.")
+
+    def _download_and_verify(self, model: str, store: ObjectStore, source: SourceRef,
+                             remote: RemoteCheckpoint, staging: Path, log: LogFn):
+        progress = _Progress(remote.total_bytes, log)
+        hashes: dict[str, Future] = {}
+        with ThreadPoolExecutor(self.hash_workers, thread_name_prefix="sha256") as hasher:
+            def file_done(obj: RemoteObject, path: Path) -> None:
+                hashes[obj.path] = hasher.submit(_digest, obj, path)
+
+            try:
+                resumed = store.fetch(remote, source, staging, progress.add, file_done)
+                if resumed:
+                    log(f"resumed: {resumed / GIB:.2f} GiB were already received by an "
+                        "interrupted run")
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    raise FetchError(f"cache {self.root}", "the disk filled up during the fetch",
+                                     "Free space and re-run; received chunks are kept.") from None
+                raise
+            results = {p: f.result() for p, f in hashes.items()}
+        progress.finish()
+        files, problems = [], []
+        for obj in remote.objects:
+            if obj.path not in results:
+                problems.append((obj, f"{obj.path}: never completed"))
+                continue
+            size, sha, md5 = results[obj.path]
+            if size != obj.size:
+                problems.append((obj, f"{obj.path}: {size} bytes received, {obj.size} at the source"))
+            elif obj.sha256 and sha != obj.sha256:
+                problems.append((obj, (f"{obj.path}: sha256 {sha[:12]}… but the source "
+                                       f"recorded {obj.sha256[:12]}…")))
+            elif md5 and md5 != obj.etag:
+                problems.append((obj, f"{obj.path}: MD5 {md5} but the ETag is {obj.etag}"))
+            elif obj.path.endswith(".safetensors"):
+                try:
+                    read_safetensors_header(staging / obj.path)
+                except IntegrityError as exc:
+                    problems.append((obj, f"{obj.path}: {exc.cause}"))
+            files.append(FileEntry(obj.path, size, sha))
+        if problems:
+            where = self._quarantine_files(model, remote.revision, staging, [o for o, _ in problems])
+            raise IntegrityError(
+                f"{remote.source} ({remote.revision})",
+                f"{len(problems)} object(s) failed verification: "
+                + "; ".join(msg for _, msg in problems),
+                f"The bad bytes were moved to {where}; the previous good cache entry is untouched. "
+                "Re-upload the object(s) at the source (or fix their recorded checksum), then re-run.")
+        return CheckpointManifest(source=remote.source, revision=remote.revision,
+                                  files=files), resumed
+
+    # -- quarantine ---------------------------------------------------------------------------
+    def _quarantine_dir(self, model: str, revision: str) -> Path:
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        return self.root_path() / ".quarantine" / model / f"{revision}-{stamp}"
+
+    def _quarantine_files(self, model, revision, staging: Path, objs: list[RemoteObject]) -> Path:
+        target = self._quarantine_dir(model, revision)
+        for obj in objs:
+            src = staging / obj.path
+            if src.exists():
+                dst = target / obj.path
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(src, dst)
+        return target
+
+    def _quarantine(self, model: str, revision: str, entry: Path, why: str) -> Path:
+        target = self._quarantine_dir(model, revision)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(entry, target)
+        (target / "QUARANTINED").write_text(why + "\n")
+        return target
+
+    def _drop_stale_staging(self, model_dir: Path, keep: str) -> None:
+        for d in model_dir.glob(".staging-*"):
+            if d.name != keep and d.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
+
+    def verify(self, entry: Path, full: bool = True) -> list[str]:
+        """Problems in a committed entry (for the integrity check); empty means intact."""
+        manifest = self.read_manifest(entry)
+        if manifest is None:
+            return [f"{entry}: no readable {MANIFEST_NAME}"]
+        return verify_entry(entry, manifest, full)
+
+
+def _digest(obj: RemoteObject, path: Path) -> tuple[int, str, str | None]:
+    """Size, sha256, and MD5 only where the ETag is a plain MD5 and no sha256 was recorded."""
+    md5 = None
+    plain_md5 = obj.etag and len(obj.etag) == 32 and "-" not in obj.etag
+    if plain_md5 and not obj.sha256:
+        md5 = md5_file(path)
+    return path.stat().st_size, sha256_file(path), md5
+
+
+class _Progress:
+    """Logs bytes, percent and MB/s every few seconds: long downloads must show they move."""
+
+    def __init__(self, total: int, log: LogFn, every_s: float = 5.0):
+        self.total, self.log, self.every_s = total, log, every_s
+        self.done = 0
+        self.t0 = self.last = time.monotonic()
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+            now = time.monotonic()
+            if now - self.last >= self.every_s:
+                self.last = now
+                self._emit(now)
+
+    def _emit(self, now: float) -> None:
+        rate = self.done / 1e6 / max(now - self.t0, 1e-9)
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        self.log(f"fetched {self.done / GIB:.2f} of {self.total / GIB:.2f} GiB ({pct:.0f}%), "
+                 f"{rate:.0f} MB/s")
+
+    def finish(self) -> None:
+        self._emit(time.monotonic())

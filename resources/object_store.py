@@ -1,0 +1,58 @@
+"""The object-store interface every source implements (S3, Hugging Face).
+
+Assets only see this interface: `describe` lists what a checkpoint is at the source, `fetch`
+brings it into a staging directory (resuming what an earlier run left), `read_small` reads a
+small object (an index) without staging it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dagster as dg
+
+from onboarding.catalog import SourceRef
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    path: str  # relative to the checkpoint root, POSIX, already checked for traversal
+    size: int
+    etag: str | None = None  # plain MD5 for single-part S3 uploads, "md5-N" for multipart
+    sha256: str | None = None  # what the source recorded, if anything
+    key: str = ""  # the full key or filename at the source
+
+
+@dataclass
+class RemoteCheckpoint:
+    source: str
+    revision: str  # HF commit, or S3 content id from keys, sizes and ETags
+    objects: list[RemoteObject] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # keys that are not checkpoint files
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(o.size for o in self.objects)
+
+
+ProgressFn = Callable[[int], None]  # bytes just received
+FileDoneFn = Callable[[RemoteObject, Path], None]  # an object is complete in staging
+
+
+class ObjectStore(dg.ConfigurableResource, ABC):
+    @abstractmethod
+    def describe(self, source: SourceRef) -> RemoteCheckpoint: ...
+
+    @abstractmethod
+    def fetch(self, remote: RemoteCheckpoint, source: SourceRef, staging: Path,
+              on_progress: ProgressFn, on_file_done: FileDoneFn) -> int:
+        """Bring every object into `staging/<path>`, resuming partial work found there.
+
+        Returns the bytes found already received by an earlier, interrupted run.
+        """
+
+    @abstractmethod
+    def read_small(self, source: SourceRef, obj: RemoteObject) -> bytes: ...

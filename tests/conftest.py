@@ -1,0 +1,76 @@
+"""Shared fixtures: a real SeaweedFS S3 server on 127.0.0.1, a catalog dir, tiny checkpoints."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
+
+from onboarding.paths import PROJECT_ROOT
+from resources.s3 import S3ObjectStore
+from resources.seaweedfs import LocalS3Server
+from tests.tiny_models import build_tiny_llama
+
+ACCESS_KEY, SECRET_KEY = "onboarding-test", "onboarding-test-secret"
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> LocalS3Server:
+    server = LocalS3Server(tmp_path_factory.mktemp("seaweedfs"), ACCESS_KEY, SECRET_KEY)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_store(s3_server) -> S3ObjectStore:
+    return S3ObjectStore(endpoint_url=s3_server.endpoint_url, access_key_id=ACCESS_KEY,
+                         secret_access_key=SECRET_KEY, chunk_size_mb=1, max_concurrency=8,
+                         max_attempts=2)
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch) -> dict[str, str]:
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    return s3_server.env()
+
+
+@pytest.fixture
+def unique_prefix() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}/"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """Two-shard random Llama (about 0.2 MB per shard) with an index."""
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", shards=2)
+
+
+@pytest.fixture
+def config_dir(tmp_path, monkeypatch) -> Path:
+    """A copy of configs/ without model specs; tests add the specs they need."""
+    target = tmp_path / "configs"
+    shutil.copytree(PROJECT_ROOT / "configs", target,
+                    ignore=shutil.ignore_patterns("models"))
+    (target / "models").mkdir()
+    monkeypatch.setenv("ONBOARDING_CONFIG_DIR", str(target))
+    return target
+
+
+def write_spec(config_dir: Path, model_id: str, source: str, **extra) -> Path:
+    import yaml
+
+    path = config_dir / "models" / f"{model_id}.yaml"
+    path.write_text(yaml.safe_dump({"id": model_id, "source": source,
+                                    "served_name": model_id, **extra}))
+    return path

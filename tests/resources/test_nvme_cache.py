@@ -1,0 +1,146 @@
+"""The NVMe cache: atomic entries, warm hits, quarantine, missing shards, locks, resume."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from onboarding.catalog import parse_source
+from onboarding.checkpoint_manifest import MANIFEST_NAME, sha256_file
+from onboarding.errors import FetchError, IntegrityError
+from onboarding.paths import PROJECT_ROOT
+from resources.nvme_cache import NvmeCache
+from tests.tiny_models import shard_names
+
+
+@pytest.fixture
+def cache(tmp_path) -> NvmeCache:
+    return NvmeCache(root=str(tmp_path / "nvme"), reserve_gb=0, lock_timeout_s=0.5)
+
+
+def _upload(s3_store, ckpt, prefix):
+    s3_store.upload_dir(ckpt, "models", prefix)
+    return parse_source(f"s3://models/{prefix}")
+
+
+def test_fetch_then_warm_hit(cache, s3_store, tiny_checkpoint, unique_prefix):
+    src = _upload(s3_store, tiny_checkpoint, unique_prefix)
+    cold = cache.fetch("tiny", s3_store, src)
+    assert not cold.warm and cold.bytes_fetched == cold.manifest.total_bytes
+    for f in cold.manifest.files:
+        assert sha256_file(cold.path / f.path) == sha256_file(tiny_checkpoint / f.path)
+    assert (cold.path / MANIFEST_NAME).is_file()
+    assert not list(cold.path.parent.glob(".staging-*"))
+    warm = cache.fetch("tiny", s3_store, src)
+    assert warm.warm and warm.bytes_fetched == 0 and warm.path == cold.path
+    assert warm.manifest.content_hash == cold.manifest.content_hash
+
+
+def test_corrupted_object_is_quarantined_and_previous_entry_survives(
+        cache, s3_store, tiny_checkpoint, unique_prefix):
+    src = _upload(s3_store, tiny_checkpoint, unique_prefix)
+    good = cache.fetch("tiny", s3_store, src)
+    shard = shard_names(tiny_checkpoint)[0]
+    key = unique_prefix + shard
+    head = s3_store.client().head_object(Bucket="models", Key=key)
+    data = bytearray((tiny_checkpoint / shard).read_bytes())
+    data[-10:] = b"\xff" * 10  # same size, wrong bytes, the stale sha256 metadata kept
+    s3_store.client().put_object(Bucket="models", Key=key, Body=bytes(data),
+                                 Metadata=head["Metadata"])
+    with pytest.raises(IntegrityError, match=f"{shard}: sha256 .* but the source recorded"):
+        cache.fetch("tiny", s3_store, src)
+    quarantined = list((Path(cache.root) / ".quarantine" / "tiny").rglob(shard))
+    assert len(quarantined) == 1 and quarantined[0].read_bytes() == bytes(data)
+    assert cache.verify(good.path, full=True) == []  # the earlier good entry is intact
+
+
+def test_missing_shard_fails_before_any_weight_is_fetched(cache, s3_store, tiny_checkpoint,
+                                                          unique_prefix):
+    src = _upload(s3_store, tiny_checkpoint, unique_prefix)
+    gone = shard_names(tiny_checkpoint)[1]
+    s3_store.client().delete_object(Bucket="models", Key=unique_prefix + gone)
+    with pytest.raises(FetchError, match=f"names 1 shard.*{gone}"):
+        cache.fetch("tiny", s3_store, src)
+    assert not (Path(cache.root) / "tiny").exists() or not any(
+        (Path(cache.root) / "tiny").glob(".staging-*/*.safetensors*"))
+
+
+def test_second_run_on_the_same_entry_is_locked_out(cache, s3_store, tiny_checkpoint,
+                                                    unique_prefix):
+    src = _upload(s3_store, tiny_checkpoint, unique_prefix)
+    revision = s3_store.describe(src).revision
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with cache.lock("tiny", revision):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(5)
+    try:
+        with pytest.raises(FetchError, match="locked by pid"):
+            cache.fetch("tiny", s3_store, src)
+    finally:
+        release.set()
+        t.join()
+    assert cache.fetch("tiny", s3_store, src).warm is False
+
+
+RESUME_SCRIPT = """
+import sys, time
+from onboarding.catalog import parse_source
+from resources.nvme_cache import NvmeCache
+from resources.s3 import S3ObjectStore
+endpoint, root, prefix = sys.argv[1:4]
+store = S3ObjectStore(endpoint_url=endpoint, access_key_id="{ak}", secret_access_key="{sk}",
+                      chunk_size_mb=1, max_concurrency=1)
+orig = store._get_range
+def slow(*a, **k):
+    orig(*a, **k)
+    time.sleep(0.3)  # slow enough for the test to kill us midway
+store.__dict__["_get_range"] = slow
+NvmeCache(root=root, reserve_gb=0).fetch("big", store, parse_source("s3://models/" + prefix))
+"""
+
+
+def test_killed_fetch_resumes_and_finishes_with_the_same_checksums(
+        cache, s3_store, s3_server, tmp_path, unique_prefix):
+    from tests.conftest import ACCESS_KEY, SECRET_KEY
+
+    src_dir = tmp_path / "big"
+    src_dir.mkdir()
+    (src_dir / "config.json").write_text("{}")
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    weights = np.frombuffer(os.urandom(12 << 20), dtype=np.uint8)
+    save_file({"w": weights}, str(src_dir / "model.safetensors"))
+    src = _upload(s3_store, src_dir, unique_prefix)
+    script = RESUME_SCRIPT.replace("{ak}", ACCESS_KEY).replace("{sk}", SECRET_KEY)
+    proc = subprocess.Popen([sys.executable, "-c", script, s3_server.endpoint_url, cache.root,
+                             unique_prefix], cwd=PROJECT_ROOT)
+    journal = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        hits = list(Path(cache.root).glob("big/.staging-*/model.safetensors.part.chunks"))
+        if hits and len(hits[0].read_text().split()) >= 3:
+            journal = hits[0]
+            break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    assert journal is not None, "the fetch never got going"
+    chunks_before = len(journal.read_text().split())
+    result = cache.fetch("big", s3_store, src)
+    assert result.bytes_resumed >= chunks_before << 20
+    assert result.bytes_fetched == result.manifest.total_bytes - result.bytes_resumed
+    assert sha256_file(result.path / "model.safetensors") == \
+        sha256_file(src_dir / "model.safetensors")
