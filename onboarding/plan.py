@@ -472,3 +472,47 @@ def plan_rows(p: DeploymentPlan) -> list[dict[str, Any]]:
             "reason": n.reason,
         })
     return rows
+
+
+def _num(v: Any, kind: type) -> Any:
+    try:
+        return kind(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def measured_from_metadata(upstream: dict[str, dict[str, Any]]) -> Measured:
+    """Upstream materializations' metadata (asset name -> key -> value) as `Measured`.
+
+    Missing assets or keys stay None: they are reported as absent, never filled in.
+    """
+    variant = upstream.get("serving_variant", {})
+    timing = upstream.get("load_timing", {})
+    bench = upstream.get("serving_benchmark", {})
+    slo = bench.get("slo_pass")
+    return Measured(
+        variant_precision=_num(variant.get("precision"), str),
+        variant_weight_bytes=_num(variant.get("weight_bytes"), int),
+        benchmark_node_type=_num(bench.get("node_type"), str),
+        benchmark_gpus=_num(bench.get("gpus"), int),
+        tokens_per_s_per_gpu=_num(bench.get("tokens_per_s_per_gpu"), float),
+        saturation_concurrency=_num(bench.get("saturation_concurrency"), int),
+        slo_pass=slo if isinstance(slo, bool) else None,
+        cold_start_p95_s=_num(timing.get("cold_start_p95_s"), float),
+        warm_start_p50_s=_num(timing.get("warm_start_p50_s"), float),
+    )
+
+
+def param_count_from_safetensors(checkpoint_dir: Path) -> int | None:
+    """Exact parameter count from the safetensors headers (no tensor data is read)."""
+    from onboarding.checkpoint_manifest import read_safetensors_header
+
+    files = sorted(checkpoint_dir.rglob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        for name, info in read_safetensors_header(f).items():
+            if name != "__metadata__":
+                total += math.prod(info.get("shape") or [1])
+    return total

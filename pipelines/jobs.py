@@ -15,4 +15,13 @@ onboard_model = dg.define_asset_job(
     executor_def=onboarding_executor(),
 )
 
-jobs = [onboard_model]
+plan_model = dg.define_asset_job(
+    "plan_model",
+    selection=dg.AssetSelection.assets("deployment_plan", "kserve_manifest", "gateway_routes"),
+    partitions_def=models_partitions,
+    description="Plan and render one model without fetching it: plan-only catalog entries, or "
+    "re-rendering after a config change. Uses whatever upstream measurements exist.",
+    executor_def=onboarding_executor(),
+)
+
+jobs = [onboard_model, plan_model]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dagster as dg
 
 from resources.huggingface import HuggingFaceStore
+from resources.manifest_validator import ManifestValidator
 from resources.nvme_cache import NvmeCache
 from resources.s3 import S3ObjectStore
 
@@ -22,4 +23,5 @@ def build_resources() -> dict[str, object]:
         ),
         "hf": HuggingFaceStore(),
         "nvme_cache": NvmeCache(root=dg.EnvVar("ONBOARDING_CACHE_ROOT")),
+        "manifest_validator": ManifestValidator(),  # KSERVE_CRD_PATHS, ONBOARDING_KUBE_CONTEXT
     }
