@@ -121,16 +121,17 @@ class ModelSpec(_Strict):
         return parse_source(self.source)
 
 
-def format_validation_error(path: Path | str, err: ValidationError) -> str:
+def format_validation_error(where: Path | str, err: ValidationError) -> str:
+    """Pydantic's errors as `<where>: field 'a.b': what was expected`, joined for one message."""
     lines = []
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "<top level>"
         if e["type"] == "extra_forbidden":
-            lines.append(f"{path}: field '{field}': unknown key (check its spelling)")
+            lines.append(f"{where}: field '{field}': unknown key (check its spelling)")
         elif e["type"] == "missing":
-            lines.append(f"{path}: field '{field}': required but missing")
+            lines.append(f"{where}: field '{field}': required but missing")
         else:
-            lines.append(f"{path}: field '{field}': {e['msg']}")
+            lines.append(f"{where}: field '{field}': {e['msg'].removeprefix('Value error, ')}")
     return "; ".join(lines)
 
 
@@ -159,7 +160,8 @@ def parse_spec(data: Any, origin: str, default_id: str | None = None) -> ModelSp
     try:
         return ModelSpec.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(origin, format_validation_error("spec", exc), "Fix the spec.") from None
+        raise ConfigError(origin, format_validation_error("model spec", exc),
+                          "Fix the spec.") from None
 
 
 def load_catalog(models_dir: Path) -> dict[str, ModelSpec]:

@@ -1,0 +1,63 @@
+"""Catalog specs: valid entries resolve, malformed ones name the file and the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from onboarding.catalog import load_catalog, parse_source, resolve
+from onboarding.errors import ConfigError
+from onboarding.names import is_dns1123_label, to_dns1123_label
+from onboarding.paths import PROJECT_ROOT
+
+
+def test_shipped_catalog_is_valid():
+    catalog = load_catalog(PROJECT_ROOT / "configs" / "models")
+    assert "smollm2-135m" in catalog
+    for key, spec in catalog.items():
+        assert is_dns1123_label(key) and spec.id == key
+
+
+def test_unknown_key_lists_known_models(tmp_path):
+    (tmp_path / "a.yaml").write_text("id: a\nsource: s3://models/a/\nserved_name: a\n")
+    with pytest.raises(ConfigError, match=r"'nope': not in the catalog \(known: a\)"):
+        resolve(load_catalog(tmp_path), "nope")
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ("id: a\nsource: s3://models/a/\nserved_name: a\nprecison_ladder: [fp8]\n",
+     r"field 'precison_ladder': unknown key"),
+    ("id: a\nsource: s3://models/a/\n", r"field 'served_name': required but missing"),
+    ("id: A_b\nsource: s3://models/a/\nserved_name: a\n", r"field 'id'.*not a DNS-1123 label"),
+    ("id: a\nsource: ftp://x/y\nserved_name: a\n", r"field 'source'.*expected 's3://"),
+    ("id: a\nsource: s3://models/a/\nserved_name: a\nprecision_ladder: [fp4]\n",
+     r"field 'precision_ladder.0'"),
+    ("id: a\nsource: s3://models/a/\nserved_name: a\nslo: {ttft_p95_s: -1}\n",
+     r"field 'slo.ttft_p95_s'"),
+    ("id: a\nsource: [s3://models/a/\n", r"line \d+, column \d+.*not valid YAML"),
+    ("- just\n- a list\n", r"expected a mapping"),
+])
+def test_malformed_specs_name_file_and_field(tmp_path, body, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(body)
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_catalog(tmp_path)
+    assert "bad.yaml" in str(info.value)
+
+
+def test_duplicate_ids_are_refused(tmp_path):
+    for name in ("one", "two"):
+        (tmp_path / f"{name}.yaml").write_text("id: a\nsource: s3://models/a/\nserved_name: a\n")
+    with pytest.raises(ConfigError, match="already defined"):
+        load_catalog(tmp_path)
+
+
+def test_sources_parse():
+    s3 = parse_source("s3://models/llama/v1")
+    assert (s3.kind, s3.location, s3.path) == ("s3", "models", "llama/v1/")
+    hf = parse_source("hf://meta-llama/Llama-3.1-8B@abc123")
+    assert (hf.kind, hf.location, hf.revision) == ("hf", "meta-llama/Llama-3.1-8B", "abc123")
+
+
+@pytest.mark.parametrize("raw", ["Meta-Llama/Llama-3.1-70B_Instruct", "a" * 80, "x.y/Z"])
+def test_any_model_id_becomes_a_dns1123_label(raw):
+    assert is_dns1123_label(to_dns1123_label(raw))
