@@ -1,0 +1,296 @@
+"""Declarative inputs of the serving stage: engine templates, traffic profiles, SLOs.
+
+`configs/stack.yaml` section `engines`, `configs/scenarios.yaml`, `configs/gates.yaml` section
+`slo`. Each parser reads only its own section (other stages own the rest of those files), rejects
+unknown keys, and names file + field in every error.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from onboarding.catalog import ModelSpec, format_validation_error, load_yaml
+from onboarding.errors import ConfigError
+from onboarding.serving_stats import Slo
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---- configs/stack.yaml: engines ----
+
+class ArgFlag(_Strict):
+    flag: str | None = None
+    off_flag: str | None = None
+
+
+class HardwareProfile(_Strict):
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    unsupported_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class MetricNames(_Strict):
+    running: str
+    waiting: str
+    kv_cache_usage: str
+    ttft_histogram: str
+    itl_histogram: str
+
+
+class EngineTemplate(_Strict):
+    command: list[str] = Field(min_length=1)
+    weights_loaded_pattern: str
+    health_path: str = "/health"
+    metrics: MetricNames
+    env: dict[str, str] = Field(default_factory=dict)
+    args: dict[str, ArgFlag] = Field(default_factory=dict)
+    serves: dict[str, list[str]]
+    precision_env: dict[str, dict[str, str]] = Field(default_factory=dict)
+    hardware: dict[str, HardwareProfile] = Field(default_factory=dict)
+
+    @field_validator("weights_loaded_pattern")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression ({exc})") from None
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _placeholders(cls, v: list[str]) -> list[str]:
+        joined = " ".join(v)
+        for needed in ("{model_path}", "{port}"):
+            if needed not in joined:
+                raise ValueError(f"the command must contain {needed}")
+        return v
+
+
+def load_engine_templates(stack_path: Path) -> dict[str, EngineTemplate]:
+    data = load_yaml(stack_path) or {}
+    section = data.get("engines") if isinstance(data, dict) else None
+    if not isinstance(section, dict) or not section:
+        raise ConfigError(f"{stack_path}: section 'engines'", "missing or empty",
+                          "Add an 'engines:' mapping with at least a 'vllm' template.")
+    out = {}
+    for name, body in section.items():
+        try:
+            out[name] = EngineTemplate.model_validate(body)
+        except ValidationError as exc:
+            raise ConfigError(
+                str(stack_path), format_validation_error(f"engines.{name}", exc).replace(
+                    f"engines.{name}: field '", f"field 'engines.{name}."),
+                "Fix the engine template.") from None
+    return out
+
+
+def hardware_class(hardware: str) -> str:
+    """`cpu` stays `cpu`; every `smNN` is a `gpu` for profile lookup."""
+    return "cpu" if hardware == "cpu" else "gpu"
+
+
+def servable(template: EngineTemplate, engine: str, hardware: str, precision: str
+             ) -> tuple[bool, str]:
+    """Can this engine on this hardware serve `precision`? The reason when it cannot."""
+    serves = template.serves.get(hardware)
+    if serves is None:
+        known = ", ".join(sorted(template.serves)) or "none"
+        return False, (f"{engine} has no kernels listed for hardware {hardware!r} "
+                       f"(configs/stack.yaml engines.{engine}.serves knows: {known})")
+    if precision not in serves:
+        needs = sorted(h for h, ps in template.serves.items() if precision in ps)
+        return False, (f"{engine} on {hardware} serves {', '.join(serves)}, not {precision}; "
+                       f"{precision} needs {', '.join(needs) or 'hardware not listed'}")
+    return True, ""
+
+
+def render_command(
+    template: EngineTemplate, *, hardware: str, bin_dir: str, model_path: str,
+    served_name: str, port: int, engine_args: dict[str, Any], precision: str,
+) -> tuple[list[str], dict[str, str], list[str]]:
+    """argv, extra env, and the engine args dropped because they do not apply to `hardware`.
+
+    Args are the hardware profile's defaults overlaid by the model's production `engine_args`.
+    """
+    profile = template.hardware.get(hardware_class(hardware), HardwareProfile())
+    merged = {**profile.defaults, **engine_args}
+    dropped = sorted(k for k in merged if k in profile.unsupported_args)
+    argv = [part.format(bin_dir=bin_dir, model_path=model_path, served_name=served_name,
+                        port=port) for part in template.command]
+    for key, value in merged.items():
+        if key in dropped:
+            continue
+        spec = template.args.get(key)
+        if spec is None:
+            known = ", ".join(sorted(template.args))
+            raise ConfigError(f"engine_args.{key}", f"the engine template has no flag for it "
+                              f"(known: {known})",
+                              "Use one of the known names, or add it to the template's 'args' "
+                              "in configs/stack.yaml.")
+        if isinstance(value, bool):
+            flag = spec.flag if value else spec.off_flag
+            if flag:
+                argv.append(flag)
+        elif spec.flag:
+            argv += [spec.flag, str(value)]
+    env = {**template.env, **profile.env, **template.precision_env.get(precision, {})}
+    return argv, env, dropped
+
+
+def effective_max_model_len(template: EngineTemplate, hardware: str,
+                            engine_args: dict[str, Any]) -> int | None:
+    profile = template.hardware.get(hardware_class(hardware), HardwareProfile())
+    value = {**profile.defaults, **engine_args}.get("max_model_len")
+    return int(value) if value is not None else None
+
+
+# ---- configs/scenarios.yaml ----
+
+class Scenario(_Strict):
+    input_tokens: int = Field(gt=0)
+    output_tokens: int = Field(gt=0)
+    prefix_tokens: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _prefix(self) -> Scenario:
+        if self.prefix_tokens >= self.input_tokens:
+            raise ValueError(f"prefix_tokens ({self.prefix_tokens}) must be below input_tokens "
+                             f"({self.input_tokens})")
+        return self
+
+
+class Sweep(_Strict):
+    mode: Literal["concurrency", "rate"] = "concurrency"
+    concurrency: list[int] = Field(min_length=1)
+    rates: list[float] = Field(default_factory=list)
+    requests_per_point: int = Field(gt=0)
+    min_rounds_per_point: int = Field(default=2, ge=1)
+    max_seconds_per_point: float = Field(gt=0)
+    warmup_requests: int = Field(default=0, ge=0)
+    request_timeout_s: float = Field(gt=0)
+    scrape_interval_s: float = Field(default=1.0, gt=0)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(c < 1 for c in v):
+            raise ValueError("every concurrency must be at least 1")
+        return sorted(set(v))
+
+    def requests_at(self, concurrency: int) -> int:
+        return max(self.requests_per_point, self.min_rounds_per_point * concurrency)
+
+
+class LoadTimingDefaults(_Strict):
+    cold_repeats: int = Field(ge=1)
+    warm_repeats: int = Field(ge=0)
+    start_timeout_s: float = Field(gt=0)
+
+
+class Profile(_Strict):
+    scenarios: dict[str, Scenario] = Field(min_length=1)
+    sweep: Sweep
+    load_timing: LoadTimingDefaults
+
+
+class ScenariosFile(_Strict):
+    profiles: dict[str, Profile] = Field(min_length=1)
+
+
+def load_profiles(path: Path) -> dict[str, Profile]:
+    try:
+        return ScenariosFile.model_validate(load_yaml(path)).profiles
+    except ValidationError as exc:
+        raise ConfigError(str(path), format_validation_error(path, exc).split(": ", 1)[1],
+                          "Fix the traffic profiles.") from None
+
+
+def pick_profile(profiles: dict[str, Profile], name: str, origin: str) -> Profile:
+    try:
+        return profiles[name]
+    except KeyError:
+        raise ConfigError(f"{origin}: profile {name!r}",
+                          f"not defined (known: {', '.join(sorted(profiles))})",
+                          "Pick a defined profile or add it to configs/scenarios.yaml.") from None
+
+
+def scenarios_for(spec: ModelSpec, profile: Profile, origin: str) -> dict[str, Scenario]:
+    missing = [s for s in spec.scenarios if s not in profile.scenarios]
+    if missing:
+        raise ConfigError(
+            f"model {spec.id!r}: scenarios {missing}",
+            f"not defined in {origin} (known: {', '.join(sorted(profile.scenarios))})",
+            "Fix the model's 'scenarios' list or add the profile to configs/scenarios.yaml.")
+    return {s: profile.scenarios[s] for s in spec.scenarios}
+
+
+def check_fits(scenarios: dict[str, Scenario], max_model_len: int | None,
+               special_tokens: int = 2) -> None:
+    """Refuse before the run a scenario the engine would reject for every request."""
+    if max_model_len is None:
+        return
+    too_long = {name: s.input_tokens + s.output_tokens + special_tokens
+                for name, s in scenarios.items()
+                if s.input_tokens + s.output_tokens + special_tokens > max_model_len}
+    if too_long:
+        desc = ", ".join(f"{n} needs {t}" for n, t in sorted(too_long.items()))
+        raise ConfigError(
+            f"scenarios {sorted(too_long)}",
+            f"input + output tokens exceed --max-model-len {max_model_len} ({desc}, counting "
+            f"{special_tokens} special tokens)",
+            "Raise the model's engine_args.max_model_len or pick a smaller profile in "
+            "configs/scenarios.yaml.")
+
+
+# ---- configs/gates.yaml: slo ----
+
+class SloFields(_Strict):
+    ttft_p95_s: float | None = Field(default=None, gt=0)
+    itl_mean_ms: float | None = Field(default=None, gt=0)
+    error_rate_max: float | None = Field(default=None, ge=0, le=1)
+    target_concurrency: int | None = Field(default=None, ge=1)
+
+
+class SloSection(_Strict):
+    severity: Literal["warn", "error"] = "warn"
+    defaults: SloFields
+    node_types: dict[str, SloFields] = Field(default_factory=dict)
+
+    @field_validator("defaults")
+    @classmethod
+    def _complete(cls, v: SloFields) -> SloFields:
+        unset = [k for k, val in v.model_dump().items() if val is None]
+        if unset:
+            raise ValueError(f"defaults must set every SLO; unset: {', '.join(unset)}")
+        return v
+
+
+def load_slo_section(gates_path: Path) -> SloSection:
+    data = load_yaml(gates_path) or {}
+    section = data.get("slo") if isinstance(data, dict) else None
+    if section is None:
+        raise ConfigError(f"{gates_path}: section 'slo'", "missing",
+                          "Add the 'slo:' section (defaults and node_types).")
+    try:
+        return SloSection.model_validate(section)
+    except ValidationError as exc:
+        msg = format_validation_error(gates_path, exc).replace("field '", "field 'slo.")
+        raise ConfigError(str(gates_path), msg.split(": ", 1)[1], "Fix the SLOs.") from None
+
+
+def resolve_slo(section: SloSection, node_type: str, spec: ModelSpec) -> Slo:
+    """defaults < node type < the model's own overrides."""
+    merged = section.defaults.model_dump()
+    layers = [section.node_types.get(node_type), spec.slo]
+    for layer in layers:
+        if layer is None:
+            continue
+        merged.update({k: v for k, v in layer.model_dump().items() if v is not None})
+    return Slo(**merged)

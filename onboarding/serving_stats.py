@@ -1,0 +1,238 @@
+"""Statistics of a serving benchmark, defined as vLLM's `benchmarks/serve` defines them.
+
+- TTFT: request sent -> first chunk whose text is non-empty.
+- ITL: every gap between consecutive non-empty chunks, pooled over requests.
+- TPOT: (E2E - TTFT) / (n - 1) per request, n = output tokens from the server's `usage`
+  (chunks can carry several tokens, so counting chunks would overstate TPOT).
+- Throughputs over the point's wall time; errors counted by cause, never dropped.
+Pure functions: the load generator produces `RequestRecord`s, everything else is here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it; times are seconds from the request's send."""
+
+    ok: bool = False
+    error: str | None = None  # cause: http_503, stream_dropped, malformed_sse, timeout, ...
+    start_s: float = 0.0  # send time relative to the point's start
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    content_chunks: int = 0
+    prompt_tokens: int | None = None  # from the server's usage
+    output_tokens: int | None = None  # from the server's usage
+
+    @property
+    def n_output(self) -> int:
+        return self.output_tokens if self.output_tokens is not None else self.content_chunks
+
+    @property
+    def tpot_s(self) -> float | None:
+        n = self.n_output
+        if not self.ok or self.ttft_s is None or self.e2e_s is None or n < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (n - 1)
+
+
+@dataclass(frozen=True)
+class Dist:
+    mean: float
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Dist:
+        if len(values) == 0:
+            nan = float("nan")
+            return cls(nan, nan, nan, nan, nan)
+        a = np.asarray(values, dtype=float)
+        p = np.percentile(a, PERCENTILES)
+        return cls(float(a.mean()), *(float(x) for x in p))
+
+    def scaled(self, k: float) -> Dist:
+        return Dist(*(v * k for v in asdict(self).values()))
+
+
+@dataclass(frozen=True)
+class Slo:
+    """SLOs at one node type; see `configs/gates.yaml` section `slo`."""
+
+    ttft_p95_s: float
+    itl_mean_ms: float
+    error_rate_max: float
+    target_concurrency: int
+
+
+@dataclass(frozen=True)
+class PointStats:
+    """One load point (a concurrency or a request rate) of one scenario."""
+
+    requests: int
+    completed: int
+    failed: int
+    errors_by_cause: dict[str, int]
+    duration_s: float
+    request_throughput_rps: float
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    ttft_s: Dist
+    itl_ms: Dist
+    tpot_ms: Dist
+    e2e_s: Dist
+    goodput_rps: float | None = None
+
+    @property
+    def error_rate(self) -> float:
+        return self.failed / self.requests if self.requests else 0.0
+
+    def row(self) -> dict[str, float | int | str]:
+        """Flat columns for a table: `ttft_p95_s`, `itl_mean_ms`, ..."""
+        out: dict[str, float | int | str] = {
+            "requests": self.requests, "completed": self.completed, "failed": self.failed,
+            "error_rate": self.error_rate,
+            "errors_by_cause": ", ".join(f"{k}={v}" for k, v in sorted(
+                self.errors_by_cause.items())),
+            "duration_s": self.duration_s,
+            "request_throughput_rps": self.request_throughput_rps,
+            "input_tokens_per_s": self.input_tokens_per_s,
+            "output_tokens_per_s": self.output_tokens_per_s,
+            "goodput_rps": self.goodput_rps if self.goodput_rps is not None else float("nan"),
+        }
+        for name, dist, unit in (("ttft", self.ttft_s, "s"), ("itl", self.itl_ms, "ms"),
+                                 ("tpot", self.tpot_ms, "ms"), ("e2e", self.e2e_s, "s")):
+            for stat, value in asdict(dist).items():
+                out[f"{name}_{stat}_{unit}"] = value
+        return out
+
+
+def summarize(records: Sequence[RequestRecord], duration_s: float,
+              slo: Slo | None = None) -> PointStats:
+    ok = [r for r in records if r.ok]
+    errors = Counter(r.error or "unknown" for r in records if not r.ok)
+    itl = [g for r in ok for g in r.itl_s]
+    tpot = [t for r in ok if (t := r.tpot_s) is not None]
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    out_tokens = sum(r.n_output for r in ok)
+    dur = duration_s if duration_s > 0 else float("nan")
+    goodput = None
+    if slo is not None:
+        good = sum(
+            1 for r in ok
+            if r.ttft_s is not None and r.ttft_s <= slo.ttft_p95_s
+            and (r.tpot_s is None or r.tpot_s * 1e3 <= slo.itl_mean_ms)
+        )
+        goodput = good / dur
+    return PointStats(
+        requests=len(records), completed=len(ok), failed=len(records) - len(ok),
+        errors_by_cause=dict(errors), duration_s=duration_s,
+        request_throughput_rps=len(ok) / dur,
+        input_tokens_per_s=in_tokens / dur, output_tokens_per_s=out_tokens / dur,
+        ttft_s=Dist.of([r.ttft_s for r in ok if r.ttft_s is not None]),
+        itl_ms=Dist.of(itl).scaled(1e3), tpot_ms=Dist.of(tpot).scaled(1e3),
+        e2e_s=Dist.of([r.e2e_s for r in ok if r.e2e_s is not None]),
+        goodput_rps=goodput,
+    )
+
+
+def slo_violations(stats: PointStats, slo: Slo) -> list[str]:
+    """Why a point misses the SLOs, with the numbers; empty when it meets them."""
+    out = []
+    if stats.completed == 0:
+        out.append("no request completed")
+    if not stats.ttft_s.p95 <= slo.ttft_p95_s:
+        out.append(f"TTFT p95 {stats.ttft_s.p95:.3f} s > {slo.ttft_p95_s} s")
+    if not stats.itl_ms.mean <= slo.itl_mean_ms:
+        out.append(f"mean ITL {stats.itl_ms.mean:.1f} ms > {slo.itl_mean_ms} ms")
+    if stats.error_rate > slo.error_rate_max:
+        out.append(f"error rate {stats.error_rate:.2%} > {slo.error_rate_max:.2%}")
+    return out
+
+
+def saturation_concurrency(points: Iterable[tuple[int, PointStats]], slo: Slo) -> int:
+    """Highest concurrency such that it and every lower measured one meet the SLOs; 0 if none.
+
+    Requiring the whole prefix keeps one lucky high point from overstating capacity.
+    """
+    best = 0
+    for conc, stats in sorted(points, key=lambda p: p[0]):
+        if slo_violations(stats, slo):
+            break
+        best = conc
+    return best
+
+
+def nearest_point(points: Sequence[tuple[int, PointStats]], concurrency: int
+                  ) -> tuple[int, PointStats] | None:
+    """The measured point at `concurrency`, else the highest one below it."""
+    below = [p for p in points if p[0] <= concurrency]
+    return max(below, key=lambda p: p[0]) if below else None
+
+
+# ---- Prometheus /metrics: a server-side cross-check of the client ----
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sample name -> value summed over label sets (engines, models); `_created` dropped."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.endswith("_created"):
+                continue
+            out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    return out
+
+
+def histogram_mean_delta(before: dict[str, float], after: dict[str, float],
+                         name: str) -> float | None:
+    """Mean of the observations added between two scrapes (`_sum`/`_count` differences)."""
+    count = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+    if count <= 0:
+        return None
+    return (after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)) / count
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else math.nan
+
+
+# ---- Results the plan stage reads (also emitted as metadata with these names) ----
+
+@dataclass(frozen=True)
+class LoadTimingResult:
+    model: str
+    precision: str
+    servable: bool
+    reason: str  # why not servable; "" when servable
+    cold_start_p50_s: float | None = None
+    cold_start_p95_s: float | None = None
+    warm_start_p50_s: float | None = None
+    weight_bytes: int = 0
+    weights_load_gbps: float | None = None
+    raw_read_gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class ServingBenchmarkResult:
+    model: str
+    precision: str
+    node_type: str
+    gpus: int
+    servable: bool
+    tokens_per_s_per_gpu: float
+    saturation_concurrency: int
+    slo_pass: bool
+    slo_violations: tuple[str, ...] = ()

@@ -1,0 +1,319 @@
+"""The engine launcher: vLLM or SGLang as a subprocess, from a template in configs/stack.yaml.
+
+One interface, engines differ only by template (command, flags, log line, metric names):
+`Engine.serve(...)` is a context manager that yields a ready `RunningEngine` and always reaps
+the whole process group on the way out, whether the step succeeded, failed or was cancelled
+(Dagster interrupts a step by raising inside it, so `finally` runs). Readiness is `/health`
+answering 200 and then one real completion, because vLLM answers /health before the first
+request has paid for lazy initialisation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from onboarding.errors import OnboardingError
+from onboarding.paths import PROJECT_ROOT, config_dir
+from onboarding.refs import VariantRef
+from onboarding.serving_config import (
+    EngineTemplate,
+    load_engine_templates,
+    render_command,
+    servable,
+)
+
+LOG_TAIL_LINES = 40
+POLL_INTERVAL_S = 0.25
+
+
+class EngineError(OnboardingError):
+    """The engine could not be started or did not become ready; the log tail is in `cause`."""
+
+
+@dataclass
+class StartPhases:
+    """Seconds from process start to each milestone of one engine start."""
+
+    weights_loaded_s: float | None = None  # the engine's own "weights loaded" log line seen
+    engine_weights_load_s: float | None = None  # the load time the engine reports, if any
+    health_ready_s: float | None = None
+    first_token_s: float | None = None  # = the start time a user waits for
+
+
+@dataclass
+class RunningEngine:
+    base_url: str
+    port: int
+    pid: int
+    served_name: str
+    log_path: Path
+    argv: list[str]
+    dropped_args: list[str]
+    phases: StartPhases = field(default_factory=StartPhases)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def reap_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM the process group, SIGKILL what is left after `grace_s`, wait for the leader.
+
+    The group, not the pid: vLLM forks an EngineCore and workers that would outlive the
+    API server and keep the model's memory.
+    """
+    pgid = proc.pid  # started with start_new_session=True: pgid == pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        proc.poll()
+        if not _group_alive(pgid):
+            break
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    proc.wait()
+    while _group_alive(pgid) and time.monotonic() < deadline + 5:
+        time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies still count for killpg; treat a group whose members are all zombies as gone.
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit():
+            continue
+        try:
+            stat = (proc_dir / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _http_get_status(url: str, timeout_s: float = 2.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
+
+
+def detect_hardware() -> str:
+    """`smNN` of GPU 0 from nvidia-smi's compute capability, or `cpu` when there is no GPU."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return "cpu"
+    out = subprocess.run([exe, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=30, check=False)
+    caps = out.stdout.split()
+    if out.returncode != 0 or not caps:
+        return "cpu"
+    major, _, minor = caps[0].partition(".")
+    return f"sm{int(major)}{int(minor or 0)}"
+
+
+class Engine(dg.ConfigurableResource):
+    """Starts the serving engine for one variant. Local and production differ in config only."""
+
+    engine: str = Field(default="vllm", description="template name in configs/stack.yaml engines")
+    bin_dir: str = Field(default=str(PROJECT_ROOT / ".venv-engine" / "bin"),
+                         description="directory holding the engine's executables")
+    hardware: str = Field(default="auto", description="'auto', 'cpu' or 'smNN' (e.g. sm100)")
+    node_type: str = Field(default="cpu", description="entry of configs/nodes.yaml, or 'cpu'")
+    gpus: str = Field(default="", description="CUDA_VISIBLE_DEVICES for the engine, e.g. '0,1'")
+    cpu_kvcache_space_gib: int = Field(default=2, description="VLLM_CPU_KVCACHE_SPACE")
+    port: int = Field(default=0, description="0 picks a free port on 127.0.0.1")
+    start_timeout_s: float = Field(default=300.0, gt=0)
+    log_dir: str = Field(default="", description="engine logs; empty = a temp directory")
+    stack_path: str = Field(default="", description="empty = <config dir>/stack.yaml")
+
+    # ---- what this engine can serve ----
+
+    def template(self) -> EngineTemplate:
+        path = Path(self.stack_path) if self.stack_path else config_dir() / "stack.yaml"
+        templates = load_engine_templates(path)
+        if self.engine not in templates:
+            raise EngineError(f"engine {self.engine!r}", f"no template in {path} (known: "
+                              f"{', '.join(sorted(templates))})",
+                              "Set ENGINE_KIND to a known engine or add its template.")
+        return templates[self.engine]
+
+    def resolved_hardware(self) -> str:
+        return detect_hardware() if self.hardware == "auto" else self.hardware
+
+    def gpu_count(self) -> int:
+        return len([g for g in self.gpus.split(",") if g.strip()])
+
+    def can_serve(self, precision: str) -> tuple[bool, str]:
+        hw = self.resolved_hardware()
+        return servable(self.template(), self.engine, hw, precision)
+
+    def servable_precisions(self) -> list[str]:
+        return list(self.template().serves.get(self.resolved_hardware(), []))
+
+    # ---- starting ----
+
+    @contextlib.contextmanager
+    def serve(self, variant: VariantRef, served_name: str,
+              engine_args: dict[str, Any] | None = None,
+              start_timeout_s: float | None = None) -> Iterator[RunningEngine]:
+        """Start, wait until a real completion succeeds, yield, and always reap."""
+        ok, reason = self.can_serve(variant.precision)
+        if not ok:
+            raise EngineError(f"{variant.model} ({variant.precision})", reason,
+                              "Serve a precision this hardware supports, or run on a node "
+                              "type that has the kernels.")
+        template = self.template()
+        hw = self.resolved_hardware()
+        port = self.port or free_port()
+        if not port_is_free(port):
+            raise EngineError(f"port {port} on 127.0.0.1", "already in use by another process",
+                              "Stop that process, or set ENGINE_PORT=0 to pick a free port.")
+        argv, env_extra, dropped = render_command(
+            template, hardware=hw, bin_dir=self.bin_dir, model_path=variant.path,
+            served_name=served_name, port=port, engine_args=engine_args or {},
+            precision=variant.precision)
+        exe = argv[0]
+        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            raise EngineError(f"engine executable {exe}", "missing or not executable",
+                              "Run scripts/setup.sh to build the engine virtualenv, or set "
+                              "ENGINE_BIN_DIR to the directory that holds it.")
+        env = {**os.environ, **env_extra}
+        if hw == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cpu_kvcache_space_gib)
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus
+        log_root = Path(self.log_dir) if self.log_dir else Path(tempfile.gettempdir())
+        log_root.mkdir(parents=True, exist_ok=True)
+        log_path = log_root / f"engine-{variant.model}-{port}-{int(time.time())}.log"
+        timeout_s = start_timeout_s or self.start_timeout_s
+        with open(log_path, "wb") as log:
+            log.write((json.dumps(argv) + "\n").encode())
+            log.flush()
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        running = RunningEngine(base_url=f"http://127.0.0.1:{port}", port=port, pid=proc.pid,
+                                served_name=served_name, log_path=log_path, argv=argv,
+                                dropped_args=dropped)
+        try:
+            self._wait_ready(proc, running, template, t0, timeout_s)
+            yield running
+        finally:
+            reap_group(proc)
+
+    def _wait_ready(self, proc: subprocess.Popen, running: RunningEngine,
+                    template: EngineTemplate, t0: float, timeout_s: float) -> None:
+        what = f"{self.engine} serving {running.served_name} on port {running.port}"
+        pattern = re.compile(template.weights_loaded_pattern)
+        health_url = running.base_url + template.health_path
+        phases = running.phases
+        offset = 0
+        while True:
+            elapsed = time.perf_counter() - t0
+            if phases.weights_loaded_s is None:
+                offset = self._scan_log(running.log_path, offset, pattern, phases, elapsed)
+            code = proc.poll()
+            if code is not None:
+                port_note = ""
+                tail = log_tail(running.log_path)
+                if "address already in use" in tail.lower():
+                    port_note = f" (port {running.port} was taken after it was chosen)"
+                raise EngineError(what, f"the engine exited with code {code} during start"
+                                  f"{port_note}; log {running.log_path}, last lines:\n{tail}",
+                                  "Read the log lines above; fix the engine args or the model.")
+            if elapsed > timeout_s:
+                raise EngineError(what, f"not ready after {timeout_s:.0f} s (health "
+                                  f"{'answered' if phases.health_ready_s else 'never answered'}"
+                                  f" 200); log {running.log_path}, last lines:\n"
+                                  f"{log_tail(running.log_path)}",
+                                  "Raise ENGINE_START_TIMEOUT_S if the model is just slow to "
+                                  "load, otherwise read the log.")
+            if phases.health_ready_s is None and _http_get_status(health_url) == 200:
+                phases.health_ready_s = time.perf_counter() - t0
+                if phases.weights_loaded_s is None:
+                    self._scan_log(running.log_path, offset, pattern, phases,
+                                   phases.health_ready_s)
+            if phases.health_ready_s is not None and self._first_completion(running):
+                phases.first_token_s = time.perf_counter() - t0
+                return
+            time.sleep(POLL_INTERVAL_S)
+
+    @staticmethod
+    def _scan_log(path: Path, offset: int, pattern: re.Pattern, phases: StartPhases,
+                  elapsed: float) -> int:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1
+        for line in chunk[:end].decode(errors="replace").splitlines():
+            if m := pattern.search(line):
+                phases.weights_loaded_s = elapsed
+                secs = m.groupdict().get("seconds")
+                phases.engine_weights_load_s = float(secs) if secs else None
+                break
+        return offset + end
+
+    @staticmethod
+    def _first_completion(running: RunningEngine) -> bool:
+        body = json.dumps({"model": running.served_name, "prompt": "Hello", "max_tokens": 1,
+                           "temperature": 0.0}).encode()
+        req = urllib.request.Request(running.base_url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                payload = json.loads(r.read())
+        except (OSError, ValueError):
+            return False
+        return bool(payload.get("choices"))
