@@ -1,0 +1,252 @@
+"""Manifest rendering: goldens for a dense and an MoE model on B300 and H200, names, probes,
+env switches, storage, secrets and the gateway route table.
+
+Regenerate goldens after an intended change with `UPDATE_GOLDEN=1 pytest tests/onboarding/test_kserve.py`
+and review the diff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from onboarding.catalog import load_catalog
+from onboarding.errors import ConfigError
+from onboarding.kserve import (
+    ISVC_NAME_MAX,
+    RenderInputs,
+    inline_secret_findings,
+    load_deploy,
+    load_stack,
+    render,
+    route_table,
+    service_name,
+    startup_probe_plan,
+    storage_uri,
+    to_yaml,
+)
+from onboarding.paths import PROJECT_ROOT
+from onboarding.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
+
+CONFIGS = PROJECT_ROOT / "configs"
+GOLDEN = PROJECT_ROOT / "tests" / "golden"
+NODES = load_nodes(CONFIGS / "nodes.yaml")
+DEPLOY = load_deploy(CONFIGS / "deploy.yaml")
+# A fixed fingerprint: goldens pin the rendering, not the current versions: section.
+STACK = dataclasses.replace(load_stack(CONFIGS / "stack.yaml"), fingerprint="0123456789ab")
+CATALOG = load_catalog(CONFIGS / "models")
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+NOTHING_MEASURED = Measured()
+
+
+def rendered(model_id: str, node_type: str, measured: Measured = NOTHING_MEASURED, spec=None,
+             deploy=DEPLOY, stack=STACK):
+    spec = spec or CATALOG[model_id]
+    shape = shape_from_hint(spec.architecture, f"catalog {spec.id}")
+    p = plan(plan_inputs(spec, NODES, shape, measured), NODES)
+    return render(RenderInputs(spec, p, node_type, NODES.node_types[node_type], stack, deploy))
+
+
+def isvc(r):
+    return next(d for d in r.docs if d["kind"] == "InferenceService")
+
+
+@pytest.mark.parametrize("model_id", ["llama-3-1-70b-instruct", "qwen3-235b-a22b-instruct"])
+@pytest.mark.parametrize("node_type", ["b300", "h200"])
+def test_golden_manifests(model_id: str, node_type: str):
+    text = to_yaml(rendered(model_id, node_type).docs)
+    path = GOLDEN / f"{model_id}-{node_type}.yaml"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.is_file(), f"{path} missing: run with UPDATE_GOLDEN=1 once and review it"
+    assert text == path.read_text(), f"rendering of {model_id} on {node_type} changed"
+
+
+def test_gpu_resources_selector_toleration_and_shm_follow_the_plan():
+    for node_type, tp in (("b300", 1), ("h200", 2)):
+        doc = isvc(rendered("llama-3-1-70b-instruct", node_type))
+        pred = doc["spec"]["predictor"]
+        res = pred["model"]["resources"]
+        assert res["requests"] == res["limits"]
+        assert res["limits"]["nvidia.com/gpu"] == str(tp)
+        assert f"--tensor-parallel-size={tp}" in pred["model"]["args"]
+        product = NODES.node_types[node_type].gpu_product
+        assert pred["nodeSelector"] == {"nvidia.com/gpu.product": product}
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+            pred["tolerations"]
+        assert doc["metadata"]["labels"]["model-onboarding.io/tensor-parallel"] == str(tp)
+        if tp > 1:
+            assert pred["volumes"][0]["emptyDir"] == {
+                "medium": "Memory", "sizeLimit": f"{DEPLOY.shm_gib_per_gpu * tp}Gi"}
+            assert pred["model"]["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+        else:
+            assert "volumes" not in pred and "volumeMounts" not in pred["model"]
+
+
+def test_fp4_moe_switch_only_for_nvfp4_moe_on_blackwell():
+    def env_names(model_id, node_type):
+        return {e["name"] for e in isvc(rendered(model_id, node_type))["spec"]["predictor"]
+                ["model"].get("env", [])}
+
+    assert "VLLM_USE_FLASHINFER_MOE_FP4" in env_names("qwen3-235b-a22b-instruct", "b300")
+    assert "VLLM_USE_FLASHINFER_MOE_FP4" not in env_names("qwen3-235b-a22b-instruct", "h200")
+    assert "VLLM_USE_FLASHINFER_MOE_FP4" not in env_names("llama-3-1-70b-instruct", "b300")
+    assert not any(n.startswith("VLLM_") for n in env_names("llama-3-1-70b-instruct", "h200"))
+
+
+def test_stack_image_per_architecture():
+    b300 = rendered("llama-3-1-70b-instruct", "b300")
+    h200 = rendered("llama-3-1-70b-instruct", "h200")
+    image = {r.node_type: r.docs[0]["spec"]["containers"][0]["image"] for r in (b300, h200)}
+    assert image["b300"] == STACK.images["sm103"] and "cu130" in image["b300"]
+    assert image["h200"] == STACK.images["sm90"]
+    assert isvc(b300)["spec"]["predictor"]["model"]["runtime"] == b300.docs[0]["metadata"]["name"]
+
+
+def test_probes_from_measured_cold_start_and_a_labelled_default():
+    cfg = DEPLOY.probes
+    measured = startup_probe_plan(300.0, cfg)
+    assert measured.basis == "measured"
+    assert measured.failure_threshold * cfg.period_s >= cfg.safety_factor * 300.0
+    assert measured.failure_threshold == -(-int(cfg.safety_factor * 300) // cfg.period_s)
+    short = startup_probe_plan(1.0, cfg)
+    assert short.window_s >= cfg.min_startup_s
+    default = startup_probe_plan(None, cfg)
+    assert default.basis == "default" and default.window_s >= cfg.unmeasured_startup_s
+    assert "never load-timed" in default.explanation
+
+    r = rendered("llama-3-1-70b-instruct", "h200", Measured(cold_start_p95_s=300.0))
+    probe = isvc(r)["spec"]["predictor"]["model"]["startupProbe"]
+    assert probe["failureThreshold"] == measured.failure_threshold
+    assert isvc(r)["metadata"]["labels"]["model-onboarding.io/probe-basis"] == "measured"
+    assert "300.0 s" in isvc(r)["metadata"]["annotations"]["model-onboarding.io/startup-probe"]
+
+
+@pytest.mark.parametrize("model_id", [
+    "Meta-Llama/Llama-3.1-70B_Instruct", "3B.Model/With.Dots", "a" * 80, "x--y__Z",
+])
+def test_any_model_id_becomes_a_valid_service_name(model_id: str):
+    for node in ("b300", "h200"):
+        name = service_name(model_id, node)
+        assert DNS1035.match(name) and len(name) <= ISVC_NAME_MAX, name
+        assert name.endswith(f"-{node}")
+
+
+def test_long_ids_sharing_a_prefix_do_not_collide():
+    a, b = "org/" + "x" * 70 + "-one", "org/" + "x" * 70 + "-two"
+    assert service_name(a, "b300") != service_name(b, "b300")
+
+
+def test_storage_uri_source_or_published_variant():
+    spec = CATALOG["llama-3-1-70b-instruct"].model_copy(
+        update={"source": "hf://meta-llama/Llama-3.1-70B-Instruct@abc123"})
+    assert storage_uri(spec, "bf16", "bf16", DEPLOY) == "hf://meta-llama/Llama-3.1-70B-Instruct:abc123"
+    assert storage_uri(spec, "nvfp4", "bf16", DEPLOY) == DEPLOY.storage.variants_uri.format(
+        model=spec.id, precision="nvfp4")
+    s3 = spec.model_copy(update={"source": "s3://models/llama/"})
+    assert storage_uri(s3, "bf16", "bf16", DEPLOY) == "s3://models/llama/"
+
+
+def test_credentials_only_by_reference(monkeypatch):
+    secret = "AKIA-very-secret-value-123"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "q" * 30)
+    spec = CATALOG["llama-3-1-70b-instruct"].model_copy(update={"precision_ladder": ["bf16"]})
+    r = rendered(spec.id, "h200", spec=spec)
+    text = to_yaml(r.docs)
+    assert secret not in text and "hf_qqqq" not in text
+    assert inline_secret_findings(list(r.docs), (secret, os.environ["HF_TOKEN"])) == []
+    doc = isvc(r)
+    assert doc["spec"]["predictor"]["serviceAccountName"] == DEPLOY.service_account
+    hf = [e for e in doc["spec"]["predictor"]["model"]["env"] if e["name"] == "HF_TOKEN"]
+    assert hf == [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+        "name": DEPLOY.hf_token_secret.name, "key": DEPLOY.hf_token_secret.key,
+        "optional": True}}}]
+
+
+def test_secret_finder_flags_inline_credentials():
+    bad = {"spec": {"containers": [{"env": [{"name": "HF_TOKEN", "value": "hf_abc"}],
+                                    "args": ["--api-key=sk-123", "--port=8080"]}]},
+           "note": "prefix-LEAKEDVALUE99-suffix"}
+    found = inline_secret_findings(bad, ("LEAKEDVALUE99",))
+    assert any("env HF_TOKEN" in f for f in found)
+    assert any("--api-key" in f for f in found)
+    assert any("$.note" in f for f in found)
+
+
+def test_credential_in_engine_args_is_refused():
+    spec = CATALOG["llama-3-1-70b-instruct"]
+    bad = spec.model_copy(update={"engine_args": {**spec.engine_args, "hf_token": "hf_x"}})
+    with pytest.raises(ConfigError, match="credential"):
+        rendered(spec.id, "b300", spec=bad)
+
+
+def test_plan_owned_engine_args_are_refused():
+    spec = CATALOG["llama-3-1-70b-instruct"]
+    bad = spec.model_copy(update={"engine_args": {"tensor_parallel_size": 8}})
+    with pytest.raises(ConfigError, match="set by the deployment plan"):
+        rendered(spec.id, "b300", spec=bad)
+
+
+def test_engine_args_pass_through_after_the_plan():
+    args = isvc(rendered("qwen3-235b-a22b-instruct", "h200"))["spec"]["predictor"]["model"]["args"]
+    assert "--enable-expert-parallel" in args
+    assert "--max-model-len=16384" in args and "--tensor-parallel-size=4" in args
+
+
+def test_sglang_gets_its_own_flags():
+    stack = dataclasses.replace(STACK, engine="sglang", engine_version="0.5.9",
+                                images={"sm90": "lmsysorg/sglang:v0.5.9-cu129"})
+    r = rendered("llama-3-1-70b-instruct", "h200", stack=stack)
+    args = isvc(r)["spec"]["predictor"]["model"]["args"]
+    assert "--tp-size=2" in args and "--mem-fraction-static=0.9" in args
+    assert r.docs[0]["spec"]["containers"][0]["command"][-1] == "sglang.launch_server"
+
+
+def test_infeasible_node_type_is_not_rendered():
+    base = CATALOG["llama-3-1-70b-instruct"]
+    spec = base.model_copy(update={"precision_ladder": ["bf16"], "slo": base.slo.model_copy(
+        update={"target_concurrency": 100000})})
+    with pytest.raises(ConfigError, match="no feasible plan"):
+        rendered(spec.id, "h200", spec=spec)
+
+
+def test_image_tag_must_carry_the_engine_version(tmp_path: Path):
+    data = yaml.safe_load((CONFIGS / "stack.yaml").read_text())
+    data["images"]["vllm"]["sm90"] = "docker.io/vllm/vllm-openai:latest"
+    path = tmp_path / "stack.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"images\.vllm\.sm90"):
+        load_stack(path)
+
+
+def test_stack_fingerprint_follows_content(tmp_path: Path):
+    data = yaml.safe_load((CONFIGS / "stack.yaml").read_text())
+    a = tmp_path / "a.yaml"
+    a.write_text(yaml.safe_dump(data))
+    data["versions"]["nccl"] = "9.9.9"
+    b = tmp_path / "b.yaml"
+    b.write_text(yaml.safe_dump(data))
+    assert load_stack(a).fingerprint != load_stack(b).fingerprint
+
+
+def test_route_table_groups_node_types_under_one_model_name():
+    routes = [rendered("llama-3-1-70b-instruct", nt).route for nt in ("h200", "b300")]
+    routes.append(rendered("qwen3-235b-a22b-instruct", "b300").route)
+    table = route_table(routes, DEPLOY)
+    names = [m["model_name"] for m in table["model_list"]]
+    assert names.count(CATALOG["llama-3-1-70b-instruct"].served_name) == 2
+    bases = {m["litellm_params"]["api_base"] for m in table["model_list"]}
+    assert len(bases) == 3
+    for m in table["model_list"]:
+        svc = m["model_info"]["id"].split("/")[1]
+        assert m["litellm_params"]["api_base"] == (
+            f"http://{svc}-predictor.{DEPLOY.namespace}.{DEPLOY.gateway.cluster_domain}/v1")
+        assert m["litellm_params"]["model"].startswith(f"{DEPLOY.gateway.provider}/")
