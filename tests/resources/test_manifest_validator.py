@@ -1,0 +1,145 @@
+"""ManifestValidator against the real KServe CRDs in ../shared/kserve/ (the configured default).
+
+The golden manifests must validate; deliberately broken copies must fail with the exact JSON
+path of each error. `kubectl` is a named fake here (no cluster on CI): it only shows that the
+dry run is invoked with the configured context and that its failure reaches the result.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from onboarding.errors import ConfigError
+from onboarding.paths import PROJECT_ROOT
+from resources.manifest_validator import CRD_PATHS_ENV, DEFAULT_CRD_DIR, ManifestValidator
+
+GOLDEN = sorted((PROJECT_ROOT / "tests" / "golden").glob("*.yaml"))
+pytestmark = pytest.mark.skipif(
+    not (DEFAULT_CRD_DIR / "serving.kserve.io_inferenceservices.yaml").is_file(),
+    reason=f"KServe CRDs not found in {DEFAULT_CRD_DIR}",
+)
+
+
+@pytest.fixture(scope="module")
+def validator() -> ManifestValidator:
+    return ManifestValidator()
+
+
+def golden_isvc() -> dict:
+    docs = list(yaml.safe_load_all(GOLDEN[0].read_text()))
+    return copy.deepcopy(next(d for d in docs if d["kind"] == "InferenceService"))
+
+
+def test_goldens_exist_and_validate(validator: ManifestValidator):
+    assert len(GOLDEN) >= 4
+    for path in GOLDEN:
+        results = validator.validate_file(path)
+        assert {k.split("/")[0] for k in results} == {"ServingRuntime", "InferenceService"}
+        assert results == {k: [] for k in results}, path.name
+
+
+def test_wrong_type_is_reported_with_its_path(validator: ManifestValidator):
+    doc = golden_isvc()
+    doc["spec"]["predictor"]["minReplicas"] = "one"
+    doc["spec"]["predictor"]["model"]["startupProbe"]["failureThreshold"] = "180"
+    errors = validator.validate(doc)
+    assert any(e.startswith("$.spec.predictor.minReplicas: 'one' is not of type 'integer'")
+               for e in errors), errors
+    assert any(e.startswith("$.spec.predictor.model.startupProbe.failureThreshold:")
+               for e in errors), errors
+
+
+def test_unknown_field_under_a_strict_section_is_reported(validator: ManifestValidator):
+    doc = golden_isvc()
+    doc["spec"]["predictor"]["model"]["resources"]["limit"] = {"cpu": "1"}
+    doc["spec"]["predictor"]["gpuCount"] = 2
+    errors = validator.validate(doc)
+    assert "$.spec.predictor.model.resources.limit: unknown field (not in the CRD schema)" \
+        in errors
+    assert "$.spec.predictor.gpuCount: unknown field (not in the CRD schema)" in errors
+
+
+def test_missing_required_field_is_reported(validator: ManifestValidator):
+    doc = golden_isvc()
+    del doc["spec"]["predictor"]["model"]["modelFormat"]["name"]
+    doc["spec"]["predictor"]["tolerations"] = [{"operator": "Exists"}]
+    doc["spec"]["predictor"]["model"]["env"] = [{"value": "1"}]
+    errors = validator.validate(doc)
+    assert "$.spec.predictor.model.modelFormat.name: required field missing" in errors
+    assert "$.spec.predictor.model.env[0].name: required field missing" in errors
+
+
+def test_metadata_is_checked_like_the_api_server(validator: ManifestValidator):
+    doc = golden_isvc()
+    doc["metadata"]["name"] = "Llama_3.1"
+    doc["metadata"]["labels"]["model-onboarding.io/model"] = "x" * 64
+    errors = validator.validate(doc)
+    assert any(e.startswith("$.metadata.name:") for e in errors), errors
+    assert any(e.startswith("$.metadata.labels.model-onboarding.io/model:") for e in errors)
+    del doc["metadata"]
+    assert "$.metadata: required field missing" in validator.validate(doc)
+
+
+def test_unknown_kind_or_version_is_an_error_not_a_pass(validator: ManifestValidator):
+    doc = golden_isvc()
+    doc["apiVersion"] = "serving.kserve.io/v1alpha9"
+    assert "serves versions" in validator.validate(doc)[0]
+    doc["apiVersion"], doc["kind"] = "apps/v1", "Deployment"
+    assert "no CRD configured" in validator.validate(doc)[0]
+
+
+def test_crd_paths_come_from_the_environment(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv(CRD_PATHS_ENV, str(tmp_path / "missing.yaml"))
+    v = ManifestValidator()
+    assert v.resolved_crd_paths() == [str(tmp_path / "missing.yaml")]
+    with pytest.raises(ConfigError, match="CRD file does not exist"):
+        v.validate(golden_isvc())
+    only_isvc = str(DEFAULT_CRD_DIR / "serving.kserve.io_inferenceservices.yaml")
+    monkeypatch.setenv(CRD_PATHS_ENV, only_isvc)
+    assert ManifestValidator().validate(golden_isvc()) == []
+
+
+def test_no_context_means_no_dry_run(validator: ManifestValidator, monkeypatch):
+    monkeypatch.delenv("ONBOARDING_KUBE_CONTEXT", raising=False)
+    result = validator.dry_run(GOLDEN[0])
+    assert not result.ran and result.ok and "skipped" in result.output
+
+
+def _fake_kubectl(tmp_path: Path, rc: int) -> Path:
+    """FAKE kubectl: records its argv and answers like an API server would reject/accept."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "kubectl"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > "{tmp_path}/argv"\n'
+        + ('echo \'Error from server (BadRequest): admission webhook denied the request\' >&2\n'
+           if rc else 'echo "inferenceservice.serving.kserve.io/x created (server dry run)"\n')
+        + f"exit {rc}\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return bin_dir
+
+
+@pytest.mark.parametrize("rc", [0, 1])
+def test_server_dry_run_with_a_configured_context(tmp_path: Path, monkeypatch, rc: int):
+    bin_dir = _fake_kubectl(tmp_path, rc)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    result = ManifestValidator(kube_context="staging").dry_run(GOLDEN[0])
+    argv = (tmp_path / "argv").read_text().split()
+    assert argv[:2] == ["--context", "staging"]
+    assert "--dry-run=server" in argv and str(GOLDEN[0]) in argv
+    assert result.ran and result.ok == (rc == 0)
+    assert ("denied" in result.output) == (rc == 1)
+
+
+def test_context_without_kubectl_is_a_clear_error(monkeypatch):
+    with pytest.raises(ConfigError, match="not found on PATH"):
+        ManifestValidator(kube_context="x", kubectl="kubectl-that-does-not-exist").dry_run(
+            GOLDEN[0])
