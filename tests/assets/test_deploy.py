@@ -1,0 +1,203 @@
+"""deployment_plan -> kserve_manifest -> gateway_routes in a real ephemeral Dagster instance.
+
+Upstream stages are not defined here: their results are reported as runless materializations
+with the metadata keys those stages record, exactly what the deploy assets read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from assets.deploy import (
+    deployment_plan,
+    gateway_routes,
+    kserve_manifest,
+    manifests_valid,
+    no_inline_secrets,
+    plan_fits_a_target_node_type,
+    read_upstream,
+)
+from onboarding.paths import PROJECT_ROOT
+from resources.manifest_validator import CRD_PATHS_ENV, DEFAULT_CRD_DIR, ManifestValidator
+from tests.conftest import write_spec
+
+ASSETS = [deployment_plan, kserve_manifest, gateway_routes, plan_fits_a_target_node_type,
+          manifests_valid, no_inline_secrets]
+PLAN_ONLY = ("llama-3-1-70b-instruct", "qwen3-235b-a22b-instruct")
+SMOLLM2 = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+
+
+@pytest.fixture
+def env(config_dir: Path, tmp_path: Path, monkeypatch) -> Path:
+    for model in PLAN_ONLY:
+        shutil.copy(PROJECT_ROOT / "configs" / "models" / f"{model}.yaml", config_dir / "models")
+    out = tmp_path / "manifests"
+    monkeypatch.setenv("ONBOARDING_OUTPUT_DIR", str(out))
+    monkeypatch.delenv(CRD_PATHS_ENV, raising=False)
+    monkeypatch.delenv("ONBOARDING_KUBE_CONTEXT", raising=False)
+    return out
+
+
+def materialize(instance: dg.DagsterInstance, key: str) -> dg.ExecuteInJobResult:
+    return dg.materialize(ASSETS, instance=instance, partition_key=key, raise_on_error=False,
+                          resources={"manifest_validator": ManifestValidator()})
+
+
+def report(instance: dg.DagsterInstance, asset: str, key: str, **metadata) -> None:
+    instance.report_runless_asset_event(
+        dg.AssetMaterialization(asset_key=asset, partition=key, metadata=metadata))
+
+
+def checks(result: dg.ExecuteInJobResult) -> dict[str, dg.AssetCheckEvaluation]:
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def metadata(result: dg.ExecuteInJobResult, asset: str) -> dict:
+    for e in result.get_asset_materialization_events():
+        if e.asset_key == dg.AssetKey(asset):
+            return {k: v.value for k, v in e.materialization.metadata.items()}
+    raise AssertionError(f"{asset} was not materialized")
+
+
+def test_read_upstream_takes_the_latest_of_this_partition_only():
+    instance = dg.DagsterInstance.ephemeral()
+    report(instance, "load_timing", "a", cold_start_p95_s=10.0)
+    report(instance, "load_timing", "a", cold_start_p95_s=12.5, warm_start_p50_s=3.0)
+    report(instance, "load_timing", "b", cold_start_p95_s=99.0)
+    report(instance, "serving_benchmark", "b", node_type="h200", tokens_per_s_per_gpu=5.0)
+    facts = read_upstream(instance, "a")
+    assert facts == {"load_timing": {"cold_start_p95_s": 12.5, "warm_start_p50_s": 3.0}}
+    assert read_upstream(instance, "c") == {}
+
+
+def test_plan_only_models_render_valid_manifests_marked_as_estimates(env: Path, monkeypatch):
+    secret = "plan-only-secret-value-42"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", list(PLAN_ONLY))
+    for model in PLAN_ONLY:
+        result = materialize(instance, model)
+        assert result.success
+        assert {n: c.passed for n, c in checks(result).items()} == {
+            "plan_fits_a_target_node_type": True, "manifests_valid": True,
+            "no_inline_secrets": True}
+        plan_md = metadata(result, "deployment_plan")
+        assert plan_md["weights_basis"].startswith("estimate")
+        assert plan_md["tokens_per_s_per_gpu"] == "absent (never benchmarked)"
+        assert plan_md["upstream_present"] == "none"
+        manifest_md = metadata(result, "kserve_manifest")
+        assert manifest_md["schema_valid"] is True
+        for node_type in ("b300", "h200"):
+            path = Path(manifest_md[f"path_{node_type}"])
+            assert path.parent == env / model and path.is_file()
+            text = path.read_text()
+            assert secret not in text
+            isvc = next(d for d in yaml.safe_load_all(text)
+                        if d and d["kind"] == "InferenceService")
+            labels = isvc["metadata"]["labels"]
+            assert labels["model-onboarding.io/weights-basis"] == "estimate"
+            assert labels["model-onboarding.io/probe-basis"] == "default"
+            assert "absent" in isvc["metadata"]["annotations"]["model-onboarding.io/throughput"]
+        assert json.loads((env / model / "plan.json").read_text())["inputs"]["model"] == model
+    gateway = yaml.safe_load((env / "gateway" / "litellm-config.yaml").read_text())
+    names = {m["model_name"] for m in gateway["model_list"]}
+    assert names == {"llama-3.1-70b-instruct", "qwen3-235b-a22b-instruct"}
+    assert len(gateway["model_list"]) == 4  # two models x two target node types
+
+
+@pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(),
+                    reason="SmolLM2 not built: python scripts/build_smollm2.py "
+                    ".cache/smollm2-135m-instruct")
+def test_small_real_model_carries_its_measurements(env: Path, config_dir: Path):
+    key = "smollm2-135m-instruct"
+    write_spec(config_dir, key, "s3://models/smollm2-135m-instruct/",
+               precision_ladder=["fp8", "bf16"], engine_args={"max_model_len": 2048})
+    weight_bytes = sum(f.stat().st_size for f in SMOLLM2.glob("*.safetensors"))
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [key])
+    report(instance, "checkpoint", key, cache_path=dg.MetadataValue.path(str(SMOLLM2)))
+    report(instance, "serving_variant", key, precision="bf16", weight_bytes=weight_bytes)
+    report(instance, "load_timing", key, cold_start_p95_s=75.0, warm_start_p50_s=9.0,
+           weight_bytes=weight_bytes)
+    report(instance, "serving_benchmark", key, node_type="h200", gpus=1,
+           tokens_per_s_per_gpu=321.5, saturation_concurrency=16, slo_pass=True)
+
+    result = materialize(instance, key)
+    assert result.success, [c.metadata for c in checks(result).values()]
+    plan_md = metadata(result, "deployment_plan")
+    assert plan_md["weights_basis"] == "measured"
+    assert plan_md["model_config_origin"] == str(SMOLLM2 / "config.json")
+    assert plan_md["tokens_per_s_per_gpu"] == 321.5
+    assert plan_md["context_tokens"] == 2048
+    plan_rows = {r["node_type"]: r for r in json.loads(
+        (env / key / "plan.json").read_text())["nodes"]}
+    # The gate passed bf16 only, so no node is planned at fp8 even where fp8 is native.
+    assert {r["precision"] for r in plan_rows.values()} == {"bf16"}
+    assert plan_rows["h200"]["throughput_basis"] == "measured"
+    assert plan_rows["b300"]["throughput_basis"] == "absent"
+    assert plan_rows["b300"]["weight_bytes"] == weight_bytes
+
+    manifest_md = metadata(result, "kserve_manifest")
+    docs = list(yaml.safe_load_all(Path(manifest_md["path_h200"]).read_text()))
+    isvc = next(d for d in docs if d["kind"] == "InferenceService")
+    model = isvc["spec"]["predictor"]["model"]
+    window_s = max(120, math.ceil(2.0 * 75.0))  # deploy.yaml: floor 120 s, safety factor 2
+    assert model["startupProbe"]["failureThreshold"] == math.ceil(window_s / 10)
+    assert isvc["metadata"]["labels"]["model-onboarding.io/probe-basis"] == "measured"
+    assert "321.5 tokens/s/GPU" in isvc["metadata"]["annotations"][
+        "model-onboarding.io/throughput"]
+    assert model["storageUri"] == "s3://models/smollm2-135m-instruct/"  # bf16 == the source
+    assert "--max-model-len=2048" in model["args"]
+
+
+def test_infeasible_everywhere_fails_the_plan_gate_with_the_shortfall(env: Path,
+                                                                      config_dir: Path):
+    deploy = yaml.safe_load((config_dir / "deploy.yaml").read_text())
+    deploy["target_node_types"] = ["h100"]
+    (config_dir / "deploy.yaml").write_text(yaml.safe_dump(deploy))
+    key = "dense-405b"
+    write_spec(config_dir, key, "hf://org/dense-405b", plan_only=True,
+               precision_ladder=["bf16"],
+               architecture={"params_billion": 405, "num_layers": 126, "num_kv_heads": 8,
+                             "head_dim": 128, "num_attention_heads": 128})
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [key])
+    result = materialize(instance, key)
+    gate = checks(result)["plan_fits_a_target_node_type"]
+    assert not gate.passed
+    assert "short by" in gate.metadata["why"].value
+    materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    assert materialized == {"deployment_plan"}
+    assert not (env / key / "h100.yaml").exists()
+
+
+def test_manifest_invalid_for_the_configured_crd_blocks_the_routes(env: Path, tmp_path: Path,
+                                                                   monkeypatch):
+    """An older cluster CRD without predictor.maxReplicas: the check names that path."""
+    crd = yaml.safe_load(
+        (DEFAULT_CRD_DIR / "serving.kserve.io_inferenceservices.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    del schema["properties"]["spec"]["properties"]["predictor"]["properties"]["maxReplicas"]
+    old = tmp_path / "old-isvc-crd.yaml"
+    old.write_text(yaml.safe_dump(crd))
+    runtimes = DEFAULT_CRD_DIR / "serving.kserve.io_servingruntimes.yaml"
+    monkeypatch.setenv(CRD_PATHS_ENV, f"{old}:{runtimes}")
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [PLAN_ONLY[0]])
+    result = materialize(instance, PLAN_ONLY[0])
+    gate = checks(result)["manifests_valid"]
+    assert not gate.passed
+    errors = gate.metadata["errors"].value
+    assert errors and all(
+        v == ["$.spec.predictor.maxReplicas: unknown field (not in the CRD schema)"]
+        for v in errors.values())
+    assert metadata(result, "kserve_manifest")["routes"] == []
+    materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    assert "gateway_routes" not in materialized
