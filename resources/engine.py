@@ -30,6 +30,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from onboarding import page_cache
 from onboarding.errors import OnboardingError
 from onboarding.paths import PROJECT_ROOT, config_dir
 from onboarding.refs import VariantRef
@@ -39,6 +40,7 @@ from onboarding.serving_config import (
     render_command,
     servable,
 )
+from onboarding.serving_stats import StartSample
 
 LOG_TAIL_LINES = 40
 POLL_INTERVAL_S = 0.25
@@ -163,6 +165,14 @@ def detect_hardware() -> str:
     return f"sm{int(major)}{int(minor or 0)}"
 
 
+def weight_files(checkpoint_dir: Path) -> list[Path]:
+    files = sorted(checkpoint_dir.rglob("*.safetensors"))
+    if not files:
+        raise EngineError(str(checkpoint_dir), "no *.safetensors weight files",
+                          "Point the variant at an exported Hugging Face checkpoint directory.")
+    return files
+
+
 class Engine(dg.ConfigurableResource):
     """Starts the serving engine for one variant. Local and production differ in config only."""
 
@@ -177,6 +187,24 @@ class Engine(dg.ConfigurableResource):
     start_timeout_s: float = Field(default=300.0, gt=0)
     log_dir: str = Field(default="", description="engine logs; empty = a temp directory")
     stack_path: str = Field(default="", description="empty = <config dir>/stack.yaml")
+
+    @classmethod
+    def from_env(cls) -> Engine:
+        """The embedded default (vLLM CPU build in .venv-engine) unless ENGINE_* say otherwise.
+
+        ENGINE_KIND, ENGINE_BIN_DIR, ENGINE_HARDWARE, NODE_TYPE, ENGINE_GPUS,
+        VLLM_CPU_KVCACHE_SPACE, ENGINE_PORT, ENGINE_START_TIMEOUT_S, ENGINE_LOG_DIR.
+        """
+        env = os.environ
+        fields = {
+            "engine": env.get("ENGINE_KIND"), "bin_dir": env.get("ENGINE_BIN_DIR"),
+            "hardware": env.get("ENGINE_HARDWARE"), "node_type": env.get("NODE_TYPE"),
+            "gpus": env.get("ENGINE_GPUS"),
+            "cpu_kvcache_space_gib": env.get("VLLM_CPU_KVCACHE_SPACE"),
+            "port": env.get("ENGINE_PORT"), "start_timeout_s": env.get("ENGINE_START_TIMEOUT_S"),
+            "log_dir": env.get("ENGINE_LOG_DIR"),
+        }
+        return cls(**{k: v for k, v in fields.items() if v is not None})
 
     # ---- what this engine can serve ----
 
@@ -201,6 +229,35 @@ class Engine(dg.ConfigurableResource):
 
     def servable_precisions(self) -> list[str]:
         return list(self.template().serves.get(self.resolved_hardware(), []))
+
+    # ---- load timing ----
+
+    def time_starts(self, variant: VariantRef, served_name: str, engine_args: dict[str, Any],
+                    cold_repeats: int, warm_repeats: int, start_timeout_s: float | None = None,
+                    log: Any = None) -> tuple[list[StartSample], page_cache.RawRead]:
+        """Cold starts (weights evicted, verified by residency) then warm ones (pre-read).
+
+        "Cold" is about the weights: the engine's own code and libraries stay cached, as they
+        do on a node whose image is already pulled. The raw sequential read of the same files,
+        from a cold cache, is measured first as the physical reference.
+        """
+        files = weight_files(Path(variant.path))
+        page_cache.make_cold(files)
+        raw = page_cache.sequential_read(files)
+        samples = []
+        for kind, repeats in (("cold", cold_repeats), ("warm", warm_repeats)):
+            for i in range(repeats):
+                res = page_cache.make_cold(files) if kind == "cold" else page_cache.make_warm(files)
+                with self.serve(variant, served_name, engine_args, start_timeout_s) as running:
+                    ph = running.phases
+                    samples.append(StartSample(
+                        kind=kind, resident_fraction=res.fraction,
+                        weights_loaded_s=ph.weights_loaded_s,
+                        engine_weights_load_s=ph.engine_weights_load_s,
+                        health_ready_s=ph.health_ready_s, first_token_s=ph.first_token_s))
+                if log is not None:
+                    log.info(f"{kind} start {i + 1}/{repeats}: {samples[-1]}")
+        return samples, raw
 
     # ---- starting ----
 

@@ -1,0 +1,46 @@
+"""PNG plots of a serving sweep: the throughput-latency curve, TTFT and ITL vs concurrency.
+
+Rendered with matplotlib's Agg backend (no display); returns PNG bytes so the caller decides
+where they go (a file beside the reports, a markdown image in the asset's metadata).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def sweep_png(rows: Sequence[dict], title: str, ttft_slo_s: float | None = None,
+              itl_slo_ms: float | None = None) -> bytes:
+    """`rows` carry scenario, load, output_tokens_per_s, ttft_p95_s, itl_mean_ms."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for scenario in sorted({r["scenario"] for r in rows}):
+        pts = sorted((r for r in rows if r["scenario"] == scenario), key=lambda r: r["load"])
+        load = [r["load"] for r in pts]
+        axes[0].plot([r["output_tokens_per_s"] for r in pts], [r["ttft_p95_s"] for r in pts],
+                     marker="o", label=scenario)
+        axes[1].plot(load, [r["ttft_p95_s"] for r in pts], marker="o", label=scenario)
+        axes[2].plot(load, [r["itl_mean_ms"] for r in pts], marker="o", label=scenario)
+    axes[0].set(xlabel="output tokens/s", ylabel="TTFT p95 (s)", title="throughput vs latency")
+    axes[1].set(xlabel="concurrency / rate", ylabel="TTFT p95 (s)", title="TTFT")
+    axes[2].set(xlabel="concurrency / rate", ylabel="mean ITL (ms)", title="ITL")
+    for ax in axes[1:]:
+        ax.set_xscale("log", base=2)
+    if ttft_slo_s:
+        axes[1].axhline(ttft_slo_s, color="red", linestyle="--", label="SLO")
+    if itl_slo_ms:
+        axes[2].axhline(itl_slo_ms, color="red", linestyle="--", label="SLO")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return buf.getvalue()

@@ -1,0 +1,40 @@
+"""Page-cache eviction and residency on a real file (the mechanism behind cold starts)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from onboarding import page_cache
+
+
+@pytest.fixture
+def data_file() -> Path:
+    # Not tmp_path: it may be a tmpfs, where pages cannot be evicted. The repo's disk can.
+    from onboarding.paths import PROJECT_ROOT
+
+    d = PROJECT_ROOT / ".data" / "test-page-cache"
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"weights-{os.getpid()}.bin"
+    p.write_bytes(os.urandom(8 << 20))
+    os.sync()
+    yield p
+    p.unlink()
+
+
+def test_evict_then_read_then_residency(data_file):
+    cold = page_cache.make_cold([data_file])
+    assert cold.fraction < 0.05 and cold.total_bytes == 8 << 20
+    raw = page_cache.sequential_read([data_file], block=1 << 20)
+    assert raw.total_bytes == 8 << 20 and raw.gbps > 0
+    assert page_cache.residency([data_file]).fraction > 0.95
+    page_cache.evict([data_file])
+    assert page_cache.residency([data_file]).fraction < 0.05
+    assert page_cache.make_warm([data_file]).fraction > 0.95
+
+
+def test_empty_file_counts_as_resident(tmp_path):
+    p = tmp_path / "empty"
+    p.touch()
+    assert page_cache.file_residency(p).total_bytes == 0
+    assert page_cache.residency([p]).fraction == 1.0

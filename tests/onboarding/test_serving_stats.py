@@ -1,0 +1,104 @@
+"""Serving statistics: definitions as vLLM's benchmark, SLO logic, /metrics deltas."""
+
+import math
+
+import pytest
+
+from onboarding.serving_stats import (
+    RequestRecord,
+    Slo,
+    StartSample,
+    histogram_mean_delta,
+    parse_metrics,
+    saturation_concurrency,
+    slo_violations,
+    summarize,
+    summarize_load_timing,
+)
+
+SLO = Slo(ttft_p95_s=1.0, itl_mean_ms=30, error_rate_max=0.0, target_concurrency=4)
+
+
+def ok(ttft, gaps, n=None, prompt=10):
+    e2e = ttft + sum(gaps)
+    return RequestRecord(ok=True, ttft_s=ttft, e2e_s=e2e, itl_s=list(gaps),
+                         content_chunks=len(gaps) + 1, prompt_tokens=prompt, output_tokens=n)
+
+
+def test_tpot_uses_the_servers_token_count_not_chunks():
+    # 3 chunks but the server says 5 tokens (chunks carried several tokens)
+    r = ok(0.1, [0.04, 0.04], n=5)
+    assert r.tpot_s == pytest.approx(0.08 / 4)
+    assert ok(0.1, [0.04, 0.04]).tpot_s == pytest.approx(0.08 / 2)
+
+
+def test_summarize_pools_itl_and_counts_errors_by_cause():
+    recs = [ok(0.1, [0.01, 0.03], n=3), ok(0.3, [0.02], n=2),
+            RequestRecord(error="http_503"), RequestRecord(error="stream_dropped"),
+            RequestRecord(error="http_503")]
+    s = summarize(recs, duration_s=2.0, slo=SLO)
+    assert s.requests == 5 and s.completed == 2 and s.failed == 3
+    assert s.errors_by_cause == {"http_503": 2, "stream_dropped": 1}
+    assert s.error_rate == pytest.approx(0.6)
+    assert s.itl_ms.mean == pytest.approx(20.0)
+    assert s.ttft_s.p50 == pytest.approx(0.2)
+    assert s.request_throughput_rps == pytest.approx(1.0)
+    assert s.output_tokens_per_s == pytest.approx(2.5)
+    assert s.input_tokens_per_s == pytest.approx(10.0)
+    assert s.goodput_rps == pytest.approx(1.0)  # both meet ttft<=1s and tpot<=30ms
+    row = s.row()
+    assert row["itl_mean_ms"] == pytest.approx(20.0) and "ttft_p99_s" in row
+
+
+def test_goodput_excludes_requests_over_the_slo():
+    recs = [ok(2.0, [0.01], n=2), ok(0.1, [0.05], n=2), ok(0.1, [0.01], n=2)]
+    assert summarize(recs, 1.0, SLO).goodput_rps == pytest.approx(1.0)
+
+
+def test_slo_violations_name_the_numbers():
+    s = summarize([ok(2.0, [0.05], n=2), RequestRecord(error="timeout")], 1.0)
+    v = slo_violations(s, SLO)
+    assert any("TTFT p95 2.000 s > 1.0 s" in x for x in v)
+    assert any("mean ITL 50.0 ms" in x for x in v)
+    assert any("error rate 50.00%" in x for x in v)
+    assert slo_violations(summarize([ok(0.1, [0.01], n=2)], 1.0), SLO) == []
+
+
+def test_saturation_needs_every_lower_point_to_pass():
+    good = summarize([ok(0.1, [0.01], n=2)], 1.0)
+    bad = summarize([ok(5.0, [0.01], n=2)], 1.0)
+    assert saturation_concurrency([(1, good), (4, good), (8, bad), (16, good)], SLO) == 4
+    assert saturation_concurrency([(1, bad), (4, good)], SLO) == 0
+
+
+def test_empty_point_has_nan_latencies_and_fails_slo():
+    s = summarize([RequestRecord(error="connect_failed")], 1.0)
+    assert math.isnan(s.ttft_s.p95)
+    assert "no request completed" in slo_violations(s, SLO)
+
+
+def test_histogram_delta_from_prometheus_text():
+    text = ('# TYPE vllm:time_to_first_token_seconds histogram\n'
+            'vllm:time_to_first_token_seconds_bucket{{le="+Inf",engine="0"}} {c}\n'
+            'vllm:time_to_first_token_seconds_count{{engine="0"}} {c}\n'
+            'vllm:time_to_first_token_seconds_sum{{engine="0"}} {s}\n'
+            '# TYPE vllm:num_requests_running gauge\n'
+            'vllm:num_requests_running{{engine="0"}} 3\n'
+            'vllm:num_requests_running{{engine="1"}} 2\n')
+    before = parse_metrics(text.format(c=2, s=1.0))
+    after = parse_metrics(text.format(c=6, s=3.0))
+    assert after["vllm:num_requests_running"] == 5  # summed over engines
+    name = "vllm:time_to_first_token_seconds"
+    assert histogram_mean_delta(before, after, name) == pytest.approx(0.5)
+    assert histogram_mean_delta(after, after, name) is None
+
+
+def test_load_timing_summary_prefers_the_engines_own_load_time():
+    s = [StartSample("cold", 0.0, 10.0, 2.0, 20.0, 21.0),
+         StartSample("cold", 0.0, 12.0, 4.0, 22.0, 25.0),
+         StartSample("warm", 1.0, 8.0, 1.0, 15.0, 16.0)]
+    r = summarize_load_timing("m", "bf16", s, weight_bytes=3_000_000_000, raw_read_gbps=2.0)
+    assert r.cold_start_p50_s == pytest.approx(23.0)
+    assert 23.0 < r.cold_start_p95_s <= 25.0
+    assert r.warm_start_p50_s == pytest.approx(16.0)
+    assert r.weights_load_gbps == pytest.approx(1.0)  # 3 GB / median(2, 4) s
