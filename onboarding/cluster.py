@@ -249,6 +249,8 @@ def gpu_step_pod_config(
         "env": [
             {"name": "ONBOARDING_CACHE_ROOT", "value": cache.mount_path},
             {"name": NODE_TYPE_ENV, "value": node.name},
+            # The engine resource attributes its measurements to this node type.
+            {"name": "NODE_TYPE", "value": node.name},
         ],
     }
     image = gpu_image(cfg)

@@ -78,6 +78,7 @@ def test_gpu_step_pod_has_exactly_its_gpus_and_placement(stage, stand_in, k8s_in
     assert mounts["model-cache"] == cache.mount_path
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["ONBOARDING_CACHE_ROOT"] == cache.mount_path
+    assert env["NODE_TYPE"] == env["ONBOARDING_NODE_TYPE"] == node.name
     assert container["image"] == cfg.step_pods.gpu_image
     assert rendered["job"]["metadata"]["labels"]["dagster/op"] == stage
 
