@@ -201,3 +201,19 @@ def test_manifest_invalid_for_the_configured_crd_blocks_the_routes(env: Path, tm
     assert metadata(result, "kserve_manifest")["routes"] == []
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
     assert "gateway_routes" not in materialized
+
+
+def test_plan_model_job_runs_the_deploy_stage_for_a_plan_only_model(env: Path):
+    from assets.deploy import defs as deploy_defs
+    from pipelines.jobs import plan_model
+
+    defs = dg.Definitions.merge(deploy_defs, dg.Definitions(
+        jobs=[plan_model], resources={"manifest_validator": ManifestValidator()}))
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [PLAN_ONLY[1]])
+    result = defs.resolve_job_def("plan_model").execute_in_process(
+        partition_key=PLAN_ONLY[1], instance=instance)
+    assert result.success
+    assert {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()} == {
+        "deployment_plan", "kserve_manifest", "gateway_routes"}
+    assert all(c.passed for c in result.get_asset_check_evaluations())
