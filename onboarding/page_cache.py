@@ -57,10 +57,14 @@ class RawRead:
 
 
 def evict(paths: Iterable[Path]) -> None:
-    """Drop the files' clean pages from the page cache (`POSIX_FADV_DONTNEED`)."""
+    """Write back, then drop the files' pages from the page cache (`POSIX_FADV_DONTNEED`).
+
+    DONTNEED skips dirty pages, and a checkpoint fetched a moment ago is dirty: fsync first.
+    """
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
+            os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)

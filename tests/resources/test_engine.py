@@ -1,0 +1,151 @@
+"""The engine launcher against a fake engine executable (the fake streaming server fixture in
+vLLM's CLI shape): readiness, phases, env, every start failure, and no orphan afterwards."""
+
+import json
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from onboarding.refs import VariantRef
+from resources.engine import Engine, EngineError
+from tests.fakes.openai_stream_server import THIS_FILE
+
+
+@pytest.fixture
+def fake_bin(tmp_path) -> Path:
+    d = tmp_path / "bin"
+    d.mkdir()
+    exe = d / "vllm"
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {THIS_FILE} "$@"\n')
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return d
+
+
+@pytest.fixture
+def variant(tiny_checkpoint) -> VariantRef:
+    return VariantRef(model="tiny", precision="bf16", path=str(tiny_checkpoint),
+                      total_bytes=0, content_hash="x")
+
+
+def engine(fake_bin, tmp_path, **kw) -> Engine:
+    kw.setdefault("start_timeout_s", 30)
+    return Engine(bin_dir=str(fake_bin), hardware="cpu", log_dir=str(tmp_path / "logs"), **kw)
+
+
+def group_members(pgid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                s = (d / "stat").read_text()
+            except OSError:
+                continue
+            f = s[s.rfind(")") + 2:].split()
+            if int(f[2]) == pgid and f[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
+def test_ready_phases_env_and_the_whole_group_is_reaped(fake_bin, tmp_path, variant,
+                                                        monkeypatch):
+    record = tmp_path / "record.json"
+    monkeypatch.setenv("FAKE_ENGINE_RECORD", str(record))
+    monkeypatch.setenv("FAKE_ENGINE_CHILD", "1")
+    e = engine(fake_bin, tmp_path, gpus="0,1", cpu_kvcache_space_gib=3)
+    with e.serve(variant, "tiny-served", {"max_num_seqs": 4}) as r:
+        pid = r.pid
+        assert len(group_members(pid)) >= 2  # the server and its child
+        ph = r.phases
+        assert 0 < ph.weights_loaded_s <= ph.health_ready_s <= ph.first_token_s
+        assert ph.engine_weights_load_s is not None
+    assert group_members(pid) == []
+    rec = json.loads(record.read_text())
+    env = rec["env"]
+    assert env["VLLM_NO_USAGE_STATS"] == "1" and env["DO_NOT_TRACK"] == "1"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    argv = rec["argv"]
+    assert "--enforce-eager" in argv and argv[argv.index("--max-num-seqs") + 1] == "4"
+    assert argv[argv.index("--served-model-name") + 1] == "tiny-served"
+    assert e.gpu_count() == 2
+
+
+def test_missing_binary_says_how_to_build_it(tmp_path, variant):
+    e = Engine(bin_dir=str(tmp_path / "nowhere"), hardware="cpu")
+    with pytest.raises(EngineError, match="missing or not executable.*setup.sh"):
+        with e.serve(variant, "x"):
+            pass
+
+
+def test_exit_during_start_carries_the_log_tail(fake_bin, tmp_path, variant, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_EXIT_CODE", "3")
+    monkeypatch.setenv("FAKE_ENGINE_CHILD", "1")
+    with pytest.raises(EngineError) as e, engine(fake_bin, tmp_path).serve(variant, "x"):
+        pass
+    msg = str(e.value)
+    assert "exited with code 3" in msg and "injected failure while loading weights" in msg
+    assert not _fake_engines_alive(tmp_path)
+
+
+def test_never_ready_times_out_and_is_reaped(fake_bin, tmp_path, variant, monkeypatch):
+    monkeypatch.setenv("FAKE_ENGINE_NEVER_READY", "1")
+    with pytest.raises(EngineError, match=r"not ready after 2 s \(health never answered"):
+        with engine(fake_bin, tmp_path, start_timeout_s=2).serve(variant, "x"):
+            pass
+    assert not _fake_engines_alive(tmp_path)
+
+
+def test_port_taken_is_refused_before_start(fake_bin, tmp_path, variant):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(EngineError, match=f"port {port} .*already in use"):
+            with engine(fake_bin, tmp_path, port=port).serve(variant, "x"):
+                pass
+    assert not list((tmp_path / "logs").glob("*.log")) if (tmp_path / "logs").exists() else True
+
+
+def test_failure_inside_the_step_still_reaps(fake_bin, tmp_path, variant):
+    with pytest.raises(RuntimeError, match="step failed"):
+        with engine(fake_bin, tmp_path).serve(variant, "x") as r:
+            pid = r.pid
+            raise RuntimeError("step failed")
+    assert group_members(pid) == []
+
+
+def test_unservable_precision_is_refused_with_the_reason(fake_bin, tmp_path, variant):
+    fp4 = VariantRef(**{**variant.__dict__, "precision": "nvfp4"})
+    e = engine(fake_bin, tmp_path)
+    assert e.servable_precisions() == ["bf16"]
+    with pytest.raises(EngineError, match="serves bf16, not nvfp4; nvfp4 needs sm100, sm103"):
+        with e.serve(fp4, "x"):
+            pass
+
+
+def test_time_starts_cold_is_evicted_and_warm_is_resident(fake_bin, tmp_path, variant):
+    samples, raw = engine(fake_bin, tmp_path).time_starts(variant, "x", {}, cold_repeats=2,
+                                                          warm_repeats=1)
+    assert [s.kind for s in samples] == ["cold", "cold", "warm"]
+    assert all(s.resident_fraction < 0.05 for s in samples if s.kind == "cold")
+    assert samples[-1].resident_fraction > 0.95
+    assert raw.total_bytes == sum(p.stat().st_size for p in Path(variant.path).glob(
+        "*.safetensors"))
+
+
+def _fake_engines_alive(tmp_path) -> bool:
+    me = os.getpid()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != me:
+            try:
+                cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+                st = (d / "stat").read_text()
+            except OSError:
+                continue
+            if str(THIS_FILE) in cmd and " Z " not in st and "serve" in cmd:
+                return True
+    return False
