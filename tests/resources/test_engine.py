@@ -36,6 +36,11 @@ def engine(fake_bin, tmp_path, **kw) -> Engine:
     return Engine(bin_dir=str(fake_bin), hardware="cpu", log_dir=str(tmp_path / "logs"), **kw)
 
 
+def start_once(e: Engine, v: VariantRef) -> None:
+    with e.serve(v, "x"):
+        pass
+
+
 def group_members(pgid: int) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():
@@ -77,8 +82,7 @@ def test_ready_phases_env_and_the_whole_group_is_reaped(fake_bin, tmp_path, vari
 def test_missing_binary_says_how_to_build_it(tmp_path, variant):
     e = Engine(bin_dir=str(tmp_path / "nowhere"), hardware="cpu")
     with pytest.raises(EngineError, match="missing or not executable.*setup.sh"):
-        with e.serve(variant, "x"):
-            pass
+        start_once(e, variant)
 
 
 def test_exit_during_start_carries_the_log_tail(fake_bin, tmp_path, variant, monkeypatch):
@@ -94,8 +98,7 @@ def test_exit_during_start_carries_the_log_tail(fake_bin, tmp_path, variant, mon
 def test_never_ready_times_out_and_is_reaped(fake_bin, tmp_path, variant, monkeypatch):
     monkeypatch.setenv("FAKE_ENGINE_NEVER_READY", "1")
     with pytest.raises(EngineError, match=r"not ready after 2 s \(health never answered"):
-        with engine(fake_bin, tmp_path, start_timeout_s=2).serve(variant, "x"):
-            pass
+        start_once(engine(fake_bin, tmp_path, start_timeout_s=2), variant)
     assert not _fake_engines_alive(tmp_path)
 
 
@@ -105,9 +108,8 @@ def test_port_taken_is_refused_before_start(fake_bin, tmp_path, variant):
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(EngineError, match=f"port {port} .*already in use"):
-            with engine(fake_bin, tmp_path, port=port).serve(variant, "x"):
-                pass
-    assert not list((tmp_path / "logs").glob("*.log")) if (tmp_path / "logs").exists() else True
+            start_once(engine(fake_bin, tmp_path, port=port), variant)
+    assert not (tmp_path / "logs").exists() or not list((tmp_path / "logs").glob("*.log"))
 
 
 def test_failure_inside_the_step_still_reaps(fake_bin, tmp_path, variant):
@@ -123,8 +125,7 @@ def test_unservable_precision_is_refused_with_the_reason(fake_bin, tmp_path, var
     e = engine(fake_bin, tmp_path)
     assert e.servable_precisions() == ["bf16"]
     with pytest.raises(EngineError, match="serves bf16, not nvfp4; nvfp4 needs sm100, sm103"):
-        with e.serve(fp4, "x"):
-            pass
+        start_once(e, fp4)
 
 
 def test_time_starts_cold_is_evicted_and_warm_is_resident(fake_bin, tmp_path, variant):
