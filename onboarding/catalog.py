@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from onboarding import paths
 from onboarding.errors import ConfigError
 from onboarding.names import is_dns1123_label
 
@@ -164,8 +165,34 @@ def parse_spec(data: Any, origin: str, default_id: str | None = None) -> ModelSp
                           "Fix the spec.") from None
 
 
-def load_catalog(models_dir: Path) -> dict[str, ModelSpec]:
-    """All specs under `models_dir`, keyed by id; duplicate ids are an error."""
+_PROJECT_DISCOVERED = object()
+
+
+def load_catalog(models_dir: Path, discovered: Path | None | object = _PROJECT_DISCOVERED
+                 ) -> dict[str, ModelSpec]:
+    """All specs under `models_dir`, keyed by id; duplicate ids are an error.
+
+    The project's catalog (`paths.models_dir()`) also holds the specs the new-checkpoint sensor
+    wrote to `paths.discovered_dir()`, so every stage resolves a discovered model like a
+    catalogued one; another `models_dir` reads only what `discovered` names.
+    """
+    if discovered is _PROJECT_DISCOVERED:
+        discovered = paths.discovered_dir() if models_dir == paths.models_dir() else None
+    specs = _load_dir(models_dir)
+    if isinstance(discovered, Path) and discovered.is_dir():
+        for spec_id, spec in _load_dir(discovered).items():
+            if spec_id in specs:
+                raise ConfigError(
+                    str(discovered / f"{spec_id}.yaml"),
+                    f"model id {spec_id!r} is also in the catalog {models_dir}",
+                    "Delete the discovered spec (the catalog entry wins), or give the "
+                    "checkpoint's onboarding.yaml another id.",
+                )
+            specs[spec_id] = spec
+    return specs
+
+
+def _load_dir(models_dir: Path) -> dict[str, ModelSpec]:
     if not models_dir.is_dir():
         raise ConfigError(
             str(models_dir), "the model catalog directory does not exist",

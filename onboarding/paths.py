@@ -15,3 +15,10 @@ def config_dir() -> Path:
 
 def models_dir() -> Path:
     return config_dir() / "models"
+
+
+def discovered_dir() -> Path:
+    """Specs the new-checkpoint sensor wrote for models found in the bucket (a shared volume in a
+    cluster): `ONBOARDING_DISCOVERED_DIR`, else `<repo>/.data/discovered-specs`."""
+    return Path(os.environ.get("ONBOARDING_DISCOVERED_DIR") or
+                PROJECT_ROOT / ".data" / "discovered-specs")

@@ -64,6 +64,7 @@ def config_dir(tmp_path, monkeypatch) -> Path:
                     ignore=shutil.ignore_patterns("models"))
     (target / "models").mkdir()
     monkeypatch.setenv("ONBOARDING_CONFIG_DIR", str(target))
+    monkeypatch.setenv("ONBOARDING_DISCOVERED_DIR", str(tmp_path / "discovered-specs"))
     return target
 
 

@@ -1,0 +1,101 @@
+"""`configs/automation.yaml`: discovery (the new-checkpoint sensor), stack observation, re-validation.
+
+Environment variables override the few fields that differ between a laptop and a cluster, so the
+same file ships everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from onboarding.catalog import format_validation_error, load_yaml
+from onboarding.errors import ConfigError
+from onboarding.paths import PROJECT_ROOT, config_dir
+
+BUCKET_ENV = "ONBOARDING_DISCOVERY_BUCKET"
+PREFIX_ENV = "ONBOARDING_DISCOVERY_PREFIX"
+ENGINE_PYTHON_ENV = "ONBOARDING_ENGINE_PYTHON"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Discovery(_Strict):
+    bucket: str = Field(min_length=3)
+    prefix: str = ""
+    page_size: int = Field(default=1000, ge=1, le=1000)
+    max_pages_per_tick: int = Field(default=10, ge=1)
+    minimum_interval_s: int = Field(default=30, ge=1)
+    completion_marker: str = Field(default="ONBOARDING_COMPLETE", min_length=1)
+    require_marker: bool = False
+    run_assets: list[str] | None = None
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if v.startswith("/"):
+            raise ValueError("the prefix is relative to the bucket: drop the leading '/'")
+        return v if not v or v.endswith("/") else v + "/"
+
+    @field_validator("completion_marker")
+    @classmethod
+    def _marker(cls, v: str) -> str:
+        if "/" in v:
+            raise ValueError("the marker is a file name beside the weights, without '/'")
+        return v
+
+
+class StackObservation(_Strict):
+    engine_python: str | None = ".venv-engine/bin/python"
+    observe_node: bool = True
+    observe_interval_s: int = Field(default=60, ge=10)
+
+    def engine_python_path(self) -> Path | None:
+        raw = os.environ.get(ENGINE_PYTHON_ENV, self.engine_python)
+        if not raw:
+            return None
+        path = Path(raw)
+        return path if path.is_absolute() else PROJECT_ROOT / path
+
+
+class Revalidation(_Strict):
+    cron: str = "0 3 * * *"
+    timezone: str = "UTC"
+    ready_assets: list[str] = Field(default_factory=lambda: ["kserve_manifest"], min_length=1)
+
+
+class AutomationConfig(_Strict):
+    discovery: Discovery
+    stack: StackObservation = Field(default_factory=StackObservation)
+    revalidation: Revalidation = Field(default_factory=Revalidation)
+
+
+def automation_path() -> Path:
+    return config_dir() / "automation.yaml"
+
+
+def load_automation(path: Path | None = None) -> AutomationConfig:
+    path = path or automation_path()
+    if not path.is_file():
+        raise ConfigError(str(path), "does not exist",
+                          "Restore configs/automation.yaml or set ONBOARDING_CONFIG_DIR.")
+    data = load_yaml(path)
+    try:
+        cfg = AutomationConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(str(path), format_validation_error(path, exc),
+                          "Fix automation.yaml (docs/automation.md lists the fields).") from None
+    overrides = {k: os.environ[env] for k, env in (("bucket", BUCKET_ENV), ("prefix", PREFIX_ENV))
+                 if env in os.environ}
+    if overrides:
+        try:
+            discovery = Discovery.model_validate({**cfg.discovery.model_dump(), **overrides})
+        except ValidationError as exc:
+            raise ConfigError(f"{BUCKET_ENV}/{PREFIX_ENV}", format_validation_error(
+                "environment", exc), "Fix the environment variable.") from None
+        cfg = cfg.model_copy(update={"discovery": discovery})
+    return cfg
