@@ -113,11 +113,16 @@ def test_port_taken_is_refused_before_start(fake_bin, tmp_path, variant):
 
 
 def test_failure_inside_the_step_still_reaps(fake_bin, tmp_path, variant):
-    with pytest.raises(RuntimeError, match="step failed"):
+    pids = []
+
+    def step() -> None:
         with engine(fake_bin, tmp_path).serve(variant, "x") as r:
-            pid = r.pid
+            pids.append(r.pid)
             raise RuntimeError("step failed")
-    assert group_members(pid) == []
+
+    with pytest.raises(RuntimeError, match="step failed"):
+        step()
+    assert group_members(pids[0]) == []
 
 
 def test_unservable_precision_is_refused_with_the_reason(fake_bin, tmp_path, variant):
