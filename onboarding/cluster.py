@@ -21,6 +21,8 @@ from onboarding.errors import ConfigError
 from onboarding.paths import config_dir
 
 GPU_BOUND_STAGES = ("quantized", "accuracy", "load_timing", "serving_benchmark")
+# Steps that touch the node's NVMe cache: the fetch, then every GPU-bound step.
+CACHE_STAGES = ("checkpoint", *GPU_BOUND_STAGES)
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 CACHE_VOLUME = "model-cache"
@@ -215,10 +217,46 @@ def _tolerations(node: NodeType) -> list[dict[str, str]]:
     return tolerations
 
 
+def cache_step_pod_config(stage: str, cfg: ClusterConfig, node: NodeType) -> dict[str, Any]:
+    """Placement of a step that reads or writes the node's NVMe cache, without GPUs.
+
+    `checkpoint` fetches into the cache that the GPU-bound steps then read, so it must run on
+    the same kind of node, with the same volume at the same path.
+    """
+    if stage not in CACHE_STAGES:
+        raise ValueError(f"{stage!r} does not use the NVMe cache ({', '.join(CACHE_STAGES)})")
+    cache = cfg.step_pods.cache
+    cache_source: dict[str, Any] = (
+        {"host_path": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
+        if cache.host_path
+        else {"persistent_volume_claim": {"claim_name": cache.pvc_claim_name}}
+    )
+    return {
+        "container_config": {
+            "volume_mounts": [{"name": CACHE_VOLUME, "mount_path": cache.mount_path}],
+            "env": [
+                {"name": "ONBOARDING_CACHE_ROOT", "value": cache.mount_path},
+                {"name": NODE_TYPE_ENV, "value": node.name},
+                # The engine resource attributes its measurements to this node type.
+                {"name": "NODE_TYPE", "value": node.name},
+            ],
+        },
+        "pod_spec_config": {
+            "node_selector": {GPU_PRODUCT_LABEL: node.gpu_product},
+            "tolerations": _tolerations(node),
+            "volumes": [{"name": CACHE_VOLUME, **cache_source}],
+        },
+        "pod_template_spec_metadata": {
+            "labels": {"onboarding/stage": stage, "onboarding/node-type": node.name}
+        },
+    }
+
+
 def gpu_step_pod_config(
     stage: str, cfg: ClusterConfig, node: NodeType, gpus: int | None = None
 ) -> dict[str, Any]:
-    """The `dagster-k8s/config` mapping of one GPU-bound stage on `node`.
+    """The `dagster-k8s/config` mapping of one GPU-bound stage on `node`: the cache placement
+    plus exactly `gpus` GPUs (requests = limits), /dev/shm and the GPU image.
 
     `gpus` overrides the stage's count from cluster.yaml (a run that needs TP > 1).
     """
@@ -231,42 +269,17 @@ def gpu_step_pod_config(
             f"GPUs for step {stage!r}", f"{count} requested, a {node.name} node has "
             f"{node.gpus_per_node}", "Request between 1 and the node's GPU count.",
         )
-    cache = pods.cache
-    cache_source: dict[str, Any] = (
-        {"host_path": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
-        if cache.host_path
-        else {"persistent_volume_claim": {"claim_name": cache.pvc_claim_name}}
-    )
-    container: dict[str, Any] = {
-        "resources": {
-            "requests": {**pods.resources.requests, GPU_RESOURCE: str(count)},
-            "limits": {**pods.resources.limits, GPU_RESOURCE: str(count)},
-        },
-        "volume_mounts": [
-            {"name": SHM_VOLUME, "mount_path": "/dev/shm"},
-            {"name": CACHE_VOLUME, "mount_path": cache.mount_path},
-        ],
-        "env": [
-            {"name": "ONBOARDING_CACHE_ROOT", "value": cache.mount_path},
-            {"name": NODE_TYPE_ENV, "value": node.name},
-            # The engine resource attributes its measurements to this node type.
-            {"name": "NODE_TYPE", "value": node.name},
-        ],
+    config = cache_step_pod_config(stage, cfg, node)
+    container = config["container_config"]
+    container["resources"] = {
+        "requests": {**pods.resources.requests, GPU_RESOURCE: str(count)},
+        "limits": {**pods.resources.limits, GPU_RESOURCE: str(count)},
     }
+    container["volume_mounts"].insert(0, {"name": SHM_VOLUME, "mount_path": "/dev/shm"})
+    config["pod_spec_config"]["volumes"].insert(
+        0, {"name": SHM_VOLUME, "empty_dir": {"medium": "Memory", "size_limit": pods.shm_size}}
+    )
     image = gpu_image(cfg)
     if image:
         container["image"] = image
-    return {
-        "container_config": container,
-        "pod_spec_config": {
-            "node_selector": {GPU_PRODUCT_LABEL: node.gpu_product},
-            "tolerations": _tolerations(node),
-            "volumes": [
-                {"name": SHM_VOLUME, "empty_dir": {"medium": "Memory", "size_limit": pods.shm_size}},
-                {"name": CACHE_VOLUME, **cache_source},
-            ],
-        },
-        "pod_template_spec_metadata": {
-            "labels": {"onboarding/stage": stage, "onboarding/node-type": node.name}
-        },
-    }
+    return config

@@ -8,7 +8,7 @@
   config from their op tags, and Kubernetes schedules them onto free GPUs.
 
 Our defaults fill only what run config leaves unset, so a launch can still override anything,
-e.g. `per_step_k8s_config` for a model that needs more GPUs (`step_gpu_run_config`).
+e.g. `per_step_k8s_config` for a model that needs more GPUs (`step_run_config`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from onboarding.cluster import (
     load_node_type,
     node_type_name,
 )
-from pipelines.step_tags import GPU_BOUND_ASSETS, GPU_SLOT_TAG
+from pipelines.step_tags import CACHE_ASSETS, GPU_BOUND_ASSETS, GPU_SLOT_TAG
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 def _with_defaults(
@@ -93,16 +95,21 @@ def onboarding_executor(kind: ExecutorKind | None = None) -> dg.ExecutorDefiniti
     )
 
 
-def step_gpu_run_config(gpus_by_stage: dict[str, int]) -> dict[str, Any]:
-    """Run config giving GPU-bound steps other GPU counts than their op tags (k8s executor only).
+def step_run_config(
+    gpus_by_stage: dict[str, int] | None = None, node_name: str | None = None
+) -> dict[str, Any]:
+    """Run config for one onboarding run on the k8s executor (launchpad, sensor, schedule).
 
-    `per_step_k8s_config` is the last word in dagster-k8s's merge order, and the merge is deep,
-    so only the counts change; node selector, tolerations and volumes stay from the op tag.
+    - `gpus_by_stage`: GPU counts other than the op tags' (a model that needs TP > 1).
+    - `node_name`: pins every step that touches the NVMe cache (checkpoint and the GPU-bound
+      steps) to one node, so that with a hostPath cache they all see the same disk.
+    `per_step_k8s_config` is the last word in dagster-k8s's merge order and the merge is deep,
+    so only these fields change; GPU product selector, tolerations and volumes stay.
     """
     cfg = load_cluster_config()
     node = load_node_type(node_type_name(cfg))
-    per_step = {}
-    for stage, count in gpus_by_stage.items():
+    per_step: dict[str, Any] = {}
+    for stage, count in (gpus_by_stage or {}).items():
         if stage not in GPU_BOUND_ASSETS:
             raise ValueError(f"{stage!r} is not a GPU-bound asset ({', '.join(GPU_BOUND_ASSETS)})")
         if not 1 <= count <= node.gpus_per_node:
@@ -111,4 +118,9 @@ def step_gpu_run_config(gpus_by_stage: dict[str, int]) -> dict[str, Any]:
             )
         gpus = {GPU_RESOURCE: str(count)}
         per_step[stage] = {"container_config": {"resources": {"requests": gpus, "limits": gpus}}}
+    if node_name:
+        for stage in CACHE_ASSETS:
+            per_step.setdefault(stage, {})["pod_spec_config"] = {
+                "node_selector": {HOSTNAME_LABEL: node_name}
+            }
     return {"execution": {"config": {"per_step_k8s_config": per_step}}}

@@ -16,12 +16,13 @@ from dagster._core.test_utils import instance_for_test
 
 from onboarding.cluster import load_cluster_config, load_node_type
 from onboarding.paths import PROJECT_ROOT
-from pipelines.executors import step_gpu_run_config
+from pipelines.executors import step_run_config
 from pipelines.step_tags import GPU_BOUND_ASSETS, K8S_CONFIG_TAG, gpu_step_tags
 from tests.pipelines.k8s_render import KUBECONFIG, k8s_run_launcher_overrides, render_step_job
 from tests.pipelines.stand_in_graph import EDGES
 
-CPU_STAGES = [s for s in EDGES if s not in GPU_BOUND_ASSETS]
+CPU_STAGES = [s for s in EDGES if s not in GPU_BOUND_ASSETS and s != "checkpoint"]
+CPU_IMAGE = "registry.example.com/model-onboarding:0.1.0"
 K8S_VERSION = "1.33.0"
 
 
@@ -76,11 +77,13 @@ def test_gpu_step_pod_has_exactly_its_gpus_and_placement(stage, stand_in, k8s_in
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["dshm"] == "/dev/shm"
     assert mounts["model-cache"] == cache.mount_path
+    assert len(volumes) == len(pod["volumes"]), "duplicate volume names"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["ONBOARDING_CACHE_ROOT"] == cache.mount_path
     assert env["NODE_TYPE"] == env["ONBOARDING_NODE_TYPE"] == node.name
     assert container["image"] == cfg.step_pods.gpu_image
     assert rendered["job"]["metadata"]["labels"]["dagster/op"] == stage
+    assert rendered["namespace"] == "onboarding"
 
 
 @pytest.mark.parametrize("stage", CPU_STAGES)
@@ -94,7 +97,35 @@ def test_cpu_step_pod_has_no_gpu_placement(stage, stand_in, k8s_instance):
     assert not pod.get("tolerations")
     assert {v["name"] for v in pod.get("volumes") or []}.isdisjoint({"dshm", "model-cache"})
     # The code location's (CPU) image, not the GPU one.
-    assert container["image"] == "registry.example.com/model-onboarding:0.1.0"
+    assert container["image"] == CPU_IMAGE
+
+
+def test_checkpoint_pod_has_the_cache_on_the_gpu_node_type_but_no_gpu(stand_in, k8s_instance):
+    """The fetch writes the NVMe cache the GPU steps read: same node type, same volume."""
+    cfg = load_cluster_config()
+    node = load_node_type(cfg.step_pods.node_type)
+    rendered = render_step_job(stand_in, "checkpoint", k8s_instance)
+    _validate(rendered)
+    pod, container = _pod(rendered), _container(rendered)
+    assert "nvidia.com/gpu" not in json.dumps(container.get("resources") or {})
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": node.gpu_product}
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+    assert [v["name"] for v in pod["volumes"]] == ["model-cache"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {"model-cache": cfg.step_pods.cache.mount_path}
+    assert container["image"] == CPU_IMAGE
+
+
+def test_node_pin_reaches_every_cache_step_and_no_other(stand_in, k8s_instance):
+    executor_config = step_run_config(node_name="gpu-node-3")["execution"]["config"]
+    for stage in ("checkpoint", *GPU_BOUND_ASSETS):
+        rendered = render_step_job(stand_in, stage, k8s_instance, executor_config)
+        _validate(rendered)
+        selector = _pod(rendered)["nodeSelector"]
+        assert selector["kubernetes.io/hostname"] == "gpu-node-3", stage
+        assert "nvidia.com/gpu.product" in selector, stage
+    plan = render_step_job(stand_in, "deployment_plan", k8s_instance, executor_config)
+    assert not _pod(plan).get("nodeSelector")
 
 
 def test_merge_order_per_step_config_beats_op_tag_beats_step_k8s_config(stand_in, k8s_instance):
@@ -104,7 +135,7 @@ def test_merge_order_per_step_config_beats_op_tag_beats_step_k8s_config(stand_in
             "container_config": {"resources": {"limits": {"nvidia.com/gpu": "7"}}},
             "pod_spec_config": {"priority_class_name": "onboarding"},
         },
-        **step_gpu_run_config({"serving_benchmark": 4})["execution"]["config"],
+        **step_run_config({"serving_benchmark": 4})["execution"]["config"],
     }
     bench = render_step_job(stand_in, "serving_benchmark", k8s_instance, executor_config)
     _validate(bench)
@@ -127,18 +158,18 @@ def test_job_level_tags_do_not_reach_step_pods(stand_in, k8s_instance):
     run_tags = {
         K8S_CONFIG_TAG: json.dumps({"pod_spec_config": {"node_selector": {"pool": "run-level"}}})
     }
-    rendered = render_step_job(stand_in, "checkpoint", k8s_instance, run_tags=run_tags)
+    rendered = render_step_job(stand_in, "serving_variant", k8s_instance, run_tags=run_tags)
     assert not _pod(rendered).get("nodeSelector")
     gpu = render_step_job(stand_in, "accuracy", k8s_instance, run_tags=run_tags)
     assert "pool" not in _pod(gpu)["nodeSelector"]
 
 
-def test_step_gpu_run_config_refuses_more_gpus_than_a_node_has():
+def test_step_run_config_refuses_more_gpus_than_a_node_has():
     node = load_node_type(load_cluster_config().step_pods.node_type)
     with pytest.raises(ValueError, match="node has"):
-        step_gpu_run_config({"serving_benchmark": node.gpus_per_node + 1})
+        step_run_config({"serving_benchmark": node.gpus_per_node + 1})
     with pytest.raises(ValueError, match="not a GPU-bound"):
-        step_gpu_run_config({"checkpoint": 1})
+        step_run_config({"checkpoint": 1})
 
 
 def test_node_type_from_env_changes_the_selector(monkeypatch):
