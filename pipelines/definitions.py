@@ -11,6 +11,7 @@ import pkgutil
 import dagster as dg
 
 import assets as _assets_pkg
+from pipelines.automation import with_automation
 from pipelines.jobs import jobs
 from pipelines.resources import build_resources
 
@@ -24,7 +25,7 @@ def _stage_definitions() -> list[dg.Definitions]:
     return found
 
 
-defs = dg.Definitions.merge(
+defs = with_automation(dg.Definitions.merge(
     *_stage_definitions(),
     dg.Definitions(resources=build_resources(), jobs=jobs),
-)
+))

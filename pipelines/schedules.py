@@ -1,0 +1,92 @@
+"""Re-validation: on a cron from configs/automation.yaml, re-run the stack-dependent stages of
+every ready model whose results were measured on another serving stack.
+
+A schedule, not declarative automation, on purpose: re-validating a fleet is GPU-hours, so it
+runs at a stated time, only for models that finished onboarding (`ready_assets`), one run per
+model and fingerprint (run key), and it can be evaluated on demand from the UI. An eager
+automation condition would also fire for half-onboarded models and whenever the daemon happens
+to notice. docs/automation.md has the longer argument.
+"""
+
+from typing import Any
+
+import dagster as dg
+
+from assets.stack import SERVING_STACK, current_stack
+from onboarding.automation import load_automation
+from pipelines.executors import onboarding_executor
+from pipelines.partitions import models_partitions
+
+REVALIDATE_JOB = "revalidate_model"
+# Stages whose results change with the serving stack; each depends on `serving_stack`.
+STACK_DEPENDENT = ("quantized", "accuracy", "load_timing", "serving_benchmark",
+                   "deployment_plan", "kserve_manifest")
+STACK_INPUT_TAG = f"dagster/input_data_version/{SERVING_STACK.to_user_string()}"
+
+
+def _latest(instance: dg.DagsterInstance, asset: str, partition: str):
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition]),
+        limit=1).records
+    return records[0].asset_materialization if records else None
+
+
+def stale_ready_models(instance: dg.DagsterInstance, fingerprint: str,
+                       ready_assets: list[str]) -> dict[str, dict[str, Any]]:
+    """Ready models whose stack-dependent materializations saw another stack.
+
+    Returns model -> {stale asset: the fingerprint it was measured on}.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for model in sorted(instance.get_dynamic_partitions(models_partitions.name)):
+        if any(_latest(instance, a, model) is None for a in ready_assets):
+            continue
+        stale = {}
+        for asset in STACK_DEPENDENT:
+            mat = _latest(instance, asset, model)
+            if mat is not None and mat.tags.get(STACK_INPUT_TAG) != fingerprint:
+                stale[asset] = mat.tags.get(STACK_INPUT_TAG, "none")
+        if stale:
+            out[model] = stale
+    return out
+
+
+_cfg = load_automation().revalidation
+
+
+@dg.schedule(
+    cron_schedule=_cfg.cron,
+    execution_timezone=_cfg.timezone,
+    job_name=REVALIDATE_JOB,
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Re-validates ready models whose results were measured on another serving "
+    "stack (configs/automation.yaml `revalidation`).",
+)
+def revalidation_schedule(context: dg.ScheduleEvaluationContext):
+    fp, _ = current_stack()
+    stale = stale_ready_models(context.instance, fp, load_automation().revalidation.ready_assets)
+    if not stale:
+        return dg.SkipReason(f"every ready model is current with stack {fp[:16]}")
+    for model, assets in stale.items():
+        context.log.info(f"{model}: stale against stack {fp[:16]}: "
+                         + ", ".join(f"{a} (measured on {v[:16]})" for a, v in assets.items()))
+    return [
+        dg.RunRequest(partition_key=model, run_key=f"revalidate-{model}@{fp[:16]}",
+                      tags={"onboarding/trigger": "revalidation",
+                            "onboarding/stack_fingerprint": fp,
+                            "onboarding/stale_assets": ",".join(sorted(assets))})
+        for model, assets in stale.items()
+    ]
+
+
+def revalidate_job(present: set[dg.AssetKey]):
+    """serving_stack (observed first, on the node the run uses) and every stack-dependent stage
+    that exists, with what lies downstream of them; `checkpoint` is not re-fetched."""
+    dependent = [dg.AssetKey(a) for a in STACK_DEPENDENT if dg.AssetKey(a) in present]
+    selection = dg.AssetSelection.assets(SERVING_STACK)
+    if dependent:
+        selection = selection | dg.AssetSelection.assets(*dependent).downstream()
+    return dg.define_asset_job(
+        REVALIDATE_JOB, selection=selection, executor_def=onboarding_executor(),
+        description="Observe the serving stack, then re-run the stages whose results depend "
+        "on it, for one model.")

@@ -1,0 +1,173 @@
+"""Sensors: checkpoints that land in the bucket, catalog keys as partitions, the serving stack.
+
+- `new_checkpoint_sensor` scans the watched prefix in bounded pages (onboarding.discovery),
+  registers each complete model folder as a partition and requests one onboarding run per
+  content id (run key `model@content-id`). Incomplete folders wait; a malformed spec beside the
+  weights is logged as an error on the tick and remembered, other models carry on; deleted
+  folders are reported on the `checkpoint` asset.
+- `catalog_partitions_sensor` makes every catalogued model launchable from the UI.
+- `serving_stack_sensor` records a `serving_stack` observation when the fingerprint changes, so
+  the UI marks stack-dependent results stale without waiting for a run.
+"""
+
+import dagster as dg
+from botocore.exceptions import BotoCoreError, ClientError
+
+from assets.stack import SERVING_STACK, stack_observation
+from onboarding.automation import load_automation
+from onboarding.catalog import load_catalog
+from onboarding.discovery import (
+    SPEC_FILE,
+    Known,
+    Listed,
+    ScanCursor,
+    advance,
+    content_id,
+    folder_uri,
+    missing_parts,
+    resolve_spec,
+    write_discovered_spec,
+)
+from onboarding.errors import ConfigError
+from onboarding.paths import discovered_dir, models_dir
+from pipelines.jobs import onboard_model
+from pipelines.partitions import models_partitions
+from resources.s3 import S3ObjectStore
+
+CHECKPOINT = dg.AssetKey("checkpoint")
+TRIGGER_TAG = "onboarding/trigger"
+
+
+def _lister(s3: S3ObjectStore, bucket: str, prefix: str):
+    client = s3.client()
+
+    def list_page(after: str, max_keys: int) -> tuple[list[Listed], bool]:
+        kwargs = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": max_keys}
+        if after:
+            kwargs["StartAfter"] = after
+        try:
+            resp = client.list_objects_v2(**kwargs)
+        except (ClientError, BotoCoreError) as exc:
+            raise s3._explain(exc, f"s3://{bucket}/{prefix} (listing after {after!r})") from None
+        objects = [Listed(o["Key"], o["Size"], o.get("ETag", "").strip('"') or None)
+                   for o in resp.get("Contents", [])]
+        return objects, bool(resp.get("IsTruncated"))
+
+    def read(key: str) -> bytes:
+        try:
+            return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except (ClientError, BotoCoreError) as exc:
+            raise s3._explain(exc, f"s3://{bucket}/{key}") from None
+
+    return list_page, read
+
+
+@dg.sensor(
+    job=onboard_model,
+    minimum_interval_seconds=load_automation().discovery.minimum_interval_s,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Onboards complete checkpoints dropped under the watched S3 prefix "
+    "(configs/automation.yaml `discovery`).",
+)
+def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore):
+    cfg = load_automation().discovery
+    cursor = ScanCursor.from_json(context.cursor)
+    list_page, read = _lister(s3, cfg.bucket, cfg.prefix)
+    step = advance(cursor, list_page, cfg.prefix, cfg.completion_marker, cfg.page_size,
+                   cfg.max_pages_per_tick)
+    catalog = load_catalog(models_dir())
+    owners = {k.model: name for name, k in cursor.known.items() if k.state == "submitted"}
+    registered = set(context.instance.get_dynamic_partitions(models_partitions.name))
+    new_keys: list[str] = []
+    runs: list[dg.RunRequest] = []
+    for folder in step.closed:
+        if not folder.files:
+            continue  # no checkpoint files: not a model folder
+        cid = content_id(folder)
+        before = cursor.known.get(folder.name)
+        if before is not None and before.content_id == cid:
+            continue
+        uri = folder_uri(cfg.bucket, cfg.prefix, folder.name)
+        key_prefix = f"{cfg.prefix}{folder.name}/"
+        missing = missing_parts(folder, read, key_prefix, cfg.completion_marker,
+                                cfg.require_marker)
+        if missing:
+            context.log.info(f"{uri}: not complete yet ({'; '.join(missing)})")
+            cursor.known[folder.name] = Known(before.model if before else "", cid, "incomplete",
+                                              "; ".join(missing))
+            continue
+        try:
+            text = read(key_prefix + SPEC_FILE).decode() if SPEC_FILE in folder.files else None
+            spec, discovered = resolve_spec(uri, folder.name, text, catalog)
+            if owners.get(spec.id, folder.name) != folder.name:
+                raise ConfigError(uri, f"model id {spec.id!r} is already taken by "
+                                  f"{folder_uri(cfg.bucket, cfg.prefix, owners[spec.id])}",
+                                  f"Set another `id:` in {uri}{SPEC_FILE}.")
+        except ConfigError as exc:
+            context.log.error(f"new checkpoint not onboarded: {exc}")
+            cursor.known[folder.name] = Known("", cid, "invalid", str(exc))
+            continue
+        if discovered:
+            write_discovered_spec(discovered_dir(), spec, uri)
+            catalog[spec.id] = spec
+        owners[spec.id] = folder.name
+        cursor.known[folder.name] = Known(spec.id, cid, "submitted")
+        if spec.id not in registered and spec.id not in new_keys:
+            new_keys.append(spec.id)
+        context.log.info(f"{uri}: complete, content id {cid}; onboarding {spec.id!r}")
+        runs.append(dg.RunRequest(
+            partition_key=spec.id,
+            run_key=f"{spec.id}@{cid}",
+            asset_selection=[dg.AssetKey(a) for a in cfg.run_assets] if cfg.run_assets else None,
+            tags={TRIGGER_TAG: "new_checkpoint", "onboarding/source": uri,
+                  "onboarding/content_id": cid},
+        ))
+    events = []
+    for name, known in step.deleted.items():
+        uri = folder_uri(cfg.bucket, cfg.prefix, name)
+        context.log.warning(f"{uri}: deleted from the bucket (was {known.state}, content id "
+                            f"{known.content_id}, model {known.model or 'none'})")
+        if known.state == "submitted" and known.model in registered | set(new_keys):
+            events.append(dg.AssetObservation(
+                asset_key=CHECKPOINT, partition=known.model,
+                metadata={"deleted_at_source": uri, "last_content_id": known.content_id,
+                          "what_to_do": "The cached copy and results stay. Re-upload to "
+                          "onboard again, or delete the partition if the model is retired."}))
+    context.update_cursor(cursor.to_json())
+    context.log.info(f"listed {step.keys} keys in {step.pages} page(s); pass "
+                     f"{'finished' if step.pass_finished else 'continues'}; "
+                     f"{len(runs)} run(s) requested")
+    return dg.SensorResult(
+        run_requests=runs,
+        dynamic_partitions_requests=[models_partitions.build_add_request(new_keys)]
+        if new_keys else [],
+        asset_events=events,
+    )
+
+
+@dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Registers every catalog entry (configs/models and discovered specs) as "
+           "a `models` partition, so the UI can launch any of them.")
+def catalog_partitions_sensor(context: dg.SensorEvaluationContext):
+    existing = set(context.instance.get_dynamic_partitions(models_partitions.name))
+    new = sorted(k for k in load_catalog(models_dir()) if k not in existing)
+    if not new:
+        return dg.SkipReason(f"all {len(existing)} catalog models are registered")
+    context.log.info(f"registering {', '.join(new)}")
+    return dg.SensorResult(dynamic_partitions_requests=[models_partitions.build_add_request(new)])
+
+
+@dg.sensor(minimum_interval_seconds=load_automation().stack.observe_interval_s,
+           default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Observes serving_stack and records a new observation when its "
+           "fingerprint changes.")
+def serving_stack_sensor(context: dg.SensorEvaluationContext):
+    fp, metadata, changed = stack_observation(context.instance)
+    if not changed:
+        return dg.SkipReason(f"serving stack unchanged ({fp[:16]})")
+    context.log.info(f"serving stack fingerprint is now {fp[:16]}")
+    return dg.SensorResult(asset_events=[dg.AssetObservation(
+        asset_key=SERVING_STACK, metadata=metadata, tags={"dagster/data_version": fp})])
+
+
+sensors = [new_checkpoint_sensor, catalog_partitions_sensor, serving_stack_sensor]
