@@ -1,0 +1,323 @@
+"""Serving stage: `load_timing` (cold and warm engine starts) and `serving_benchmark` (sweep).
+
+Thin: resolve the spec and the config files, call the engine and the load generator, turn the
+numbers into metadata. A variant this engine/hardware cannot serve (NVFP4 on the CPU build) is
+materialized with `servable: false` and the reason, so the plan stage sees why nothing was
+measured instead of a stack trace.
+"""
+
+
+import base64
+import os
+import zlib
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+
+from onboarding.catalog import ModelSpec, load_catalog, resolve
+from onboarding.errors import ConfigError
+from onboarding.paths import PROJECT_ROOT, config_dir, models_dir
+from onboarding.prompts import synthetic_prompts
+from onboarding.refs import VariantRef
+from onboarding.serving_config import (
+    Profile,
+    check_fits,
+    effective_max_model_len,
+    load_profiles,
+    load_slo_section,
+    pick_profile,
+    resolve_slo,
+    scenarios_for,
+)
+from onboarding.serving_plots import sweep_png
+from onboarding.serving_stats import (
+    LoadTimingResult,
+    PointStats,
+    ServingBenchmarkResult,
+    Slo,
+    histogram_mean_delta,
+    nearest_point,
+    parse_metrics,
+    saturation_concurrency,
+    slo_violations,
+    summarize,
+    summarize_load_timing,
+)
+from pipelines.partitions import models_partitions
+from pipelines.step_tags import gpu_step_tags
+from resources.engine import Engine
+from resources.loadgen import LoadGenerator, PointRun, completion_bodies
+
+GROUP = "serving"
+SLO_CHECK = "slo_at_target_concurrency"
+
+
+class LoadTimingConfig(dg.Config):
+    """Unset fields take the profile's defaults in configs/scenarios.yaml."""
+
+    profile: str | None = None
+    cold_repeats: int | None = None
+    warm_repeats: int | None = None
+    start_timeout_s: float | None = None
+
+
+class ServingBenchmarkConfig(dg.Config):
+    """Unset fields take the profile's `sweep` in configs/scenarios.yaml."""
+
+    profile: str | None = None
+    scenarios: list[str] | None = None
+    concurrency: list[int] | None = None
+    mode: str | None = None
+    requests_per_point: int | None = None
+    max_seconds_per_point: float | None = None
+
+
+def _spec(key: str) -> ModelSpec:
+    return resolve(load_catalog(models_dir()), key)
+
+
+def _profile(engine: Engine, requested: str | None) -> tuple[str, Profile]:
+    """Config > env ONBOARDING_SERVING_PROFILE > `cpu` on the CPU engine, else `gpu`."""
+    name = requested or os.environ.get("ONBOARDING_SERVING_PROFILE") or (
+        "cpu" if engine.resolved_hardware() == "cpu" else "gpu")
+    path = config_dir() / "scenarios.yaml"
+    return name, pick_profile(load_profiles(path), name, str(path))
+
+
+def reports_dir() -> Path:
+    return Path(os.environ.get("ONBOARDING_REPORTS_DIR") or PROJECT_ROOT / ".data" / "reports")
+
+
+def _unservable_metadata(engine: Engine, reason: str) -> dict:
+    return {
+        "servable": False,
+        "reason": dg.MetadataValue.text(reason),
+        "hardware": engine.resolved_hardware(),
+        "engine": engine.engine,
+        "servable_precisions": dg.MetadataValue.json(engine.servable_precisions()),
+    }
+
+
+@dg.asset(
+    partitions_def=models_partitions,
+    group_name=GROUP,
+    op_tags=gpu_step_tags("load_timing"),
+    pool="gpu",
+    description="Cold (page cache evicted) and warm engine starts of the serving variant: "
+    "phases, p50/p95, weight-load GB/s next to the raw sequential read GB/s of the same files.",
+)
+def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, engine: Engine,
+                serving_variant: VariantRef) -> dg.Output[LoadTimingResult]:
+    spec = _spec(context.partition_key)
+    variant = serving_variant
+    ok, reason = engine.can_serve(variant.precision)
+    if not ok:
+        context.log.warning(reason)
+        return dg.Output(LoadTimingResult(spec.id, variant.precision, False, reason),
+                         metadata=_unservable_metadata(engine, reason))
+    _, profile = _profile(engine, config.profile)
+    d = profile.load_timing
+    samples, raw = engine.time_starts(
+        variant, spec.served_name, spec.engine_args,
+        cold_repeats=config.cold_repeats or d.cold_repeats,
+        warm_repeats=d.warm_repeats if config.warm_repeats is None else config.warm_repeats,
+        start_timeout_s=config.start_timeout_s or d.start_timeout_s, log=context.log)
+    result = summarize_load_timing(spec.id, variant.precision, samples, raw.total_bytes,
+                                   raw.gbps)
+    table = pd.DataFrame([s.__dict__ for s in samples])
+    cold = table[table.kind == "cold"].first_token_s
+    return dg.Output(result, metadata={
+        "servable": True,
+        "precision": variant.precision,
+        "cold_start_p50_s": result.cold_start_p50_s,
+        "cold_start_p95_s": result.cold_start_p95_s,
+        "cold_start_spread_s": float(cold.max() - cold.min()),
+        "warm_start_p50_s": dg.MetadataValue.float(result.warm_start_p50_s)
+        if result.warm_start_p50_s is not None else dg.MetadataValue.null(),
+        "weight_bytes": result.weight_bytes,
+        "weights_load_gbps": dg.MetadataValue.float(result.weights_load_gbps)
+        if result.weights_load_gbps is not None else dg.MetadataValue.null(),
+        "raw_read_gbps": result.raw_read_gbps,
+        "hardware": engine.resolved_hardware(),
+        "engine": engine.engine,
+        "starts": dg.MetadataValue.md(table.to_markdown(index=False, floatfmt=".3f")),
+    })
+
+
+def _server_side(run: PointRun, engine_metrics) -> dict[str, float | None]:
+    """Server-reported TTFT/ITL means and peak queue/KV usage during the point."""
+    if run.metrics_before is None or run.metrics_after is None:
+        return {}
+    before, after = parse_metrics(run.metrics_before), parse_metrics(run.metrics_after)
+    during = [parse_metrics(t) for t in run.metrics_during if t] or [after]
+    ttft = histogram_mean_delta(before, after, engine_metrics.ttft_histogram)
+    itl = histogram_mean_delta(before, after, engine_metrics.itl_histogram)
+    return {
+        "server_ttft_mean_s": ttft,
+        "server_itl_mean_ms": itl * 1e3 if itl is not None else None,
+        "peak_running": max(m.get(engine_metrics.running, 0.0) for m in during),
+        "peak_waiting": max(m.get(engine_metrics.waiting, 0.0) for m in during),
+        "peak_kv_cache_usage": max(m.get(engine_metrics.kv_cache_usage, 0.0) for m in during),
+    }
+
+
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"tokenizer of {path}", f"cannot be loaded ({exc})",
+                          "The serving variant must carry its tokenizer files "
+                          "(tokenizer.json, tokenizer_config.json).") from None
+
+
+@dg.asset(
+    partitions_def=models_partitions,
+    group_name=GROUP,
+    op_tags=gpu_step_tags("serving_benchmark"),
+    pool="gpu",
+    check_specs=[dg.AssetCheckSpec(SLO_CHECK, asset="serving_benchmark", blocking=True,
+                                   description="TTFT p95, mean ITL and error rate within "
+                                   "configs/gates.yaml `slo` at the target concurrency")],
+    description="Traffic profiles x concurrency sweep against the real engine: TTFT, ITL, "
+    "TPOT, E2E, throughputs, errors by cause, /metrics cross-check, goodput, saturation point.",
+)
+def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmarkConfig,
+                      engine: Engine, loadgen: LoadGenerator, serving_variant: VariantRef,
+                      load_timing: LoadTimingResult):
+    spec = _spec(context.partition_key)
+    variant = serving_variant
+    gates = config_dir() / "gates.yaml"
+    section = load_slo_section(gates)
+    slo = resolve_slo(section, engine.node_type, spec)
+    gpus = engine.gpu_count()
+    ok, reason = engine.can_serve(variant.precision)
+    if not ok:
+        result = ServingBenchmarkResult(spec.id, variant.precision, engine.node_type, gpus,
+                                        False, 0.0, 0, False, (reason,))
+        yield dg.Output(result, metadata={**_unservable_metadata(engine, reason),
+                                          "node_type": engine.node_type, "gpus": gpus,
+                                          "slo_pass": False})
+        yield dg.AssetCheckResult(check_name=SLO_CHECK, passed=False,
+                                  severity=dg.AssetCheckSeverity.WARN,
+                                  metadata={"reason": reason})
+        return
+    profile_name, profile = _profile(engine, config.profile)
+    sweep = profile.sweep.model_copy(update={k: v for k, v in {
+        "concurrency": config.concurrency, "mode": config.mode,
+        "requests_per_point": config.requests_per_point,
+        "max_seconds_per_point": config.max_seconds_per_point}.items() if v is not None})
+    wanted = spec.model_copy(update={"scenarios": config.scenarios}) if config.scenarios else spec
+    scenarios = scenarios_for(wanted, profile, f"configs/scenarios.yaml profile {profile_name}")
+    template = engine.template()
+    check_fits(scenarios, effective_max_model_len(template, engine.resolved_hardware(),
+                                                  spec.engine_args))
+    tokenizer = _load_tokenizer(variant.path)
+    loads = sweep.concurrency if sweep.mode == "concurrency" else sweep.rates
+    rows: list[dict] = []
+    points: dict[str, list[tuple[int, PointStats]]] = {}
+    with engine.serve(variant, spec.served_name, spec.engine_args) as running:
+        for name, sc in scenarios.items():
+            n_max = max(sweep.requests_at(int(c)) for c in loads) + sweep.warmup_requests
+            prompts = synthetic_prompts(tokenizer, n_max, sc.input_tokens, sc.prefix_tokens,
+                                        seed=zlib.crc32(name.encode()))
+            bodies = completion_bodies(spec.served_name, prompts, sc.output_tokens)
+            warm, pool_ = bodies[:sweep.warmup_requests], bodies[sweep.warmup_requests:]
+            for load in loads:
+                kw = ({"concurrency": int(load)} if sweep.mode == "concurrency"
+                      else {"rate_rps": float(load)})
+                run = loadgen.run_point(
+                    running.base_url, pool_[:sweep.requests_at(int(max(load, 1)))],
+                    max_seconds=sweep.max_seconds_per_point,
+                    request_timeout_s=sweep.request_timeout_s, warmup_bodies=warm,
+                    scrape_interval_s=sweep.scrape_interval_s, **kw)
+                stats = summarize(run.records, run.duration_s, slo)
+                points.setdefault(name, []).append((int(load), stats))
+                row = {"scenario": name, "load": load, **stats.row(),
+                       **_server_side(run, template.metrics),
+                       "meets_slo": not slo_violations(stats, slo)}
+                rows.append(row)
+                context.log.info(f"{name} @ {load}: {stats.request_throughput_rps:.2f} req/s, "
+                                 f"TTFT p95 {stats.ttft_s.p95:.3f} s, "
+                                 f"ITL {stats.itl_ms.mean:.1f} ms, errors {stats.errors_by_cause}")
+    result, basis, violations = _headline(spec, variant, engine, gpus, slo, points,
+                                          sweep.mode == "concurrency")
+    table = pd.DataFrame(rows)
+    png = sweep_png(rows, f"{spec.id} ({variant.precision}) on {engine.node_type}",
+                    slo.ttft_p95_s, slo.itl_mean_ms)
+    out_dir = reports_dir() / spec.id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png_path = out_dir / "serving_benchmark.png"
+    png_path.write_bytes(png)
+    table.to_csv(out_dir / "serving_benchmark.csv", index=False)
+    yield dg.Output(result, metadata={
+        "servable": True,
+        "precision": variant.precision,
+        "node_type": engine.node_type,
+        "gpus": gpus,
+        "tokens_per_s_per_gpu": result.tokens_per_s_per_gpu,
+        "saturation_concurrency": result.saturation_concurrency,
+        "slo_pass": result.slo_pass,
+        "throughput_basis": basis,
+        "profile": profile_name,
+        "slo": dg.MetadataValue.json(slo.__dict__),
+        "sweep": dg.MetadataValue.md(table.to_markdown(index=False, floatfmt=".4g")),
+        "plot": dg.MetadataValue.md(
+            f"![sweep](data:image/png;base64,{base64.b64encode(png).decode()})"),
+        "plot_path": dg.MetadataValue.path(str(png_path)),
+        "engine_args_dropped": dg.MetadataValue.json(
+            {"dropped_on_" + engine.resolved_hardware(): running.dropped_args}),
+    })
+    yield dg.AssetCheckResult(
+        check_name=SLO_CHECK, passed=result.slo_pass,
+        severity=(dg.AssetCheckSeverity.ERROR if section.severity == "error"
+                  else dg.AssetCheckSeverity.WARN),
+        metadata={"target_concurrency": slo.target_concurrency,
+                  "expected": dg.MetadataValue.json(slo.__dict__),
+                  "violations": dg.MetadataValue.json(list(violations)),
+                  "saturation_concurrency": result.saturation_concurrency})
+
+
+def _headline(spec: ModelSpec, variant: VariantRef, engine: Engine, gpus: int, slo: Slo,
+              points: dict[str, list[tuple[int, PointStats]]], by_concurrency: bool
+              ) -> tuple[ServingBenchmarkResult, str, list[str]]:
+    """Conservative across scenarios: the lowest saturation and the lowest tokens/s there.
+
+    SLOs are judged at the target concurrency (or the highest measured point below it).
+    """
+    violations: list[str] = []
+    sats: list[int] = []
+    tps: list[float] = []
+    basis = "output tokens/s at each scenario's saturation concurrency (min over scenarios)"
+    for name, pts in points.items():
+        if not by_concurrency:
+            violations.append(f"{name}: rate mode has no concurrency to judge the SLOs at")
+            continue
+        sat = saturation_concurrency(pts, slo)
+        sats.append(sat)
+        at = nearest_point(pts, sat) if sat else None
+        if at is None:
+            at = min(pts, key=lambda p: p[0])
+            basis = "lowest measured concurrency: no point met the SLOs"
+        tps.append(at[1].output_tokens_per_s)
+        target = nearest_point(pts, slo.target_concurrency)
+        if target is None:
+            violations.append(f"{name}: no point at or below concurrency "
+                              f"{slo.target_concurrency}")
+            continue
+        if target[0] != slo.target_concurrency:
+            violations.append(f"{name}: target concurrency {slo.target_concurrency} not in the "
+                              f"sweep; judged at {target[0]}")
+        violations += [f"{name} @ {target[0]}: {v}" for v in slo_violations(target[1], slo)]
+    hard = [v for v in violations if "judged at" not in v]
+    result = ServingBenchmarkResult(
+        model=spec.id, precision=variant.precision, node_type=engine.node_type, gpus=gpus,
+        servable=True, tokens_per_s_per_gpu=(min(tps) / max(gpus, 1)) if tps else 0.0,
+        saturation_concurrency=min(sats) if sats else 0, slo_pass=not hard,
+        slo_violations=tuple(violations))
+    return result, basis, violations
+
+
+defs = dg.Definitions(assets=[load_timing, serving_benchmark])

@@ -1,0 +1,150 @@
+"""`load_timing` and `serving_benchmark` in a real Dagster instance, against the fake engine
+fixture (fast); the real vLLM CPU engine is exercised in tests/e2e/test_serving_vllm.py."""
+
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from assets.serving import SLO_CHECK, load_timing, serving_benchmark
+from onboarding.paths import PROJECT_ROOT
+from onboarding.refs import VariantRef
+from pipelines.partitions import models_partitions
+from resources.engine import Engine
+from resources.loadgen import LoadGenerator
+from tests.conftest import write_spec
+from tests.fakes.openai_stream_server import THIS_FILE
+
+SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+KEY = "tiny-model"
+
+
+@pytest.fixture
+def model_dir(tiny_checkpoint, tmp_path) -> Path:
+    """The tiny random Llama plus SmolLM2's tokenizer (the benchmark builds token-exact prompts)."""
+    if not (SMOL / "tokenizer.json").is_file():
+        pytest.skip(f"{SMOL} not built; scripts/build_smollm2.py builds it offline")
+    d = tmp_path / "variant"
+    shutil.copytree(tiny_checkpoint, d)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(SMOL / name, d / name)
+    return d
+
+
+@pytest.fixture
+def fake_engine(tmp_path, monkeypatch) -> Engine:
+    d = tmp_path / "bin"
+    d.mkdir()
+    exe = d / "vllm"
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {THIS_FILE} "$@"\n')
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("FAKE_TTFT_MS", "5")
+    monkeypatch.setenv("FAKE_ITL_MS", "2")
+    monkeypatch.setenv("ONBOARDING_REPORTS_DIR", str(tmp_path / "reports"))
+    return Engine(bin_dir=str(d), hardware="cpu", node_type="cpu", start_timeout_s=30,
+                  log_dir=str(tmp_path / "logs"))
+
+
+def stub_variant(path: Path, precision: str = "bf16"):
+    @dg.asset(name="serving_variant", partitions_def=models_partitions)
+    def _variant() -> VariantRef:
+        return VariantRef(model=KEY, precision=precision, path=str(path), total_bytes=1,
+                          content_hash="stub")
+
+    return _variant
+
+
+RUN_CONFIG = {"ops": {
+    "load_timing": {"config": {"cold_repeats": 2, "warm_repeats": 1}},
+    "serving_benchmark": {"config": {"concurrency": [1, 2, 4], "requests_per_point": 8}},
+}}
+
+
+def materialize(variant_asset, engine: Engine, run_config=RUN_CONFIG):
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [KEY])
+    return dg.materialize(
+        [variant_asset, load_timing, serving_benchmark], partition_key=KEY, instance=instance,
+        resources={"engine": engine, "loadgen": LoadGenerator()}, run_config=run_config,
+        raise_on_error=False)
+
+
+def metadata(result, asset: str) -> dict:
+    mat = next(m for m in result.asset_materializations_for_node(asset))
+    return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+
+
+def check_result(result) -> dg.AssetCheckEvaluation:
+    return next(e.event_specific_data for e in result.all_events
+                if e.event_type_value == "ASSET_CHECK_EVALUATION")
+
+
+def test_timing_and_benchmark_emit_what_the_plan_reads(config_dir, model_dir, fake_engine):
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat", "rag"],
+               engine_args={"max_model_len": 2048})
+    result = materialize(stub_variant(model_dir), fake_engine)
+    assert result.success
+    t = metadata(result, "load_timing")
+    for key in ("cold_start_p95_s", "cold_start_p50_s", "warm_start_p50_s", "weight_bytes",
+                "weights_load_gbps", "raw_read_gbps"):
+        assert isinstance(t[key], int | float) and t[key] > 0, key
+    assert t["weight_bytes"] == sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+    assert "cold" in t["starts"] and "warm" in t["starts"]
+    b = metadata(result, "serving_benchmark")
+    assert b["node_type"] == "cpu" and b["gpus"] == 0
+    assert b["saturation_concurrency"] == 4 and b["slo_pass"] is True
+    assert b["tokens_per_s_per_gpu"] > 0
+    assert "| chat" in b["sweep"] and "| rag" in b["sweep"]
+    assert b["plot"].startswith("![sweep](data:image/png;base64,")
+    assert Path(b["plot_path"]).read_bytes()[:4] == b"\x89PNG"
+    ev = check_result(result)
+    assert ev.check_name == SLO_CHECK and ev.passed
+    value = result.output_for_node("serving_benchmark")
+    assert value.saturation_concurrency == 4 and value.slo_pass
+
+
+def test_slo_miss_fails_the_check_with_the_numbers(config_dir, model_dir, fake_engine):
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"],
+               slo={"itl_mean_ms": 0.5})
+    gates = yaml.safe_load((config_dir / "gates.yaml").read_text())
+    gates["slo"]["severity"] = "error"
+    (config_dir / "gates.yaml").write_text(yaml.safe_dump(gates))
+    result = materialize(stub_variant(model_dir), fake_engine)
+    b = metadata(result, "serving_benchmark")
+    assert b["slo_pass"] is False and b["saturation_concurrency"] == 0
+    ev = check_result(result)
+    assert not ev.passed and ev.severity == dg.AssetCheckSeverity.ERROR
+    violations = ev.metadata["violations"].value
+    assert any("mean ITL" in v and "> 0.5 ms" in v for v in violations)
+
+
+def test_nvfp4_on_cpu_is_recorded_as_not_servable(config_dir, model_dir, fake_engine):
+    write_spec(config_dir, KEY, "s3://models/tiny/")
+    result = materialize(stub_variant(model_dir, "nvfp4"), fake_engine)
+    assert result.success
+    t = metadata(result, "load_timing")
+    assert t["servable"] is False and "nvfp4 needs sm100, sm103" in t["reason"]
+    assert t["servable_precisions"] == ["bf16"]
+    b = metadata(result, "serving_benchmark")
+    assert b["servable"] is False and b["slo_pass"] is False
+    assert not check_result(result).passed
+    assert not (Path(fake_engine.log_dir)).exists()  # no engine was started
+
+
+def test_scenario_longer_than_max_model_len_fails_before_the_engine_starts(
+        config_dir, model_dir, fake_engine):
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["rag"],
+               engine_args={"max_model_len": 256})
+    cfg = {"ops": {**RUN_CONFIG["ops"],
+                   "load_timing": {"config": {"cold_repeats": 1, "warm_repeats": 0}}}}
+    result = materialize(stub_variant(model_dir), fake_engine, cfg)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert failure.step_key == "serving_benchmark"
+    assert "max-model-len 256" in failure.event_specific_data.error.to_string()
+    logs = list(Path(fake_engine.log_dir).glob("*.log"))
+    assert len(logs) == 1  # the one load_timing start; none for the refused benchmark
