@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dagster as dg
 
+from resources.engine import Engine
 from resources.huggingface import HuggingFaceStore
+from resources.loadgen import LoadGenerator
 from resources.manifest_validator import ManifestValidator
 from resources.nvme_cache import NvmeCache
 from resources.s3 import S3ObjectStore
@@ -22,6 +24,8 @@ def build_resources() -> dict[str, object]:
             secret_access_key=dg.EnvVar("AWS_SECRET_ACCESS_KEY"),
         ),
         "hf": HuggingFaceStore(),
+        "engine": Engine.from_env(),  # ENGINE_* env vars; default: vLLM CPU in .venv-engine
+        "loadgen": LoadGenerator(),
         "nvme_cache": NvmeCache(root=dg.EnvVar("ONBOARDING_CACHE_ROOT")),
         "manifest_validator": ManifestValidator(),  # KSERVE_CRD_PATHS, ONBOARDING_KUBE_CONTEXT
     }
