@@ -119,7 +119,7 @@ class HuggingFaceStore(ObjectStore):
             except OSError:  # another filesystem: copy instead of sharing the blob
                 shutil.copyfile(real, dst)
             on_progress(obj.size)
-            on_file_done(obj, dst)
+            on_file_done(obj, dst, None)
         return 0  # huggingface_hub resumes its own partial downloads in the hub cache
 
     @staticmethod

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
@@ -50,6 +50,9 @@ class FetchResult:
     seconds: float
     bytes_fetched: int  # over the wire in this run
     bytes_resumed: int = 0  # found already received by an interrupted earlier run
+    # How each file was checked at fetch time: against a source-recorded sha256, a plain-MD5
+    # ETag, or (nothing recorded at the source) size and safetensors header only.
+    checked_by: dict[str, int] = field(default_factory=dict)
 
     @property
     def mb_per_s(self) -> float:
@@ -129,6 +132,11 @@ class NvmeCache(dg.ConfigurableResource):
             self._check_free_space(remote, staging)
             manifest, resumed = self._download_and_verify(model, store, source, remote, staging,
                                                           log)
+            checked_by = {"sha256": 0, "etag_md5": 0, "size_only": 0}
+            for o in remote.objects:
+                plain_md5 = o.etag and len(o.etag) == 32 and "-" not in o.etag
+                kind = "sha256" if o.sha256 else "etag_md5" if plain_md5 else "size_only"
+                checked_by[kind] += 1
             (staging / MANIFEST_NAME).write_text(manifest.to_json())
             dir_fsync(staging)
             if entry.exists():  # present but failed verification: keep it for inspection
@@ -138,7 +146,7 @@ class NvmeCache(dg.ConfigurableResource):
             self._drop_stale_staging(entry.parent, keep=staging.name)
             seconds = time.monotonic() - t0
             return FetchResult(entry, manifest, False, seconds, remote.total_bytes - resumed,
-                               resumed)
+                               resumed, checked_by)
 
     def _verified(self, entry: Path, remote: RemoteCheckpoint) -> CheckpointManifest | None:
         manifest = self.read_manifest(entry)
@@ -189,8 +197,8 @@ class NvmeCache(dg.ConfigurableResource):
         progress = _Progress(remote.total_bytes, log)
         hashes: dict[str, Future] = {}
         with ThreadPoolExecutor(self.hash_workers, thread_name_prefix="sha256") as hasher:
-            def file_done(obj: RemoteObject, path: Path) -> None:
-                hashes[obj.path] = hasher.submit(_digest, obj, path)
+            def file_done(obj: RemoteObject, path: Path, sha256: str | None) -> None:
+                hashes[obj.path] = hasher.submit(_digest, obj, path, sha256)
 
             try:
                 resumed = store.fetch(remote, source, staging, progress.add, file_done)
@@ -266,16 +274,17 @@ class NvmeCache(dg.ConfigurableResource):
         manifest = self.read_manifest(entry)
         if manifest is None:
             return [f"{entry}: no readable {MANIFEST_NAME}"]
-        return verify_entry(entry, manifest, full)
+        return verify_entry(entry, manifest, full, workers=self.hash_workers)
 
 
-def _digest(obj: RemoteObject, path: Path) -> tuple[int, str, str | None]:
-    """Size, sha256, and MD5 only where the ETag is a plain MD5 and no sha256 was recorded."""
+def _digest(obj: RemoteObject, path: Path, sha256: str | None) -> tuple[int, str, str | None]:
+    """Size, sha256 (unless the store streamed it), and MD5 only where the ETag is a plain MD5
+    and the source recorded no sha256."""
     md5 = None
     plain_md5 = obj.etag and len(obj.etag) == 32 and "-" not in obj.etag
     if plain_md5 and not obj.sha256:
         md5 = md5_file(path)
-    return path.stat().st_size, sha256_file(path), md5
+    return path.stat().st_size, sha256 or sha256_file(path), md5
 
 
 class _Progress:

@@ -39,7 +39,9 @@ class RemoteCheckpoint:
 
 
 ProgressFn = Callable[[int], None]  # bytes just received
-FileDoneFn = Callable[[RemoteObject, Path], None]  # an object is complete in staging
+# An object is complete in staging; the digest is its sha256 when the store computed it while
+# writing (hashing hot pages as chunks land), else None and the cache hashes the file itself.
+FileDoneFn = Callable[[RemoteObject, Path, str | None], None]
 
 
 class ObjectStore(dg.ConfigurableResource, ABC):

@@ -170,7 +170,7 @@ class S3ObjectStore(ObjectStore):
             if final.is_file() and final.stat().st_size == obj.size:
                 resumed += obj.size
                 on_progress(obj.size)
-                on_file_done(obj, final)  # finished by an earlier run; verified like the rest
+                on_file_done(obj, final, None)  # finished by an earlier run; hashed by the cache
                 continue
             part = _PartFile(obj, final, chunk)
             done = part.open()
@@ -186,9 +186,10 @@ class S3ObjectStore(ObjectStore):
             if stop.is_set():
                 return
             self._get_range(source, part, index, on_progress, stop)
-            if part.mark_done(index):
-                part.finish()
-                on_file_done(part.obj, part.final)
+            last = part.mark_done(index)
+            part.hash_ready(wait=last)
+            if last:
+                on_file_done(part.obj, part.final, part.finish())
 
         try:
             with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="s3-get") as pool:
@@ -202,8 +203,7 @@ class S3ObjectStore(ObjectStore):
                         raise f.exception()
             for part in parts:  # zero-length objects have no chunks to complete them
                 if part.n_chunks == 0:
-                    part.finish()
-                    on_file_done(part.obj, part.final)
+                    on_file_done(part.obj, part.final, part.finish())
         finally:
             for part in parts:
                 part.close()
@@ -271,7 +271,12 @@ class S3ObjectStore(ObjectStore):
 
 
 class _PartFile:
-    """One object being fetched: `<name>.part` plus `<name>.part.chunks` (finished chunk ids)."""
+    """One object being fetched: `<name>.part` plus `<name>.part.chunks` (finished chunk ids).
+
+    The sha256 is computed in order as chunks land, by whichever worker finds the next chunk
+    done, reading it back while its pages are still hot; so hashing overlaps the transfer
+    instead of re-reading the whole file afterwards.
+    """
 
     def __init__(self, obj: RemoteObject, final: Path, chunk: int):
         self.obj, self.final, self.chunk = obj, final, chunk
@@ -282,6 +287,10 @@ class _PartFile:
         self._done: set[int] = set()
         self._lock = threading.Lock()
         self._journal_fh = None
+        self._sha = hashlib.sha256()
+        self._next_hash = 0  # the first chunk not yet hashed
+        self._hash_lock = threading.Lock()
+        self._buf = bytearray(_READ_BLOCK)
 
     def chunk_len(self, i: int) -> int:
         return min(self.chunk, self.obj.size - i * self.chunk)
@@ -312,10 +321,44 @@ class _PartFile:
             self._journal_fh.flush()
             return len(self._done) == self.n_chunks
 
-    def finish(self) -> None:
+    def hash_ready(self, wait: bool) -> None:
+        """Hash every contiguous finished chunk; `wait` blocks until no one else is hashing."""
+        while self._hash_lock.acquire(blocking=wait):
+            try:
+                with self._lock:
+                    upto = self._next_hash
+                    while upto in self._done:
+                        upto += 1
+                if upto > self._next_hash:
+                    self._hash_range(self._next_hash * self.chunk,
+                                     min(upto * self.chunk, self.obj.size))
+                    self._next_hash = upto
+            finally:
+                self._hash_lock.release()
+            with self._lock:  # a chunk may have landed while we hashed: go round again
+                if self._next_hash not in self._done:
+                    return
+
+    def _hash_range(self, start: int, end: int) -> None:
+        view = memoryview(self._buf)
+        with open(self.part, "rb", buffering=0) as fh:
+            fh.seek(start)
+            while start < end:
+                n = fh.readinto(view[: min(len(view), end - start)])
+                if not n:
+                    raise FetchError(str(self.part), "shorter than its finished chunks",
+                                     "The staging file was truncated; delete it and re-run.")
+                self._sha.update(view[:n])
+                start += n
+
+    def finish(self) -> str:
+        """Make the file durable under its final name; returns its sha256."""
+        if self._next_hash < self.n_chunks:
+            self.hash_ready(wait=True)
         os.fsync(self.fd)
         os.replace(self.part, self.final)
         self.journal.unlink(missing_ok=True)
+        return self._sha.hexdigest()
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -75,9 +75,12 @@ def test_chunked_fetch_reassembles_large_objects_exactly(s3_store, tmp_path, uni
     remote = s3_store.describe(src)
     staging = tmp_path / "staging"
     done = []
-    s3_store.fetch(remote, src, staging, lambda n: None, lambda o, p: done.append(o.path))
-    assert sorted(done) == sorted(blobs)
+    s3_store.fetch(remote, src, staging, lambda n: None,
+                   lambda o, p, sha: done.append((o.path, sha)))
+    assert sorted(path for path, _ in done) == sorted(blobs)
+    streamed = dict(done)  # the sha256 hashed while chunks landed equals the file's
     for name, data in blobs.items():
+        assert streamed[name] == hashlib.sha256(data).hexdigest()
         assert hashlib.sha256((staging / name).read_bytes()).digest() == \
             hashlib.sha256(data).digest()
     assert not list(staging.glob("*.part*"))

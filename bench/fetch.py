@@ -1,0 +1,228 @@
+"""Cold fetch of a >=1 GB multi-file checkpoint from the local SeaweedFS: ours vs named peers.
+
+Peers, measured in the same run and interleaved: `aws s3 cp --recursive` (awscli) and boto3
+`download_file` with its default TransferConfig, file after file. Each contender runs in its own
+process into an empty directory; we report median seconds, MB/s, peak RSS, and the ratio
+best-peer-time / our-time (>= 1.0 means we are at least as fast). Then the warm path: a
+`checkpoint` materialization (with its integrity check) of the already verified entry.
+
+    .venv/bin/python bench/fetch.py [--gb 1.0] [--files 4] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+PY = sys.executable
+AK, SK = "bench", "bench-secret"
+
+
+def make_checkpoint(out: Path, total_bytes: int, files: int) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    per = total_bytes // files
+    rng = np.random.default_rng(0)
+    weight_map = {}
+    for i in range(files):
+        name = f"model-{i + 1:05d}-of-{files:05d}.safetensors"
+        save_file({f"layer{i}.weight": rng.integers(0, 255, per, dtype=np.uint8)}, str(out / name))
+        weight_map[f"layer{i}.weight"] = name
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (out / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+
+
+def _tree_rss(root_pid: int) -> int:
+    """Resident bytes of a process and all its descendants, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    total, todo = 0, [root_pid]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+def run_child(code: str, env: dict) -> tuple[float, int, str]:
+    """Seconds of wall time, peak RSS of the process tree (sampled every 20 ms), and stdout.
+
+    Sampled from /proc rather than getrusage: Linux carries ru_maxrss across fork+exec, so a
+    child would report this (large) parent's peak.
+    """
+    t0 = time.monotonic()
+    proc = subprocess.Popen([PY, "-c", code], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    peak = [0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], _tree_rss(proc.pid))
+            stop.wait(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    seconds = time.monotonic() - t0
+    stop.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"contender failed:\n{code}\n{err[-3000:]}")
+    return seconds, peak[0], out
+
+
+
+OURS = textwrap.dedent("""
+    import os, sys, time, json
+    from onboarding.catalog import parse_source
+    from resources.nvme_cache import NvmeCache
+    from resources.s3 import S3ObjectStore
+    store = S3ObjectStore(endpoint_url=os.environ["S3_ENDPOINT_URL"],
+        access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+        secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])
+    r = NvmeCache(root=os.environ["DEST"], reserve_gb=0).fetch("bench", store,
+        parse_source("s3://models/bench/"))
+    print(json.dumps({"inner_s": r.seconds, "warm": r.warm}))
+""")
+
+BOTO3 = textwrap.dedent("""
+    import os, boto3
+    c = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+    dest = os.environ["DEST"]
+    for page in c.get_paginator("list_objects_v2").paginate(Bucket="models", Prefix="bench/"):
+        for o in page.get("Contents", []):
+            path = os.path.join(dest, o["Key"][len("bench/"):])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            c.download_file("models", o["Key"], path)
+""")
+
+AWSCLI = textwrap.dedent("""
+    import os, subprocess, sys
+    aws = os.path.join(os.path.dirname(sys.executable), "aws")
+    subprocess.run([aws, "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url",
+                    os.environ["S3_ENDPOINT_URL"], "s3://models/bench/", os.environ["DEST"]],
+                   check=True)
+""")
+
+WARM = textwrap.dedent("""
+    import os, json, time
+    import dagster as dg
+    from assets.checkpoint import checkpoint
+    from resources.huggingface import HuggingFaceStore
+    from resources.nvme_cache import NvmeCache
+    from resources.s3 import S3ObjectStore
+    store = S3ObjectStore(endpoint_url=os.environ["S3_ENDPOINT_URL"],
+        access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+        secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])
+    with dg.instance_for_test() as inst:
+        inst.add_dynamic_partitions("models", ["bench"])
+        res = {"s3": store, "hf": HuggingFaceStore(),
+               "nvme_cache": NvmeCache(root=os.environ["DEST"], reserve_gb=0)}
+        t0 = time.monotonic()
+        r = dg.materialize([checkpoint], partition_key="bench", instance=inst, resources=res)
+        total = time.monotonic() - t0
+        md = r.asset_materializations_for_node("checkpoint")[0].metadata
+        checks = [e.passed for e in r.get_asset_check_evaluations()]
+        print(json.dumps({"materialize_s": total, "warm": md["warm_cache"].value,
+                          "checks": checks}))
+""")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gb", type=float, default=1.0)
+    ap.add_argument("--files", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    from resources.s3 import S3ObjectStore
+    from resources.seaweedfs import LocalS3Server
+
+    work = Path(tempfile.mkdtemp(prefix="bench-fetch-", dir=ROOT / ".cache"))
+    server = LocalS3Server(work / "s3", AK, SK).start()
+    try:
+        src = work / "src"
+        make_checkpoint(src, int(args.gb * (1 << 30)), args.files)
+        total = sum(p.stat().st_size for p in src.iterdir())
+        store = S3ObjectStore(endpoint_url=server.endpoint_url, access_key_id=AK,
+                              secret_access_key=SK)
+        store.upload_dir(src, "models", "bench/")
+        shutil.rmtree(src)
+        cfg = work / "configs"
+        shutil.copytree(ROOT / "configs", cfg, ignore=shutil.ignore_patterns("models"))
+        (cfg / "models").mkdir()
+        (cfg / "models" / "bench.yaml").write_text(
+            "id: bench\nsource: s3://models/bench/\nserved_name: bench\n")
+        env = {**os.environ, **server.env(), "ONBOARDING_CONFIG_DIR": str(cfg),
+               "AWS_EC2_METADATA_DISABLED": "true", "DAGSTER_DISABLE_TELEMETRY": "1"}
+        contenders = {"ours (checkpoint fetch)": OURS, "aws s3 cp --recursive": AWSCLI,
+                      "boto3 download_file": BOTO3}
+        results: dict[str, list[tuple[float, int]]] = {k: [] for k in contenders}
+        names = list(contenders)
+        for rep in range(args.reps):
+            order = names[rep % len(names):] + names[:rep % len(names)]
+            for name in order:
+                dest = work / "dest"
+                shutil.rmtree(dest, ignore_errors=True)
+                dest.mkdir()
+                seconds, rss, _ = run_child(contenders[name], {**env, "DEST": str(dest)})
+                got = sum(p.stat().st_size for p in dest.rglob("*.safetensors"))
+                results[name].append((seconds, rss))
+                print(f"rep {rep + 1} {name:<26} {seconds:6.2f}s  {rss / 1e6:6.0f} MB RSS  "
+                      f"({got / 1e9:.2f} GB on disk)", flush=True)
+        print(f"\ncheckpoint: {args.files} safetensors files, {total / 1e9:.2f} GB, "
+              f"{args.reps} interleaved repetitions, medians\n")
+        print("| contender | median s | MB/s | peak RSS MB |\n|---|---:|---:|---:|")
+        med = {}
+        for name, runs in results.items():
+            med[name] = statistics.median(s for s, _ in runs)
+            rss = max(r for _, r in runs)
+            print(f"| {name} | {med[name]:.2f} | {total / 1e6 / med[name]:.0f} | "
+                  f"{rss / 1e6:.0f} |")
+        ours = med[names[0]]
+        best_peer = min(v for k, v in med.items() if k != names[0])
+        print(f"\nratio best-peer/ours = {best_peer / ours:.2f} (>= 1.0: ours at least as fast)")
+        # warm: the verified entry from one more cold fetch, then the asset re-materialized
+        dest = work / "dest"
+        shutil.rmtree(dest, ignore_errors=True)
+        run_child(OURS, {**env, "DEST": str(dest)})
+        warm = []
+        for _ in range(args.reps):
+            _, _, out = run_child(WARM, {**env, "DEST": str(dest)})
+            body = json.loads(out.strip().splitlines()[-1])
+            assert body["warm"] and all(body["checks"]), body
+            warm.append(body["materialize_s"])
+        print(f"warm re-materialization of the verified {total / 1e9:.2f} GB entry (asset + "
+              f"completeness + full sha256 integrity check): median {statistics.median(warm):.2f}s")
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

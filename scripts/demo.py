@@ -1,0 +1,144 @@
+"""The embedded default, end to end: local S3 server, the small real model, the onboarding job.
+
+`scripts/dev.sh demo` runs this after setup. It starts SeaweedFS on 127.0.0.1, uploads
+SmolLM2-135M-Instruct into the bucket (once), registers every catalogued model as a partition,
+materializes the onboarding job for the model and prints what each asset and check found.
+`--ui` instead keeps the S3 server up and runs `dagster dev` on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DATA = ROOT / ".data"
+MODEL_DIR = ROOT / ".cache" / "smollm2-135m-instruct"
+DEMO_MODEL = "smollm2-135m"
+
+
+def credentials() -> tuple[str, str]:
+    """Demo credentials, made once per checkout and kept 0600 beside the server's data."""
+    path = DATA / "s3-credentials.json"
+    if not path.exists():
+        DATA.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"access_key": "onboarding",
+                                    "secret_key": secrets.token_urlsafe(24)}))
+        path.chmod(0o600)
+    creds = json.loads(path.read_text())
+    return creds["access_key"], creds["secret_key"]
+
+
+def start_s3():
+    from resources.seaweedfs import LocalS3Server
+
+    access, secret = credentials()
+    server = LocalS3Server(DATA / "seaweedfs", access, secret).start()
+    os.environ.update(server.env())
+    os.environ.setdefault("ONBOARDING_CACHE_ROOT", str(DATA / "nvme"))
+    os.environ.setdefault("ONBOARDING_OUTPUT_DIR", str(DATA / "manifests"))
+    print(f"local S3 (SeaweedFS) at {server.endpoint_url}, data in {server.data_dir}")
+    return server
+
+
+def upload_model(server, source: str) -> None:
+    from onboarding.catalog import parse_source
+    from onboarding.checkpoint_manifest import is_checkpoint_file
+    from resources.s3 import S3ObjectStore
+
+    ref = parse_source(source)
+    store = S3ObjectStore(endpoint_url=server.endpoint_url, access_key_id=server.access_key,
+                          secret_access_key=server.secret_key)
+    listed = store.client().list_objects_v2(Bucket=ref.location, Prefix=ref.path)
+    have = {o["Key"][len(ref.path):]: o["Size"] for o in listed.get("Contents", [])}
+    local = {p.name: p.stat().st_size for p in MODEL_DIR.iterdir()
+             if p.is_file() and is_checkpoint_file(p.name)}
+    if have == local:
+        print(f"{source} already holds the model ({sum(local.values()) / 1e6:.0f} MB)")
+        return
+    t0 = time.monotonic()
+    store.upload_dir(MODEL_DIR, ref.location, ref.path)
+    print(f"uploaded {len(local)} files to {source} in {time.monotonic() - t0:.1f}s")
+
+
+def register_partitions(instance) -> list[str]:
+    from onboarding.catalog import load_catalog
+    from onboarding.paths import models_dir
+
+    keys = sorted(load_catalog(models_dir()))
+    known = set(instance.get_dynamic_partitions("models"))
+    new = [k for k in keys if k not in known]
+    if new:
+        instance.add_dynamic_partitions("models", new)
+    return keys
+
+
+def run_job(model: str, selection: list[str] | None) -> bool:
+    import dagster as dg
+
+    from pipelines.definitions import defs
+
+    instance = dg.DagsterInstance.get()
+    register_partitions(instance)
+    job = defs.resolve_job_def("onboard_model")
+    t0 = time.monotonic()
+    result = job.execute_in_process(partition_key=model, instance=instance,
+                                    asset_selection=[dg.AssetKey(s) for s in selection]
+                                    if selection else None, raise_on_error=False)
+    print(f"\nonboard_model[{model}]: {'SUCCESS' if result.success else 'FAILED'} "
+          f"in {time.monotonic() - t0:.0f}s (run {result.run_id})")
+    for event in result.get_asset_materialization_events():
+        mat = event.event_specific_data.materialization
+        keys = [k for k in mat.metadata if not k.endswith("_table") and k != "file_table"][:8]
+        summary = ", ".join(f"{k}={_short(mat.metadata[k].value)}" for k in keys)
+        print(f"  materialized {mat.asset_key.to_user_string():<20} {summary}")
+    for ev in result.get_asset_check_evaluations():
+        print(f"  check {ev.asset_key.to_user_string()}.{ev.check_name:<28} "
+              f"{'passed' if ev.passed else 'FAILED'}")
+    for event in result.all_events:
+        if event.is_step_failure:
+            print(f"  step {event.step_key} FAILED: {event.step_failure_data.error.message}")
+    return result.success
+
+
+def _short(value) -> str:
+    text = str(value)
+    return text if len(text) <= 48 else text[:45] + "..."
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=DEMO_MODEL, help="partition key (catalog id)")
+    parser.add_argument("--select", nargs="*", help="only these assets (default: the job's)")
+    parser.add_argument("--ui", action="store_true", help="run `dagster dev` instead")
+    parser.add_argument("--port", type=int, default=3000)
+    args = parser.parse_args()
+    server = start_s3()
+    try:
+        from assets.checkpoint import model_spec
+
+        upload_model(server, model_spec(DEMO_MODEL).source)
+        if args.ui:
+            import dagster as dg
+
+            register_partitions(dg.DagsterInstance.get())
+            print(f"Dagster UI: http://127.0.0.1:{args.port}  (Ctrl+C stops it and the S3 server)")
+            return subprocess.call([str(ROOT / ".venv" / "bin" / "dagster"), "dev", "-h",
+                                    "127.0.0.1", "-p", str(args.port), "-w", "workspace.yaml"],
+                                   cwd=ROOT)
+        return 0 if run_job(args.model, args.select) else 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

