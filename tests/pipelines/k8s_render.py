@@ -11,6 +11,7 @@ from typing import Any
 from unittest import mock
 
 import kubernetes
+import yaml
 from dagster._config import process_config
 from dagster._core.definitions.reconstruct import ReconstructableJob
 from dagster._core.execution.api import create_execution_plan
@@ -23,6 +24,7 @@ from dagster._core.test_utils import create_run_for_test
 from dagster._grpc.types import ExecuteStepArgs
 from dagster_k8s.client import DagsterKubernetesClient
 
+from onboarding.paths import PROJECT_ROOT
 from pipelines.executors import onboarding_executor
 
 KUBECONFIG = """\
@@ -42,20 +44,29 @@ current-context: test
 
 
 def k8s_run_launcher_overrides(kubeconfig_file: str) -> dict[str, Any]:
-    """Instance settings close to the Helm chart's K8sRunLauncher."""
+    """The K8sRunLauncher as deploy/helm/values.yaml configures it (volumes, labels, run pod
+    resources), so step pods are rendered on top of what the chart really sets."""
+    values = yaml.safe_load((PROJECT_ROOT / "deploy" / "helm" / "values.yaml").read_text())
+    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
+    run_k8s = launcher["runK8sConfig"]
     return {
         "run_launcher": {
             "module": "dagster_k8s",
             "class": "K8sRunLauncher",
             "config": {
-                "service_account_name": "dagster",
+                "service_account_name": values["global"]["serviceAccountName"],
                 "instance_config_map": "dagster-instance",
-                "postgres_password_secret": "dagster-postgresql-secret",
-                "dagster_home": "/opt/dagster/dagster_home",
+                "postgres_password_secret": values["global"]["postgresqlSecretName"],
+                "dagster_home": values["global"]["dagsterHome"],
                 "job_image": "registry.example.com/model-onboarding:0.1.0",
                 "job_namespace": "onboarding",
                 "load_incluster_config": False,
                 "kubeconfig_file": kubeconfig_file,
+                "volumes": launcher["volumes"],
+                "volume_mounts": launcher["volumeMounts"],
+                "labels": launcher["labels"],
+                "fail_pod_on_run_failure": launcher["failPodOnRunFailure"],
+                "run_k8s_config": {"container_config": run_k8s["containerConfig"]},
             },
         }
     }
