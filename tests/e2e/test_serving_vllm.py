@@ -1,0 +1,137 @@
+"""The real engine: PyPI's vLLM CPU build in .venv-engine serving SmolLM2-135M (bf16).
+
+Real starts take 25-50 s and ~4 GB here, so the suite makes few: one module-scoped engine for
+the client checks, then one Dagster run (1 cold + 1 warm start, one benchmark start) on a reduced
+sweep. Skipped, with the reason, when the engine venv or the model has not been built.
+"""
+
+import json
+import urllib.request
+
+import dagster as dg
+import pytest
+
+from assets.serving import SLO_CHECK, load_timing, serving_benchmark
+from onboarding.paths import PROJECT_ROOT
+from onboarding.prompts import synthetic_prompts
+from onboarding.refs import VariantRef
+from onboarding.serving_stats import histogram_mean_delta, parse_metrics, summarize
+from pipelines.partitions import models_partitions
+from resources.engine import Engine
+from resources.loadgen import LoadGenerator, completion_bodies
+from tests.conftest import write_spec
+
+pytestmark = pytest.mark.slow
+
+SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+VLLM = PROJECT_ROOT / ".venv-engine" / "bin" / "vllm"
+KEY = "smollm2-135m"
+
+if not VLLM.is_file() or not (SMOL / "model.safetensors").is_file():
+    pytest.skip(f"needs the engine venv ({VLLM}, scripts/setup.sh) and the model ({SMOL}, "
+                "scripts/build_smollm2.py)", allow_module_level=True)
+
+
+def smol(precision: str = "bf16") -> VariantRef:
+    size = sum(p.stat().st_size for p in SMOL.glob("*.safetensors"))
+    return VariantRef(model=KEY, precision=precision, path=str(SMOL), total_bytes=size,
+                      content_hash="e2e")
+
+
+def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, tmp_path, monkeypatch):
+    """Load timing (1 cold, 1 warm) and a reduced chat sweep, in a real instance.
+
+    First in the module, so the module-scoped engine is not yet running beside it.
+    """
+    monkeypatch.setenv("ONBOARDING_REPORTS_DIR", str(tmp_path / "reports"))
+    write_spec(config_dir, KEY, "s3://models/smollm2-135m-instruct/", scenarios=["chat"],
+               engine_args={"max_model_len": 1024, "max_num_seqs": 16})
+
+    @dg.asset(name="serving_variant", partitions_def=models_partitions)
+    def stub_variant() -> VariantRef:
+        return smol()
+
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [KEY])
+    engine = Engine(hardware="cpu", log_dir=str(tmp_path / "logs"), start_timeout_s=300)
+    result = dg.materialize(
+        [stub_variant, load_timing, serving_benchmark], partition_key=KEY, instance=instance,
+        resources={"engine": engine, "loadgen": LoadGenerator()},
+        run_config={"ops": {
+            "load_timing": {"config": {"cold_repeats": 1, "warm_repeats": 1}},
+            "serving_benchmark": {"config": {"concurrency": [1, 4],
+                                             "requests_per_point": 8}}}})
+    assert result.success
+    md = {k: getattr(v, "value", v) for k, v in next(
+        iter(result.asset_materializations_for_node("load_timing"))).metadata.items()}
+    assert md["cold_start_p95_s"] >= md["cold_start_p50_s"] > 0
+    assert md["warm_start_p50_s"] > 0 and md["raw_read_gbps"] > 0
+    assert md["weight_bytes"] == smol().total_bytes and md["weights_load_gbps"] > 0
+    bench = result.output_for_node("serving_benchmark")
+    assert bench.node_type == "cpu" and bench.tokens_per_s_per_gpu > 0
+    assert bench.saturation_concurrency in (0, 1, 4)
+    ev = next(e.event_specific_data for e in result.all_events
+              if e.event_type_value == "ASSET_CHECK_EVALUATION")
+    assert ev.check_name == SLO_CHECK and ev.passed == bench.slo_pass
+    print(json.dumps({"load_timing": {k: md[k] for k in (
+        "cold_start_p50_s", "cold_start_p95_s", "warm_start_p50_s", "weights_load_gbps",
+        "raw_read_gbps")}, "benchmark": bench.__dict__}, default=str))
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    engine = Engine(hardware="cpu", log_dir=str(tmp_path_factory.mktemp("engine-logs")),
+                    start_timeout_s=300)
+    with engine.serve(smol(), "smol", {"max_model_len": 1024, "max_num_seqs": 16}) as r:
+        yield engine, r
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(SMOL, local_files_only=True)
+
+
+def test_start_phases_are_ordered(running):
+    _, r = running
+    ph = r.phases
+    assert 0 < ph.weights_loaded_s < ph.health_ready_s <= ph.first_token_s
+    assert ph.engine_weights_load_s is not None and ph.engine_weights_load_s > 0
+
+
+def test_token_exact_prompts_and_exact_output_lengths(running, tokenizer):
+    engine, r = running
+    prompts = synthetic_prompts(tokenizer, 8, 100, prefix_tokens=20)
+    run = LoadGenerator().run_point(r.base_url, completion_bodies("smol", prompts, 24),
+                                    concurrency=4, max_seconds=120, request_timeout_s=60)
+    s = summarize(run.records, run.duration_s)
+    assert s.failed == 0 and s.completed == 8
+    n_special = len(tokenizer.encode("x")) - len(tokenizer.encode("x", add_special_tokens=False))
+    assert {rec.prompt_tokens for rec in run.records} == {100 + n_special}
+    assert {rec.output_tokens for rec in run.records} == {24}
+    # The server's own histograms agree with the client on what it measured.
+    m = engine.template().metrics
+    before, after = parse_metrics(run.metrics_before), parse_metrics(run.metrics_after)
+    server_ttft = histogram_mean_delta(before, after, m.ttft_histogram)
+    assert server_ttft is not None and server_ttft <= s.ttft_s.mean
+    server_itl = histogram_mean_delta(before, after, m.itl_histogram)
+    assert server_itl == pytest.approx(s.itl_ms.mean / 1e3, rel=0.25)
+
+
+def test_a_prompt_over_max_model_len_is_an_http_error_with_cause(running, tokenizer):
+    _, r = running
+    prompt = synthetic_prompts(tokenizer, 1, 1100)
+    run = LoadGenerator().run_point(r.base_url, completion_bodies("smol", prompt, 8),
+                                    concurrency=1, max_seconds=60, request_timeout_s=60)
+    assert [rec.error for rec in run.records] == ["http_400"]
+
+
+def test_metrics_names_in_the_template_exist(running):
+    engine, r = running
+    with urllib.request.urlopen(r.base_url + "/metrics") as resp:
+        names = parse_metrics(resp.read().decode())
+    m = engine.template().metrics
+    for name in (m.running, m.waiting, m.kv_cache_usage, f"{m.ttft_histogram}_count",
+                 f"{m.itl_histogram}_sum"):
+        assert name in names, name
