@@ -124,9 +124,8 @@ def _load_cluster_config(path: Path) -> ClusterConfig:
     try:
         return ClusterConfig.model_validate(_read(path))
     except ValidationError as exc:
-        raise ConfigError(
-            str(path), format_validation_error(path, exc), "Fix cluster.yaml."
-        ) from None
+        fields = format_validation_error(path, exc).replace(f"{path}: ", "")
+        raise ConfigError(str(path), fields, "Fix cluster.yaml.") from None
 
 
 def load_cluster_config(directory: Path | None = None) -> ClusterConfig:
