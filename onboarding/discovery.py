@@ -69,6 +69,10 @@ class Known:
     content_id: str
     state: str  # "submitted" | "incomplete" | "invalid"
     note: str = ""
+    marker: bool = False  # the completion marker was present (it is not part of the content id)
+
+    def unchanged(self, folder: Folder) -> bool:
+        return self.content_id == content_id(folder) and self.marker == folder.has_marker
 
 
 @dataclass

@@ -85,7 +85,7 @@ def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore
             continue  # no checkpoint files: not a model folder
         cid = content_id(folder)
         before = cursor.known.get(folder.name)
-        if before is not None and before.content_id == cid:
+        if before is not None and before.unchanged(folder):
             continue
         uri = folder_uri(cfg.bucket, cfg.prefix, folder.name)
         key_prefix = f"{cfg.prefix}{folder.name}/"
@@ -94,7 +94,7 @@ def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore
         if missing:
             context.log.info(f"{uri}: not complete yet ({'; '.join(missing)})")
             cursor.known[folder.name] = Known(before.model if before else "", cid, "incomplete",
-                                              "; ".join(missing))
+                                              "; ".join(missing), folder.has_marker)
             continue
         try:
             text = read(key_prefix + SPEC_FILE).decode() if SPEC_FILE in folder.files else None
@@ -105,13 +105,13 @@ def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore
                                   f"Set another `id:` in {uri}{SPEC_FILE}.")
         except ConfigError as exc:
             context.log.error(f"new checkpoint not onboarded: {exc}")
-            cursor.known[folder.name] = Known("", cid, "invalid", str(exc))
+            cursor.known[folder.name] = Known("", cid, "invalid", str(exc), folder.has_marker)
             continue
         if discovered:
             write_discovered_spec(discovered_dir(), spec, uri)
             catalog[spec.id] = spec
         owners[spec.id] = folder.name
-        cursor.known[folder.name] = Known(spec.id, cid, "submitted")
+        cursor.known[folder.name] = Known(spec.id, cid, "submitted", marker=folder.has_marker)
         if spec.id not in registered and spec.id not in new_keys:
             new_keys.append(spec.id)
         context.log.info(f"{uri}: complete, content id {cid}; onboarding {spec.id!r}")

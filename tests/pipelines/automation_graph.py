@@ -1,0 +1,66 @@
+"""The onboarding graph with trivial bodies, wired by the real automation code.
+
+Stage names, argument inputs and `deps` mirror the real modules (argument inputs matter: adding
+the `serving_stack` dep must keep them). The automation under test, the serving_stack asset, the
+sensors, the schedule and the jobs, is the real one.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.stack import serving_stack
+from pipelines.automation import with_automation
+from pipelines.jobs import onboard_model
+from pipelines.partitions import models_partitions
+
+P = models_partitions
+
+
+@dg.asset(partitions_def=P)
+def checkpoint() -> str:
+    return "ckpt"
+
+
+@dg.asset(partitions_def=P)
+def quantized(checkpoint: str) -> str:
+    return checkpoint + "+q"
+
+
+@dg.asset(partitions_def=P)
+def accuracy(quantized: str) -> str:
+    return quantized + "+acc"
+
+
+@dg.asset(partitions_def=P)
+def serving_variant(accuracy: str) -> str:
+    return accuracy + "+variant"
+
+
+@dg.asset(partitions_def=P)
+def load_timing(serving_variant: str) -> str:
+    return serving_variant + "+load"
+
+
+@dg.asset(partitions_def=P)
+def serving_benchmark(load_timing: str) -> str:
+    return load_timing + "+bench"
+
+
+@dg.asset(partitions_def=P, deps=["checkpoint", "serving_benchmark"])
+def deployment_plan() -> str:
+    return "plan"
+
+
+@dg.asset(partitions_def=P)
+def kserve_manifest(deployment_plan: str) -> str:
+    return deployment_plan + "+yaml"
+
+
+STAGES = [checkpoint, quantized, accuracy, serving_variant, load_timing, serving_benchmark,
+          deployment_plan, kserve_manifest]
+
+
+def build_defs(resources: dict | None = None) -> dg.Definitions:
+    return with_automation(dg.Definitions(assets=[serving_stack, *STAGES], jobs=[onboard_model],
+                                          resources=resources or {}))
