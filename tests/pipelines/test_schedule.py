@@ -1,0 +1,135 @@
+"""Stack fingerprint, staleness and the re-validation schedule in a real Dagster instance.
+
+The graph has trivial bodies (tests/pipelines/automation_graph.py); the serving_stack asset, its
+sensor, the dependency wiring, the schedule and the jobs are the real ones.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+import yaml
+from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+from dagster._core.loader import LoadingContextForTest
+
+from onboarding.stack import diff, fingerprint, flatten
+from pipelines.schedules import STACK_DEPENDENT, STACK_INPUT_TAG, revalidation_schedule
+from pipelines.sensors import serving_stack_sensor
+from tests.pipelines.automation_graph import build_defs
+
+STACK = dg.AssetKey("serving_stack")
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:
+        inst.add_dynamic_partitions("models", ["ready-a", "ready-b", "half-done"])
+        yield inst
+
+
+@pytest.fixture
+def defs(config_dir):
+    return build_defs()
+
+
+def _observe(instance, defs):
+    """A serving_stack_sensor tick, its observation recorded as the daemon records it."""
+    ctx = dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(),
+                                  definitions=defs)
+    data = serving_stack_sensor.evaluate_tick(ctx)
+    for event in data.asset_events or []:
+        instance.report_runless_asset_event(event)
+    return data
+
+
+def _schedule_tick(instance, defs):
+    ctx = dg.build_schedule_context(instance=instance,
+                                    repository_def=defs.get_repository_def())
+    return revalidation_schedule.evaluate_tick(ctx)
+
+
+def _status(instance, defs, asset: str, partition: str) -> StaleStatus:
+    resolver = CachingStaleStatusResolver(instance, defs.resolve_asset_graph(),
+                                          LoadingContextForTest(instance))
+    return resolver.get_status(dg.AssetKey(asset), partition)
+
+
+def _onboard(instance, defs, model: str, selection: list[str] | None = None):
+    job = defs.resolve_job_def("onboard_model")
+    result = job.execute_in_process(
+        instance=instance, partition_key=model,
+        asset_selection=[dg.AssetKey(a) for a in selection] if selection else None)
+    assert result.success
+
+
+def _bump_vllm(config_dir, version: str) -> None:
+    path = config_dir / "stack.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["versions"]["vllm"] = version
+    path.write_text(yaml.safe_dump(data))
+
+
+def test_fingerprint_ignores_comments_and_order_but_not_versions():
+    a = {"versions": {"cuda": "13.0", "vllm": "0.32.0"}}
+    b = {"versions": {"vllm": "0.32.0", "cuda": "13.0"}}
+    c = {"versions": {"cuda": "13.0", "vllm": "0.33.0"}}
+    assert fingerprint(a, {}) == fingerprint(b, {}) != fingerprint(c, {})
+    assert fingerprint(a, {"nvidia_driver": "580"}) != fingerprint(a, {"nvidia_driver": "590"})
+    assert diff({"config": a}, {"config": c}) == [
+        {"field": "config.versions.vllm", "before": "0.32.0", "after": "0.33.0"}]
+    assert flatten({"x": {"y": [1, 2]}}) == {"x.y": [1, 2]}
+
+
+def test_stack_dependent_assets_depend_on_serving_stack(defs):
+    graph = defs.resolve_asset_graph()
+    for name in STACK_DEPENDENT:
+        assert STACK in graph.get(dg.AssetKey(name)).parent_keys, name
+    assert STACK not in graph.get(dg.AssetKey("checkpoint")).parent_keys
+    # argument inputs survive the added dependency
+    assert "deployment_plan" in defs.resolve_assets_def("kserve_manifest").op.ins
+
+
+def test_stack_edit_marks_dependents_stale_and_revalidates_exactly_the_ready_models(
+        instance, defs, config_dir):
+    first = _observe(instance, defs)
+    assert len(first.asset_events) == 1
+    for model in ("ready-a", "ready-b"):
+        _onboard(instance, defs, model)
+    _onboard(instance, defs, "half-done", ["checkpoint", "quantized"])
+    fp_before = first.asset_events[0].tags["dagster/data_version"]
+    mat = instance.get_latest_materialization_event(dg.AssetKey("kserve_manifest"))
+    assert mat.asset_materialization.tags[STACK_INPUT_TAG] == fp_before
+
+    unchanged = _schedule_tick(instance, defs)
+    assert unchanged.run_requests == [] and "current" in unchanged.skip_message
+    assert _observe(instance, defs).skip_message.startswith("serving stack unchanged")
+    assert _status(instance, defs, "kserve_manifest", "ready-a") == StaleStatus.FRESH
+
+    _bump_vllm(config_dir, "0.33.0")
+    changed = _observe(instance, defs)
+    [obs] = changed.asset_events
+    fp_after = obs.tags["dagster/data_version"]
+    assert fp_after != fp_before
+    assert obs.metadata["changed"].value is True
+    assert "config.versions.vllm | 0.32.0 | 0.33.0" in obs.metadata["diff"].value
+    for model in ("ready-a", "ready-b"):
+        for asset in STACK_DEPENDENT:
+            assert _status(instance, defs, asset, model) == StaleStatus.STALE, (asset, model)
+    assert _status(instance, defs, "checkpoint", "ready-a") == StaleStatus.FRESH
+    assert _status(instance, defs, "quantized", "half-done") == StaleStatus.STALE
+
+    tick = _schedule_tick(instance, defs)
+    assert sorted(r.partition_key for r in tick.run_requests) == ["ready-a", "ready-b"]
+    for request in tick.run_requests:
+        assert request.run_key == f"revalidate-{request.partition_key}@{fp_after[:16]}"
+        assert request.tags["onboarding/stack_fingerprint"] == fp_after
+        assert request.tags["onboarding/stale_assets"].split(",") == sorted(STACK_DEPENDENT)
+
+    revalidation = defs.resolve_job_def("revalidate_model")
+    assert "checkpoint" not in {k.to_user_string()
+                                for k in revalidation.asset_layer.executable_asset_keys}
+    assert revalidation.execute_in_process(instance=instance, partition_key="ready-a").success
+    assert _status(instance, defs, "kserve_manifest", "ready-a") == StaleStatus.FRESH
+    after_one = _schedule_tick(instance, defs)
+    assert [r.partition_key for r in after_one.run_requests] == ["ready-b"]
+    assert after_one.run_requests[0].run_key == tick.run_requests[1].run_key
