@@ -126,14 +126,36 @@ def make_cold(paths: list[Path], max_resident_fraction: float = 0.05) -> Residen
     evict(paths)
     r = residency(paths)
     if r.fraction > max_resident_fraction:
+        holders = mapped_by(paths)
+        who = f"; mapped by {', '.join(holders)}" if holders else ""
         raise PageCacheError(
             f"{len(paths)} weight files",
             f"{r.fraction:.0%} still resident in the page cache after POSIX_FADV_DONTNEED "
-            "(tmpfs, a mapped/locked copy, or dirty pages keep them)",
+            f"(tmpfs, or a process that maps or locks them, keeps them){who}",
             "Put the model cache on a block-device filesystem (the node's NVMe), or stop the "
             "process that maps the files; a cold start cannot be measured otherwise.",
         )
     return r
+
+
+def mapped_by(paths: Iterable[Path], limit: int = 5) -> list[str]:
+    """'pid (command)' of processes that map any of the files: mapped pages cannot be evicted."""
+    wanted = {str(Path(p).resolve()) for p in paths}
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            maps = (d / "maps").read_text()
+            if any(w in maps for w in wanted):
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                me = " = this process" if int(d.name) == os.getpid() else ""
+                out.append(f"pid {d.name}{me} ({cmd.strip()[:80]})")
+        except OSError:
+            continue
+        if len(out) >= limit:
+            break
+    return out
 
 
 def make_warm(paths: list[Path]) -> Residency:

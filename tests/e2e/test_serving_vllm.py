@@ -6,7 +6,10 @@ sweep. Skipped, with the reason, when the engine venv or the model has not been 
 """
 
 import json
+import os
+import shutil
 import urllib.request
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -32,13 +35,24 @@ if not VLLM.is_file() or not (SMOL / "model.safetensors").is_file():
                 "scripts/build_smollm2.py)", allow_module_level=True)
 
 
-def smol(precision: str = "bf16") -> VariantRef:
-    size = sum(p.stat().st_size for p in SMOL.glob("*.safetensors"))
-    return VariantRef(model=KEY, precision=precision, path=str(SMOL), total_bytes=size,
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A private copy: a file another process maps (a quantizer, a debugger) cannot be evicted,
+    and the cold start would be refused, rightly."""
+    d = tmp_path_factory.mktemp("model") / "smollm2"
+    shutil.copytree(SMOL, d)
+    os.sync()
+    return d
+
+
+def smol(model_dir: Path, precision: str = "bf16") -> VariantRef:
+    size = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+    return VariantRef(model=KEY, precision=precision, path=str(model_dir), total_bytes=size,
                       content_hash="e2e")
 
 
-def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, tmp_path, monkeypatch):
+def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, tmp_path, monkeypatch,
+                                                          model_dir):
     """Load timing (1 cold, 1 warm) and a reduced chat sweep, in a real instance.
 
     First in the module, so the module-scoped engine is not yet running beside it.
@@ -49,7 +63,7 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, tmp_path, 
 
     @dg.asset(name="serving_variant", partitions_def=models_partitions)
     def stub_variant() -> VariantRef:
-        return smol()
+        return smol(model_dir)
 
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("models", [KEY])
@@ -66,7 +80,7 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, tmp_path, 
         iter(result.asset_materializations_for_node("load_timing"))).metadata.items()}
     assert md["cold_start_p95_s"] >= md["cold_start_p50_s"] > 0
     assert md["warm_start_p50_s"] > 0 and md["raw_read_gbps"] > 0
-    assert md["weight_bytes"] == smol().total_bytes and md["weights_load_gbps"] > 0
+    assert md["weight_bytes"] == smol(model_dir).total_bytes and md["weights_load_gbps"] > 0
     bench = result.output_for_node("serving_benchmark")
     assert bench.node_type == "cpu" and bench.tokens_per_s_per_gpu > 0
     assert bench.saturation_concurrency in (0, 1, 4)
@@ -79,10 +93,10 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, tmp_path, 
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory):
+def running(tmp_path_factory, model_dir):
     engine = Engine(hardware="cpu", log_dir=str(tmp_path_factory.mktemp("engine-logs")),
                     start_timeout_s=300)
-    with engine.serve(smol(), "smol", {"max_model_len": 1024, "max_num_seqs": 16}) as r:
+    with engine.serve(smol(model_dir), "smol", {"max_model_len": 1024, "max_num_seqs": 16}) as r:
         yield engine, r
 
 

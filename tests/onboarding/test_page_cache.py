@@ -38,3 +38,12 @@ def test_empty_file_counts_as_resident(tmp_path):
     p.touch()
     assert page_cache.file_residency(p).total_bytes == 0
     assert page_cache.residency([p]).fraction == 1.0
+
+
+def test_a_mapped_file_cannot_be_made_cold_and_the_error_names_the_holder(data_file):
+    import mmap
+
+    with open(data_file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        m.read()  # fault every page in through the mapping
+        with pytest.raises(page_cache.PageCacheError, match="this process"):
+            page_cache.make_cold([data_file])
