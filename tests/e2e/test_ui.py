@@ -1,0 +1,287 @@
+"""End to end through the UI's own API: `dagster dev` on 127.0.0.1 with a temporary DAGSTER_HOME,
+the real SeaweedFS, a launch over GraphQL (what the launchpad sends), the new-checkpoint sensor
+firing for a checkpoint uploaded meanwhile, and a headless Chromium screenshot of the asset graph.
+
+Knobs (environment):
+- ONBOARDING_E2E_ASSETS: comma-separated asset selection of the launched run (default
+  `checkpoint`, the fast stage; `all` launches the whole onboard_model job).
+- ONBOARDING_E2E_LOCATION: `module:attribute` of the code location (default
+  `pipelines.definitions:defs`).
+- ONBOARDING_E2E_TIMEOUT_S: how long to wait for each run (default 600).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from onboarding.paths import PROJECT_ROOT
+from resources.seaweedfs import free_port
+from tests.conftest import write_spec
+
+pytestmark = pytest.mark.slow
+
+ARTIFACTS = PROJECT_ROOT / "test-artifacts" / "e2e"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+TIMEOUT_S = float(os.environ.get("ONBOARDING_E2E_TIMEOUT_S", "600"))
+MODEL = "tiny-e2e"
+
+
+class DagsterDev:
+    """`dagster dev` in its own process group; stop() ends the group (webserver, daemon, code
+    server and run workers) and waits for it."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = workdir / "dagster-dev.log"
+        self.workspace = workdir / "workspace.yaml"
+        module, attribute = os.environ.get(
+            "ONBOARDING_E2E_LOCATION", "pipelines.definitions:defs").split(":")
+        self.workspace.write_text(yaml.safe_dump({"load_from": [{"python_module": {
+            "module_name": module, "attribute": attribute, "location_name": "onboarding",
+            "working_directory": str(PROJECT_ROOT)}}]}))
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> DagsterDev:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [str(PROJECT_ROOT / ".venv" / "bin" / "dagster"), "dev", "-w", str(self.workspace),
+             "-h", "127.0.0.1", "-p", str(self.port)],
+            cwd=PROJECT_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"dagster dev exited {self.proc.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/server_info", timeout=2):
+                    pass
+                if self._location_loaded():
+                    return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1)
+        raise AssertionError(f"dagster dev not serving within 300 s:\n{self.tail()}")
+
+    def _location_loaded(self) -> bool:
+        data = self.gql("""{ workspaceOrError { ... on Workspace { locationEntries {
+            name loadStatus locationOrLoadError { __typename
+              ... on PythonError { message } } } } } }""")
+        entries = data["workspaceOrError"]["locationEntries"]
+        for e in entries:
+            err = e["locationOrLoadError"]
+            if err and err["__typename"] == "PythonError":
+                raise AssertionError(f"code location failed to load: {err['message']}")
+        return bool(entries) and all(e["loadStatus"] == "LOADED" for e in entries)
+
+    def gql(self, query: str, variables: dict | None = None) -> dict:
+        body = json.dumps({"query": query, "variables": variables or {}}).encode()
+        req = urllib.request.Request(self.url + "/graphql", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            out = json.loads(resp.read())
+        if out.get("errors"):
+            raise AssertionError(f"GraphQL errors: {out['errors']}")
+        return out["data"]
+
+    def tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        try:  # run workers and code servers share the group; none may outlive the test
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+LAUNCH = """
+mutation Launch($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+    ... on InvalidSubsetError { message }
+    ... on UnauthorizedError { message }
+  }
+}"""
+RUN = """query Run($id: ID!) { runOrError(runId: $id) { ... on Run { status tags { key value } } } }"""
+RUNS = """query Runs($filter: RunsFilter) { runsOrError(filter: $filter) {
+  ... on Runs { results { runId status tags { key value } } } } }"""
+
+
+def _wait(predicate, what: str, dev: DagsterDev, timeout_s: float = TIMEOUT_S):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(2)
+    raise AssertionError(f"timed out waiting for {what}\n{dev.tail()}")
+
+
+def _run_status(dev: DagsterDev, run_id: str) -> str:
+    return dev.gql(RUN, {"id": run_id})["runOrError"]["status"]
+
+
+def _finished(dev: DagsterDev, run_id: str) -> str | None:
+    status = _run_status(dev, run_id)
+    return status if status in ("SUCCESS", "FAILURE", "CANCELED") else None
+
+
+def _partitions(home: Path) -> list[str]:
+    from dagster import DagsterInstance
+
+    with DagsterInstance.from_ref(_instance_ref(home)) as inst:
+        return inst.get_dynamic_partitions("models")
+
+
+def _instance_ref(home: Path):
+    from dagster._core.instance.ref import InstanceRef
+
+    return InstanceRef.from_dir(str(home))
+
+
+@pytest.fixture
+def deployment(tmp_path, s3_server, s3_store, tiny_checkpoint, unique_prefix):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(PROJECT_ROOT / "configs" / "dagster.yaml", home / "dagster.yaml")
+    configs = tmp_path / "configs"
+    shutil.copytree(PROJECT_ROOT / "configs", configs, ignore=shutil.ignore_patterns("models"))
+    (configs / "models").mkdir()
+    automation = yaml.safe_load((configs / "automation.yaml").read_text())
+    automation["discovery"].update(prefix=unique_prefix + "incoming/", minimum_interval_s=5,
+                                   run_assets=["checkpoint"])
+    (configs / "automation.yaml").write_text(yaml.safe_dump(automation))
+    s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix + "catalogued/")
+    write_spec(configs, MODEL, f"s3://models/{unique_prefix}catalogued/")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ONBOARDING_")},
+        **s3_server.env(),
+        "DAGSTER_HOME": str(home),
+        "ONBOARDING_CONFIG_DIR": str(configs),
+        "ONBOARDING_DISCOVERED_DIR": str(tmp_path / "discovered"),
+        "ONBOARDING_CACHE_ROOT": str(tmp_path / "nvme"),
+        "ONBOARDING_OUTPUT_DIR": str(tmp_path / "out"),
+        "ONBOARDING_EXECUTOR": "in_process",
+        "DAGSTER_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+        "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+    }
+    dev = DagsterDev(tmp_path, env)
+    try:
+        yield dev.start(), home, unique_prefix
+    finally:
+        dev.stop()
+        shutil.copy(dev.log_path, _artifacts() / "dagster-dev.log")
+
+
+def _artifacts() -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS
+
+
+def test_launch_from_the_ui_api_and_sensor_picks_up_an_upload(deployment, s3_store,
+                                                              tiny_checkpoint):
+    dev, home, prefix = deployment
+    _wait(lambda: MODEL in _partitions(home), "catalog_partitions_sensor to register the model",
+          dev, timeout_s=180)
+    selection = os.environ.get("ONBOARDING_E2E_ASSETS", "checkpoint")
+    params = {
+        "selector": {"repositoryLocationName": "onboarding", "repositoryName": "__repository__",
+                     "jobName": "onboard_model",
+                     **({} if selection == "all" else {"assetSelection": [
+                         {"path": [a.strip()]} for a in selection.split(",")]})},
+        "runConfigData": {},
+        "mode": "default",
+        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": MODEL}]},
+    }
+    launched = dev.gql(LAUNCH, {"params": params})["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    run_id = launched["run"]["runId"]
+
+    # While it runs, a checkpoint lands in the watched prefix.
+    s3_store.upload_dir(tiny_checkpoint, "models", prefix + "incoming/dropped-model/")
+
+    assert _wait(lambda: _finished(dev, run_id), f"run {run_id}", dev) == "SUCCESS", dev.tail()
+
+    def sensor_run():
+        runs = dev.gql(RUNS, {"filter": {"tags": [
+            {"key": "onboarding/trigger", "value": "new_checkpoint"}]}})["runsOrError"]["results"]
+        return runs[0] if runs else None
+
+    triggered = _wait(sensor_run, "the new-checkpoint sensor's run", dev)
+    tags = {t["key"]: t["value"] for t in triggered["tags"]}
+    assert tags["dagster/partition"] == "dropped-model"
+    assert tags["dagster/run_key"] == f"dropped-model@{tags['onboarding/content_id']}"
+    assert _wait(lambda: _finished(dev, triggered["runId"]), "the sensor's run", dev) == "SUCCESS"
+    assert "dropped-model" in _partitions(home)
+
+    _screenshot(dev)
+
+
+def _screenshot(dev: DagsterDev) -> None:
+    """The model's asset graph (everything upstream of its manifest) and its checkpoint
+    partition page, as the UI renders them."""
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    out = _artifacts()
+    graph = "/assets/kserve_manifest?view=lineage&lineageScope=upstream&lineageDepth=20"
+    shots = {
+        "asset-graph.png": (graph, "serving_stack"),
+        f"checkpoint-{MODEL}.png": (f"/assets/checkpoint?view=partitions&partition={MODEL}",
+                                    MODEL),
+    }
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            for name, (path, expect) in shots.items():
+                page.goto(dev.url + path, wait_until="networkidle", timeout=120_000)
+                _dismiss_welcome(page, PlaywrightError)
+                try:
+                    page.get_by_text(expect, exact=True).first.wait_for(timeout=60_000)
+                finally:
+                    page.wait_for_timeout(1500)  # the graph lays out after its data arrives
+                    page.screenshot(path=str(out / name), full_page=True)
+        finally:
+            browser.close()
+    for name in shots:
+        assert (out / name).stat().st_size > 10_000, name
+
+
+def _dismiss_welcome(page, error_type) -> None:
+    """A fresh browser profile gets the UI's one-time community dialog over the page."""
+    try:
+        page.get_by_role("button", name="Skip").click(timeout=3_000)
+    except error_type:
+        pass  # not shown
