@@ -10,6 +10,7 @@ check runs only where the chart has been pulled: set DAGSTER_HELM_CHART_DIR to t
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,19 @@ def test_step_pod_settings_point_at_real_config():
     cluster = yaml.safe_load((PROJECT_ROOT / "configs" / "cluster.yaml").read_text())
     assert env["ONBOARDING_CACHE_ROOT"] == cluster["step_pods"]["cache"]["mount_path"]
     assert set(cluster["step_pods"]["gpus"]) == set(GPU_BOUND_ASSETS)
+
+
+def test_kserve_crds_come_from_the_image():
+    """kserve_manifest validates against the cluster's CRDs, copied into the CPU image."""
+    dockerfile = (PROJECT_ROOT / "deploy" / "Dockerfile").read_text()
+    (target,) = re.findall(r"^COPY deploy/kserve-crds/ (\S+)$", dockerfile, flags=re.MULTILINE)
+    paths = _env()["KSERVE_CRD_PATHS"].split(":")
+    assert {Path(p).name for p in paths} == {"inferenceservices.yaml", "servingruntimes.yaml"}
+    assert all(Path(p).parent == Path(target) for p in paths)
+    ignore = (PROJECT_ROOT / "deploy" / "Dockerfile.dockerignore").read_text().splitlines()
+    assert "!deploy/kserve-crds/" in ignore
+    readme = (PROJECT_ROOT / "deploy" / "kserve-crds" / "README.md").read_text()
+    assert all(Path(p).name in readme for p in paths)
 
 
 def test_configmaps_replace_files_that_exist_in_configs():
