@@ -123,6 +123,7 @@ def test_io_manager_storage_is_one_shared_volume_for_runs_steps_and_webserver():
     _validate_as_pod("run", launcher["volumes"], launcher["volumeMounts"])
     webserver = VALUES["dagsterWebserver"]
     _validate_as_pod("webserver", webserver["volumes"], webserver["volumeMounts"])
+    assert _env()["ONBOARDING_OUTPUT_DIR"].startswith(storage + "/")
     claims = set()
     for part in (launcher, webserver):
         (mount,) = [m for m in part["volumeMounts"] if m["mountPath"] == storage]
