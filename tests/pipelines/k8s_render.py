@@ -72,6 +72,20 @@ def k8s_run_launcher_overrides(kubeconfig_file: str) -> dict[str, Any]:
     }
 
 
+def code_location_container_context() -> dict[str, Any]:
+    """What the chart hands runs from the user deployment (includeConfigInLaunchedRuns)."""
+    values = yaml.safe_load((PROJECT_ROOT / "deploy" / "helm" / "values.yaml").read_text())
+    (deployment,) = values["dagster-user-deployments"]["deployments"]
+    return {
+        "k8s": {
+            "env": deployment["env"],
+            "env_secrets": [s["name"] for s in deployment["envSecrets"]],
+            "volumes": deployment["volumes"],
+            "volume_mounts": deployment["volumeMounts"],
+        }
+    }
+
+
 def render_step_job(
     recon_job: ReconstructableJob,
     step_key: str,
@@ -98,11 +112,14 @@ def render_step_job(
         batch_api_override=batch_api, core_api_override=mock.MagicMock()
     )
 
+    origin = recon_job.get_python_origin()
+    origin = origin._replace(
+        repository_origin=origin.repository_origin._replace(
+            container_context=code_location_container_context()
+        )
+    )
     run = create_run_for_test(
-        instance,
-        job_name=recon_job.get_definition().name,
-        job_code_origin=recon_job.get_python_origin(),
-        tags=run_tags,
+        instance, job_name=recon_job.get_definition().name, job_code_origin=origin, tags=run_tags
     )
     plan = create_execution_plan(recon_job)
     plan_context = PlanOrchestrationContext(
@@ -122,7 +139,7 @@ def render_step_job(
         instance=instance,
         plan_context=plan_context,
         steps=plan.steps,
-        execute_step_args=ExecuteStepArgs(recon_job.get_python_origin(), run.run_id, [step_key]),
+        execute_step_args=ExecuteStepArgs(origin, run.run_id, [step_key]),
     )
     list(handler.launch_step(context))
 

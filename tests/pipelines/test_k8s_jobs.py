@@ -57,7 +57,18 @@ def _container(rendered):
 
 
 def _validate(rendered):
+    """Strict schema validation, plus the uniqueness the API server enforces beyond the schema:
+    the layers dagster-k8s merges must never declare a volume or a mount path twice."""
     kubernetes_validate.validate(rendered["job"], K8S_VERSION, strict=True)
+    pod = _pod(rendered)
+    volumes = [v["name"] for v in pod.get("volumes") or []]
+    assert len(volumes) == len(set(volumes)), f"duplicate volumes: {volumes}"
+    for container in pod["containers"]:
+        paths = [m["mountPath"] for m in container.get("volumeMounts") or []]
+        assert len(paths) == len(set(paths)), f"duplicate mount paths: {paths}"
+        assert {m["name"] for m in container.get("volumeMounts") or []} <= set(volumes)
+        env = [e["name"] for e in container.get("env") or []]
+        assert len(env) == len(set(env)), f"duplicate env: {env}"
 
 
 @pytest.mark.parametrize("stage", GPU_BOUND_ASSETS)
@@ -122,7 +133,9 @@ def test_checkpoint_pod_has_the_cache_on_the_gpu_node_type_but_no_gpu(stand_in, 
     assert "nvidia.com/gpu" not in json.dumps(container.get("resources") or {})
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": node.gpu_product}
     assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
-    assert [v["name"] for v in pod["volumes"]] == ["onboarding-io", "model-cache"]
+    assert {v["name"] for v in pod["volumes"]} == {
+        "onboarding-io", "onboarding-configs", "onboarding-models", "model-cache"
+    }
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["model-cache"] == cfg.step_pods.cache.mount_path
     assert container["image"] == CPU_IMAGE
