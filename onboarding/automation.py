@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from onboarding.catalog import format_validation_error, load_yaml
 from onboarding.errors import ConfigError
@@ -68,10 +69,38 @@ class Revalidation(_Strict):
     ready_assets: list[str] = Field(default_factory=lambda: ["kserve_manifest"], min_length=1)
 
 
+class Launch(_Strict):
+    sweeps: dict[str, dict[str, dict[str, Any]]] = Field(
+        default_factory=lambda: {"full": {}},
+        description="sweep name -> stage (asset) name -> that stage's run config")
+    default_sweep: str = "full"
+    automatic_sweep: str = "full"
+
+    @model_validator(mode="after")
+    def _known(self) -> Launch:
+        for field in ("default_sweep", "automatic_sweep"):
+            if getattr(self, field) not in self.sweeps:
+                raise ValueError(f"{field} {getattr(self, field)!r} is not one of the sweeps "
+                                 f"({', '.join(sorted(self.sweeps))})")
+        return self
+
+    def run_config(self, sweep: str, stages: set[str] | None = None) -> dict[str, Any]:
+        """Run config for `sweep`, limited to `stages` when given (a job without a stage must
+        not receive config for it)."""
+        if sweep not in self.sweeps:
+            raise ConfigError(f"sweep {sweep!r}", f"not defined in {automation_path()} "
+                              f"(known: {', '.join(sorted(self.sweeps))})",
+                              "Pick one of those or add it under launch.sweeps.")
+        ops = {stage: {"config": cfg} for stage, cfg in self.sweeps[sweep].items()
+               if cfg and (stages is None or stage in stages)}
+        return {"ops": ops} if ops else {}
+
+
 class AutomationConfig(_Strict):
     discovery: Discovery
     stack: StackObservation = Field(default_factory=StackObservation)
     revalidation: Revalidation = Field(default_factory=Revalidation)
+    launch: Launch = Field(default_factory=Launch)
 
 
 def automation_path() -> Path:

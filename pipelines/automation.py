@@ -10,6 +10,7 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.stack import SERVING_STACK
+from pipelines.launch import onboard_registered_model, register_model
 from pipelines.schedules import STACK_DEPENDENT, revalidate_job, revalidation_schedule
 from pipelines.sensors import sensors
 
@@ -52,4 +53,5 @@ def with_automation(defs: dg.Definitions) -> dg.Definitions:
     wired = depend_on_serving_stack(defs)
     present = set(wired.resolve_asset_graph().get_all_asset_keys())
     return dg.Definitions.merge(wired, dg.Definitions(
-        jobs=[revalidate_job(present)], schedules=[revalidation_schedule], sensors=sensors))
+        jobs=[revalidate_job(present), register_model], schedules=[revalidation_schedule],
+        sensors=[*sensors, onboard_registered_model]))

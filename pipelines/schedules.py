@@ -15,6 +15,7 @@ import dagster as dg
 from assets.stack import SERVING_STACK, current_stack
 from onboarding.automation import load_automation
 from pipelines.executors import onboarding_executor
+from pipelines.launch import job_stages
 from pipelines.partitions import models_partitions
 
 REVALIDATE_JOB = "revalidate_model"
@@ -64,7 +65,8 @@ _cfg = load_automation().revalidation
 )
 def revalidation_schedule(context: dg.ScheduleEvaluationContext):
     fp, _ = current_stack()
-    stale = stale_ready_models(context.instance, fp, load_automation().revalidation.ready_assets)
+    cfg = load_automation()
+    stale = stale_ready_models(context.instance, fp, cfg.revalidation.ready_assets)
     if not stale:
         return dg.SkipReason(f"every ready model is current with stack {fp[:16]}")
     for model, assets in stale.items():
@@ -72,6 +74,9 @@ def revalidation_schedule(context: dg.ScheduleEvaluationContext):
                          + ", ".join(f"{a} (measured on {v[:16]})" for a, v in assets.items()))
     return [
         dg.RunRequest(partition_key=model, run_key=f"revalidate-{model}@{fp[:16]}",
+                      run_config=cfg.launch.run_config(
+                          cfg.launch.automatic_sweep,
+                          job_stages(context.repository_def, REVALIDATE_JOB)),
                       tags={"onboarding/trigger": "revalidation",
                             "onboarding/stack_fingerprint": fp,
                             "onboarding/stale_assets": ",".join(sorted(assets))})

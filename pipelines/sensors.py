@@ -31,6 +31,7 @@ from onboarding.discovery import (
 from onboarding.errors import ConfigError
 from onboarding.paths import discovered_dir, models_dir
 from pipelines.jobs import onboard_model
+from pipelines.launch import job_stages
 from pipelines.partitions import models_partitions
 from resources.s3 import S3ObjectStore
 
@@ -70,7 +71,8 @@ def _lister(s3: S3ObjectStore, bucket: str, prefix: str):
     "(configs/automation.yaml `discovery`).",
 )
 def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore):
-    cfg = load_automation().discovery
+    cfg, launch = load_automation().discovery, load_automation().launch
+    stages = job_stages(context.repository_def, onboard_model.name)
     cursor = ScanCursor.from_json(context.cursor)
     list_page, read = _lister(s3, cfg.bucket, cfg.prefix)
     step = advance(cursor, list_page, cfg.prefix, cfg.completion_marker, cfg.page_size,
@@ -119,8 +121,9 @@ def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore
             partition_key=spec.id,
             run_key=f"{spec.id}@{cid}",
             asset_selection=[dg.AssetKey(a) for a in cfg.run_assets] if cfg.run_assets else None,
+            run_config=launch.run_config(launch.automatic_sweep, stages),
             tags={TRIGGER_TAG: "new_checkpoint", "onboarding/source": uri,
-                  "onboarding/content_id": cid},
+                  "onboarding/content_id": cid, "onboarding/sweep": launch.automatic_sweep},
         ))
     events = []
     for name, known in step.deleted.items():

@@ -1,14 +1,14 @@
 """The onboarding graph with trivial bodies, wired by the real automation code.
 
-Stage names, argument inputs and `deps` mirror the real modules (argument inputs matter: adding
-the `serving_stack` dep must keep them). The automation under test, the serving_stack asset, the
-sensors, the schedule and the jobs, is the real one.
+Stage names, argument inputs, `deps` and the serving stages' config classes mirror the real
+modules (argument inputs matter: adding the `serving_stack` dep must keep them). The automation
+under test, the serving_stack asset, the sensors, the schedule and the jobs, is the real one.
+No `from __future__ import annotations`: Dagster reads the config annotations at decoration.
 """
-
-from __future__ import annotations
 
 import dagster as dg
 
+from assets.serving import LoadTimingConfig, ServingBenchmarkConfig
 from assets.stack import serving_stack
 from pipelines.automation import with_automation
 from pipelines.jobs import onboard_model
@@ -38,12 +38,16 @@ def serving_variant(accuracy: str) -> str:
 
 
 @dg.asset(partitions_def=P)
-def load_timing(serving_variant: str) -> str:
+def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig,
+                serving_variant: str) -> str:
+    context.add_output_metadata({"cold_repeats": config.cold_repeats or 0})
     return serving_variant + "+load"
 
 
 @dg.asset(partitions_def=P)
-def serving_benchmark(load_timing: str) -> str:
+def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmarkConfig,
+                      load_timing: str) -> str:
+    context.add_output_metadata({"concurrency": str(config.concurrency)})
     return load_timing + "+bench"
 
 

@@ -1,0 +1,95 @@
+"""Launching from the UI: register_model validates and stores a spec, registers the partition,
+and its success requests onboarding with the chosen sweep, which the real job accepts."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from assets.checkpoint import model_spec
+from onboarding.automation import load_automation
+from pipelines.launch import onboard_registered_model
+from tests.conftest import write_spec
+from tests.pipelines.automation_graph import build_defs
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+@pytest.fixture
+def defs(config_dir):
+    return build_defs()
+
+
+def _register(defs, instance, **fields):
+    job = defs.resolve_job_def("register_model")
+    return job.execute_in_process(
+        instance=instance, raise_on_error=False,
+        run_config={"ops": {"register_model_spec": {"config": fields}}})
+
+
+def _error(result) -> str:
+    err = result.failure_data_for_node("register_model_spec").error
+    return err.message + (err.cause.message if err.cause else "")
+
+
+def _follow_up(defs, instance, result) -> dg.RunRequest:
+    run = instance.get_run_by_id(result.run_id)
+    [success] = instance.get_records_for_run(
+        result.run_id, of_type=dg.DagsterEventType.RUN_SUCCESS).records
+    ctx = dg.build_run_status_sensor_context(
+        sensor_name=onboard_registered_model.name, dagster_instance=instance, dagster_run=run,
+        dagster_event=success.event_log_entry.dagster_event,
+        repository_def=defs.get_repository_def())
+    return onboard_registered_model(ctx)
+
+
+def test_register_then_onboard_with_the_quick_sweep(defs, instance):
+    result = _register(defs, instance, id="my-model", source="s3://models/my-model/",
+                       precision_ladder=["fp8", "bf16"], sweep="quick")
+    assert result.success
+    assert instance.has_dynamic_partition("models", "my-model")
+    spec = model_spec("my-model")  # what every stage resolves
+    assert spec.precision_ladder == ["fp8", "bf16"] and spec.served_name == "my-model"
+    assert spec.scenarios == ["chat"]  # the catalog default
+
+    request = _follow_up(defs, instance, result)
+    assert request.partition_key == "my-model"
+    assert request.run_config == load_automation().launch.run_config("quick")
+    assert request.tags["onboarding/sweep"] == "quick"
+    onboard = defs.resolve_job_def("onboard_model").execute_in_process(
+        instance=instance, partition_key="my-model", run_config=request.run_config)
+    assert onboard.success
+    timing = onboard.asset_materializations_for_node("load_timing")[0]
+    assert timing.metadata["cold_repeats"].value == 1
+
+
+def test_defaults_give_a_launchable_run(defs, instance):
+    result = _register(defs, instance, id="plain", source="hf://org/plain@main")
+    assert result.success
+    request = _follow_up(defs, instance, result)
+    assert request.tags["onboarding/sweep"] == load_automation().launch.default_sweep
+
+
+@pytest.mark.parametrize(("fields", "needles"), [
+    ({"id": "Bad_Id", "source": "s3://models/x/"}, ["field 'id'", "DNS-1123"]),
+    ({"id": "ok", "source": "ftp://x"}, ["field 'source'", "s3://"]),
+    ({"id": "ok", "source": "s3://models/x/", "precision_ladder": ["int4"]},
+     ["field 'precision_ladder.0'"]),
+    ({"id": "ok", "source": "s3://models/x/", "sweep": "medium"}, ["sweep 'medium'", "quick"]),
+])
+def test_invalid_launch_config_names_the_field(defs, instance, fields, needles):
+    result = _register(defs, instance, **fields)
+    assert not result.success
+    for needle in needles:
+        assert needle in _error(result)
+    assert not instance.has_dynamic_partition("models", "ok")
+
+
+def test_a_catalogued_id_with_another_source_is_refused(defs, instance, config_dir):
+    write_spec(config_dir, "taken", "s3://models/taken/")
+    result = _register(defs, instance, id="taken", source="s3://models/elsewhere/")
+    assert not result.success and "is a catalog entry" in _error(result)
