@@ -1,0 +1,472 @@
+"""The quantizer: NVIDIA Model Optimizer PTQ (calibrate, export) and the independent export check.
+
+`Quantizer` is the interface the assets see; `ModelOptQuantizer` runs Model Optimizer in this
+process, on the GPU when there is one. Without CUDA, Model Optimizer still calibrates and exports
+NVFP4, but its fake-quantized NVFP4 forward asserts CUDA ("amax must be a CUDA tensor for dynamic
+block quantization"); there a pure-torch backend, built on Model Optimizer's own `NVFP4QTensor`
+and registered through its public `register_quant_backend`, takes over for the NVFP4 quantizers.
+On a GPU the native path runs and the backend is never attached.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import resource
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from onboarding.errors import ConfigError
+from onboarding.export_check import (
+    ExportError,
+    OutputComparison,
+    compare_logits,
+    load_reference_model,
+    logits_on,
+    scale_mismatches,
+)
+from onboarding.paths import config_dir
+from onboarding.quantize_config import (
+    QuantizationConfig,
+    VariantConfig,
+    load_quantization_config,
+    resolve_data_path,
+)
+from onboarding.variants import (
+    QuantizationError,
+    QuantizedVariant,
+    pack_sequences,
+    read_jsonl_texts,
+    write_manifest,
+)
+
+CPU_NVFP4_BACKEND = "onboarding_cpu_nvfp4"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                   "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja",
+                   "chat_template.json", "generation_config.json")
+STATE_SUFFIX = ".modelopt.pt"
+
+
+def _cpu_nvfp4_fake_quant(inputs, quantizer):
+    """NVFP4 fake quantization in plain torch: Model Optimizer's NVFP4QTensor round trip.
+
+    Same arithmetic as the CUDA kernel: a per-tensor FP32 scale from the calibrated amax
+    (amax / (6 * 448)), FP8 E4M3 scales per block of 16, E2M1 values.
+    """
+    import torch
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+
+    amax = quantizer.amax
+    if amax is None:
+        amax = inputs.detach().abs().amax()
+    block = quantizer.block_sizes.get(-1) or quantizer.block_sizes.get(inputs.dim() - 1)
+    global_scale = amax.float().amax() / (6.0 * 448.0)
+    q, scale, global_scale = NVFP4QTensor.quantize(inputs.float(), block,
+                                                   weights_scaling_factor_2=global_scale)
+    out = q.dequantize(dtype=torch.float32, scale=scale, double_scale=global_scale,
+                       block_sizes={-1: block})
+    return out.reshape(inputs.shape).to(inputs.dtype)
+
+
+def register_cpu_backend() -> None:
+    from modelopt.torch.quantization.nn.modules.tensor_quantizer import (
+        is_registered_quant_backend,
+        register_quant_backend,
+    )
+
+    if not is_registered_quant_backend(CPU_NVFP4_BACKEND):
+        register_quant_backend(CPU_NVFP4_BACKEND, _cpu_nvfp4_fake_quant)
+
+
+def attach_cpu_backend(model) -> int:
+    """Route every enabled dynamic-NVFP4 quantizer to the pure-torch backend; returns how many."""
+    register_cpu_backend()
+    n = 0
+    for _, module in model.named_modules():
+        if getattr(module, "is_nvfp4_dynamic", False) and module.is_enabled:
+            module.backend = CPU_NVFP4_BACKEND
+            n += 1
+    return n
+
+
+def build_quant_cfg(variant: VariantConfig, where: str) -> dict:
+    """A Model Optimizer config from preset names in configs/quantization.yaml."""
+    import modelopt.torch.quantization as mtq
+
+    def preset(name: str) -> dict:
+        cfg = getattr(mtq, name, None)
+        if not isinstance(cfg, dict):
+            known = ", ".join(n for n in dir(mtq) if n.endswith("_CFG"))
+            raise ConfigError(where, f"{name!r} is not a Model Optimizer config in this version "
+                              f"(known: {known})", "Use one of the known names.")
+        return copy.deepcopy(cfg)
+
+    cfg = preset(variant.preset)
+    if variant.kv_cache:
+        cfg["quant_cfg"] = list(cfg["quant_cfg"]) + list(preset(variant.kv_cache)["quant_cfg"])
+    cfg["quant_cfg"] = list(cfg["quant_cfg"]) + [
+        {"quantizer_name": pattern, "enable": False} for pattern in variant.disable]
+    return cfg
+
+
+def count_quantizers(model) -> int:
+    return sum(1 for name, m in model.named_modules()
+               if name.endswith("_quantizer") and getattr(m, "is_enabled", False))
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _dir_bytes(path: Path, suffix: str = "") -> int:
+    return sum(p.stat().st_size for p in path.rglob(f"*{suffix}") if p.is_file())
+
+
+@contextmanager
+def _kv_quantizers_disabled(model):
+    """KV-cache scales are checked for presence; their numerics stay out of the logit compare."""
+    mods = [m for n, m in model.named_modules() if n.endswith("bmm_quantizer")
+            and getattr(m, "is_enabled", False)]
+    for m in mods:
+        m.disable()
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.enable()
+
+
+@dataclass(frozen=True)
+class ExportCheck:
+    passed: bool
+    weights_only: OutputComparison | None
+    full: OutputComparison | None
+    ppl_baseline: float | None
+    problem: str | None
+
+
+class Quantizer(dg.ConfigurableResource):
+    """Interface: produce a quantized variant, rebuild it in memory, prove its export."""
+
+    def quantize(self, model_id: str, checkpoint_dir: Path, precision: str, out_dir: Path,
+                 revision: str, log=print) -> QuantizedVariant:
+        raise NotImplementedError
+
+    def load_for_eval(self, checkpoint_dir: Path, variant: QuantizedVariant):
+        raise NotImplementedError
+
+    def verify_export(self, checkpoint_dir: Path, variant_dir: Path, state_path: Path
+                      ) -> ExportCheck:
+        raise NotImplementedError
+
+
+class ModelOptQuantizer(Quantizer):
+    """Model Optimizer post-training quantization into the NVMe cache."""
+
+    device: str = Field(default="auto", description="'auto' (cuda if present), 'cuda' or 'cpu'")
+    config_path: str | None = Field(
+        default=None, description="quantization.yaml; default <config dir>/quantization.yaml")
+
+    # ---- configuration -------------------------------------------------------------------
+    def settings(self) -> QuantizationConfig:
+        return load_quantization_config(Path(self.config_path) if self.config_path
+                                        else config_dir() / "quantization.yaml")
+
+    def torch_device(self) -> str:
+        import torch
+
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("quantizer.device", "is 'cuda' but torch sees no CUDA device",
+                              "Run on a GPU node or set device to 'auto'.")
+        return self.device
+
+    def _load_baseline(self, checkpoint_dir: Path):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
+        model = AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.bfloat16)
+        model = model.to(self.torch_device()).eval()
+        if not getattr(model.config, "architectures", None):
+            # Model Optimizer's HF export needs it to name the architecture in config.json.
+            model.config.architectures = [type(model).__name__]
+        return model, tokenizer
+
+    def _batches(self, tokenizer, dataset: str, samples: int, seq_len: int, what: str):
+        import torch
+
+        path = resolve_data_path(config_dir(), dataset)
+        texts = read_jsonl_texts(path)
+        if not texts:
+            raise QuantizationError(f"{what} {path}", "is empty",
+                                    "Point configs/quantization.yaml at a file with text in it.")
+        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        seqs = pack_sequences(ids, seq_len, samples, f"{what} {path}", tokenizer.eos_token_id)
+        return [torch.tensor([s]) for s in seqs]
+
+    # ---- quantize --------------------------------------------------------------------------
+    def quantize(self, model_id: str, checkpoint_dir: Path, precision: str, out_dir: Path,
+                 revision: str, log=print) -> QuantizedVariant:
+        """Calibrate, export into `out_dir` (staged, then renamed), verify; never half a variant.
+
+        Raises QuantizationError when this architecture cannot be quantized at this precision.
+        """
+        import modelopt.torch.opt as mto
+        import modelopt.torch.quantization as mtq
+        import torch
+        from modelopt.torch.export import export_hf_checkpoint
+        from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
+
+        settings = self.settings()
+        variant_cfg = settings.variant_for(model_id, precision)
+        quant_cfg = build_quant_cfg(variant_cfg, f"configs/quantization.yaml variants.{precision}")
+        device = self.torch_device()
+        stats: dict = {"device": device, "preset": variant_cfg.preset,
+                       "kv_cache": variant_cfg.kv_cache or "none"}
+        if device == "cuda" and precision == "fp8":
+            stats["extension_build_s"] = self._prepare_fp8_extension(out_dir)
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+
+        model, tokenizer = self._load_baseline(checkpoint_dir)
+        arch = type(model).__name__
+        cal = settings.calibration
+        batches = self._batches(tokenizer, cal.dataset, cal.samples, cal.seq_len, "calibration set")
+        stats["calibration_tokens"] = cal.samples * cal.seq_len
+
+        def forward_loop(m):
+            with torch.no_grad():
+                for i in range(0, len(batches), cal.batch_size):
+                    m(torch.cat(batches[i:i + cal.batch_size]).to(device))
+
+        t0 = time.perf_counter()
+        try:
+            model = mtq.quantize(model, quant_cfg, forward_loop)
+        except (RuntimeError, ValueError, TypeError, AssertionError, NotImplementedError) as exc:
+            raise QuantizationError(
+                f"{model_id} ({arch}) at {precision}",
+                f"Model Optimizer could not quantize it: {type(exc).__name__}: {exc}",
+                "Leave this precision out of the model's precision_ladder, or disable the "
+                "failing layers under configs/quantization.yaml `disable`.") from exc
+        if device == "cuda":
+            torch.cuda.synchronize()
+        stats["calibration_s"] = round(time.perf_counter() - t0, 3)
+        n_quantizers = count_quantizers(model)
+        if n_quantizers == 0:
+            raise QuantizationError(
+                f"{model_id} ({arch}) at {precision}",
+                "Model Optimizer found no layer it knows how to quantize in this architecture",
+                "Serve it at bf16 (drop quantized precisions from its precision_ladder).")
+        stats["quantizers"] = n_quantizers
+        if device == "cpu":
+            stats["cpu_nvfp4_backend_quantizers"] = attach_cpu_backend(model)
+        # The exporter unifies scales across layers that share an input (q/k/v, gate/up) before
+        # packing. Doing it here, before the state is saved, makes the model that is evaluated
+        # the model that is exported (the exporter's own pass is then a no-op).
+        requantize_resmooth_fused_llm_layers(model)
+
+        staging = out_dir.parent / f".staging-{out_dir.name}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        state_path = out_dir.parent / f"{out_dir.name}{STATE_SUFFIX}"
+        quantizer_state = {k: v.detach().cpu() for k, v in model.state_dict().items()
+                           if "_quantizer." in k}
+        torch.save({"modelopt_state": mto.modelopt_state(model),
+                    "quantizer_state_dict": quantizer_state}, staging.parent /
+                   f".staging-{out_dir.name}{STATE_SUFFIX}")
+        t0 = time.perf_counter()
+        try:
+            # dtype explicitly: left to itself the exporter reads config.torch_dtype, which
+            # transformers 5 may hold as the string 'bfloat16' ("Invalid device string").
+            export_hf_checkpoint(model, dtype=torch.bfloat16, export_dir=staging)
+        except (RuntimeError, ValueError, TypeError, AssertionError, NotImplementedError,
+                KeyError) as exc:
+            raise QuantizationError(
+                f"{model_id} ({arch}) at {precision}",
+                f"Model Optimizer could not export it: {type(exc).__name__}: {exc}",
+                "Leave this precision out of the model's precision_ladder.") from exc
+        stats["export_s"] = round(time.perf_counter() - t0, 3)
+        if device == "cuda":
+            stats["gpu_peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+        stats["peak_rss_bytes"] = _peak_rss_bytes()
+        del model
+        gc.collect()
+        for name in TOKENIZER_FILES:
+            if (checkpoint_dir / name).is_file() and not (staging / name).exists():
+                shutil.copy2(checkpoint_dir / name, staging / name)
+        manifest = write_manifest(staging, f"quantized:{precision}", revision)
+
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+        (staging.parent / f".staging-{out_dir.name}{STATE_SUFFIX}").replace(state_path)
+
+        check = self.verify_export(checkpoint_dir, out_dir, state_path)
+        weight_bytes = _dir_bytes(out_dir, ".safetensors")
+        baseline_weight_bytes = _dir_bytes(checkpoint_dir, ".safetensors")
+        stats.update({
+            "weight_bytes": weight_bytes,
+            "baseline_weight_bytes": baseline_weight_bytes,
+            "compression_ratio": round(baseline_weight_bytes / weight_bytes, 3),
+            "hf_quant_config": (out_dir / "hf_quant_config.json").read_text(),
+        })
+        for label, c in (("weights_only", check.weights_only), ("full", check.full)):
+            if c is not None:
+                stats.update({f"check_{label}_ppl_in_memory": round(c.ppl_reference, 4),
+                              f"check_{label}_ppl_export": round(c.ppl_candidate, 4),
+                              f"check_{label}_ppl_rel_diff": round(c.ppl_rel_diff, 6),
+                              f"check_{label}_top1_agreement": round(c.top1_agreement, 5)})
+                stats["check_tokens"] = c.tokens
+        if check.ppl_baseline is not None:
+            stats["ppl_baseline_bf16"] = round(check.ppl_baseline, 4)
+        return QuantizedVariant(
+            precision=precision, path=str(out_dir), state_path=str(state_path),
+            total_bytes=manifest.total_bytes, content_hash=manifest.content_hash,
+            export_valid=check.passed, error=None if check.passed else check.problem,
+            stats=stats)
+
+    def _prepare_fp8_extension(self, out_dir: Path) -> float:
+        """Build Model Optimizer's FP8 CUDA extension once per node, outside the timed steps."""
+        from modelopt.torch.quantization.extensions import get_cuda_ext_fp8
+
+        ext_dir = out_dir.parents[2] / self.settings().torch_extensions_subdir
+        ext_dir.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ext_dir))
+        t0 = time.perf_counter()
+        get_cuda_ext_fp8(raise_if_failed=False)
+        return round(time.perf_counter() - t0, 3)
+
+    # ---- in-memory rebuild -----------------------------------------------------------------
+    def restore(self, checkpoint_dir: Path, state_path: Path):
+        """The fake-quantized model exactly as calibrated: baseline + saved quantizer state."""
+        import modelopt.torch.opt as mto
+        import modelopt.torch.quantization as mtq
+        import torch
+
+        model, tokenizer = self._load_baseline(checkpoint_dir)
+        saved = torch.load(state_path, map_location="cpu", weights_only=False)
+        model = mto.restore_from_modelopt_state(model, saved["modelopt_state"])
+        result = model.load_state_dict(saved["quantizer_state_dict"], strict=False)
+        if result.unexpected_keys:
+            raise QuantizationError(str(state_path), "quantizer state does not fit the "
+                                    f"checkpoint: {result.unexpected_keys[:5]}",
+                                    "Re-materialize `quantized` for this checkpoint.")
+        model = model.to(self.torch_device()).eval()
+        if self.torch_device() == "cpu":
+            attach_cpu_backend(model)
+        # Fake-quantize the weights once instead of on every forward.
+        mtq.fold_weight(model)
+        return model, tokenizer
+
+    def load_for_eval(self, checkpoint_dir: Path, variant: QuantizedVariant):
+        """Rebuilt in memory: transformers cannot apply a modelopt export when loading it."""
+        if variant.state_path is None:
+            raise QuantizationError(variant.precision, "has no saved quantizer state",
+                                    "Re-materialize `quantized`.")
+        return self.restore(checkpoint_dir, Path(variant.state_path))
+
+    # ---- export check ----------------------------------------------------------------------
+    def verify_export(self, checkpoint_dir: Path, variant_dir: Path, state_path: Path
+                      ) -> ExportCheck:
+        """Exported bytes, decoded independently, must reproduce the in-memory model.
+
+        Two comparisons on held-out text: weights only (activation quantization off on both
+        sides), which must agree almost exactly since it isolates the exported weight bytes; and
+        the full W+A model, held to a looser perplexity bound because W4A4 is chaotic: a 1-ulp
+        bf16 difference in an activation can flip an FP4 rounding. The exported activation
+        scales are compared with the calibrated ones directly.
+        """
+        import torch
+        from safetensors import safe_open
+
+        settings = self.settings().export_check
+        model, tokenizer = self.restore(checkpoint_dir, state_path)
+        batches = self._batches(tokenizer, settings.dataset, settings.samples, settings.seq_len,
+                                "held-out set")
+        calibrated_scales = _activation_scales(model)
+        with _kv_quantizers_disabled(model):
+            ref_full = logits_on(model, batches)
+            with _input_quantizers_disabled(model):
+                ref_weights = logits_on(model, batches)
+        del model
+        gc.collect()
+        baseline_keys: set[str] = set()
+        for f in checkpoint_dir.glob("*.safetensors"):
+            with safe_open(str(f), "pt") as st:
+                baseline_keys.update(st.keys())
+        try:
+            candidate_model, act_quant = load_reference_model(checkpoint_dir, variant_dir,
+                                                              baseline_keys)
+        except ExportError as exc:
+            return ExportCheck(False, None, None, None, str(exc))
+        candidate_model = candidate_model.to(self.torch_device())
+        cand_full = logits_on(candidate_model, batches)
+        act_quant.enabled = False
+        cand_weights = logits_on(candidate_model, batches)
+        del candidate_model
+        base_model, _ = self._load_baseline(checkpoint_dir)
+        ppl_baseline = compare_logits(ref_full, logits_on(base_model, batches),
+                                      batches).ppl_candidate
+        del base_model
+        gc.collect()
+        if self.torch_device() == "cuda":
+            torch.cuda.empty_cache()
+        weights_cmp = compare_logits(ref_weights, cand_weights, batches)
+        full_cmp = compare_logits(ref_full, cand_full, batches)
+        problems = scale_mismatches(act_quant.scales, calibrated_scales)[:5]
+        if not weights_cmp.ppl_rel_diff <= settings.max_ppl_rel_diff:
+            problems.append(f"weights only: perplexity {weights_cmp.ppl_candidate:.4f} from the "
+                            f"export vs {weights_cmp.ppl_reference:.4f} in memory (relative "
+                            f"difference {weights_cmp.ppl_rel_diff:.4f} > "
+                            f"{settings.max_ppl_rel_diff})")
+        if not weights_cmp.top1_agreement >= settings.min_top1_agreement:
+            problems.append(f"weights only: next-token agreement {weights_cmp.top1_agreement:.4f}"
+                            f" < {settings.min_top1_agreement}")
+        if not full_cmp.ppl_rel_diff <= settings.max_ppl_rel_diff_full:
+            problems.append(f"weights and activations: perplexity {full_cmp.ppl_candidate:.4f} "
+                            f"from the export vs {full_cmp.ppl_reference:.4f} in memory "
+                            f"(relative difference {full_cmp.ppl_rel_diff:.4f} > "
+                            f"{settings.max_ppl_rel_diff_full})")
+        problem = None
+        if problems:
+            problem = (f"{variant_dir}: the export does not reproduce the calibrated model: "
+                       + "; ".join(problems) + ". Delete the variant and re-materialize "
+                       "`quantized`; if it persists, report the Model Optimizer version.")
+        return ExportCheck(not problems, weights_cmp, full_cmp, ppl_baseline, problem)
+
+
+def _activation_scales(model) -> dict:
+    """What the exporter writes as `input_scale`: calibrated amax / (format max * 448)."""
+    out = {}
+    for name, module in model.named_modules():
+        q = getattr(module, "input_quantizer", None)
+        if q is None or not q.is_enabled or q.amax is None:
+            continue
+        maxbound = 6.0 * 448.0 if getattr(q, "is_nvfp4_dynamic", False) else 448.0
+        out[name] = q.amax.detach().float().cpu().amax() / maxbound
+    return out
+
+
+@contextmanager
+def _input_quantizers_disabled(model):
+    mods = [m for n, m in model.named_modules() if n.endswith("input_quantizer")
+            and getattr(m, "is_enabled", False)]
+    for m in mods:
+        m.disable()
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.enable()
+        if mods and getattr(mods[0], "backend", None) is None and next(
+                model.parameters()).device.type == "cpu":
+            attach_cpu_backend(model)
