@@ -11,7 +11,13 @@ import dagster as dg
 
 from assets.stack import SERVING_STACK
 from pipelines.launch import onboard_registered_model, register_model
-from pipelines.schedules import STACK_DEPENDENT, revalidate_job, revalidation_schedule
+from pipelines.schedules import (
+    STACK_DEPENDENT,
+    revalidate_job,
+    revalidation_schedule,
+    revalidation_verdicts_on_failure,
+    revalidation_verdicts_on_success,
+)
 from pipelines.sensors import sensors
 
 
@@ -54,4 +60,5 @@ def with_automation(defs: dg.Definitions) -> dg.Definitions:
     present = set(wired.resolve_asset_graph().get_all_asset_keys())
     return dg.Definitions.merge(wired, dg.Definitions(
         jobs=[revalidate_job(present), register_model], schedules=[revalidation_schedule],
-        sensors=[*sensors, onboard_registered_model]))
+        sensors=[*sensors, onboard_registered_model, revalidation_verdicts_on_success,
+                 revalidation_verdicts_on_failure]))

@@ -95,3 +95,86 @@ def revalidate_job(present: set[dg.AssetKey]):
         REVALIDATE_JOB, selection=selection, executor_def=onboarding_executor(),
         description="Observe the serving stack, then re-run the stages whose results depend "
         "on it, for one model.")
+
+
+def verdict_changes(instance: dg.DagsterInstance, run_id: str, model: str) -> list[dict]:
+    """Each check this run evaluated, with the verdict the partition had before it.
+
+    `before` is None when the check never ran for the partition before this run.
+    """
+    from dagster._core.storage.asset_check_execution_record import (
+        COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
+        AssetCheckExecutionRecordStatus,
+    )
+
+    rows = []
+    records = instance.get_records_for_run(
+        run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records
+    for record in records:
+        evaluation = record.event_log_entry.dagster_event.event_specific_data
+        key = evaluation.asset_check_key
+        before = None
+        history = instance.event_log_storage.get_asset_check_execution_history(
+            key, limit=50, status=COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES)
+        for prior in history:
+            if prior.run_id == run_id or prior.partition not in (model, None):
+                continue
+            if prior.partition is None:
+                run = instance.get_run_by_id(prior.run_id)
+                if run is None or run.tags.get("dagster/partition") != model:
+                    continue
+            before = prior.status == AssetCheckExecutionRecordStatus.SUCCEEDED
+            break
+        rows.append({"asset": key.asset_key.to_user_string(), "check": key.name,
+                     "before": before, "after": bool(evaluation.passed)})
+    return rows
+
+
+def _verdict(passed: bool | None) -> str:
+    return "never run" if passed is None else "passed" if passed else "failed"
+
+
+def report_revalidation(context: dg.RunStatusSensorContext) -> dg.SkipReason | None:
+    """Record on each re-validated asset whether its gates and SLO verdicts changed."""
+    run = context.dagster_run
+    if run.job_name != REVALIDATE_JOB:
+        return dg.SkipReason(f"{run.job_name} is not {REVALIDATE_JOB}")
+    model = run.tags.get("dagster/partition")
+    rows = verdict_changes(context.instance, run.run_id, model)
+    by_asset: dict[str, list[dict]] = {}
+    for row in rows:
+        by_asset.setdefault(row["asset"], []).append(row)
+    for asset, checks in by_asset.items():
+        changed = [c for c in checks if c["before"] is not None and c["before"] != c["after"]]
+        summary = "; ".join(f"{c['check']}: {_verdict(c['before'])} -> {_verdict(c['after'])}"
+                            for c in changed) or "unchanged"
+        context.log.info(f"{model} {asset}: re-validation verdicts {summary}")
+        context.instance.report_runless_asset_event(dg.AssetObservation(
+            asset_key=asset, partition=model, metadata={
+                "revalidation_run": run.run_id,
+                "run_status": run.status.value,
+                "stack_fingerprint": run.tags.get("onboarding/stack_fingerprint", "unknown"),
+                "verdict_changed": bool(changed),
+                "verdict_change": summary,
+                "verdicts": dg.MetadataValue.md(
+                    "| check | before | after |\n|---|---|---|\n" + "\n".join(
+                        f"| {c['check']} | {_verdict(c['before'])} | {_verdict(c['after'])} |"
+                        for c in checks)),
+            }))
+    return None
+
+
+@dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS,
+                      default_status=dg.DefaultSensorStatus.RUNNING,
+                      description="After a successful re-validation: did a gate or SLO verdict "
+                      "change? Recorded as an observation on each re-validated asset.")
+def revalidation_verdicts_on_success(context: dg.RunStatusSensorContext):
+    return report_revalidation(context)
+
+
+@dg.run_status_sensor(run_status=dg.DagsterRunStatus.FAILURE,
+                      default_status=dg.DefaultSensorStatus.RUNNING,
+                      description="After a failed re-validation (a blocking gate now fails): "
+                      "the verdict changes, recorded on each re-validated asset.")
+def revalidation_verdicts_on_failure(context: dg.RunStatusSensorContext):
+    return report_revalidation(context)

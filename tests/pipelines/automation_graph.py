@@ -10,11 +10,15 @@ import dagster as dg
 
 from assets.serving import LoadTimingConfig, ServingBenchmarkConfig
 from assets.stack import serving_stack
+from onboarding.paths import config_dir
+from onboarding.stack import read_stack_config
 from pipelines.automation import with_automation
 from pipelines.jobs import onboard_model
 from pipelines.partitions import models_partitions
 
 P = models_partitions
+GATE = "accuracy_gate"
+BROKEN_VLLM = "0.34.0-regressed"
 
 
 @dg.asset(partitions_def=P)
@@ -27,9 +31,14 @@ def quantized(checkpoint: str) -> str:
     return checkpoint + "+q"
 
 
-@dg.asset(partitions_def=P)
-def accuracy(quantized: str) -> str:
-    return quantized + "+acc"
+@dg.asset(partitions_def=P, check_specs=[dg.AssetCheckSpec(GATE, asset="accuracy",
+                                                          blocking=True)])
+def accuracy(quantized: str):
+    """The gate fails on the stack version BROKEN_VLLM, as a real regression would."""
+    vllm = read_stack_config(config_dir() / "stack.yaml")["versions"]["vllm"]
+    yield dg.Output(quantized + "+acc")
+    yield dg.AssetCheckResult(check_name=GATE, passed=vllm != BROKEN_VLLM,
+                              metadata={"vllm": vllm})
 
 
 @dg.asset(partitions_def=P)

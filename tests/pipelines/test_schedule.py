@@ -13,9 +13,14 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver, S
 from dagster._core.loader import LoadingContextForTest
 
 from onboarding.stack import diff, fingerprint, flatten
-from pipelines.schedules import STACK_DEPENDENT, STACK_INPUT_TAG, revalidation_schedule
+from pipelines.schedules import (
+    STACK_DEPENDENT,
+    STACK_INPUT_TAG,
+    revalidation_schedule,
+    revalidation_verdicts_on_failure,
+)
 from pipelines.sensors import serving_stack_sensor
-from tests.pipelines.automation_graph import build_defs
+from tests.pipelines.automation_graph import BROKEN_VLLM, GATE, build_defs
 
 STACK = dg.AssetKey("serving_stack")
 
@@ -133,3 +138,31 @@ def test_stack_edit_marks_dependents_stale_and_revalidates_exactly_the_ready_mod
     after_one = _schedule_tick(instance, defs)
     assert [r.partition_key for r in after_one.run_requests] == ["ready-b"]
     assert after_one.run_requests[0].run_key == tick.run_requests[1].run_key
+
+
+def test_a_revalidation_that_flips_the_gate_is_visible_in_metadata(instance, defs, config_dir):
+    _observe(instance, defs)
+    _onboard(instance, defs, "ready-a")
+    _bump_vllm(config_dir, BROKEN_VLLM)
+    _observe(instance, defs)
+    [request] = [r for r in _schedule_tick(instance, defs).run_requests
+                 if r.partition_key == "ready-a"]
+    result = defs.resolve_job_def("revalidate_model").execute_in_process(
+        instance=instance, partition_key="ready-a", tags=request.tags, raise_on_error=False)
+    assert not result.success  # the blocking gate stops the re-validation
+
+    run = instance.get_run_by_id(result.run_id)
+    [failure] = instance.get_records_for_run(
+        result.run_id, of_type=dg.DagsterEventType.RUN_FAILURE).records
+    ctx = dg.build_run_status_sensor_context(
+        sensor_name=revalidation_verdicts_on_failure.name, dagster_instance=instance,
+        dagster_run=run, dagster_event=failure.event_log_entry.dagster_event,
+        repository_def=defs.get_repository_def())
+    revalidation_verdicts_on_failure(ctx)
+
+    [obs] = instance.fetch_observations(dg.AssetKey("accuracy"), limit=1).records
+    md = obs.asset_observation.metadata
+    assert obs.asset_observation.partition == "ready-a"
+    assert md["verdict_changed"].value is True
+    assert md["verdict_change"].value == f"{GATE}: passed -> failed"
+    assert md["stack_fingerprint"].value == request.tags["onboarding/stack_fingerprint"]
