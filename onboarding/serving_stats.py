@@ -1,6 +1,9 @@
 """Statistics of a serving benchmark, defined as vLLM's `benchmarks/serve` defines them.
 
-- TTFT: request sent -> first chunk whose text is non-empty.
+- TTFT: request sent -> first chunk whose text is non-empty. "Sent" is when the body left for
+  the socket, not when the client decided to send: at high concurrency on few cores a client's
+  own event loop queues requests for tens of ms, which is not the server's latency. That
+  queueing is kept apart as `client_queue` so a loaded client is visible, not hidden.
 - ITL: every gap between consecutive non-empty chunks, pooled over requests.
 - TPOT: (E2E - TTFT) / (n - 1) per request, n = output tokens from the server's `usage`
   (chunks can carry several tokens, so counting chunks would overstate TPOT).
@@ -34,6 +37,7 @@ class RequestRecord:
     content_chunks: int = 0
     prompt_tokens: int | None = None  # from the server's usage
     output_tokens: int | None = None  # from the server's usage
+    client_queue_s: float | None = None  # decided to send -> body written to the socket
 
     @property
     def n_output(self) -> int:
@@ -95,6 +99,7 @@ class PointStats:
     tpot_ms: Dist
     e2e_s: Dist
     goodput_rps: float | None = None
+    client_queue_ms: Dist | None = None
 
     @property
     def error_rate(self) -> float:
@@ -113,6 +118,9 @@ class PointStats:
             "output_tokens_per_s": self.output_tokens_per_s,
             "goodput_rps": self.goodput_rps if self.goodput_rps is not None else float("nan"),
         }
+        if self.client_queue_ms is not None:
+            out["client_queue_p50_ms"] = self.client_queue_ms.p50
+            out["client_queue_p99_ms"] = self.client_queue_ms.p99
         for name, dist, unit in (("ttft", self.ttft_s, "s"), ("itl", self.itl_ms, "ms"),
                                  ("tpot", self.tpot_ms, "ms"), ("e2e", self.e2e_s, "s")):
             for stat, value in asdict(dist).items():
@@ -146,6 +154,8 @@ def summarize(records: Sequence[RequestRecord], duration_s: float,
         itl_ms=Dist.of(itl).scaled(1e3), tpot_ms=Dist.of(tpot).scaled(1e3),
         e2e_s=Dist.of([r.e2e_s for r in ok if r.e2e_s is not None]),
         goodput_rps=goodput,
+        client_queue_ms=Dist.of([r.client_queue_s for r in records
+                                 if r.client_queue_s is not None]).scaled(1e3),
     )
 
 
