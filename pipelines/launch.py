@@ -46,10 +46,15 @@ def register_model_spec(context: dg.OpExecutionContext, config: RegisterModel) -
     data = config.model_dump(exclude={"sweep"}, exclude_none=True)
     spec = parse_spec({"served_name": config.id, **data}, "register_model launch config")
     catalogued = load_catalog(models_dir(), discovered=None)
-    if spec.id in catalogued and catalogued[spec.id].source != spec.source:
-        raise ConfigError(f"register_model: id {spec.id!r}", "is a catalog entry with source "
-                          f"{catalogued[spec.id].source}", "Pick another id, or launch "
-                          "onboard_model on the catalogued partition.")
+    if spec.id in catalogued:
+        raise ConfigError(f"register_model: id {spec.id!r}", "is a catalog entry "
+                          f"(source {catalogued[spec.id].source})", "Launch onboard_model on "
+                          "that partition (edit configs/models to change it), or pick another "
+                          "id.")
+    known = load_catalog(discovered_dir(), discovered=None) if discovered_dir().is_dir() else {}
+    if spec.id in known and known[spec.id].source != spec.source:
+        raise ConfigError(f"register_model: id {spec.id!r}", "is already registered with "
+                          f"source {known[spec.id].source}", "Pick another id.")
     load_automation().launch.run_config(config.sweep)  # an unknown sweep fails here, not later
     path = write_discovered_spec(discovered_dir(), spec, "register_model")
     context.instance.add_dynamic_partitions(models_partitions.name, [spec.id])

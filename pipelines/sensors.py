@@ -77,7 +77,9 @@ def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore
     list_page, read = _lister(s3, cfg.bucket, cfg.prefix)
     step = advance(cursor, list_page, cfg.prefix, cfg.completion_marker, cfg.page_size,
                    cfg.max_pages_per_tick)
-    catalog = load_catalog(models_dir())
+    catalog = load_catalog(models_dir(), discovered=None)  # what people wrote, not the sensor
+    discovered = load_catalog(discovered_dir(), discovered=None) \
+        if discovered_dir().is_dir() else {}
     owners = {k.model: name for name, k in cursor.known.items() if k.state == "submitted"}
     registered = set(context.instance.get_dynamic_partitions(models_partitions.name))
     new_keys: list[str] = []
@@ -100,18 +102,22 @@ def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore
             continue
         try:
             text = read(key_prefix + SPEC_FILE).decode() if SPEC_FILE in folder.files else None
-            spec, discovered = resolve_spec(uri, folder.name, text, catalog)
-            if owners.get(spec.id, folder.name) != folder.name:
+            spec, write = resolve_spec(uri, folder.name, text, catalog)
+            taken = discovered.get(spec.id)
+            if owners.get(spec.id, folder.name) != folder.name or (
+                    write and taken is not None and taken.source != uri):
+                other = owners.get(spec.id)
                 raise ConfigError(uri, f"model id {spec.id!r} is already taken by "
-                                  f"{folder_uri(cfg.bucket, cfg.prefix, owners[spec.id])}",
+                                  + (folder_uri(cfg.bucket, cfg.prefix, other) if other else
+                                     f"{taken.source} (registered earlier)"),
                                   f"Set another `id:` in {uri}{SPEC_FILE}.")
         except ConfigError as exc:
             context.log.error(f"new checkpoint not onboarded: {exc}")
             cursor.known[folder.name] = Known("", cid, "invalid", str(exc), folder.has_marker)
             continue
-        if discovered:
+        if write:
             write_discovered_spec(discovered_dir(), spec, uri)
-            catalog[spec.id] = spec
+            discovered[spec.id] = spec
         owners[spec.id] = folder.name
         cursor.known[folder.name] = Known(spec.id, cid, "submitted", marker=folder.has_marker)
         if spec.id not in registered and spec.id not in new_keys:

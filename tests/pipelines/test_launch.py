@@ -89,7 +89,10 @@ def test_invalid_launch_config_names_the_field(defs, instance, fields, needles):
     assert not instance.has_dynamic_partition("models", "ok")
 
 
-def test_a_catalogued_id_with_another_source_is_refused(defs, instance, config_dir):
+def test_a_catalogued_or_registered_id_is_refused(defs, instance, config_dir):
     write_spec(config_dir, "taken", "s3://models/taken/")
-    result = _register(defs, instance, id="taken", source="s3://models/elsewhere/")
+    result = _register(defs, instance, id="taken", source="s3://models/taken/")
     assert not result.success and "is a catalog entry" in _error(result)
+    assert _register(defs, instance, id="mine", source="s3://models/mine/").success
+    again = _register(defs, instance, id="mine", source="s3://models/other/")
+    assert not again.success and "already registered with source" in _error(again)

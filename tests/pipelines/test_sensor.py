@@ -180,6 +180,23 @@ def test_malformed_spec_is_reported_and_other_models_carry_on(
     assert [r.partition_key for r in tick().run_requests] == ["bad"]
 
 
+def test_an_edited_spec_beside_the_weights_is_a_new_revision(
+        instance, watched, s3_store, tiny_checkpoint):
+    tick = Ticker(instance, s3_store)
+    folder = watched + "spec-edit/"
+    s3_store.upload_dir(tiny_checkpoint, "models", folder)
+    s3_store.client().put_object(Bucket="models", Key=folder + "onboarding.yaml",
+                                 Body=b"precision_ladder: [nvfp4, bf16]\n")
+    first = tick().run_requests
+    assert model_spec("spec-edit").precision_ladder == ["nvfp4", "bf16"]
+    s3_store.client().put_object(Bucket="models", Key=folder + "onboarding.yaml",
+                                 Body=b"precision_ladder: [fp8]\n")
+    second = tick().run_requests
+    assert [r.partition_key for r in second] == ["spec-edit"]
+    assert second[0].run_key != first[0].run_key
+    assert model_spec("spec-edit").precision_ladder == ["fp8"]
+
+
 def test_catalog_entry_owning_the_folder_wins(
         instance, watched, s3_store, tiny_checkpoint, config_dir):
     write_spec(config_dir, "catalogued", f"s3://models/{watched}weights/")
