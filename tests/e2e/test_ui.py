@@ -7,6 +7,10 @@ Knobs (environment):
   `checkpoint`, the fast stage; `all` launches the whole onboard_model job).
 - ONBOARDING_E2E_LOCATION: `module:attribute` of the code location (default
   `pipelines.definitions:defs`).
+- ONBOARDING_E2E_SENSOR_ASSETS: what the sensor's run materializes (default `checkpoint`;
+  `all`: the whole job).
+- ONBOARDING_E2E_DROP_DIR: the checkpoint uploaded while the first run runs (default the tiny
+  random Llama; e.g. `.cache/smollm2-135m-instruct` for the small real model).
 - ONBOARDING_E2E_TIMEOUT_S: how long to wait for each run (default 600).
 """
 
@@ -162,6 +166,15 @@ def _partitions(home: Path) -> list[str]:
         return inst.get_dynamic_partitions("models")
 
 
+def _stack_versions(home: Path) -> list[str]:
+    """Data versions of the recorded serving_stack observations, newest first."""
+    from dagster import AssetKey, DagsterInstance
+
+    with DagsterInstance.from_ref(_instance_ref(home)) as inst:
+        records = inst.fetch_observations(AssetKey("serving_stack"), limit=10).records
+        return [r.asset_observation.tags.get("dagster/data_version") for r in records]
+
+
 def _instance_ref(home: Path):
     from dagster._core.instance.ref import InstanceRef
 
@@ -177,8 +190,11 @@ def deployment(tmp_path, s3_server, s3_store, tiny_checkpoint, unique_prefix):
     shutil.copytree(PROJECT_ROOT / "configs", configs, ignore=shutil.ignore_patterns("models"))
     (configs / "models").mkdir()
     automation = yaml.safe_load((configs / "automation.yaml").read_text())
-    automation["discovery"].update(prefix=unique_prefix + "incoming/", minimum_interval_s=5,
-                                   run_assets=["checkpoint"])
+    sensor_assets = os.environ.get("ONBOARDING_E2E_SENSOR_ASSETS", "checkpoint")
+    automation["discovery"].update(
+        prefix=unique_prefix + "incoming/", minimum_interval_s=5,
+        run_assets=None if sensor_assets == "all" else sensor_assets.split(","))
+    automation["stack"]["observe_interval_s"] = 10
     (configs / "automation.yaml").write_text(yaml.safe_dump(automation))
     s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix + "catalogued/")
     write_spec(configs, MODEL, f"s3://models/{unique_prefix}catalogued/")
@@ -196,7 +212,7 @@ def deployment(tmp_path, s3_server, s3_store, tiny_checkpoint, unique_prefix):
     }
     dev = DagsterDev(tmp_path, env)
     try:
-        yield dev.start(), home, unique_prefix
+        yield dev.start(), home, configs, unique_prefix
     finally:
         dev.stop()
         shutil.copy(dev.log_path, _artifacts() / "dagster-dev.log")
@@ -209,7 +225,7 @@ def _artifacts() -> Path:
 
 def test_launch_from_the_ui_api_and_sensor_picks_up_an_upload(deployment, s3_store,
                                                               tiny_checkpoint):
-    dev, home, prefix = deployment
+    dev, home, configs, prefix = deployment
     _wait(lambda: MODEL in _partitions(home), "catalog_partitions_sensor to register the model",
           dev, timeout_s=180)
     selection = os.environ.get("ONBOARDING_E2E_ASSETS", "checkpoint")
@@ -227,7 +243,8 @@ def test_launch_from_the_ui_api_and_sensor_picks_up_an_upload(deployment, s3_sto
     run_id = launched["run"]["runId"]
 
     # While it runs, a checkpoint lands in the watched prefix.
-    s3_store.upload_dir(tiny_checkpoint, "models", prefix + "incoming/dropped-model/")
+    dropped = Path(os.environ.get("ONBOARDING_E2E_DROP_DIR") or tiny_checkpoint)
+    s3_store.upload_dir(dropped, "models", prefix + "incoming/dropped-model/")
 
     assert _wait(lambda: _finished(dev, run_id), f"run {run_id}", dev) == "SUCCESS", dev.tail()
 
@@ -242,6 +259,15 @@ def test_launch_from_the_ui_api_and_sensor_picks_up_an_upload(deployment, s3_sto
     assert tags["dagster/run_key"] == f"dropped-model@{tags['onboarding/content_id']}"
     assert _wait(lambda: _finished(dev, triggered["runId"]), "the sensor's run", dev) == "SUCCESS"
     assert "dropped-model" in _partitions(home)
+
+    # The daemon records the stack sensor's observation; a stack edit records a new one.
+    first = _wait(lambda: _stack_versions(home), "a serving_stack observation", dev, 120)
+    stack = yaml.safe_load((configs / "stack.yaml").read_text())
+    stack["versions"]["vllm"] = "0.99.0"
+    (configs / "stack.yaml").write_text(yaml.safe_dump(stack))
+    latest = _wait(lambda: [v for v in _stack_versions(home) if v != first[0]],
+                   "a serving_stack observation after the stack edit", dev, 120)
+    assert latest[0] != first[0]
 
     _screenshot(dev)
 
