@@ -2,12 +2,14 @@
 
 Thin: resolve the spec and the config files, call the engine and the load generator, turn the
 numbers into metadata. A variant this engine/hardware cannot serve (NVFP4 on the CPU build) is
-materialized with `servable: false` and the reason, so the plan stage sees why nothing was
-measured instead of a stack trace.
+never started: the asset records `servable: false` with the reason and, where the profile says
+`substitute_baseline` (the CPU profile), measures the bf16 baseline checkpoint in its place and
+says so (`precision: bf16`, `serving_precision: nvfp4`, `substituted: <why>`).
 """
 
 
 import base64
+import dataclasses
 import os
 import zlib
 from pathlib import Path
@@ -19,7 +21,7 @@ from onboarding.catalog import ModelSpec, load_catalog, resolve
 from onboarding.errors import ConfigError
 from onboarding.paths import PROJECT_ROOT, config_dir, models_dir
 from onboarding.prompts import synthetic_prompts
-from onboarding.refs import VariantRef
+from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.serving_config import (
     Profile,
     check_fits,
@@ -51,12 +53,14 @@ from resources.loadgen import LoadGenerator, PointRun, completion_bodies
 
 GROUP = "serving"
 SLO_CHECK = "slo_at_target_concurrency"
+COLD_START_CHECK = "cold_start_within_budget"
 
 
 class LoadTimingConfig(dg.Config):
     """Unset fields take the profile's defaults in configs/scenarios.yaml."""
 
     profile: str | None = None
+    substitute_baseline: bool | None = None
     cold_repeats: int | None = None
     warm_repeats: int | None = None
     start_timeout_s: float | None = None
@@ -66,6 +70,7 @@ class ServingBenchmarkConfig(dg.Config):
     """Unset fields take the profile's `sweep` in configs/scenarios.yaml."""
 
     profile: str | None = None
+    substitute_baseline: bool | None = None
     scenarios: list[str] | None = None
     concurrency: list[int] | None = None
     mode: str | None = None
@@ -89,6 +94,23 @@ def reports_dir() -> Path:
     return Path(os.environ.get("ONBOARDING_REPORTS_DIR") or PROJECT_ROOT / ".data" / "reports")
 
 
+def measured_variant(engine: Engine, variant: VariantRef, checkpoint: CheckpointRef,
+                     substitute_baseline: bool) -> tuple[VariantRef | None, str, str]:
+    """What to measure here: the serving variant, or the bf16 baseline standing in for it.
+
+    Returns (variant or None, why the serving variant cannot be served here, note for users).
+    """
+    ok, reason = engine.can_serve(variant.precision)
+    if ok:
+        return variant, "", ""
+    if substitute_baseline and engine.can_serve("bf16")[0]:
+        base = VariantRef(variant.model, "bf16", checkpoint.path, checkpoint.total_bytes,
+                          checkpoint.content_hash)
+        return base, reason, (f"measured the bf16 baseline in place of {variant.precision}: "
+                              f"{reason}")
+    return None, reason, reason
+
+
 def _unservable_metadata(engine: Engine, reason: str) -> dict:
     return {
         "servable": False,
@@ -104,19 +126,30 @@ def _unservable_metadata(engine: Engine, reason: str) -> dict:
     group_name=GROUP,
     op_tags=gpu_step_tags("load_timing"),
     pool="gpu",
+    check_specs=[dg.AssetCheckSpec(COLD_START_CHECK, asset="load_timing",
+                                   description="cold start p95 within configs/gates.yaml "
+                                   "`slo.cold_start_p95_max_s` for this node type")],
     description="Cold (page cache evicted) and warm engine starts of the serving variant: "
     "phases, p50/p95, weight-load GB/s next to the raw sequential read GB/s of the same files.",
 )
 def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, engine: Engine,
-                serving_variant: VariantRef) -> dg.Output[LoadTimingResult]:
+                serving_variant: VariantRef, checkpoint: CheckpointRef):
     spec = _spec(context.partition_key)
-    variant = serving_variant
-    ok, reason = engine.can_serve(variant.precision)
-    if not ok:
-        context.log.warning(reason)
-        return dg.Output(LoadTimingResult(spec.id, variant.precision, False, reason),
-                         metadata=_unservable_metadata(engine, reason))
     _, profile = _profile(engine, config.profile)
+    substitute = (profile.substitute_baseline if config.substitute_baseline is None
+                  else config.substitute_baseline)
+    variant, reason, note = measured_variant(engine, serving_variant, checkpoint, substitute)
+    slo = resolve_slo(load_slo_section(config_dir() / "gates.yaml"), engine.node_type, spec)
+    if variant is None:
+        context.log.warning(reason)
+        yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, reason),
+                        metadata=_unservable_metadata(engine, reason))
+        yield dg.AssetCheckResult(check_name=COLD_START_CHECK, passed=False,
+                                  severity=dg.AssetCheckSeverity.WARN,
+                                  metadata={"reason": reason})
+        return
+    if note:
+        context.log.warning(note)
     d = profile.load_timing
     samples, raw = engine.time_starts(
         variant, spec.served_name, spec.engine_args,
@@ -125,11 +158,16 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, eng
         start_timeout_s=config.start_timeout_s or d.start_timeout_s, log=context.log)
     result = summarize_load_timing(spec.id, variant.precision, samples, raw.total_bytes,
                                    raw.gbps)
+    if reason:
+        result = dataclasses.replace(result, servable=False, reason=reason)
     table = pd.DataFrame([s.__dict__ for s in samples])
     cold = table[table.kind == "cold"].first_token_s
-    return dg.Output(result, metadata={
-        "servable": True,
+    yield dg.Output(result, metadata={
+        "servable": not reason,
         "precision": variant.precision,
+        "serving_precision": serving_variant.precision,
+        "substituted": dg.MetadataValue.text(note or "no"),
+        "servable_precisions": dg.MetadataValue.json(engine.servable_precisions()),
         "cold_start_p50_s": result.cold_start_p50_s,
         "cold_start_p95_s": result.cold_start_p95_s,
         "cold_start_spread_s": float(cold.max() - cold.min()),
@@ -143,6 +181,15 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, eng
         "engine": engine.engine,
         "starts": dg.MetadataValue.md(table.to_markdown(index=False, floatfmt=".3f")),
     })
+    budget = slo.cold_start_p95_max_s
+    yield dg.AssetCheckResult(
+        check_name=COLD_START_CHECK,
+        passed=budget is None or result.cold_start_p95_s <= budget,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"cold_start_p95_s": result.cold_start_p95_s,
+                  "expected_max_s": dg.MetadataValue.float(budget) if budget is not None
+                  else dg.MetadataValue.null(),
+                  "node_type": engine.node_type, "measured_precision": variant.precision})
 
 
 def _server_side(run: PointRun, engine_metrics) -> dict[str, float | None]:
@@ -186,17 +233,19 @@ def _load_tokenizer(path: str):
 )
 def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmarkConfig,
                       engine: Engine, loadgen: LoadGenerator, serving_variant: VariantRef,
-                      load_timing: LoadTimingResult):
+                      checkpoint: CheckpointRef, load_timing: LoadTimingResult):
     spec = _spec(context.partition_key)
-    variant = serving_variant
     gates = config_dir() / "gates.yaml"
     section = load_slo_section(gates)
     slo = resolve_slo(section, engine.node_type, spec)
     gpus = engine.gpu_count()
-    ok, reason = engine.can_serve(variant.precision)
-    if not ok:
-        result = ServingBenchmarkResult(spec.id, variant.precision, engine.node_type, gpus,
-                                        False, 0.0, 0, False, (reason,))
+    profile_name, profile = _profile(engine, config.profile)
+    substitute = (profile.substitute_baseline if config.substitute_baseline is None
+                  else config.substitute_baseline)
+    variant, reason, note = measured_variant(engine, serving_variant, checkpoint, substitute)
+    if variant is None:
+        result = ServingBenchmarkResult(spec.id, serving_variant.precision, engine.node_type,
+                                        gpus, False, 0.0, 0, False, (reason,))
         yield dg.Output(result, metadata={**_unservable_metadata(engine, reason),
                                           "node_type": engine.node_type, "gpus": gpus,
                                           "slo_pass": False})
@@ -204,7 +253,8 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
                                   severity=dg.AssetCheckSeverity.WARN,
                                   metadata={"reason": reason})
         return
-    profile_name, profile = _profile(engine, config.profile)
+    if note:
+        context.log.warning(note)
     sweep = profile.sweep.model_copy(update={k: v for k, v in {
         "concurrency": config.concurrency, "mode": config.mode,
         "requests_per_point": config.requests_per_point,
@@ -244,6 +294,8 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
                                  f"ITL {stats.itl_ms.mean:.1f} ms, errors {stats.errors_by_cause}")
     result, basis, violations = _headline(spec, variant, engine, gpus, slo, points,
                                           sweep.mode == "concurrency")
+    if reason:
+        result = dataclasses.replace(result, servable=False)
     table = pd.DataFrame(rows)
     png = sweep_png(rows, f"{spec.id} ({variant.precision}) on {engine.node_type}",
                     slo.ttft_p95_s, slo.itl_mean_ms)
@@ -253,8 +305,10 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     png_path.write_bytes(png)
     table.to_csv(out_dir / "serving_benchmark.csv", index=False)
     yield dg.Output(result, metadata={
-        "servable": True,
+        "servable": not reason,
         "precision": variant.precision,
+        "serving_precision": serving_variant.precision,
+        "substituted": dg.MetadataValue.text(note or "no"),
         "node_type": engine.node_type,
         "gpus": gpus,
         "tokens_per_s_per_gpu": result.tokens_per_s_per_gpu,

@@ -195,6 +195,7 @@ class LoadTimingDefaults(_Strict):
 
 
 class Profile(_Strict):
+    substitute_baseline: bool = False
     scenarios: dict[str, Scenario] = Field(min_length=1)
     sweep: Sweep
     load_timing: LoadTimingDefaults
@@ -256,6 +257,7 @@ class SloFields(_Strict):
     itl_mean_ms: float | None = Field(default=None, gt=0)
     error_rate_max: float | None = Field(default=None, ge=0, le=1)
     target_concurrency: int | None = Field(default=None, ge=1)
+    cold_start_p95_max_s: float | None = Field(default=None, gt=0)
 
 
 class SloSection(_Strict):

@@ -80,6 +80,7 @@ class Slo:
     itl_mean_ms: float
     error_rate_max: float
     target_concurrency: int
+    cold_start_p95_max_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -224,9 +225,9 @@ def percentile(values: Sequence[float], q: float) -> float:
 @dataclass(frozen=True)
 class LoadTimingResult:
     model: str
-    precision: str
+    precision: str  # the precision measured (the baseline's when it stood in)
     servable: bool
-    reason: str  # why not servable; "" when servable
+    reason: str  # why the serving variant is not servable here; "" when it is
     cold_start_p50_s: float | None = None
     cold_start_p95_s: float | None = None
     warm_start_p50_s: float | None = None

@@ -11,6 +11,8 @@ request has paid for lazy initialisation.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
 import re
@@ -70,6 +72,18 @@ class RunningEngine:
     argv: list[str]
     dropped_args: list[str]
     phases: StartPhases = field(default_factory=StartPhases)
+
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it if the step process dies (even by SIGKILL), so a
+    killed run worker cannot leave an engine holding the GPU; vLLM stops its workers on SIGTERM.
+    One syscall through an already-loaded libc: no allocation or lock a forked thread could
+    hold, which is what makes `preexec_fn` risky in threaded parents."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -300,7 +314,8 @@ class Engine(dg.ConfigurableResource):
             log.flush()
             t0 = time.perf_counter()
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                    preexec_fn=_die_with_parent)  # noqa: PLW1509
         running = RunningEngine(base_url=f"http://127.0.0.1:{port}", port=port, pid=proc.pid,
                                 served_name=served_name, log_path=log_path, argv=argv,
                                 dropped_args=dropped)

@@ -10,9 +10,9 @@ import dagster as dg
 import pytest
 import yaml
 
-from assets.serving import SLO_CHECK, load_timing, serving_benchmark
+from assets.serving import COLD_START_CHECK, SLO_CHECK, load_timing, serving_benchmark
 from onboarding.paths import PROJECT_ROOT
-from onboarding.refs import VariantRef
+from onboarding.refs import CheckpointRef, VariantRef
 from pipelines.partitions import models_partitions
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator
@@ -50,12 +50,19 @@ def fake_engine(tmp_path, monkeypatch) -> Engine:
 
 
 def stub_variant(path: Path, precision: str = "bf16"):
+    """Stand-ins for the upstream stages: the baseline checkpoint and the chosen variant."""
+
+    @dg.asset(name="checkpoint", partitions_def=models_partitions)
+    def _checkpoint() -> CheckpointRef:
+        return CheckpointRef(model=KEY, source="s3://models/tiny/", revision="r", path=str(path),
+                             content_hash="base", total_bytes=1)
+
     @dg.asset(name="serving_variant", partitions_def=models_partitions)
     def _variant() -> VariantRef:
         return VariantRef(model=KEY, precision=precision, path=str(path), total_bytes=1,
                           content_hash="stub")
 
-    return _variant
+    return [_checkpoint, _variant]
 
 
 RUN_CONFIG = {"ops": {
@@ -64,11 +71,11 @@ RUN_CONFIG = {"ops": {
 }}
 
 
-def materialize(variant_asset, engine: Engine, run_config=RUN_CONFIG):
+def materialize(upstream, engine: Engine, run_config=RUN_CONFIG):
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("models", [KEY])
     return dg.materialize(
-        [variant_asset, load_timing, serving_benchmark], partition_key=KEY, instance=instance,
+        [*upstream, load_timing, serving_benchmark], partition_key=KEY, instance=instance,
         resources={"engine": engine, "loadgen": LoadGenerator()}, run_config=run_config,
         raise_on_error=False)
 
@@ -78,9 +85,10 @@ def metadata(result, asset: str) -> dict:
     return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
 
 
-def check_result(result) -> dg.AssetCheckEvaluation:
+def check_result(result, name: str = SLO_CHECK) -> dg.AssetCheckEvaluation:
     return next(e.event_specific_data for e in result.all_events
-                if e.event_type_value == "ASSET_CHECK_EVALUATION")
+                if e.event_type_value == "ASSET_CHECK_EVALUATION"
+                and e.event_specific_data.check_name == name)
 
 
 def test_timing_and_benchmark_emit_what_the_plan_reads(config_dir, model_dir, fake_engine):
@@ -94,6 +102,9 @@ def test_timing_and_benchmark_emit_what_the_plan_reads(config_dir, model_dir, fa
         assert isinstance(t[key], int | float) and t[key] > 0, key
     assert t["weight_bytes"] == sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
     assert "cold" in t["starts"] and "warm" in t["starts"]
+    assert t["servable"] is True and t["substituted"] == "no"
+    cold_check = check_result(result, COLD_START_CHECK)
+    assert cold_check.passed and cold_check.metadata["expected_max_s"].value == 120
     b = metadata(result, "serving_benchmark")
     assert b["node_type"] == "cpu" and b["gpus"] == 0
     assert b["saturation_concurrency"] == 4 and b["slo_pass"] is True
@@ -122,17 +133,37 @@ def test_slo_miss_fails_the_check_with_the_numbers(config_dir, model_dir, fake_e
     assert any("mean ITL" in v and "> 0.5 ms" in v for v in violations)
 
 
-def test_nvfp4_on_cpu_is_recorded_as_not_servable(config_dir, model_dir, fake_engine):
+def test_nvfp4_on_cpu_measures_the_baseline_in_its_place_and_says_so(config_dir, model_dir,
+                                                                       fake_engine):
     write_spec(config_dir, KEY, "s3://models/tiny/")
     result = materialize(stub_variant(model_dir, "nvfp4"), fake_engine)
     assert result.success
     t = metadata(result, "load_timing")
+    assert t["servable"] is False and t["precision"] == "bf16"
+    assert t["serving_precision"] == "nvfp4"
+    assert "bf16 baseline in place of nvfp4" in t["substituted"]
+    assert "nvfp4 needs sm100, sm103" in t["substituted"]
+    assert t["cold_start_p95_s"] > 0 and t["servable_precisions"] == ["bf16"]
+    b = metadata(result, "serving_benchmark")
+    assert b["precision"] == "bf16" and b["servable"] is False
+    assert b["tokens_per_s_per_gpu"] > 0
+
+
+def test_without_substitution_nvfp4_on_cpu_is_recorded_and_nothing_starts(
+        config_dir, model_dir, fake_engine):
+    write_spec(config_dir, KEY, "s3://models/tiny/")
+    cfg = {"ops": {"load_timing": {"config": {"substitute_baseline": False}},
+                   "serving_benchmark": {"config": {"substitute_baseline": False}}}}
+    result = materialize(stub_variant(model_dir, "nvfp4"), fake_engine, cfg)
+    assert result.success
+    t = metadata(result, "load_timing")
     assert t["servable"] is False and "nvfp4 needs sm100, sm103" in t["reason"]
-    assert t["servable_precisions"] == ["bf16"]
+    assert t["servable_precisions"] == ["bf16"] and "cold_start_p95_s" not in t
     b = metadata(result, "serving_benchmark")
     assert b["servable"] is False and b["slo_pass"] is False
     assert not check_result(result).passed
-    assert not (Path(fake_engine.log_dir)).exists()  # no engine was started
+    assert not check_result(result, COLD_START_CHECK).passed
+    assert not Path(fake_engine.log_dir).exists()  # no engine was started
 
 
 def test_scenario_longer_than_max_model_len_fails_before_the_engine_starts(

@@ -12,7 +12,7 @@ Two modes:
   dir's *.safetensors like a loader, prints vLLM's "Loading weights took" line, and obeys
   FAKE_ENGINE_* env vars: STARTUP_S (delay before listening), EXIT_CODE (die during start),
   NEVER_READY (/health answers 503), CHILD (spawn a child like vLLM's EngineCore),
-  RECORD (write argv and env as JSON to that path).
+  RECORD (write argv, env and pid as JSON to that path).
 """
 
 from __future__ import annotations
@@ -214,7 +214,8 @@ def _engine_main(argv: list[str]) -> None:
     args, _unknown = p.parse_known_args(argv)
     env = os.environ
     if record := env.get("FAKE_ENGINE_RECORD"):
-        Path(record).write_text(json.dumps({"argv": sys.argv, "env": dict(env)}))
+        Path(record).write_text(json.dumps({"argv": sys.argv, "env": dict(env),
+                                            "pid": os.getpid()}))
     print("INFO fake engine starting", flush=True)
     if env.get("FAKE_ENGINE_CHILD"):
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])

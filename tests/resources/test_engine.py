@@ -88,18 +88,21 @@ def test_missing_binary_says_how_to_build_it(tmp_path, variant):
 def test_exit_during_start_carries_the_log_tail(fake_bin, tmp_path, variant, monkeypatch):
     monkeypatch.setenv("FAKE_ENGINE_EXIT_CODE", "3")
     monkeypatch.setenv("FAKE_ENGINE_CHILD", "1")
+    monkeypatch.setenv("FAKE_ENGINE_RECORD", str(tmp_path / "record.json"))
     with pytest.raises(EngineError) as e, engine(fake_bin, tmp_path).serve(variant, "x"):
         pass
     msg = str(e.value)
     assert "exited with code 3" in msg and "injected failure while loading weights" in msg
-    assert not _fake_engines_alive(tmp_path)
+    assert _fake_engine_group_gone(tmp_path / "record.json")  # its child too
 
 
 def test_never_ready_times_out_and_is_reaped(fake_bin, tmp_path, variant, monkeypatch):
     monkeypatch.setenv("FAKE_ENGINE_NEVER_READY", "1")
+    monkeypatch.setenv("FAKE_ENGINE_CHILD", "1")
+    monkeypatch.setenv("FAKE_ENGINE_RECORD", str(tmp_path / "record.json"))
     with pytest.raises(EngineError, match=r"not ready after 2 s \(health never answered"):
         start_once(engine(fake_bin, tmp_path, start_timeout_s=2), variant)
-    assert not _fake_engines_alive(tmp_path)
+    assert _fake_engine_group_gone(tmp_path / "record.json")
 
 
 def test_port_taken_is_refused_before_start(fake_bin, tmp_path, variant):
@@ -143,15 +146,44 @@ def test_time_starts_cold_is_evicted_and_warm_is_resident(fake_bin, tmp_path, va
         "*.safetensors"))
 
 
-def _fake_engines_alive(tmp_path) -> bool:
-    me = os.getpid()
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != me:
-            try:
-                cmd = (d / "cmdline").read_bytes().decode(errors="replace")
-                st = (d / "stat").read_text()
-            except OSError:
-                continue
-            if str(THIS_FILE) in cmd and " Z " not in st and "serve" in cmd:
-                return True
-    return False
+def _fake_engine_group_gone(record: Path) -> bool:
+    """The fake engine wrote its pid (= its process group) before failing; nothing of it is left."""
+    pid = json.loads(record.read_text())["pid"]
+    return group_members(pid) == []
+
+
+def test_engine_dies_with_a_killed_step_process(fake_bin, tmp_path, tiny_checkpoint):
+    """SIGKILL of the step process runs no `finally`; the parent-death signal still stops the
+    engine, so a killed run worker leaves no engine holding the machine."""
+    import signal
+    import subprocess
+    import time
+
+    record = tmp_path / "record.json"
+    script = (
+        "import sys, time\n"
+        "from onboarding.refs import VariantRef\n"
+        "from resources.engine import Engine\n"
+        f"v = VariantRef('tiny', 'bf16', {str(tiny_checkpoint)!r}, 0, 'x')\n"
+        f"e = Engine(bin_dir={str(fake_bin)!r}, hardware='cpu', start_timeout_s=30)\n"
+        "with e.serve(v, 'x'):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    env = {**os.environ, "FAKE_ENGINE_RECORD": str(record)}
+    step = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env,
+                            cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert step.stdout.readline().strip() == b"ready"
+        pid = json.loads(record.read_text())["pid"]
+        assert group_members(pid)
+        step.send_signal(signal.SIGKILL)
+        step.wait()
+        deadline = time.monotonic() + 15
+        while group_members(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert group_members(pid) == []
+    finally:
+        step.kill()
+        step.wait()
+        step.stdout.close()
