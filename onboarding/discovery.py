@@ -273,3 +273,51 @@ def write_discovered_spec(directory: Path, spec: ModelSpec, found_at: str) -> Pa
     tmp.write_text(body)
     tmp.replace(path)
     return path
+
+
+@dataclass
+class Verdict:
+    """What to do about one folder whose content changed since the sensor last looked."""
+
+    known: Known
+    message: str
+    spec: ModelSpec | None = None  # set when the folder is to be onboarded
+    write: bool = False  # the spec is to be stored as a discovered spec
+    error: bool = False
+
+
+def evaluate(folder: Folder, before: Known | None, *, bucket: str, prefix: str,
+             read: ReadObject, marker: str, require_marker: bool,
+             catalog: dict[str, ModelSpec], discovered: dict[str, ModelSpec],
+             owners: dict[str, str]) -> Verdict | None:
+    """None when there is nothing new (not a model folder, or unchanged content).
+
+    `catalog` is what people wrote (configs/models), `discovered` what the sensor or
+    register_model stored, `owners` model id -> folder for the folders already onboarded.
+    """
+    if not folder.files or (before is not None and before.unchanged(folder)):
+        return None
+    cid = content_id(folder)
+    uri = folder_uri(bucket, prefix, folder.name)
+    key_prefix = f"{prefix}{folder.name}/"
+    missing = missing_parts(folder, read, key_prefix, marker, require_marker)
+    if missing:
+        return Verdict(Known(before.model if before else "", cid, "incomplete",
+                             "; ".join(missing), folder.has_marker),
+                       f"{uri}: not complete yet ({'; '.join(missing)})")
+    try:
+        text = read(key_prefix + SPEC_FILE).decode() if SPEC_FILE in folder.files else None
+        spec, write = resolve_spec(uri, folder.name, text, catalog)
+        other, taken = owners.get(spec.id), discovered.get(spec.id)
+        if other not in (None, folder.name):
+            raise ConfigError(uri, f"model id {spec.id!r} is already taken by "
+                              f"{folder_uri(bucket, prefix, other)}",
+                              f"Set another `id:` in {uri}{SPEC_FILE}.")
+        if write and taken is not None and taken.source != uri:
+            raise ConfigError(uri, f"model id {spec.id!r} is already registered for "
+                              f"{taken.source}", f"Set another `id:` in {uri}{SPEC_FILE}.")
+    except ConfigError as exc:
+        return Verdict(Known("", cid, "invalid", str(exc), folder.has_marker),
+                       f"new checkpoint not onboarded: {exc}", error=True)
+    return Verdict(Known(spec.id, cid, "submitted", marker=folder.has_marker),
+                   f"{uri}: complete, content id {cid}; onboarding {spec.id!r}", spec, write)

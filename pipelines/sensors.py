@@ -17,18 +17,13 @@ from assets.stack import SERVING_STACK, stack_observation
 from onboarding.automation import load_automation
 from onboarding.catalog import load_catalog
 from onboarding.discovery import (
-    SPEC_FILE,
-    Known,
     Listed,
     ScanCursor,
     advance,
-    content_id,
+    evaluate,
     folder_uri,
-    missing_parts,
-    resolve_spec,
     write_discovered_spec,
 )
-from onboarding.errors import ConfigError
 from onboarding.paths import discovered_dir, models_dir
 from pipelines.jobs import onboard_model
 from pipelines.launch import job_stages
@@ -85,50 +80,30 @@ def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore
     new_keys: list[str] = []
     runs: list[dg.RunRequest] = []
     for folder in step.closed:
-        if not folder.files:
-            continue  # no checkpoint files: not a model folder
-        cid = content_id(folder)
-        before = cursor.known.get(folder.name)
-        if before is not None and before.unchanged(folder):
+        verdict = evaluate(folder, cursor.known.get(folder.name), bucket=cfg.bucket,
+                           prefix=cfg.prefix, read=read, marker=cfg.completion_marker,
+                           require_marker=cfg.require_marker, catalog=catalog,
+                           discovered=discovered, owners=owners)
+        if verdict is None:
             continue
-        uri = folder_uri(cfg.bucket, cfg.prefix, folder.name)
-        key_prefix = f"{cfg.prefix}{folder.name}/"
-        missing = missing_parts(folder, read, key_prefix, cfg.completion_marker,
-                                cfg.require_marker)
-        if missing:
-            context.log.info(f"{uri}: not complete yet ({'; '.join(missing)})")
-            cursor.known[folder.name] = Known(before.model if before else "", cid, "incomplete",
-                                              "; ".join(missing), folder.has_marker)
+        cursor.known[folder.name] = verdict.known
+        (context.log.error if verdict.error else context.log.info)(verdict.message)
+        spec = verdict.spec
+        if spec is None:
             continue
-        try:
-            text = read(key_prefix + SPEC_FILE).decode() if SPEC_FILE in folder.files else None
-            spec, write = resolve_spec(uri, folder.name, text, catalog)
-            taken = discovered.get(spec.id)
-            if owners.get(spec.id, folder.name) != folder.name or (
-                    write and taken is not None and taken.source != uri):
-                other = owners.get(spec.id)
-                raise ConfigError(uri, f"model id {spec.id!r} is already taken by "
-                                  + (folder_uri(cfg.bucket, cfg.prefix, other) if other else
-                                     f"{taken.source} (registered earlier)"),
-                                  f"Set another `id:` in {uri}{SPEC_FILE}.")
-        except ConfigError as exc:
-            context.log.error(f"new checkpoint not onboarded: {exc}")
-            cursor.known[folder.name] = Known("", cid, "invalid", str(exc), folder.has_marker)
-            continue
-        if write:
-            write_discovered_spec(discovered_dir(), spec, uri)
+        if verdict.write:
+            write_discovered_spec(discovered_dir(), spec, spec.source)
             discovered[spec.id] = spec
         owners[spec.id] = folder.name
-        cursor.known[folder.name] = Known(spec.id, cid, "submitted", marker=folder.has_marker)
         if spec.id not in registered and spec.id not in new_keys:
             new_keys.append(spec.id)
-        context.log.info(f"{uri}: complete, content id {cid}; onboarding {spec.id!r}")
+        cid = verdict.known.content_id
         runs.append(dg.RunRequest(
             partition_key=spec.id,
             run_key=f"{spec.id}@{cid}",
             asset_selection=[dg.AssetKey(a) for a in cfg.run_assets] if cfg.run_assets else None,
             run_config=launch.run_config(launch.automatic_sweep, stages),
-            tags={TRIGGER_TAG: "new_checkpoint", "onboarding/source": uri,
+            tags={TRIGGER_TAG: "new_checkpoint", "onboarding/source": spec.source,
                   "onboarding/content_id": cid, "onboarding/sweep": launch.automatic_sweep},
         ))
     events = []
