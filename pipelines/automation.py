@@ -15,8 +15,7 @@ from pipelines.schedules import (
     STACK_DEPENDENT,
     revalidate_job,
     revalidation_schedule,
-    revalidation_verdicts_on_failure,
-    revalidation_verdicts_on_success,
+    revalidation_verdict_sensors,
 )
 from pipelines.sensors import sensors
 
@@ -58,7 +57,7 @@ def depend_on_serving_stack(defs: dg.Definitions) -> dg.Definitions:
 def with_automation(defs: dg.Definitions) -> dg.Definitions:
     wired = depend_on_serving_stack(defs)
     present = set(wired.resolve_asset_graph().get_all_asset_keys())
+    revalidate = revalidate_job(present)
     return dg.Definitions.merge(wired, dg.Definitions(
-        jobs=[revalidate_job(present), register_model], schedules=[revalidation_schedule],
-        sensors=[*sensors, onboard_registered_model, revalidation_verdicts_on_success,
-                 revalidation_verdicts_on_failure]))
+        jobs=[revalidate, register_model], schedules=[revalidation_schedule],
+        sensors=[*sensors, onboard_registered_model, *revalidation_verdict_sensors(revalidate)]))

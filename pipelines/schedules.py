@@ -164,17 +164,25 @@ def report_revalidation(context: dg.RunStatusSensorContext) -> dg.SkipReason | N
     return None
 
 
-@dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS,
-                      default_status=dg.DefaultSensorStatus.RUNNING,
-                      description="After a successful re-validation: did a gate or SLO verdict "
-                      "change? Recorded as an observation on each re-validated asset.")
-def revalidation_verdicts_on_success(context: dg.RunStatusSensorContext):
-    return report_revalidation(context)
+def revalidation_verdict_sensors(job) -> list[dg.RunStatusSensorDefinition]:
+    """Run-status sensors on `job` (the revalidate_model job): one for success, one for
+    failure, since a blocking gate that now fails ends the run as a failure."""
 
+    @dg.run_status_sensor(name="revalidation_verdicts_on_success",
+                          run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[job],
+                          default_status=dg.DefaultSensorStatus.RUNNING,
+                          description="After a successful re-validation: did a gate or SLO "
+                          "verdict change? Recorded as an observation on each re-validated "
+                          "asset.")
+    def on_success(context: dg.RunStatusSensorContext):
+        return report_revalidation(context)
 
-@dg.run_status_sensor(run_status=dg.DagsterRunStatus.FAILURE,
-                      default_status=dg.DefaultSensorStatus.RUNNING,
-                      description="After a failed re-validation (a blocking gate now fails): "
-                      "the verdict changes, recorded on each re-validated asset.")
-def revalidation_verdicts_on_failure(context: dg.RunStatusSensorContext):
-    return report_revalidation(context)
+    @dg.run_status_sensor(name="revalidation_verdicts_on_failure",
+                          run_status=dg.DagsterRunStatus.FAILURE, monitored_jobs=[job],
+                          default_status=dg.DefaultSensorStatus.RUNNING,
+                          description="After a failed re-validation (a blocking gate now "
+                          "fails): the verdict changes, recorded on each re-validated asset.")
+    def on_failure(context: dg.RunStatusSensorContext):
+        return report_revalidation(context)
+
+    return [on_success, on_failure]

@@ -17,7 +17,6 @@ from pipelines.schedules import (
     STACK_DEPENDENT,
     STACK_INPUT_TAG,
     revalidation_schedule,
-    revalidation_verdicts_on_failure,
 )
 from pipelines.sensors import serving_stack_sensor
 from tests.pipelines.automation_graph import BROKEN_VLLM, GATE, build_defs
@@ -154,11 +153,12 @@ def test_a_revalidation_that_flips_the_gate_is_visible_in_metadata(instance, def
     run = instance.get_run_by_id(result.run_id)
     [failure] = instance.get_records_for_run(
         result.run_id, of_type=dg.DagsterEventType.RUN_FAILURE).records
+    on_failure = defs.resolve_sensor_def("revalidation_verdicts_on_failure")
     ctx = dg.build_run_status_sensor_context(
-        sensor_name=revalidation_verdicts_on_failure.name, dagster_instance=instance,
+        sensor_name=on_failure.name, dagster_instance=instance,
         dagster_run=run, dagster_event=failure.event_log_entry.dagster_event,
         repository_def=defs.get_repository_def())
-    revalidation_verdicts_on_failure(ctx)
+    on_failure(ctx)
 
     [obs] = instance.fetch_observations(dg.AssetKey("accuracy"), limit=1).records
     md = obs.asset_observation.metadata
