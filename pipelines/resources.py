@@ -9,10 +9,12 @@ from __future__ import annotations
 import dagster as dg
 
 from resources.engine import Engine
+from resources.evaluator import LmEvalEvaluator
 from resources.huggingface import HuggingFaceStore
 from resources.loadgen import LoadGenerator
 from resources.manifest_validator import ManifestValidator
 from resources.nvme_cache import NvmeCache
+from resources.quantizer import ModelOptQuantizer
 from resources.s3 import S3ObjectStore
 
 
@@ -28,4 +30,6 @@ def build_resources() -> dict[str, object]:
         "loadgen": LoadGenerator(),
         "nvme_cache": NvmeCache(root=dg.EnvVar("ONBOARDING_CACHE_ROOT")),
         "manifest_validator": ManifestValidator(),  # KSERVE_CRD_PATHS, ONBOARDING_KUBE_CONTEXT
+        "quantizer": ModelOptQuantizer(),  # configs/quantization.yaml; cuda when present
+        "evaluator": LmEvalEvaluator(),  # configs/eval_tasks; all items per task
     }

@@ -1,0 +1,109 @@
+"""The evaluator: lm-eval's `simple_evaluate` on a model object or a checkpoint directory.
+
+Project tasks (configs/eval_tasks/*.yaml, local JSONL) are passed to lm-eval as config dicts with
+their data paths made absolute, so they work from any working directory and offline. Any other
+name is looked up in lm-eval's own registry (mmlu, gsm8k, ...), which needs hub access for data.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from onboarding.catalog import load_yaml
+from onboarding.errors import ConfigError
+from onboarding.paths import config_dir
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    results: dict  # lm-eval's results: task -> {"acc,none": ..., "acc_stderr,none": ...}
+    samples: dict  # task -> per-item records with doc_id and metric values
+    seconds: float
+    items: int
+
+
+class Evaluator(dg.ConfigurableResource):
+    """Interface: score a model on named tasks."""
+
+    def evaluate(self, model, tokenizer, tasks: list[str]) -> EvalRun:
+        raise NotImplementedError
+
+
+class LmEvalEvaluator(Evaluator):
+    """lm-eval harness, HF backend, in this process."""
+
+    limit: int | None = Field(
+        default=None, description="items per task (None: all); small values make the gate "
+                                  "fail for too few items unless gates.yaml min_items is lowered")
+    batch_size: int = Field(default=16, ge=1)
+    task_dir: str | None = Field(default=None,
+                                 description="project task YAMLs; default <config dir>/eval_tasks")
+    default_tasks: list[str] = Field(default_factory=lambda: ["onb_facts_mc", "onb_arith_gen"],
+                                     description="used when a model spec lists no eval_tasks")
+
+    def _task_dir(self) -> Path:
+        return Path(self.task_dir) if self.task_dir else config_dir() / "eval_tasks"
+
+    def project_tasks(self) -> dict[str, Path]:
+        d = self._task_dir()
+        return {p.stem: p for p in sorted(d.glob("*.yaml"))} if d.is_dir() else {}
+
+    def resolve_tasks(self, names: list[str]) -> list:
+        """Task configs for lm-eval; unknown names fail before any model is loaded."""
+        names = names or self.default_tasks
+        local = self.project_tasks()
+        resolved: list = []
+        external = [n for n in names if n not in local]
+        if external:
+            from lm_eval.tasks import TaskManager
+
+            known = set(TaskManager().all_tasks)
+            unknown = [n for n in external if n not in known]
+            if unknown:
+                raise ConfigError(
+                    f"eval_tasks {unknown}",
+                    f"not a project task ({', '.join(local) or 'none'} in {self._task_dir()}) "
+                    "and not an lm-eval task",
+                    "Fix the name in the model's eval_tasks, or add <name>.yaml to "
+                    "configs/eval_tasks/.")
+        for name in names:
+            if name in local:
+                cfg = load_yaml(local[name])
+                files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+                if isinstance(files, dict):
+                    cfg["dataset_kwargs"]["data_files"] = {
+                        split: str((local[name].parent / f).resolve()) for split, f in files.items()}
+                resolved.append(cfg)
+            else:
+                resolved.append(name)
+        return resolved
+
+    def evaluate(self, model, tokenizer, tasks: list[str]) -> EvalRun:
+        """`model` is an nn.Module (scored as it is in memory) or a checkpoint directory."""
+        import lm_eval
+        import torch
+        from lm_eval.models.huggingface import HFLM
+
+        task_cfgs = self.resolve_tasks(tasks)
+        if isinstance(model, str | Path):
+            lm = HFLM(pretrained=str(model), dtype="bfloat16", batch_size=self.batch_size,
+                      device="cuda" if torch.cuda.is_available() else "cpu")
+        else:
+            lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.batch_size)
+        t0 = time.perf_counter()
+        out = lm_eval.simple_evaluate(model=lm, tasks=task_cfgs, limit=self.limit,
+                                      log_samples=True, bootstrap_iters=1000,
+                                      random_seed=0, numpy_random_seed=0, torch_random_seed=0)
+        seconds = time.perf_counter() - t0
+        samples = {
+            task: [{k: v for k, v in s.items()
+                    if k == "doc_id" or isinstance(v, int | float) and not isinstance(v, bool)}
+                   for s in rows]
+            for task, rows in (out.get("samples") or {}).items()}
+        items = sum(len(v) for v in samples.values())
+        return EvalRun(out["results"], samples, seconds, items)
