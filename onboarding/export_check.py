@@ -213,8 +213,10 @@ def load_reference_model(baseline_dir: Path, export_dir: Path, baseline_keys: se
                 if params[name].shape != value.shape:
                     raise ExportError(f"{export_dir}: {name}",
                                       f"shape {tuple(value.shape)} after dequantization, "
-                                      f"{tuple(params[name].shape)} in the model",
-                                      "Re-materialize `quantized`")
+                                      f"{tuple(params[name].shape)} in the model (a layout "
+                                      "this check does not know, e.g. transposed Conv1D)",
+                                      "Serve another precision of the ladder for this "
+                                      "architecture")
                 params[name].copy_(value.to(params[name].dtype))
     modules = dict(model.named_modules())
     gs = layout.group_size or 16

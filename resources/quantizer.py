@@ -251,7 +251,7 @@ class ModelOptQuantizer(Quantizer):
         t0 = time.perf_counter()
         try:
             model = mtq.quantize(model, quant_cfg, forward_loop)
-        except (RuntimeError, ValueError, TypeError, AssertionError, NotImplementedError) as exc:
+        except Exception as exc:  # re-raised below with the cause chained
             raise QuantizationError(
                 f"{model_id} ({arch}) at {precision}",
                 f"Model Optimizer could not quantize it: {type(exc).__name__}: {exc}",
@@ -288,8 +288,7 @@ class ModelOptQuantizer(Quantizer):
             # dtype explicitly: left to itself the exporter reads config.torch_dtype, which
             # transformers 5 may hold as the string 'bfloat16' ("Invalid device string").
             export_hf_checkpoint(model, dtype=torch.bfloat16, export_dir=staging)
-        except (RuntimeError, ValueError, TypeError, AssertionError, NotImplementedError,
-                KeyError) as exc:
+        except Exception as exc:  # re-raised below with the cause chained
             raise QuantizationError(
                 f"{model_id} ({arch}) at {precision}",
                 f"Model Optimizer could not export it: {type(exc).__name__}: {exc}",

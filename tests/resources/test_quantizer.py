@@ -1,0 +1,175 @@
+"""Model Optimizer on CPU with a tiny random Llama: quantize, export, and the export check.
+
+The CPU path is the one CI can run: modelopt calibrates and exports, and the pure-torch NVFP4
+backend stands in for the CUDA-only fake-quant kernel.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
+
+from onboarding.paths import PROJECT_ROOT
+from onboarding.variants import QuantizationError, variant_dir
+from resources.quantizer import CPU_NVFP4_BACKEND, ModelOptQuantizer, attach_cpu_backend
+from tests.quantize_support import build_tiny_causal_lm, save_byte_tokenizer
+
+
+def small_config(tmp_path: Path, **calibration) -> Path:
+    """configs/quantization.yaml with a short calibration and held-out set (tiny model)."""
+    cfg = yaml.safe_load((PROJECT_ROOT / "configs" / "quantization.yaml").read_text())
+    cfg["calibration"].update({"samples": 4, "seq_len": 64, "batch_size": 2, **calibration})
+    cfg["export_check"].update({"samples": 2, "seq_len": 64})
+    root = PROJECT_ROOT / "configs"
+    for section in ("calibration", "export_check"):
+        cfg[section]["dataset"] = str(root / cfg[section]["dataset"])
+    p = tmp_path / "quantization.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory) -> Path:
+    return build_tiny_causal_lm(tmp_path_factory.mktemp("tinylm") / "m" / "rev1")
+
+
+@pytest.fixture(scope="module")
+def quantizer(tmp_path_factory) -> ModelOptQuantizer:
+    return ModelOptQuantizer(device="cpu",
+                             config_path=str(small_config(tmp_path_factory.mktemp("qcfg"))))
+
+
+@pytest.fixture(scope="module")
+def nvfp4(tiny_lm, quantizer):
+    return quantizer.quantize("tiny", tiny_lm, "nvfp4", variant_dir(tiny_lm, "nvfp4"), "rev1")
+
+
+def test_nvfp4_export_is_packed_valid_and_smaller(nvfp4, tiny_lm):
+    assert nvfp4.export_valid and nvfp4.error is None, nvfp4.error
+    out = Path(nvfp4.path)
+    qcfg = json.loads((out / "hf_quant_config.json").read_text())["quantization"]
+    assert qcfg["quant_algo"] == "NVFP4" and qcfg["group_size"] == 16
+    tensors = load_file(str(out / "model.safetensors"))
+    w = tensors["model.layers.0.mlp.down_proj.weight"]
+    assert w.dtype == torch.uint8 and w.shape == (64, 64)  # 128 inputs packed two per byte
+    assert tensors["model.layers.0.mlp.down_proj.weight_scale"].dtype == torch.float8_e4m3fn
+    assert (out / "tokenizer.json").is_file() and (out / "onboarding-manifest.json").is_file()
+    assert Path(nvfp4.state_path).is_file()
+    s = nvfp4.stats
+    assert s["weight_bytes"] < s["baseline_weight_bytes"] and s["compression_ratio"] > 1
+    assert s["cpu_nvfp4_backend_quantizers"] > 0
+    assert s["check_weights_only_ppl_rel_diff"] <= 0.03
+    assert not list(out.parent.glob(".staging-*"))
+
+
+def test_fp8_export_holds_fp8_weights(tiny_lm, quantizer):
+    v = quantizer.quantize("tiny", tiny_lm, "fp8", variant_dir(tiny_lm, "fp8"), "rev1")
+    assert v.export_valid, v.error
+    tensors = load_file(str(Path(v.path) / "model.safetensors"))
+    assert tensors["model.layers.1.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
+
+
+def test_restored_model_is_the_calibrated_one(nvfp4, tiny_lm, quantizer):
+    model, tok = quantizer.load_for_eval(tiny_lm, nvfp4)
+    ids = tok("The engineer tests the pump", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        quant = model(ids).logits
+    backends = {m.backend for n, m in model.named_modules() if n.endswith("input_quantizer")
+                and m.is_enabled}
+    assert backends == {CPU_NVFP4_BACKEND}
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert not torch.equal(base(ids).logits, quant)
+
+
+def _copy_variant(v, tmp_path) -> tuple[Path, Path]:
+    dst = tmp_path / "copy" / "nvfp4"
+    shutil.copytree(v.path, dst)
+    state = dst.parent / "nvfp4.modelopt.pt"
+    shutil.copy(v.state_path, state)
+    return dst, state
+
+
+def test_export_check_fails_on_corrupted_weights(nvfp4, tiny_lm, quantizer, tmp_path):
+    dst, state = _copy_variant(nvfp4, tmp_path)
+    f = dst / "model.safetensors"
+    tensors = load_file(str(f))
+    for name, t in tensors.items():  # scramble every packed FP4 weight's nibbles
+        if t.dtype == torch.uint8:
+            tensors[name] = t ^ 0x5A
+    save_file(tensors, str(f), metadata={"format": "pt"})
+    check = quantizer.verify_export(tiny_lm, dst, state)
+    assert not check.passed
+    assert "weights only" in check.problem
+    assert check.weights_only.ppl_rel_diff > 0.03
+
+
+def test_export_check_fails_on_a_wrong_activation_scale(nvfp4, tiny_lm, quantizer, tmp_path):
+    dst, state = _copy_variant(nvfp4, tmp_path)
+    f = dst / "model.safetensors"
+    tensors = load_file(str(f))
+    tensors["model.layers.0.self_attn.o_proj.input_scale"] *= 4
+    save_file(tensors, str(f), metadata={"format": "pt"})
+    check = quantizer.verify_export(tiny_lm, dst, state)
+    assert not check.passed
+    assert "model.layers.0.self_attn.o_proj.input_scale" in check.problem
+
+
+def test_export_missing_a_tensor_is_named(nvfp4, tiny_lm, quantizer, tmp_path):
+    dst, state = _copy_variant(nvfp4, tmp_path)
+    f = dst / "model.safetensors"
+    tensors = load_file(str(f))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(f), metadata={"format": "pt"})
+    check = quantizer.verify_export(tiny_lm, dst, state)
+    assert not check.passed
+    assert "model.layers.1.mlp.up_proj.weight" in check.problem
+    assert "missing" in check.problem
+
+
+def test_architecture_modelopt_cannot_quantize_raises_a_quantization_error(tmp_path, quantizer):
+    from transformers import BloomConfig, BloomForCausalLM
+
+    torch.manual_seed(0)
+    model = BloomForCausalLM(BloomConfig(n_layer=1, hidden_size=64, n_head=4, vocab_size=257))
+    ckpt = tmp_path / "bloom" / "r"
+    model.to(torch.bfloat16).save_pretrained(ckpt)
+    save_byte_tokenizer(ckpt)
+    with pytest.raises(QuantizationError) as err:
+        quantizer.quantize("bloom", ckpt, "nvfp4", variant_dir(ckpt, "nvfp4"), "r")
+    assert "BloomForCausalLM" in str(err.value)
+    assert "precision_ladder" in err.value.fix
+    assert not variant_dir(ckpt, "nvfp4").exists()
+
+
+def test_too_short_calibration_set_fails_before_quantizing(tmp_path, tiny_lm):
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"text": "only a few words"}\n')
+    q = ModelOptQuantizer(device="cpu",
+                          config_path=str(small_config(tmp_path, dataset=str(short))))
+    with pytest.raises(QuantizationError, match="1 are configured|4 are configured"):
+        q.quantize("tiny", tiny_lm, "nvfp4", tmp_path / "out", "rev1")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    q = ModelOptQuantizer(device="cpu",
+                          config_path=str(small_config(tmp_path, dataset=str(empty))))
+    with pytest.raises(QuantizationError, match="is empty"):
+        q.quantize("tiny", tiny_lm, "nvfp4", tmp_path / "out", "rev1")
+
+
+def test_backend_is_attached_only_to_nvfp4_quantizers(tiny_lm):
+    import copy
+
+    import modelopt.torch.quantization as mtq
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.bfloat16)
+    ids = torch.randint(0, 256, (1, 32))
+    fp8 = mtq.quantize(model, copy.deepcopy(mtq.FP8_DEFAULT_CFG), lambda m: m(ids))
+    assert attach_cpu_backend(fp8) == 0
