@@ -265,33 +265,9 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     check_fits(scenarios, effective_max_model_len(template, engine.resolved_hardware(),
                                                   spec.engine_args))
     tokenizer = _load_tokenizer(variant.path)
-    loads = sweep.concurrency if sweep.mode == "concurrency" else sweep.rates
-    rows: list[dict] = []
-    points: dict[str, list[tuple[int, PointStats]]] = {}
     with engine.serve(variant, spec.served_name, spec.engine_args) as running:
-        for name, sc in scenarios.items():
-            n_max = max(sweep.requests_at(int(c)) for c in loads) + sweep.warmup_requests
-            prompts = synthetic_prompts(tokenizer, n_max, sc.input_tokens, sc.prefix_tokens,
-                                        seed=zlib.crc32(name.encode()))
-            bodies = completion_bodies(spec.served_name, prompts, sc.output_tokens)
-            warm, pool_ = bodies[:sweep.warmup_requests], bodies[sweep.warmup_requests:]
-            for load in loads:
-                kw = ({"concurrency": int(load)} if sweep.mode == "concurrency"
-                      else {"rate_rps": float(load)})
-                run = loadgen.run_point(
-                    running.base_url, pool_[:sweep.requests_at(int(max(load, 1)))],
-                    max_seconds=sweep.max_seconds_per_point,
-                    request_timeout_s=sweep.request_timeout_s, warmup_bodies=warm,
-                    scrape_interval_s=sweep.scrape_interval_s, **kw)
-                stats = summarize(run.records, run.duration_s, slo)
-                points.setdefault(name, []).append((int(load), stats))
-                row = {"scenario": name, "load": load, **stats.row(),
-                       **_server_side(run, template.metrics),
-                       "meets_slo": not slo_violations(stats, slo)}
-                rows.append(row)
-                context.log.info(f"{name} @ {load}: {stats.request_throughput_rps:.2f} req/s, "
-                                 f"TTFT p95 {stats.ttft_s.p95:.3f} s, "
-                                 f"ITL {stats.itl_ms.mean:.1f} ms, errors {stats.errors_by_cause}")
+        rows, points = _sweep(context, loadgen, running, template, spec.served_name, scenarios,
+                              sweep, slo, tokenizer)
     result, basis, violations = _headline(spec, variant, engine, gpus, slo, points,
                                           sweep.mode == "concurrency")
     if reason:
@@ -332,6 +308,38 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
                   "expected": dg.MetadataValue.json(slo.__dict__),
                   "violations": dg.MetadataValue.json(list(violations)),
                   "saturation_concurrency": result.saturation_concurrency})
+
+
+def _sweep(context, loadgen: LoadGenerator, running, template, served_name: str,
+           scenarios: dict, sweep, slo: Slo, tokenizer
+           ) -> tuple[list[dict], dict[str, list[tuple[int, PointStats]]]]:
+    """Every scenario x load point against the running engine: table rows and stats."""
+    loads = sweep.concurrency if sweep.mode == "concurrency" else sweep.rates
+    rows: list[dict] = []
+    points: dict[str, list[tuple[int, PointStats]]] = {}
+    for name, sc in scenarios.items():
+        n_max = max(sweep.requests_at(int(max(c, 1))) for c in loads) + sweep.warmup_requests
+        prompts = synthetic_prompts(tokenizer, n_max, sc.input_tokens, sc.prefix_tokens,
+                                    seed=zlib.crc32(name.encode()))
+        bodies = completion_bodies(served_name, prompts, sc.output_tokens)
+        warm, pool_ = bodies[:sweep.warmup_requests], bodies[sweep.warmup_requests:]
+        for load in loads:
+            kw = ({"concurrency": int(load)} if sweep.mode == "concurrency"
+                  else {"rate_rps": float(load)})
+            run = loadgen.run_point(
+                running.base_url, pool_[:sweep.requests_at(int(max(load, 1)))],
+                max_seconds=sweep.max_seconds_per_point,
+                request_timeout_s=sweep.request_timeout_s, warmup_bodies=warm,
+                scrape_interval_s=sweep.scrape_interval_s, **kw)
+            stats = summarize(run.records, run.duration_s, slo)
+            points.setdefault(name, []).append((int(load), stats))
+            rows.append({"scenario": name, "load": load, **stats.row(),
+                         **_server_side(run, template.metrics),
+                         "meets_slo": not slo_violations(stats, slo)})
+            context.log.info(f"{name} @ {load}: {stats.request_throughput_rps:.2f} req/s, "
+                             f"TTFT p95 {stats.ttft_s.p95:.3f} s, ITL {stats.itl_ms.mean:.1f} "
+                             f"ms, errors {stats.errors_by_cause}")
+    return rows, points
 
 
 def _headline(spec: ModelSpec, variant: VariantRef, engine: Engine, gpus: int, slo: Slo,
