@@ -12,6 +12,7 @@ from onboarding.errors import ConfigError, FetchError, IntegrityError
 from onboarding.paths import models_dir
 from onboarding.refs import CheckpointRef
 from pipelines.partitions import models_partitions
+from pipelines.step_tags import cache_step_tags
 from resources.huggingface import HuggingFaceStore
 from resources.nvme_cache import FetchResult, NvmeCache
 from resources.s3 import S3ObjectStore
@@ -27,6 +28,7 @@ def model_spec(partition_key: str) -> ModelSpec:
     partitions_def=models_partitions,
     group_name="fetch",
     kinds={"s3", "huggingface"},
+    op_tags=cache_step_tags("checkpoint"),  # in a cluster: on the GPU node that owns the cache
     check_specs=[
         dg.AssetCheckSpec(COMPLETE, asset="checkpoint", blocking=True,
                           description="every file present at its size; the shard index "

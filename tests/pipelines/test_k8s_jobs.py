@@ -242,7 +242,6 @@ def test_real_onboarding_job_renders_the_same_step_pods(onboard_model, k8s_insta
             assert "nvidia.com/gpu" not in gpus, key
 
 
-@pytest.mark.xfail(reason="until assets/checkpoint.py passes op_tags=cache_step_tags('checkpoint')")
 def test_real_checkpoint_step_carries_the_cache_placement(onboard_model, resource_env):
     from dagster._core.execution.api import create_execution_plan
 
