@@ -118,9 +118,12 @@ def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore
                           "what_to_do": "The cached copy and results stay. Re-upload to "
                           "onboard again, or delete the partition if the model is retired."}))
     context.update_cursor(cursor.to_json())
-    context.log.info(f"listed {step.keys} keys in {step.pages} page(s); pass "
-                     f"{'finished' if step.pass_finished else 'continues'}; "
-                     f"{len(runs)} run(s) requested")
+    summary = (f"listed {step.keys} keys in {step.pages} page(s); pass "
+               f"{'finished' if step.pass_finished else 'continues'}; {len(runs)} run(s) "
+               "requested")
+    if not (runs or new_keys or events):
+        return dg.SkipReason(summary)  # shown on the tick in the UI; the cursor still moves
+    context.log.info(summary)
     return dg.SensorResult(
         run_requests=runs,
         dynamic_partitions_requests=[models_partitions.build_add_request(new_keys)]
