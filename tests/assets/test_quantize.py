@@ -1,0 +1,124 @@
+"""`quantized` -> `accuracy` -> `serving_variant` in a real Dagster instance, tiny model on CPU.
+
+Covers the ladder: NVFP4 served when it passes, the fallback to FP8 with the reason recorded
+when NVFP4 cannot be produced, and a failed `serving_variant` when no precision may be served.
+"""
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from assets.quantize import (
+    SERVING_CHECK,
+    accuracy,
+    export_check_name,
+    gate_check_name,
+    quantized,
+    serving_variant,
+)
+from onboarding.refs import CheckpointRef, VariantRef
+from pipelines.partitions import models_partitions
+from resources.evaluator import LmEvalEvaluator
+from resources.quantizer import ModelOptQuantizer
+from tests.conftest import write_spec
+from tests.quantize_support import build_tiny_causal_lm
+
+KEY = "tiny-lm"
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory) -> Path:
+    return build_tiny_causal_lm(tmp_path_factory.mktemp("cache") / KEY / "rev1")
+
+
+@pytest.fixture
+def configs(config_dir) -> Path:
+    """Small calibration, and gates that a random tiny model can pass on 8 items per task."""
+    q = yaml.safe_load((config_dir / "quantization.yaml").read_text())
+    q["calibration"].update({"samples": 4, "seq_len": 64, "batch_size": 2})
+    q["export_check"].update({"samples": 2, "seq_len": 64})
+    (config_dir / "quantization.yaml").write_text(yaml.safe_dump(q))
+    g = yaml.safe_load((config_dir / "gates.yaml").read_text())
+    g["accuracy"].update({"min_items": 8, "tolerance": {"max_abs_drop": 1.0, "max_rel_drop": 1.0}})
+    (config_dir / "gates.yaml").write_text(yaml.safe_dump(g))
+    return config_dir
+
+
+def stub_checkpoint(path: Path):
+    @dg.asset(name="checkpoint", partitions_def=models_partitions)
+    def _checkpoint() -> CheckpointRef:
+        return CheckpointRef(model=KEY, source="s3://models/tiny/", revision="rev1",
+                             path=str(path), content_hash="base", total_bytes=1)
+
+    return _checkpoint
+
+
+def materialize(path: Path):
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [KEY])
+    result = dg.materialize(
+        [stub_checkpoint(path), quantized, accuracy, serving_variant], partition_key=KEY,
+        instance=instance, raise_on_error=False,
+        resources={"quantizer": ModelOptQuantizer(device="cpu"),
+                   "evaluator": LmEvalEvaluator(limit=8, batch_size=8)})
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    return result, checks
+
+
+def materialization(result, key: str):
+    return next(m for m in result.get_asset_materialization_events()
+                if m.asset_key == dg.AssetKey(key)).materialization
+
+
+def test_nvfp4_is_served_when_it_passes(configs, tiny_lm):
+    write_spec(configs, KEY, "s3://models/tiny/")
+    result, checks = materialize(tiny_lm)
+    assert result.success
+    ref = result.output_for_node("serving_variant")
+    assert isinstance(ref, VariantRef) and ref.precision == "nvfp4"
+    assert Path(ref.path).is_dir() and ref.path.endswith("rev1.variants/nvfp4")
+    meta = materialization(result, "serving_variant").metadata
+    assert meta["precision"].value == "nvfp4"
+    assert 0 < meta["weight_bytes"].value < meta["total_bytes"].value
+    for p in ("nvfp4", "fp8"):
+        assert checks[export_check_name(p)].passed
+        assert checks[gate_check_name(p)].passed
+    assert checks[SERVING_CHECK].passed
+    acc_meta = materialization(result, "accuracy").metadata
+    assert "| task" in acc_meta["accuracy_table"].value
+    gate_meta = checks[gate_check_name("nvfp4")].metadata
+    assert "onb_facts_mc_actual" in gate_meta and "onb_facts_mc_expected" in gate_meta
+    q_meta = materialization(result, "quantized").metadata
+    assert q_meta["nvfp4_compression_ratio"].value > 1
+
+
+def test_fp8_is_served_when_nvfp4_cannot_be_produced(configs, tiny_lm):
+    q = yaml.safe_load((configs / "quantization.yaml").read_text())
+    q["models"] = {KEY: {"nvfp4": {"preset": "NVFP4_DEFAULT_CFG", "disable": ["*"]}}}
+    (configs / "quantization.yaml").write_text(yaml.safe_dump(q))
+    write_spec(configs, KEY, "s3://models/tiny/")
+    result, checks = materialize(tiny_lm)
+    assert result.success
+    assert result.output_for_node("serving_variant").precision == "fp8"
+    meta = materialization(result, "serving_variant").metadata
+    assert "Model Optimizer could not quantize" in meta["skipped_nvfp4"].value
+    assert not checks[export_check_name("nvfp4")].passed
+    assert checks[export_check_name("nvfp4")].severity == dg.AssetCheckSeverity.WARN
+    assert not checks[gate_check_name("nvfp4")].passed
+    assert checks[SERVING_CHECK].passed
+
+
+def test_no_servable_precision_fails_serving_variant(configs, tiny_lm):
+    q = yaml.safe_load((configs / "quantization.yaml").read_text())
+    q["models"] = {KEY: {"nvfp4": {"preset": "NVFP4_DEFAULT_CFG", "disable": ["*"]}}}
+    (configs / "quantization.yaml").write_text(yaml.safe_dump(q))
+    write_spec(configs, KEY, "s3://models/tiny/", precision_ladder=["nvfp4"])
+    result, _ = materialize(tiny_lm)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert failure.step_key == "serving_variant"
+    assert "no precision of the ladder" in str(failure.event_specific_data.error)
+    assert not any(m.asset_key == dg.AssetKey("serving_variant")
+                   for m in result.get_asset_materialization_events())
