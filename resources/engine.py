@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import json
 import os
 import re
@@ -256,6 +257,7 @@ class Engine(dg.ConfigurableResource):
         from a cold cache, is measured first as the physical reference.
         """
         files = weight_files(Path(variant.path))
+        gc.collect()  # an earlier step in this process may still hold the weights mmapped
         page_cache.make_cold(files)
         raw = page_cache.sequential_read(files)
         samples = []
