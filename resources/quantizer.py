@@ -156,7 +156,7 @@ class Quantizer(dg.ConfigurableResource):
     """Interface: produce a quantized variant, rebuild it in memory, prove its export."""
 
     def quantize(self, model_id: str, checkpoint_dir: Path, precision: str, out_dir: Path,
-                 revision: str, log=print) -> QuantizedVariant:
+                 revision: str, log=print, verify: bool = True) -> QuantizedVariant:
         raise NotImplementedError
 
     def load_for_eval(self, checkpoint_dir: Path, variant: QuantizedVariant):
@@ -215,10 +215,12 @@ class ModelOptQuantizer(Quantizer):
 
     # ---- quantize --------------------------------------------------------------------------
     def quantize(self, model_id: str, checkpoint_dir: Path, precision: str, out_dir: Path,
-                 revision: str, log=print) -> QuantizedVariant:
+                 revision: str, log=print, verify: bool = True) -> QuantizedVariant:
         """Calibrate, export into `out_dir` (staged, then renamed), verify; never half a variant.
 
         Raises QuantizationError when this architecture cannot be quantized at this precision.
+        `verify=False` skips the export check (bench/quantize.py times the two apart); such a
+        variant is marked not valid, so it is never served.
         """
         import modelopt.torch.opt as mto
         import modelopt.torch.quantization as mtq
@@ -309,7 +311,8 @@ class ModelOptQuantizer(Quantizer):
         staging.rename(out_dir)
         (staging.parent / f".staging-{out_dir.name}{STATE_SUFFIX}").replace(state_path)
 
-        check = self.verify_export(checkpoint_dir, out_dir, state_path)
+        check = (self.verify_export(checkpoint_dir, out_dir, state_path) if verify else
+                 ExportCheck(False, None, None, None, "export check skipped (verify=False)"))
         weight_bytes = _dir_bytes(out_dir, ".safetensors")
         baseline_weight_bytes = _dir_bytes(checkpoint_dir, ".safetensors")
         stats.update({

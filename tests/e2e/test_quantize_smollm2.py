@@ -1,0 +1,80 @@
+"""The real small model through quantize -> accuracy -> serving_variant on CPU (slow).
+
+SmolLM2-135M-Instruct, built offline by scripts/build_smollm2.py. Eval limit: 100 items per task
+(the shipped gate's `min_items`), so CI spends minutes, not the ~25 min the full 551 items of
+NVFP4 fake quantization take on 2 cores; the full tasks run in `dagster dev` and on the GPU.
+"""
+
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from assets.quantize import accuracy, export_check_name, gate_check_name, quantized, serving_variant
+from onboarding.paths import PROJECT_ROOT
+from onboarding.refs import CheckpointRef
+from pipelines.partitions import models_partitions
+from resources.evaluator import LmEvalEvaluator
+from resources.quantizer import ModelOptQuantizer
+from tests.conftest import write_spec
+
+SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+KEY = "smollm2-135m"
+EVAL_LIMIT = 100
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def smol_copy(tmp_path) -> Path:
+    if not (SMOL / "model.safetensors").is_file():
+        pytest.skip(f"{SMOL} not built; scripts/build_smollm2.py builds it offline")
+    dst = tmp_path / "cache" / KEY / "rev"
+    shutil.copytree(SMOL, dst)
+    return dst
+
+
+def test_smollm2_gets_variants_an_accuracy_table_and_a_serving_variant(config_dir, smol_copy):
+    write_spec(config_dir, KEY, "s3://models/smollm2-135m-instruct/")
+    gates = yaml.safe_load((config_dir / "gates.yaml").read_text())["accuracy"]
+    assert gates["min_items"] <= EVAL_LIMIT
+
+    @dg.asset(name="checkpoint", partitions_def=models_partitions)
+    def _checkpoint() -> CheckpointRef:
+        return CheckpointRef(model=KEY, source="s3://models/smollm2-135m-instruct/",
+                             revision="rev", path=str(smol_copy), content_hash="base",
+                             total_bytes=sum(p.stat().st_size for p in smol_copy.iterdir()))
+
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [KEY])
+    result = dg.materialize(
+        [_checkpoint, quantized, accuracy, serving_variant], partition_key=KEY,
+        instance=instance, raise_on_error=False,
+        resources={"quantizer": ModelOptQuantizer(device="cpu"),
+                   "evaluator": LmEvalEvaluator(limit=EVAL_LIMIT)})
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    qset = result.output_for_node("quantized")
+    for precision in ("nvfp4", "fp8"):
+        v = qset.get(precision)
+        assert v.export_valid, v.error
+        assert checks[export_check_name(precision)].passed
+        assert v.stats["weight_bytes"] < v.stats["baseline_weight_bytes"]
+    report = result.output_for_node("accuracy")
+    assert {r["precision"] for r in report.rows} == {"bf16", "nvfp4", "fp8"}
+    assert all(r["n"] == EVAL_LIMIT for r in report.rows)
+    bf16_mc = next(r for r in report.rows if r["precision"] == "bf16"
+                   and r["task"] == "onb_facts_mc")
+    assert bf16_mc["baseline"] > 0.4  # well above chance: the model and task are real
+
+    ladder = ["nvfp4", "fp8", "bf16"]
+    passed = {p: checks[gate_check_name(p)].passed for p in ("nvfp4", "fp8")}
+    expected = next(p for p in ladder if p == "bf16" or passed[p])
+    assert result.success
+    ref = result.output_for_node("serving_variant")
+    assert ref.precision == expected
+    meta = next(m for m in result.get_asset_materialization_events()
+                if m.asset_key == dg.AssetKey("serving_variant")).materialization.metadata
+    for p in ladder[: ladder.index(expected)]:
+        assert "accuracy gate failed" in meta[f"skipped_{p}"].value
