@@ -188,6 +188,14 @@ def weight_files(checkpoint_dir: Path) -> list[Path]:
     return files
 
 
+def visible_gpu_count() -> int:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return 0
+    out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30, check=False)
+    return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")])
+
+
 class Engine(dg.ConfigurableResource):
     """Starts the serving engine for one variant. Local and production differ in config only."""
 
@@ -236,7 +244,16 @@ class Engine(dg.ConfigurableResource):
         return detect_hardware() if self.hardware == "auto" else self.hardware
 
     def gpu_count(self) -> int:
-        return len([g for g in self.gpus.split(",") if g.strip()])
+        """GPUs the engine gets: ENGINE_GPUS, else what the step sees (a k8s step pod gets its
+        GPUs from the device plugin and sets no ENGINE_GPUS); 0 on the CPU engine."""
+        if self.gpus:
+            return len([g for g in self.gpus.split(",") if g.strip()])
+        if self.resolved_hardware() == "cpu":
+            return 0
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            return len([g for g in visible.split(",") if g.strip()])
+        return visible_gpu_count()
 
     def can_serve(self, precision: str) -> tuple[bool, str]:
         hw = self.resolved_hardware()

@@ -187,3 +187,10 @@ def test_engine_dies_with_a_killed_step_process(fake_bin, tmp_path, tiny_checkpo
         step.kill()
         step.wait()
         step.stdout.close()
+
+
+def test_gpu_count_from_config_else_visible_devices(monkeypatch):
+    assert Engine(hardware="cpu").gpu_count() == 0
+    assert Engine(hardware="sm90", gpus="0,1,2,3").gpu_count() == 4
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert Engine(hardware="sm100").gpu_count() == 2  # a step pod given two GPUs
