@@ -1,0 +1,103 @@
+"""The serving stage on the real vLLM CPU engine with the full `cpu` profile, in Dagster.
+
+Materializes `load_timing` and `serving_benchmark` for SmolLM2-135M (bf16, a private copy so
+no other process pins its pages) in an ephemeral instance, with stand-ins for `checkpoint` and
+`serving_variant`, then prints the load timing, the sweep table, and our client's TTFT/ITL
+against the engine's own /metrics histograms over the same requests (the named peer: vLLM's
+server-side measurement).
+
+    .venv/bin/python bench/serving_sweep.py [--scenarios chat rag codegen] [--cold 3 --warm 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
+             "VLLM_NO_USAGE_STATS": "1", "DAGSTER_DISABLE_TELEMETRY": "1"}.items():
+    os.environ.setdefault(k, v)
+
+import dagster as dg
+import pandas as pd
+import yaml
+
+from assets.serving import load_timing, serving_benchmark
+from onboarding.refs import CheckpointRef, VariantRef
+from pipelines.partitions import models_partitions
+from resources.engine import Engine
+from resources.loadgen import LoadGenerator
+
+SMOL = ROOT / ".cache" / "smollm2-135m-instruct"
+KEY = "smollm2-135m"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenarios", nargs="+", default=["chat", "rag", "codegen"])
+    ap.add_argument("--cold", type=int, default=3)
+    ap.add_argument("--warm", type=int, default=2)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="serving-sweep-", dir=ROOT / ".cache"))
+    try:
+        model = work / "model"
+        shutil.copytree(SMOL, model)
+        os.sync()
+        configs = work / "configs"
+        shutil.copytree(ROOT / "configs", configs, ignore=shutil.ignore_patterns("models"))
+        (configs / "models").mkdir()
+        (configs / "models" / f"{KEY}.yaml").write_text(yaml.safe_dump({
+            "id": KEY, "source": "s3://models/smollm2-135m-instruct/",
+            "served_name": "smollm2-135m-instruct", "scenarios": args.scenarios,
+            "engine_args": {"max_model_len": 2048, "max_num_seqs": 64}}))
+        os.environ["ONBOARDING_CONFIG_DIR"] = str(configs)
+        os.environ["ONBOARDING_REPORTS_DIR"] = str(work / "reports")
+        size = sum(p.stat().st_size for p in model.glob("*.safetensors"))
+
+        @dg.asset(name="checkpoint", partitions_def=models_partitions)
+        def checkpoint() -> CheckpointRef:
+            return CheckpointRef(KEY, "s3://models/smollm2-135m-instruct/", "bench",
+                                 str(model), "bench", size)
+
+        @dg.asset(name="serving_variant", partitions_def=models_partitions)
+        def serving_variant() -> VariantRef:
+            return VariantRef(KEY, "bf16", str(model), size, "bench")
+
+        instance = dg.DagsterInstance.ephemeral()
+        instance.add_dynamic_partitions("models", [KEY])
+        result = dg.materialize(
+            [checkpoint, serving_variant, load_timing, serving_benchmark], partition_key=KEY,
+            instance=instance, resources={
+                "engine": Engine(hardware="cpu", log_dir=str(work / "logs")),
+                "loadgen": LoadGenerator()},
+            run_config={"ops": {"load_timing": {"config": {"cold_repeats": args.cold,
+                                                            "warm_repeats": args.warm}}}})
+        t = {k: getattr(v, "value", v) for k, v in next(
+            iter(result.asset_materializations_for_node("load_timing"))).metadata.items()}
+        print("\n## load_timing\n")
+        for k in ("cold_start_p50_s", "cold_start_p95_s", "cold_start_spread_s",
+                  "warm_start_p50_s", "weight_bytes", "weights_load_gbps", "raw_read_gbps"):
+            print(f"{k}: {t[k]}")
+        print(t["starts"])
+        b = result.output_for_node("serving_benchmark")
+        print(f"\n## serving_benchmark\n\n{b}\n")
+        table = pd.read_csv(work / "reports" / KEY / "serving_benchmark.csv")
+        table["client_vs_server_itl"] = table.itl_mean_ms / table.server_itl_mean_ms
+        table["client_vs_server_ttft"] = table.ttft_mean_s / table.server_ttft_mean_s
+        cols = ["scenario", "load", "request_throughput_rps", "output_tokens_per_s",
+                "ttft_p50_s", "ttft_p95_s", "itl_mean_ms", "tpot_mean_ms", "error_rate",
+                "goodput_rps", "server_itl_mean_ms", "client_vs_server_itl",
+                "client_vs_server_ttft", "peak_running", "peak_kv_cache_usage", "meets_slo"]
+        print(table[cols].to_markdown(index=False, floatfmt=".3g"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
