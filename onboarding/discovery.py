@@ -77,6 +77,7 @@ class Known:
 
 @dataclass
 class ScanCursor:
+    where: str = ""  # s3://bucket/prefix the cursor belongs to; another one starts afresh
     after: str = ""  # last key read; "" starts a pass
     open: Folder | None = None  # a folder whose keys continue past the last page read
     seen: list[str] = field(default_factory=list)  # folders seen in the current pass
@@ -88,12 +89,12 @@ class ScanCursor:
                           separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, raw: str | None) -> ScanCursor:
-        if not raw:
-            return cls()
-        body = json.loads(raw)
-        if body.pop("v", None) != CURSOR_VERSION:
-            return cls()  # an older layout: start a fresh pass; run keys still dedupe
+    def from_json(cls, raw: str | None, where: str) -> ScanCursor:
+        """The cursor for `where`; an empty one for another bucket/prefix or an older layout
+        (a fresh pass: run keys still keep what was launched from launching again)."""
+        body = json.loads(raw) if raw else {}
+        if body.pop("v", None) != CURSOR_VERSION or body.get("where") != where:
+            return cls(where=where)
         open_ = body.pop("open")
         known = {k: Known(**v) for k, v in body.pop("known").items()}
         return cls(open=Folder(**open_) if open_ else None, known=known, **body)

@@ -68,7 +68,7 @@ def _lister(s3: S3ObjectStore, bucket: str, prefix: str):
 def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore):
     cfg, launch = load_automation().discovery, load_automation().launch
     stages = job_stages(context.repository_def, onboard_model.name)
-    cursor = ScanCursor.from_json(context.cursor)
+    cursor = ScanCursor.from_json(context.cursor, f"s3://{cfg.bucket}/{cfg.prefix}")
     list_page, read = _lister(s3, cfg.bucket, cfg.prefix)
     step = advance(cursor, list_page, cfg.prefix, cfg.completion_marker, cfg.page_size,
                    cfg.max_pages_per_tick)

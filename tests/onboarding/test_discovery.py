@@ -44,7 +44,8 @@ def test_scan_is_bounded_per_tick_and_keeps_a_folder_across_ticks():
     step = advance(cursor, list_page, "in/", MARKER, page_size=3, max_pages=2)
     assert step.pages == 2 and not step.pass_finished and step.closed == []
     assert cursor.open.name == "a" and cursor.open.other_keys == 5  # config.json + 5 logs
-    cursor = ScanCursor.from_json(cursor.to_json())  # survives the trip through the daemon
+    cursor = ScanCursor.from_json(cursor.to_json(), "")  # survives the trip through the daemon
+    assert ScanCursor.from_json(cursor.to_json(), "s3://other/").open is None
     step = advance(cursor, list_page, "in/", MARKER, page_size=3, max_pages=2)
     assert [f.name for f in step.closed] == ["a", "b"] and step.pass_finished
     assert step.closed[0].files == {"config.json": [1, "e"]}
