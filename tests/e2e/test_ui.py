@@ -136,6 +136,15 @@ mutation Launch($params: ExecutionParams!) {
   }
 }"""
 RUN = """query Run($id: ID!) { runOrError(runId: $id) { ... on Run { status tags { key value } } } }"""
+DRY_RUN = """
+mutation DryRun($selector: ScheduleSelector!, $timestamp: Float) {
+  scheduleDryRun(selectorData: $selector, timestamp: $timestamp) {
+    __typename
+    ... on DryRunInstigationTick { evaluationResult {
+      runRequests { runKey tags { key value } } skipReason error { message } } }
+    ... on PythonError { message }
+  }
+}"""
 RUNS = """query Runs($filter: RunsFilter) { runsOrError(filter: $filter) {
   ... on Runs { results { runId status tags { key value } } } } }"""
 
@@ -268,6 +277,21 @@ def test_launch_from_the_ui_api_and_sensor_picks_up_an_upload(deployment, s3_sto
     latest = _wait(lambda: [v for v in _stack_versions(home) if v != first[0]],
                    "a serving_stack observation after the stack edit", dev, 120)
     assert latest[0] != first[0]
+
+    # "Test schedule" in the UI: the re-validation tick, evaluated now. The dropped model is
+    # ready only when its run went through kserve_manifest (ONBOARDING_E2E_SENSOR_ASSETS=all).
+    tick = dev.gql(DRY_RUN, {"selector": {
+        "repositoryLocationName": "onboarding", "repositoryName": "__repository__",
+        "scheduleName": "revalidation_schedule"}, "timestamp": time.time()})["scheduleDryRun"]
+    assert tick["__typename"] == "DryRunInstigationTick", tick
+    result = tick["evaluationResult"]
+    assert result["error"] is None, result["error"]
+    partitions = sorted({t["value"] for r in result["runRequests"] or [] for t in r["tags"]
+                         if t["key"] == "dagster/partition"})
+    full = os.environ.get("ONBOARDING_E2E_SENSOR_ASSETS") == "all"
+    assert partitions == (["dropped-model"] if full else []), result
+    if not full:
+        assert "current with stack" in result["skipReason"]
 
     _screenshot(dev)
 
