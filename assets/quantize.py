@@ -9,6 +9,7 @@ blocking check re-verifies the chosen variant's bytes on disk before anything co
 """
 
 
+import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -79,7 +80,10 @@ def quantized(context: dg.AssetExecutionContext, checkpoint: CheckpointRef, quan
             v = QuantizedVariant(precision=precision, path=None, state_path=None, error=str(exc))
         variants.append(v)
     result = QuantizedSet(spec.id, checkpoint.path, checkpoint.total_bytes, tuple(variants))
-    yield dg.Output(result, metadata=_quantized_metadata(result))
+    version = hashlib.sha256("".join(f"{v.precision}:{v.content_hash or v.error}\n"
+                                     for v in variants).encode()).hexdigest()
+    yield dg.Output(result, metadata=_quantized_metadata(result),
+                    data_version=dg.DataVersion(version))
     for precision in QUANTIZED_PRECISIONS:
         yield _export_check(result.get(precision), precision)
 

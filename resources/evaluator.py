@@ -40,7 +40,7 @@ class LmEvalEvaluator(Evaluator):
     limit: int | None = Field(
         default=None, description="items per task (None: all); small values make the gate "
                                   "fail for too few items unless gates.yaml min_items is lowered")
-    batch_size: int = Field(default=16, ge=1)
+    batch_size: int = Field(default=32, ge=1)
     task_dir: str | None = Field(default=None,
                                  description="project task YAMLs; default <config dir>/eval_tasks")
     default_tasks: list[str] = Field(default_factory=lambda: ["onb_facts_mc", "onb_arith_gen"],
