@@ -6,6 +6,8 @@ from a Secret/ConfigMap. Each resource is the production class, configured diffe
 
 from __future__ import annotations
 
+import os
+
 import dagster as dg
 
 from resources.engine import Engine
@@ -31,5 +33,8 @@ def build_resources() -> dict[str, object]:
         "nvme_cache": NvmeCache(root=dg.EnvVar("ONBOARDING_CACHE_ROOT")),
         "manifest_validator": ManifestValidator(),  # KSERVE_CRD_PATHS, ONBOARDING_KUBE_CONTEXT
         "quantizer": ModelOptQuantizer(),  # configs/quantization.yaml; cuda when present
-        "evaluator": LmEvalEvaluator(),  # configs/eval_tasks; all items per task
+        # configs/eval_tasks; all items per task unless ONBOARDING_EVAL_LIMIT caps them (the
+        # demo's quick pass uses 100, the gates' min_items)
+        "evaluator": LmEvalEvaluator(limit=int(os.environ["ONBOARDING_EVAL_LIMIT"])
+                                     if os.environ.get("ONBOARDING_EVAL_LIMIT") else None),
     }

@@ -29,7 +29,7 @@ def credentials() -> tuple[str, str]:
     path = DATA / "s3-credentials.json"
     if not path.exists():
         DATA.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"access_key": "onboarding",
+        path.write_text(json.dumps({"access_key": "onb" + secrets.token_hex(8),
                                     "secret_key": secrets.token_urlsafe(24)}))
         path.chmod(0o600)
     creds = json.loads(path.read_text())
@@ -80,16 +80,19 @@ def register_partitions(instance) -> list[str]:
     return keys
 
 
-def run_job(model: str, selection: list[str] | None) -> bool:
+def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
     import dagster as dg
 
+    from onboarding.automation import load_automation
     from pipelines.definitions import defs
 
     instance = dg.DagsterInstance.get()
     register_partitions(instance)
     job = defs.resolve_job_def("onboard_model")
+    stages = set(selection) if selection else None
+    run_config = load_automation().launch.run_config(sweep, stages)
     t0 = time.monotonic()
-    result = job.execute_in_process(partition_key=model, instance=instance,
+    result = job.execute_in_process(partition_key=model, instance=instance, run_config=run_config,
                                     asset_selection=[dg.AssetKey(s) for s in selection]
                                     if selection else None, raise_on_error=False)
     print(f"\nonboard_model[{model}]: {'SUCCESS' if result.success else 'FAILED'} "
@@ -117,6 +120,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEMO_MODEL, help="partition key (catalog id)")
     parser.add_argument("--select", nargs="*", help="only these assets (default: the job's)")
+    parser.add_argument("--full", action="store_true",
+                        help="every eval item and the profile's whole sweep (default: the quick "
+                             "pass, 100 items per eval task and configs/automation.yaml's "
+                             "quick sweep)")
     parser.add_argument("--ui", action="store_true", help="run `dagster dev` instead")
     parser.add_argument("--port", type=int, default=3000)
     args = parser.parse_args()
@@ -133,7 +140,12 @@ def main() -> int:
             return subprocess.call([str(ROOT / ".venv" / "bin" / "dagster"), "dev", "-h",
                                     "127.0.0.1", "-p", str(args.port), "-w", "workspace.yaml"],
                                    cwd=ROOT)
-        return 0 if run_job(args.model, args.select) else 1
+        if not args.full:
+            os.environ.setdefault("ONBOARDING_EVAL_LIMIT", "100")
+        sweep = "full" if args.full else "quick"
+        print(f"onboarding {args.model} ({sweep} pass; eval items per task: "
+              f"{os.environ.get('ONBOARDING_EVAL_LIMIT', 'all')})")
+        return 0 if run_job(args.model, args.select, sweep) else 1
     except KeyboardInterrupt:
         return 130
     finally:
