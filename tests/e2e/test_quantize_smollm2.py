@@ -3,8 +3,7 @@
 SmolLM2-135M-Instruct, built offline by scripts/build_smollm2.py. To keep CI in minutes on 2
 cores, this test evaluates 50 items per task (and lowers the gate's `min_items` to match),
 calibrates on 16 x 256 tokens and runs the export check on 2 x 128 held-out tokens (8.5 min);
-with the
-shipped settings (100+ items, 32 x 256, 4 x 256) the same test took 25.5 min on a loaded 2-core
+with the shipped settings (100 items, 32 x 256, 4 x 256) it took 25.5 min on a loaded 2-core
 machine. The full tasks run in `dagster dev` and in the GPU run (docs/gpu.md).
 """
 
