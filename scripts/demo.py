@@ -44,7 +44,12 @@ def start_s3():
     os.environ.update(server.env())
     os.environ.setdefault("ONBOARDING_CACHE_ROOT", str(DATA / "nvme"))
     os.environ.setdefault("ONBOARDING_OUTPUT_DIR", str(DATA / "manifests"))
-    print(f"local S3 (SeaweedFS) at {server.endpoint_url}, data in {server.data_dir}")
+    env_file = DATA / "onboarding.env"  # for the CLI beside a running `dev.sh ui`; 0600
+    keys = [*server.env(), "ONBOARDING_CACHE_ROOT", "ONBOARDING_OUTPUT_DIR", "DAGSTER_HOME"]
+    env_file.write_text("".join(f"{k}={os.environ[k]}\n" for k in keys if k in os.environ))
+    env_file.chmod(0o600)
+    print(f"local S3 (SeaweedFS) at {server.endpoint_url}, data in {server.data_dir}; "
+          f"environment for the CLI in {env_file}")
     return server
 
 
