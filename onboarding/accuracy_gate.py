@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from onboarding.catalog import format_validation_error, load_yaml
+from onboarding.catalog import load_yaml, validate_config
 from onboarding.errors import ConfigError
 
 
@@ -57,11 +57,8 @@ def load_accuracy_gates(path: Path) -> AccuracyGates:
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: accuracy", "missing or not a mapping",
                           "Add the `accuracy:` section (see the shipped configs/gates.yaml).")
-    try:
-        return AccuracyGates.model_validate(section)
-    except ValidationError as exc:
-        raise ConfigError(str(path), format_validation_error("accuracy", exc),
-                          "Fix the accuracy gate section.") from None
+    return validate_config(AccuracyGates, section, path, "accuracy",
+                           "Fix the accuracy gate section.")
 
 
 @dataclass(frozen=True)

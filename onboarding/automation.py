@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from onboarding.catalog import format_validation_error, load_yaml
+from onboarding.catalog import format_validation_error, load_yaml, validate_config
 from onboarding.errors import ConfigError
 from onboarding.paths import PROJECT_ROOT, config_dir
 
@@ -113,11 +113,8 @@ def load_automation(path: Path | None = None) -> AutomationConfig:
         raise ConfigError(str(path), "does not exist",
                           "Restore configs/automation.yaml or set ONBOARDING_CONFIG_DIR.")
     data = load_yaml(path)
-    try:
-        cfg = AutomationConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(str(path), format_validation_error(path, exc),
-                          "Fix automation.yaml (docs/automation.md lists the fields).") from None
+    cfg = validate_config(AutomationConfig, data, path, path,
+                          "Fix automation.yaml (docs/automation.md lists the fields).")
     overrides = {k: os.environ[env] for k, env in (("bucket", BUCKET_ENV), ("prefix", PREFIX_ENV))
                  if env in os.environ}
     if overrides:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -19,6 +19,7 @@ from onboarding.errors import ConfigError
 from onboarding.names import is_dns1123_label
 
 Precision = Literal["nvfp4", "fp8", "bf16"]
+M = TypeVar("M", bound=BaseModel)
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<prefix>.*)$")
 _HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(@(?P<revision>[\w.\-/]+))?$")
@@ -136,6 +137,15 @@ def format_validation_error(where: Path | str, err: ValidationError) -> str:
     return "; ".join(lines)
 
 
+def validate_config(model: type[M], data: Any, path: Path | str, where: Path | str,
+                    fix: str) -> M:
+    """`model.model_validate(data)`, or a ConfigError naming the file, `where` and each field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(str(path), format_validation_error(where, exc), fix) from None
+
+
 def load_yaml(path: Path) -> Any:
     try:
         return yaml.safe_load(path.read_text())
@@ -158,11 +168,7 @@ def parse_spec(data: Any, origin: str, default_id: str | None = None) -> ModelSp
         )
     if default_id is not None:
         data = {"id": default_id, **data}
-    try:
-        return ModelSpec.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(origin, format_validation_error("model spec", exc),
-                          "Fix the spec.") from None
+    return validate_config(ModelSpec, data, origin, "model spec", "Fix the spec.")
 
 
 _PROJECT_DISCOVERED = object()

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from onboarding.catalog import ModelSpec, format_validation_error, load_yaml
+from onboarding.catalog import ModelSpec, load_yaml, validate_config
 from onboarding.errors import ConfigError
 from onboarding.names import to_dns1123_label
 from onboarding.paths import PROJECT_ROOT
@@ -157,11 +157,8 @@ def stack_fingerprint(data: Any) -> str:
 @lru_cache(maxsize=8)
 def _load_stack(path: Path, mtime_ns: int) -> Stack:
     data = load_yaml(path)
-    try:
-        sections = _StackSections.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(str(path), format_validation_error(path, exc),
-                          "Fix the images:/env_switches: sections of stack.yaml.") from None
+    sections = validate_config(_StackSections, data, path, path,
+                               "Fix the images:/env_switches: sections of stack.yaml.")
     engine = sections.images.engine
     return Stack(engine=engine, engine_version=sections.versions.get(engine, "unknown"),
                  images=dict(getattr(sections.images, engine)),
@@ -176,11 +173,7 @@ def load_stack(path: Path) -> Stack:
 
 @lru_cache(maxsize=8)
 def _load_deploy(path: Path, mtime_ns: int) -> DeployConfig:
-    try:
-        return DeployConfig.model_validate(load_yaml(path))
-    except ValidationError as exc:
-        raise ConfigError(str(path), format_validation_error(path, exc),
-                          "Fix deploy.yaml.") from None
+    return validate_config(DeployConfig, load_yaml(path), path, path, "Fix deploy.yaml.")
 
 
 def load_deploy(path: Path) -> DeployConfig:

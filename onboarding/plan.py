@@ -15,9 +15,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from onboarding.catalog import ArchitectureHint, ModelSpec, format_validation_error, load_yaml
+from onboarding.catalog import (
+    ArchitectureHint,
+    ModelSpec,
+    load_yaml,
+    validate_config,
+)
 from onboarding.errors import ConfigError
 from onboarding.names import is_dns1123_label
 
@@ -143,10 +148,7 @@ class NodesConfig(_Strict):
 
 @lru_cache(maxsize=8)
 def _load_nodes(path: Path, mtime_ns: int) -> NodesConfig:
-    try:
-        return NodesConfig.model_validate(load_yaml(path))
-    except ValidationError as exc:
-        raise ConfigError(str(path), format_validation_error(path, exc), "Fix nodes.yaml.") from None
+    return validate_config(NodesConfig, load_yaml(path), path, path, "Fix nodes.yaml.")
 
 
 def load_nodes(path: Path) -> NodesConfig:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from onboarding.catalog import format_validation_error, load_yaml
+from onboarding.catalog import load_yaml, validate_config
 from onboarding.errors import ConfigError
 
 QuantizedPrecision = Literal["nvfp4", "fp8"]
@@ -76,11 +76,8 @@ def load_quantization_config(path: Path) -> QuantizationConfig:
     data = load_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(str(path), "expected a mapping at the top level", "See the shipped file.")
-    try:
-        return QuantizationConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(str(path), format_validation_error("quantization", exc),
-                          "Fix the file (see configs/quantization.yaml's comments).") from None
+    return validate_config(QuantizationConfig, data, path, "quantization",
+                           "Fix the file (see configs/quantization.yaml's comments).")
 
 
 def resolve_data_path(config_dir: Path, value: str) -> Path:
