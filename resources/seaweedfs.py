@@ -8,10 +8,7 @@ credentials fail as they would against production S3.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onboarding.errors import OnboardingError
+from onboarding.processes import free_port, log_tail, reap_group
 
 # Ports `weed mini` opens; each is set explicitly so nothing lands on a fixed default.
 _PORT_FLAGS = (
@@ -28,12 +26,6 @@ _PORT_FLAGS = (
     "filer.port.grpc", "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance",
     "webdav.port", "admin.port", "admin.port.grpc",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def weed_binary() -> str:
@@ -127,20 +119,12 @@ class LocalS3Server:
             return False
 
     def log_tail(self, lines: int = 20) -> str:
-        if not self.log_path or not self.log_path.exists():
-            return "<no log>"
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.log_path, lines) if self.log_path else "(no log)"
 
     def stop(self) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc is not None:
+            reap_group(proc)
 
     def __enter__(self) -> LocalS3Server:  # noqa: PYI034
         return self.start() if self.process is None else self

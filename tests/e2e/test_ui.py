@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -30,7 +29,7 @@ import pytest
 import yaml
 
 from onboarding.paths import PROJECT_ROOT
-from resources.seaweedfs import free_port
+from onboarding.processes import free_port, reap_group
 from tests.conftest import write_spec
 
 pytestmark = pytest.mark.slow
@@ -110,18 +109,8 @@ class DagsterDev:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        try:  # run workers and code servers share the group; none may outlive the test
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if proc is not None:  # run workers and code servers share the group: all of it goes
+            reap_group(proc, grace_s=60)
 
 
 LAUNCH = """

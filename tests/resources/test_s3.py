@@ -8,9 +8,9 @@ import pytest
 
 from onboarding.catalog import parse_source
 from onboarding.errors import FetchError
+from onboarding.processes import free_port
 from resources.nvme_cache import NvmeCache
 from resources.s3 import S3ObjectStore
-from resources.seaweedfs import free_port
 from tests.conftest import ACCESS_KEY
 
 
