@@ -225,7 +225,7 @@ def serving_variant(context: dg.AssetExecutionContext, checkpoint: CheckpointRef
         ref = VariantRef(spec.id, precision, v.path, v.total_bytes, v.content_hash)
         weight_bytes = v.stats.get("weight_bytes", v.total_bytes)
     meta = {"precision": precision, "weight_bytes": weight_bytes, "total_bytes": ref.total_bytes,
-            "path": dg.MetadataValue.path(ref.path), "content_hash": ref.content_hash,
+            "variant_path": dg.MetadataValue.path(ref.path), "content_hash": ref.content_hash,
             "ladder": " → ".join(spec.precision_ladder)}
     for p, why in skipped.items():
         meta[f"skipped_{p}"] = why
