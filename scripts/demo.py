@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -116,6 +117,27 @@ def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
     return result.success
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run_dagster_dev(port: int) -> int:
+    """`dagster dev` in its own process group, so Ctrl+C here stops all of it (webserver,
+    daemon, code servers, run workers) with SIGTERM, then SIGKILL after a grace period."""
+    from onboarding.processes import reap_group
+
+    proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "dagster"), "dev", "-h", "127.0.0.1",
+                             "-p", str(port), "-w", "workspace.yaml"], cwd=ROOT,
+                            start_new_session=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        print("stopping dagster dev and the local S3 server ...")
+        return 130
+    finally:
+        reap_group(proc, grace_s=20)
+
+
 def _short(value) -> str:
     text = str(value)
     return text if len(text) <= 48 else text[:45] + "..."
@@ -132,6 +154,10 @@ def main() -> int:
     parser.add_argument("--ui", action="store_true", help="run `dagster dev` instead")
     parser.add_argument("--port", type=int, default=3000)
     args = parser.parse_args()
+    # Ctrl+C and a plain `kill` both end in the `finally` below, which stops what we started
+    # (also when a non-interactive shell started us with SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     server = start_s3()
     try:
         from assets.checkpoint import model_spec
@@ -142,9 +168,7 @@ def main() -> int:
 
             register_partitions(dg.DagsterInstance.get())
             print(f"Dagster UI: http://127.0.0.1:{args.port}  (Ctrl+C stops it and the S3 server)")
-            return subprocess.call([str(ROOT / ".venv" / "bin" / "dagster"), "dev", "-h",
-                                    "127.0.0.1", "-p", str(args.port), "-w", "workspace.yaml"],
-                                   cwd=ROOT)
+            return run_dagster_dev(args.port)
         if not args.full:
             os.environ.setdefault("ONBOARDING_EVAL_LIMIT", "100")
         sweep = "full" if args.full else "quick"
