@@ -111,6 +111,13 @@ def measured_variant(engine: Engine, variant: VariantRef, checkpoint: Checkpoint
     return None, reason, reason
 
 
+def _unservable_check(name: str, reason: str) -> dg.AssetCheckResult:
+    """Nothing was measured: the check says why, as a warning (the variant is not servable
+    on this engine/hardware, which is a fact to report, not a broken run)."""
+    return dg.AssetCheckResult(check_name=name, passed=False,
+                               severity=dg.AssetCheckSeverity.WARN, metadata={"reason": reason})
+
+
 def _unservable_metadata(engine: Engine, reason: str) -> dict:
     return {
         "servable": False,
@@ -144,9 +151,7 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, eng
         context.log.warning(reason)
         yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, reason),
                         metadata=_unservable_metadata(engine, reason))
-        yield dg.AssetCheckResult(check_name=COLD_START_CHECK, passed=False,
-                                  severity=dg.AssetCheckSeverity.WARN,
-                                  metadata={"reason": reason})
+        yield _unservable_check(COLD_START_CHECK, reason)
         return
     if note:
         context.log.warning(note)
@@ -249,9 +254,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
         yield dg.Output(result, metadata={**_unservable_metadata(engine, reason),
                                           "node_type": engine.node_type, "gpus": gpus,
                                           "slo_pass": False})
-        yield dg.AssetCheckResult(check_name=SLO_CHECK, passed=False,
-                                  severity=dg.AssetCheckSeverity.WARN,
-                                  metadata={"reason": reason})
+        yield _unservable_check(SLO_CHECK, reason)
         return
     if note:
         context.log.warning(note)

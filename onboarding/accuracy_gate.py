@@ -12,28 +12,24 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from onboarding.catalog import load_yaml, validate_config
+from onboarding.catalog import StrictConfig, load_yaml, validate_config
 from onboarding.errors import ConfigError
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Tolerance(_Strict):
+class Tolerance(StrictConfig):
     max_abs_drop: float = Field(ge=0, description="allowed drop in the metric, absolute")
     max_rel_drop: float = Field(ge=0, description="allowed drop relative to the baseline")
 
 
-class TaskGate(_Strict):
+class TaskGate(StrictConfig):
     metric: str | None = None
     max_abs_drop: float | None = Field(default=None, ge=0)
     max_rel_drop: float | None = Field(default=None, ge=0)
 
 
-class AccuracyGates(_Strict):
+class AccuracyGates(StrictConfig):
     tolerance: Tolerance
     z: float = Field(gt=0, description="standard errors of slack before a drop counts")
     min_items: int = Field(ge=1, description="fewer scored items than this fail the gate")

@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from onboarding.catalog import format_validation_error, load_yaml, validate_config
+from onboarding.catalog import StrictConfig, format_validation_error, load_yaml, validate_config
 from onboarding.errors import ConfigError
 from onboarding.paths import PROJECT_ROOT, config_dir
 
@@ -21,11 +21,7 @@ PREFIX_ENV = "ONBOARDING_DISCOVERY_PREFIX"
 ENGINE_PYTHON_ENV = "ONBOARDING_ENGINE_PYTHON"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Discovery(_Strict):
+class Discovery(StrictConfig):
     bucket: str = Field(min_length=3)
     prefix: str = ""
     page_size: int = Field(default=1000, ge=1, le=1000)
@@ -50,7 +46,7 @@ class Discovery(_Strict):
         return v
 
 
-class StackObservation(_Strict):
+class StackObservation(StrictConfig):
     engine_python: str | None = ".venv-engine/bin/python"
     observe_node: bool = True
     observe_interval_s: int = Field(default=60, ge=10)
@@ -63,13 +59,13 @@ class StackObservation(_Strict):
         return path if path.is_absolute() else PROJECT_ROOT / path
 
 
-class Revalidation(_Strict):
+class Revalidation(StrictConfig):
     cron: str = "0 3 * * *"
     timezone: str = "UTC"
     ready_assets: list[str] = Field(default_factory=lambda: ["kserve_manifest"], min_length=1)
 
 
-class Launch(_Strict):
+class Launch(StrictConfig):
     sweeps: dict[str, dict[str, dict[str, Any]]] = Field(
         default_factory=lambda: {"full": {}},
         description="sweep name -> stage (asset) name -> that stage's run config")
@@ -96,7 +92,7 @@ class Launch(_Strict):
         return {"ops": ops} if ops else {}
 
 
-class AutomationConfig(_Strict):
+class AutomationConfig(StrictConfig):
     discovery: Discovery
     stack: StackObservation = Field(default_factory=StackObservation)
     revalidation: Revalidation = Field(default_factory=Revalidation)

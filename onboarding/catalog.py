@@ -25,11 +25,13 @@ _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<p
 _HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(@(?P<revision>[\w.\-/]+))?$")
 
 
-class _Strict(BaseModel):
+class StrictConfig(BaseModel):
+    """Base of every config model: unknown keys are errors, values are immutable."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SloOverrides(_Strict):
+class SloOverrides(StrictConfig):
     """Per-model SLOs; unset fields fall back to `configs/gates.yaml`."""
 
     ttft_p95_s: float | None = Field(default=None, gt=0)
@@ -38,7 +40,7 @@ class SloOverrides(_Strict):
     target_concurrency: int | None = Field(default=None, ge=1)
 
 
-class ArchitectureHint(_Strict):
+class ArchitectureHint(StrictConfig):
     """Declared facts for plan-only entries, whose weights the pipeline never sees."""
 
     params_billion: float = Field(gt=0)
@@ -50,7 +52,7 @@ class ArchitectureHint(_Strict):
     active_params_billion: float | None = Field(default=None, gt=0)
 
 
-class SourceRef(_Strict):
+class SourceRef(StrictConfig):
     kind: Literal["s3", "hf"]
     location: str  # bucket for s3, repo id for hf
     path: str  # prefix for s3 (ends with '/'), '' for hf
@@ -76,7 +78,7 @@ def parse_source(uri: str) -> SourceRef:
     )
 
 
-class ModelSpec(_Strict):
+class ModelSpec(StrictConfig):
     id: str = Field(description="partition key: DNS-1123 label")
     source: str = Field(description="s3://bucket/prefix/ or hf://org/name@revision")
     served_name: str

@@ -14,9 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from onboarding.catalog import format_validation_error, load_yaml
+from onboarding.catalog import StrictConfig, format_validation_error, load_yaml
 from onboarding.errors import ConfigError
 from onboarding.paths import config_dir
 
@@ -34,24 +34,20 @@ NODE_TYPE_ENV = "ONBOARDING_NODE_TYPE"
 GPU_IMAGE_ENV = "ONBOARDING_GPU_IMAGE"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class K8sExecutorSettings(_Strict):
+class K8sExecutorSettings(StrictConfig):
     job_namespace: str | None = None
     max_concurrent: int = Field(default=8, ge=1)
     retries: Literal["enabled", "disabled"] = "enabled"
 
 
-class ExecutorSettings(_Strict):
+class ExecutorSettings(StrictConfig):
     default: ExecutorKind = "multiprocess"
     local_gpu_slots: int = Field(default=1, ge=1)
     local_max_concurrent: int = Field(default=2, ge=1)
     k8s: K8sExecutorSettings = Field(default_factory=K8sExecutorSettings)
 
 
-class ContainerResources(_Strict):
+class ContainerResources(StrictConfig):
     requests: dict[str, str] = Field(default_factory=dict)
     limits: dict[str, str] = Field(default_factory=dict)
 
@@ -62,7 +58,7 @@ class ContainerResources(_Strict):
         return self
 
 
-class CacheVolume(_Strict):
+class CacheVolume(StrictConfig):
     mount_path: str = "/data/models"
     host_path: str | None = None
     pvc_claim_name: str | None = None
@@ -74,7 +70,7 @@ class CacheVolume(_Strict):
         return self
 
 
-class StepPodSettings(_Strict):
+class StepPodSettings(StrictConfig):
     node_type: str
     gpu_image: str | None = None
     gpus: dict[str, int]
@@ -95,12 +91,12 @@ class StepPodSettings(_Strict):
         return self
 
 
-class ClusterConfig(_Strict):
+class ClusterConfig(StrictConfig):
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
     step_pods: StepPodSettings
 
 
-class NodeType(_Strict):
+class NodeType(StrictConfig):
     """What step placement needs from one node type of nodes.yaml."""
 
     name: str

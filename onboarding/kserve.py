@@ -22,7 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from onboarding.catalog import ModelSpec, load_yaml, validate_config
+from onboarding.catalog import ModelSpec, StrictConfig, load_yaml, validate_config
 from onboarding.errors import ConfigError
 from onboarding.names import to_dns1123_label
 from onboarding.paths import PROJECT_ROOT
@@ -40,23 +40,19 @@ _SECRET_NAME = re.compile(
 )
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 # ---- configuration ------------------------------------------------------------------------
 
 
-class SecretRef(_Strict):
+class SecretRef(StrictConfig):
     name: str
     key: str
 
 
-class StorageConfig(_Strict):
+class StorageConfig(StrictConfig):
     variants_uri: str = Field(pattern=r"^(s3|pvc|gs|hf)://.*\{model\}.*\{precision\}")
 
 
-class ProbeConfig(_Strict):
+class ProbeConfig(StrictConfig):
     safety_factor: float = Field(ge=1.0)
     min_startup_s: int = Field(ge=0)
     unmeasured_startup_s: int = Field(gt=0)
@@ -68,18 +64,18 @@ class ProbeConfig(_Strict):
     liveness_failure_threshold: int = Field(ge=1)
 
 
-class Replicas(_Strict):
+class Replicas(StrictConfig):
     min: int = Field(ge=0)
     max: int = Field(ge=1)
 
 
-class GatewayConfig(_Strict):
+class GatewayConfig(StrictConfig):
     provider: str = "hosted_vllm"
     cluster_domain: str = "svc.cluster.local"
     routing_strategy: str = "simple-shuffle"
 
 
-class DeployConfig(_Strict):
+class DeployConfig(StrictConfig):
     namespace: str
     target_node_types: list[str] = Field(min_length=1)
     deployment_mode: Literal["RawDeployment", "Serverless"] = "RawDeployment"
@@ -94,7 +90,7 @@ class DeployConfig(_Strict):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
 
 
-class EnvSwitch(_Strict):
+class EnvSwitch(StrictConfig):
     """An engine environment variable set only where every stated condition holds."""
 
     name: str = Field(pattern=r"^[A-Z_][A-Z0-9_]*$")
@@ -112,7 +108,7 @@ class EnvSwitch(_Strict):
                 and (self.archs is None or arch in self.archs))
 
 
-class ImagesConfig(_Strict):
+class ImagesConfig(StrictConfig):
     engine: Engine
     vllm: dict[str, str] = Field(default_factory=dict)
     sglang: dict[str, str] = Field(default_factory=dict)

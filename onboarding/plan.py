@@ -15,11 +15,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from onboarding.catalog import (
     ArchitectureHint,
     ModelSpec,
+    StrictConfig,
     load_yaml,
     validate_config,
 )
@@ -31,27 +32,23 @@ MIB = 1 << 20
 Basis = Literal["measured", "estimate"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 def _cc(value: str) -> tuple[int, int]:
     major, _, minor = value.partition(".")
     return int(major), int(minor or 0)
 
 
-class PrecisionFacts(_Strict):
+class PrecisionFacts(StrictConfig):
     bytes_per_param: float = Field(gt=0)
     min_compute_capability: str = Field(pattern=r"^\d+\.\d+$")
 
 
-class Taint(_Strict):
+class Taint(StrictConfig):
     key: str
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
 
-class NodeType(_Strict):
+class NodeType(StrictConfig):
     gpu_product: str = Field(min_length=1)
     memory_mib: int = Field(gt=0)
     compute_capability: str = Field(pattern=r"^\d+\.\d+$")
@@ -102,7 +99,7 @@ class NodeType(_Strict):
         }
 
 
-class Planning(_Strict):
+class Planning(StrictConfig):
     gpu_memory_utilization: float = Field(gt=0, le=1)
     max_gpu_memory_utilization: float = Field(gt=0, le=1)
     runtime_reserve_gib_per_gpu: float = Field(ge=0)
@@ -124,7 +121,7 @@ class Planning(_Strict):
         return self
 
 
-class NodesConfig(_Strict):
+class NodesConfig(StrictConfig):
     precisions: dict[Literal["nvfp4", "fp8", "bf16"], PrecisionFacts]
     planning: Planning
     node_types: dict[str, NodeType] = Field(min_length=1)

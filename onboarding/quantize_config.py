@@ -9,26 +9,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from onboarding.catalog import load_yaml, validate_config
+from onboarding.catalog import StrictConfig, load_yaml, validate_config
 from onboarding.errors import ConfigError
 
 QuantizedPrecision = Literal["nvfp4", "fp8"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class CalibrationConfig(_Strict):
+class CalibrationConfig(StrictConfig):
     dataset: str = Field(description="JSONL with a `text` field; relative to the config dir")
     samples: int = Field(ge=1)
     seq_len: int = Field(ge=8)
     batch_size: int = Field(default=8, ge=1)
 
 
-class ExportCheckConfig(_Strict):
+class ExportCheckConfig(StrictConfig):
     dataset: str
     samples: int = Field(ge=1)
     seq_len: int = Field(ge=8)
@@ -37,7 +33,7 @@ class ExportCheckConfig(_Strict):
     max_ppl_rel_diff_full: float = Field(gt=0, description="weights and activations")
 
 
-class VariantConfig(_Strict):
+class VariantConfig(StrictConfig):
     preset: str = Field(description="a modelopt.torch.quantization *_CFG name")
     kv_cache: str | None = Field(default=None, description="a KV-cache *_KV_CFG name")
     disable: list[str] = Field(default_factory=list, description="quantizer name patterns")
@@ -50,7 +46,7 @@ class VariantConfig(_Strict):
         return v
 
 
-class QuantizationConfig(_Strict):
+class QuantizationConfig(StrictConfig):
     calibration: CalibrationConfig
     export_check: ExportCheckConfig
     variants: dict[QuantizedPrecision, VariantConfig]

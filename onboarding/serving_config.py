@@ -11,31 +11,26 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from onboarding.catalog import ModelSpec, format_validation_error, load_yaml
+from onboarding.catalog import ModelSpec, StrictConfig, format_validation_error, load_yaml
 from onboarding.errors import ConfigError
 from onboarding.serving_stats import Slo
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 # ---- configs/stack.yaml: engines ----
 
-class ArgFlag(_Strict):
+class ArgFlag(StrictConfig):
     flag: str | None = None
     off_flag: str | None = None
 
 
-class HardwareProfile(_Strict):
+class HardwareProfile(StrictConfig):
     defaults: dict[str, Any] = Field(default_factory=dict)
     unsupported_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
 
 
-class MetricNames(_Strict):
+class MetricNames(StrictConfig):
     running: str
     waiting: str
     kv_cache_usage: str
@@ -43,7 +38,7 @@ class MetricNames(_Strict):
     itl_histogram: str
 
 
-class EngineTemplate(_Strict):
+class EngineTemplate(StrictConfig):
     command: list[str] = Field(min_length=1)
     weights_loaded_pattern: str
     health_path: str = "/health"
@@ -153,7 +148,7 @@ def effective_max_model_len(template: EngineTemplate, hardware: str,
 
 # ---- configs/scenarios.yaml ----
 
-class Scenario(_Strict):
+class Scenario(StrictConfig):
     input_tokens: int = Field(gt=0)
     output_tokens: int = Field(gt=0)
     prefix_tokens: int = Field(default=0, ge=0)
@@ -166,7 +161,7 @@ class Scenario(_Strict):
         return self
 
 
-class Sweep(_Strict):
+class Sweep(StrictConfig):
     mode: Literal["concurrency", "rate"] = "concurrency"
     concurrency: list[int] = Field(min_length=1)
     rates: list[float] = Field(default_factory=list)
@@ -188,20 +183,20 @@ class Sweep(_Strict):
         return max(self.requests_per_point, self.min_rounds_per_point * concurrency)
 
 
-class LoadTimingDefaults(_Strict):
+class LoadTimingDefaults(StrictConfig):
     cold_repeats: int = Field(ge=1)
     warm_repeats: int = Field(ge=0)
     start_timeout_s: float = Field(gt=0)
 
 
-class Profile(_Strict):
+class Profile(StrictConfig):
     substitute_baseline: bool = False
     scenarios: dict[str, Scenario] = Field(min_length=1)
     sweep: Sweep
     load_timing: LoadTimingDefaults
 
 
-class ScenariosFile(_Strict):
+class ScenariosFile(StrictConfig):
     profiles: dict[str, Profile] = Field(min_length=1)
 
 
@@ -252,7 +247,7 @@ def check_fits(scenarios: dict[str, Scenario], max_model_len: int | None,
 
 # ---- configs/gates.yaml: slo ----
 
-class SloFields(_Strict):
+class SloFields(StrictConfig):
     ttft_p95_s: float | None = Field(default=None, gt=0)
     itl_mean_ms: float | None = Field(default=None, gt=0)
     error_rate_max: float | None = Field(default=None, ge=0, le=1)
@@ -260,7 +255,7 @@ class SloFields(_Strict):
     cold_start_p95_max_s: float | None = Field(default=None, gt=0)
 
 
-class SloSection(_Strict):
+class SloSection(StrictConfig):
     severity: Literal["warn", "error"] = "warn"
     defaults: SloFields
     node_types: dict[str, SloFields] = Field(default_factory=dict)

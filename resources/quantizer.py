@@ -130,17 +130,24 @@ def _dir_bytes(path: Path, suffix: str = "") -> int:
 
 
 @contextmanager
-def _kv_quantizers_disabled(model):
-    """KV-cache scales are checked for presence; their numerics stay out of the logit compare."""
-    mods = [m for n, m in model.named_modules() if n.endswith("bmm_quantizer")
+def _quantizers_disabled(model, suffix: str):
+    """Disable the enabled quantizers whose module name ends with `suffix`; yields them."""
+    mods = [m for n, m in model.named_modules() if n.endswith(suffix)
             and getattr(m, "is_enabled", False)]
     for m in mods:
         m.disable()
     try:
-        yield
+        yield mods
     finally:
         for m in mods:
             m.enable()
+
+
+@contextmanager
+def _kv_quantizers_disabled(model):
+    """KV-cache scales are checked for presence; their numerics stay out of the logit compare."""
+    with _quantizers_disabled(model, "bmm_quantizer"):
+        yield
 
 
 @dataclass(frozen=True)
@@ -460,15 +467,11 @@ def _activation_scales(model) -> dict:
 
 @contextmanager
 def _input_quantizers_disabled(model):
-    mods = [m for n, m in model.named_modules() if n.endswith("input_quantizer")
-            and getattr(m, "is_enabled", False)]
-    for m in mods:
-        m.disable()
+    mods: list = []
     try:
-        yield
-    finally:
-        for m in mods:
-            m.enable()
+        with _quantizers_disabled(model, "input_quantizer") as mods:
+            yield
+    finally:  # re-enabling can drop the CPU NVFP4 backend; attach it again where it was used
         if mods and getattr(mods[0], "backend", None) is None and next(
                 model.parameters()).device.type == "cpu":
             attach_cpu_backend(model)
