@@ -6,13 +6,13 @@ descendant stale, and re-materializing an unchanged checkpoint is a no-op on the
 
 import dagster as dg
 
-from onboarding.catalog import ModelSpec, load_catalog, resolve
+from assets.partitions import models_partitions
+from assets.step_tags import cache_step_tags
 from onboarding.checkpoint_manifest import read_safetensors_header
-from onboarding.errors import ConfigError, FetchError, IntegrityError
-from onboarding.paths import models_dir
+from onboarding.errors import ConfigError, IncompleteCheckpointError, IntegrityError
 from onboarding.refs import CheckpointRef
-from pipelines.partitions import models_partitions
-from pipelines.step_tags import cache_step_tags
+from onboarding.tables import md_table
+from resources.config_files import ConfigFiles
 from resources.huggingface import HuggingFaceStore
 from resources.nvme_cache import FetchResult, NvmeCache
 from resources.s3 import S3ObjectStore
@@ -20,9 +20,6 @@ from resources.s3 import S3ObjectStore
 COMPLETE = "checkpoint_complete"
 INTACT = "checkpoint_integrity"
 
-def model_spec(partition_key: str) -> ModelSpec:
-    """The catalog entry for a partition (shared by every stage)."""
-    return resolve(load_catalog(models_dir()), partition_key)
 
 @dg.asset(
     partitions_def=models_partitions,
@@ -38,10 +35,10 @@ def model_spec(partition_key: str) -> ModelSpec:
                                       "matched the source's recorded checksums at fetch time"),
     ],
 )
-def checkpoint(context: dg.AssetExecutionContext, s3: S3ObjectStore, hf: HuggingFaceStore,
-               nvme_cache: NvmeCache):
+def checkpoint(context: dg.AssetExecutionContext, configs: ConfigFiles, s3: S3ObjectStore,
+               hf: HuggingFaceStore, nvme_cache: NvmeCache):
     """The model's checkpoint, fetched from S3 or the Hugging Face Hub into the NVMe cache."""
-    spec = model_spec(context.partition_key)
+    spec = configs.spec(context.partition_key)
     if spec.plan_only:
         raise ConfigError(f"model {spec.id!r}", "is a plan-only catalog entry: it has no weights "
                           "to fetch", "Run the plan_model job for it, or remove plan_only.")
@@ -49,14 +46,10 @@ def checkpoint(context: dg.AssetExecutionContext, s3: S3ObjectStore, hf: Hugging
     store = s3 if source.kind == "s3" else hf
     try:
         result = nvme_cache.fetch(spec.id, store, source, log=context.log.info)
-    except IntegrityError as exc:
-        yield dg.AssetCheckResult(check_name=INTACT, passed=False, metadata={
+    except (IntegrityError, IncompleteCheckpointError) as exc:
+        failed = INTACT if isinstance(exc, IntegrityError) else COMPLETE
+        yield dg.AssetCheckResult(check_name=failed, passed=False, metadata={
             "problem": exc.cause, "what_to_do": exc.fix})
-        raise
-    except FetchError as exc:
-        if "shard" in exc.cause:
-            yield dg.AssetCheckResult(check_name=COMPLETE, passed=False,
-                                      metadata={"problem": exc.cause, "what_to_do": exc.fix})
         raise
     yield dg.Output(
         CheckpointRef(model=spec.id, source=source.uri, revision=result.manifest.revision,
@@ -68,6 +61,7 @@ def checkpoint(context: dg.AssetExecutionContext, s3: S3ObjectStore, hf: Hugging
     )
     yield _completeness(nvme_cache, result)
     yield _integrity(nvme_cache, result)
+
 
 def _metadata(result: FetchResult) -> dict:
     m = result.manifest
@@ -84,10 +78,10 @@ def _metadata(result: FetchResult) -> dict:
         "bytes_resumed": result.bytes_resumed,
         "warm_cache": result.warm,
         "content_hash": m.content_hash,
-        "file_table": dg.MetadataValue.md(
-            "| file | bytes | sha256 |\n|---|---:|---|\n"
-            + "\n".join(f"| {f.path} | {f.size:,} | `{f.sha256[:16]}…` |" for f in m.files)),
+        "file_table": dg.MetadataValue.md(md_table(
+            {"file": f.path, "bytes": f.size, "sha256": f"`{f.sha256[:16]}…`"} for f in m.files)),
     }
+
 
 def _completeness(cache: NvmeCache, result: FetchResult) -> dg.AssetCheckResult:
     problems = cache.verify(result.path, full=False)
@@ -97,11 +91,11 @@ def _completeness(cache: NvmeCache, result: FetchResult) -> dg.AssetCheckResult:
                 read_safetensors_header(result.path / f.path)
             except IntegrityError as exc:
                 problems.append(f"{f.path}: {exc.cause}")
-    has_config = any(f.path == "config.json" for f in result.manifest.files)
-    if not has_config:
+    if not any(f.path == "config.json" for f in result.manifest.files):
         problems.append("config.json: missing (engines cannot load a checkpoint without it)")
     return dg.AssetCheckResult(check_name=COMPLETE, passed=not problems, metadata={
         "files_expected": len(result.manifest.files), "problems": "\n".join(problems) or "none"})
+
 
 def _integrity(cache: NvmeCache, result: FetchResult) -> dg.AssetCheckResult:
     """Fresh fetch: the verdict of the fetch's own comparison (a mismatch raised and failed this
@@ -116,5 +110,6 @@ def _integrity(cache: NvmeCache, result: FetchResult) -> dg.AssetCheckResult:
         "files_hashed": len(result.manifest.files), "problems": "\n".join(problems) or "none",
         "what_to_do": "none" if not problems else
         "The cached bytes changed on disk. Delete the entry (cache_path) and re-run to re-fetch."})
+
 
 defs = dg.Definitions(assets=[checkpoint])

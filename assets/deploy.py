@@ -1,42 +1,37 @@
 """Plan and render: `deployment_plan` -> `kserve_manifest` -> `gateway_routes`, with their gates.
 
-Upstream results are read from the instance, not through the IO manager: plan-only models are
-never fetched, quantized or benchmarked, so `checkpoint`, `serving_variant`, `load_timing` and
-`serving_benchmark` are lineage (`deps`) whose latest materialization for this partition is used
-when it exists and reported absent when it does not.
+Upstream results arrive as the values their assets stored (`CheckpointRef`, `VariantRef`,
+`LoadTimingResult`, `ServingBenchmarkResult`) through the `optional_upstream` input manager:
+plan-only models are never fetched, quantized or benchmarked, so an upstream partition that was
+never materialized arrives as None and is reported absent, never filled in.
 """
 
 import hashlib
 import json
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-from onboarding.catalog import ModelSpec, load_catalog, resolve
+from assets.partitions import models_partitions
+from assets.stack import SERVING_STACK
+from onboarding.catalog import ModelSpec
 from onboarding.errors import OnboardingError
 from onboarding.kserve import (
     Rendered,
-    RenderInputs,
     Route,
     gib,
     inline_secret_findings,
-    load_deploy,
-    load_stack,
-    output_dir,
-    render,
+    render_targets,
     route_table,
-    source_precision,
     to_yaml,
     write_atomic,
 )
-from onboarding.paths import config_dir, models_dir
 from onboarding.plan import (
     DeploymentPlan,
-    load_nodes,
-    measured_from_metadata,
+    NodesConfig,
+    measured_from_results,
     param_count_from_safetensors,
     plan,
     plan_inputs,
@@ -44,49 +39,36 @@ from onboarding.plan import (
     shape_from_checkpoint,
     shape_from_hint,
 )
-from pipelines.partitions import models_partitions
+from onboarding.refs import CheckpointRef, VariantRef
+from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
+from onboarding.tables import md_table
+from resources.config_files import ConfigFiles, OutputDirs
+from resources.huggingface import HuggingFaceStore
 from resources.manifest_validator import ManifestValidator
+from resources.s3 import S3ObjectStore
 
-UPSTREAM = ("checkpoint", "serving_variant", "load_timing", "serving_benchmark")
 GROUP = "deploy"
-# Environment variables whose values must never show up in a rendered file.
-SECRET_ENV_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "HF_TOKEN",
-                   "HUGGING_FACE_HUB_TOKEN")
+OPTIONAL = "optional_upstream"
+PLAN_CHECK = "plan_fits_a_target_node_type"
+VALID_CHECK = "manifests_valid"
+SECRETS_CHECK = "no_inline_secrets"
 
 
-def read_upstream(instance: dg.DagsterInstance, partition_key: str,
-                  assets: tuple[str, ...] = UPSTREAM) -> dict[str, dict[str, Any]]:
-    """Latest materialization metadata of each upstream asset for this partition (plain values).
-
-    An asset never materialized for the partition is simply missing from the result.
-    """
-    out: dict[str, dict[str, Any]] = {}
-    for name in assets:
-        records = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey(name), asset_partitions=[partition_key]),
-            limit=1,
-        ).records
-        if records and records[0].asset_materialization is not None:
-            md = records[0].asset_materialization.metadata
-            out[name] = {k: getattr(v, "value", v) for k, v in md.items()}
-    return out
+def _optional(*names: str) -> dict[str, dg.AssetIn]:
+    return {n: dg.AssetIn(input_manager_key=OPTIONAL) for n in names}
 
 
-def _spec(key: str) -> ModelSpec:
-    return resolve(load_catalog(models_dir()), key)
-
-
-def _checkpoint_dir(upstream: dict[str, dict[str, Any]]) -> Path | None:
-    path = upstream.get("checkpoint", {}).get("cache_path")
-    if path and (Path(path) / "config.json").is_file():
-        return Path(path)
+def _checkpoint_dir(checkpoint: CheckpointRef | None) -> Path | None:
+    if checkpoint is not None and (Path(checkpoint.path) / "config.json").is_file():
+        return Path(checkpoint.path)
     return None
 
 
-def build_plan(spec: ModelSpec, upstream: dict[str, dict[str, Any]]) -> DeploymentPlan:
+def build_plan(spec: ModelSpec, nodes: NodesConfig, checkpoint: CheckpointRef | None,
+               variant: VariantRef | None, timing: LoadTimingResult | None,
+               bench: ServingBenchmarkResult | None) -> DeploymentPlan:
     """The model's shape from its checkpoint when fetched, else from the catalog's hint."""
-    nodes = load_nodes(config_dir() / "nodes.yaml")
-    ckpt = _checkpoint_dir(upstream)
+    ckpt = _checkpoint_dir(checkpoint)
     if ckpt is not None:
         shape, params = shape_from_checkpoint(ckpt), param_count_from_safetensors(ckpt)
     elif spec.architecture is not None:
@@ -99,18 +81,8 @@ def build_plan(spec: ModelSpec, upstream: dict[str, dict[str, Any]]) -> Deployme
             "Materialize `checkpoint` for this partition first, or add `architecture:` to the "
             "catalog entry (required for plan_only models).",
         )
-    measured = measured_from_metadata(upstream)
+    measured = measured_from_results(variant, timing, bench)
     return plan(plan_inputs(spec, nodes, shape, measured, params), nodes)
-
-
-def _md_table(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return "(none)"
-    cols = list(rows[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join("" if r[c] is None else str(r[c]) for c in cols) + " |")
-    return "\n".join(lines)
 
 
 def _version(payload: Any) -> dg.DataVersion:
@@ -120,223 +92,206 @@ def _version(payload: Any) -> dg.DataVersion:
 
 @dg.asset(
     partitions_def=models_partitions,
-    deps=[dg.AssetKey(k) for k in UPSTREAM],
+    ins=_optional("checkpoint", "serving_variant", "load_timing", "serving_benchmark"),
+    deps=[SERVING_STACK],
     group_name=GROUP,
+    check_specs=[dg.AssetCheckSpec(PLAN_CHECK, asset="deployment_plan", blocking=True,
+                                   description="At least one target node type (deploy.yaml) "
+                                   "can serve the model.")],
     description="GPUs and tensor parallelism per node type from weight bytes, KV budget and "
     "runtime reserve; measured throughput where a benchmark on that node type exists.",
 )
-def deployment_plan(context: dg.AssetExecutionContext) -> dg.Output[DeploymentPlan]:
-    spec = _spec(context.partition_key)
-    upstream = read_upstream(context.instance, context.partition_key)
-    result = build_plan(spec, upstream)
+def deployment_plan(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
+                    checkpoint: CheckpointRef | None, serving_variant: VariantRef | None,
+                    load_timing: LoadTimingResult | None,
+                    serving_benchmark: ServingBenchmarkResult | None):
+    spec = configs.spec(context.partition_key)
+    upstream = {"checkpoint": checkpoint, "serving_variant": serving_variant,
+                "load_timing": load_timing, "serving_benchmark": serving_benchmark}
+    result = build_plan(spec, configs.nodes(), checkpoint, serving_variant, load_timing,
+                        serving_benchmark)
     inputs, m = result.inputs, result.inputs.measured
     plan_json = result.to_dict()
-    path = write_atomic(output_dir() / spec.id / "plan.json", json.dumps(plan_json, indent=1))
-    feasible = [n.node_type for n in result.nodes if n.feasible]
-    return dg.Output(
-        result,
-        data_version=_version(plan_json),
-        metadata={
-            "plan": dg.MetadataValue.md(_md_table(plan_rows(result))),
-            "plan_path": dg.MetadataValue.path(str(path)),
-            "feasible_node_types": dg.MetadataValue.text(", ".join(feasible) or "none"),
-            "weights_basis": dg.MetadataValue.text(
-                "measured" if m.variant_weight_bytes else f"estimate ({inputs.param_count_origin})"),
-            "model_config_origin": dg.MetadataValue.text(inputs.shape.origin),
-            "upstream_present": dg.MetadataValue.text(", ".join(sorted(upstream)) or "none"),
-            "upstream_absent": dg.MetadataValue.text(
-                ", ".join(k for k in UPSTREAM if k not in upstream) or "none"),
-            "target_concurrency": inputs.target_concurrency,
-            "context_tokens": inputs.context_tokens,
-            "gpu_memory_utilization": inputs.gpu_memory_utilization,
-            "tokens_per_s_per_gpu": (dg.MetadataValue.float(m.tokens_per_s_per_gpu)
-                                     if m.tokens_per_s_per_gpu is not None
-                                     else dg.MetadataValue.text("absent (never benchmarked)")),
-            "benchmark_node_type": dg.MetadataValue.text(m.benchmark_node_type or "absent"),
-        },
-    )
+    path = write_atomic(outputs.manifests / spec.id / "plan.json", json.dumps(plan_json, indent=1))
+    yield dg.Output(result, data_version=_version(plan_json), metadata={
+        "plan": dg.MetadataValue.md(md_table(plan_rows(result))),
+        "plan_path": dg.MetadataValue.path(str(path)),
+        "feasible_node_types": ", ".join(n.node_type for n in result.nodes if n.feasible)
+        or "none",
+        "weights_basis": "measured" if m.variant_weight_bytes
+        else f"estimate ({inputs.param_count_origin})",
+        "model_config_origin": inputs.shape.origin,
+        "upstream_present": ", ".join(k for k, v in upstream.items() if v is not None) or "none",
+        "upstream_absent": ", ".join(k for k, v in upstream.items() if v is None) or "none",
+        "target_concurrency": inputs.target_concurrency,
+        "context_tokens": inputs.context_tokens,
+        "gpu_memory_utilization": inputs.gpu_memory_utilization,
+        "tokens_per_s_per_gpu": (dg.MetadataValue.float(m.tokens_per_s_per_gpu)
+                                 if m.tokens_per_s_per_gpu is not None
+                                 else dg.MetadataValue.text("absent (never benchmarked)")),
+        "benchmark_node_type": m.benchmark_node_type or "absent",
+    })
+    yield _fits_check(result, configs.deploy().target_node_types)
 
 
-@dg.asset_check(asset=deployment_plan, blocking=True, partitions_def=models_partitions,
-                description="At least one target node type (deploy.yaml) can serve the model.")
-def plan_fits_a_target_node_type(deployment_plan: DeploymentPlan) -> dg.AssetCheckResult:
-    targets = load_deploy(config_dir() / "deploy.yaml").target_node_types
-    nodes = {n.node_type: n for n in deployment_plan.nodes}
+def _fits_check(result: DeploymentPlan, targets: list[str]) -> dg.AssetCheckResult:
+    nodes = {n.node_type: n for n in result.nodes}
     unknown = [t for t in targets if t not in nodes]
-    fits = {t: nodes[t].feasible for t in targets if t in nodes}
     return dg.AssetCheckResult(
-        passed=any(fits.values()) and not unknown,
-        metadata={
-            "target_node_types": dg.MetadataValue.json(targets),
-            "unknown_node_types": dg.MetadataValue.json(unknown),
-            "why": dg.MetadataValue.md("\n".join(
-                f"- **{t}**: {nodes[t].reason}" for t in targets if t in nodes)),
-        },
-    )
+        check_name=PLAN_CHECK,
+        passed=any(nodes[t].feasible for t in targets if t in nodes) and not unknown,
+        metadata={"target_node_types": dg.MetadataValue.json(targets),
+                  "unknown_node_types": dg.MetadataValue.json(unknown),
+                  "why": dg.MetadataValue.md("\n".join(
+                      f"- **{t}**: {nodes[t].reason}" for t in targets if t in nodes))})
 
 
 @dataclass(frozen=True)
 class ManifestSet:
-    """Rendered files of one model, one per target node type whose plan is feasible."""
+    """Rendered files of one model, one per target node type whose plan is feasible, with the
+    verdict of the one schema validation they went through."""
 
     model: str
     files: dict[str, str]  # node type -> path of the multi-document YAML
     services: dict[str, str]  # node type -> InferenceService name
     routes: tuple[Route, ...]
     skipped: dict[str, str]  # node type -> why no manifest
+    errors: dict[str, list[str]] = field(default_factory=dict)  # "<node type> <doc>" -> errors
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
 
 
 @dg.asset(
     partitions_def=models_partitions,
+    ins=_optional("checkpoint"),
+    deps=[SERVING_STACK],
     group_name=GROUP,
-    description="InferenceService (+ ServingRuntime) per target node type, written under "
-    "ONBOARDING_OUTPUT_DIR and validated against the configured KServe CRDs.",
+    check_specs=[
+        dg.AssetCheckSpec(VALID_CHECK, asset="kserve_manifest", blocking=True,
+                          description="Every rendered document validates against the "
+                          "configured KServe CRD schemas (and `kubectl apply "
+                          "--dry-run=server` when a context is set)."),
+        dg.AssetCheckSpec(SECRETS_CHECK, asset="kserve_manifest", blocking=True,
+                          description="No credential appears inline in a rendered file: only "
+                          "service accounts and secretKeyRefs."),
+    ],
+    description="InferenceService (+ ServingRuntime) per target node type, written under the "
+    "manifests directory and validated against the configured KServe CRDs.",
 )
-def kserve_manifest(context: dg.AssetExecutionContext, deployment_plan: DeploymentPlan,
-                    manifest_validator: ManifestValidator) -> dg.Output[ManifestSet]:
-    spec = _spec(context.partition_key)
-    cfg_dir = config_dir()
-    deploy, stack = load_deploy(cfg_dir / "deploy.yaml"), load_stack(cfg_dir / "stack.yaml")
-    nodes = load_nodes(cfg_dir / "nodes.yaml")
-    ckpt = _checkpoint_dir(read_upstream(context.instance, context.partition_key, ("checkpoint",)))
-    src_prec = source_precision(
+def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
+                    deployment_plan: DeploymentPlan, checkpoint: CheckpointRef | None,
+                    manifest_validator: ManifestValidator, s3: S3ObjectStore,
+                    hf: HuggingFaceStore):
+    spec = configs.spec(context.partition_key)
+    stack = configs.stack()
+    ckpt = _checkpoint_dir(checkpoint)
+    rendered, skipped = render_targets(
+        spec, deployment_plan, configs.nodes(), stack, configs.deploy(),
         json.loads((ckpt / "config.json").read_text()).get("dtype") if ckpt else None)
-    rendered: list[Rendered] = []
-    skipped: dict[str, str] = {}
-    for nt in deploy.target_node_types:
-        node_plan = deployment_plan.node(nt)
-        if not node_plan.feasible:
-            skipped[nt] = node_plan.reason
-            continue
-        rendered.append(render(RenderInputs(spec, deployment_plan, nt, nodes.node_types[nt],
-                                            stack, deploy, src_prec)))
     if not rendered:
         raise OnboardingError(
             f"kserve_manifest for {spec.id!r}", "no target node type has a feasible plan: "
             + "; ".join(f"{k}: {v}" for k, v in skipped.items()),
             "Add a node type that fits to deploy.yaml target_node_types, or lower the model's "
-            "context/concurrency or precision.",
-        )
-    files, errors, md = {}, {}, []
-    for r in rendered:
-        header = (f"Rendered by model-onboarding for {spec.id} on {r.node_type}; stack "
-                  f"{stack.fingerprint}.\nStartup probe: {r.startup.explanation}")
-        text = to_yaml(r.docs, header)
-        path = write_atomic(output_dir() / spec.id / f"{r.node_type}.yaml", text)
-        files[r.node_type] = str(path)
-        for doc in r.docs:
-            for line in manifest_validator.validate(doc):
-                errors.setdefault(r.node_type, []).append(f"{doc['kind']}: {line}")
-        md.append(f"### {r.service} ({r.node_type})\n\n```yaml\n{text}```")
-    valid = not errors
+            "context/concurrency or precision.")
+    texts = {r.node_type: to_yaml(r.docs, f"Rendered by model-onboarding for {spec.id} on "
+                                  f"{r.node_type}; stack {stack.fingerprint}.\nStartup probe: "
+                                  f"{r.startup.explanation}") for r in rendered}
+    files = {nt: str(write_atomic(outputs.manifests / spec.id / f"{nt}.yaml", text))
+             for nt, text in texts.items()}
+    errors, dry_runs = _validate(manifest_validator, rendered, files)
     value = ManifestSet(spec.id, files, {r.node_type: r.service for r in rendered},
-                        tuple(r.route for r in rendered), skipped)
-    metadata: dict[str, Any] = {
-        "manifests": dg.MetadataValue.md("\n\n".join(md)),
-        "services": dg.MetadataValue.json(value.services),
-        "schema_valid": valid,
-        "schema_errors": dg.MetadataValue.json(errors),
-        "skipped_node_types": dg.MetadataValue.json(skipped),
-        "probe_basis": dg.MetadataValue.text(rendered[0].startup.explanation),
-        "stack_fingerprint": dg.MetadataValue.text(stack.fingerprint),
-        # Only valid manifests enter the gateway's route table.
-        "routes": dg.MetadataValue.json([r.__dict__ for r in value.routes] if valid else []),
-    }
-    for nt, path in files.items():
-        metadata[f"path_{nt}"] = dg.MetadataValue.path(path)
-        node = deployment_plan.node(nt)
-        metadata[f"tp_{nt}"] = node.tensor_parallel
-        metadata[f"weights_gib_{nt}"] = gib(node.weight_bytes or 0)
-    texts = {nt: Path(p).read_text() for nt, p in files.items()}
-    return dg.Output(value, metadata=metadata, data_version=_version(texts))
+                        tuple(r.route for r in rendered), skipped, errors)
+    yield dg.Output(value, data_version=_version(texts),
+                    metadata=_manifest_metadata(value, rendered, texts, deployment_plan, stack))
+    yield dg.AssetCheckResult(check_name=VALID_CHECK, passed=value.valid, metadata={
+        "errors": dg.MetadataValue.json(errors),
+        "error_count": sum(len(v) for v in errors.values()),
+        "crd_paths": dg.MetadataValue.json(manifest_validator.resolved_crd_paths()),
+        "server_dry_run": dg.MetadataValue.json(dry_runs)})
+    yield _secrets_check(rendered, texts, (s3.access_key_id, s3.secret_access_key, hf.token))
 
 
-@dg.asset_check(asset=kserve_manifest, blocking=True, partitions_def=models_partitions,
-                description="Every rendered document validates against the configured KServe "
-                "CRD schemas (and `kubectl apply --dry-run=server` when a context is set).")
-def manifests_valid(kserve_manifest: ManifestSet,
-                    manifest_validator: ManifestValidator) -> dg.AssetCheckResult:
+def _validate(validator: ManifestValidator, rendered: list[Rendered], files: dict[str, str]
+              ) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Schema errors per document, and the server dry run per file where a context is set."""
     errors: dict[str, list[str]] = {}
     dry_runs: dict[str, str] = {}
-    for nt, path in kserve_manifest.files.items():
-        for doc, problems in manifest_validator.validate_file(Path(path)).items():
+    for r in rendered:
+        for doc in r.docs:
+            problems = validator.validate(doc)
             if problems:
-                errors[f"{nt} {doc}"] = problems
-        run = manifest_validator.dry_run(Path(path))
-        dry_runs[nt] = run.output
+                errors[f"{r.node_type} {doc['kind']}/{doc['metadata']['name']}"] = problems
+        run = validator.dry_run(Path(files[r.node_type]))
+        dry_runs[r.node_type] = run.output
         if run.ran and not run.ok:
-            errors[f"{nt} kubectl dry-run"] = [run.output]
-    return dg.AssetCheckResult(
-        passed=not errors,
-        metadata={
-            "errors": dg.MetadataValue.json(errors),
-            "error_count": sum(len(v) for v in errors.values()),
-            "crd_paths": dg.MetadataValue.json(manifest_validator.resolved_crd_paths()),
-            "server_dry_run": dg.MetadataValue.json(dry_runs),
-        },
-    )
+            errors[f"{r.node_type} kubectl dry-run"] = [run.output]
+    return errors, dry_runs
 
 
-@dg.asset_check(asset=kserve_manifest, blocking=True, partitions_def=models_partitions,
-                description="No credential appears inline in a rendered file: only service "
-                "accounts and secretKeyRefs.")
-def no_inline_secrets(kserve_manifest: ManifestSet) -> dg.AssetCheckResult:
-    import yaml
-
-    values = tuple(v for k in SECRET_ENV_VARS if (v := os.environ.get(k)))
+def _secrets_check(rendered: list[Rendered], texts: dict[str, str],
+                   secrets: tuple[str | None, ...]) -> dg.AssetCheckResult:
+    values = tuple(v for v in secrets if v)
     findings = []
-    for nt, path in kserve_manifest.files.items():
-        text = Path(path).read_text()
-        docs = [d for d in yaml.safe_load_all(text) if d]
-        findings += [f"{nt}: {f}" for f in inline_secret_findings(docs, values)]
-        findings += [f"{nt}: raw text contains a secret value" for v in values
-                     if len(v) >= 8 and v in text]
-    return dg.AssetCheckResult(
-        passed=not findings,
-        metadata={"findings": dg.MetadataValue.json(sorted(set(findings))),
-                  "secret_env_vars_checked": dg.MetadataValue.json(
-                      [k for k in SECRET_ENV_VARS if os.environ.get(k)])},
-    )
+    for r in rendered:
+        findings += [f"{r.node_type}: {f}" for f in inline_secret_findings(list(r.docs), values)]
+        findings += [f"{r.node_type}: raw text contains a secret value" for v in values
+                     if len(v) >= 8 and v in texts[r.node_type]]
+    return dg.AssetCheckResult(check_name=SECRETS_CHECK, passed=not findings, metadata={
+        "findings": dg.MetadataValue.json(sorted(set(findings))),
+        "secret_values_checked": len(values)})
 
 
-def read_routes(instance: dg.DagsterInstance) -> list[Route]:
-    """Routes of every registered model's latest valid `kserve_manifest`."""
-    routes = []
-    for key in sorted(instance.get_dynamic_partitions(models_partitions.name)):
-        facts = read_upstream(instance, key, ("kserve_manifest",)).get("kserve_manifest", {})
-        routes += [Route(**r) for r in facts.get("routes") or []]
-    return routes
+def _manifest_metadata(value: ManifestSet, rendered: list[Rendered], texts: dict[str, str],
+                       deployment_plan: DeploymentPlan, stack) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "manifests": dg.MetadataValue.md("\n\n".join(
+            f"### {r.service} ({r.node_type})\n\n```yaml\n{texts[r.node_type]}```"
+            for r in rendered)),
+        "services": dg.MetadataValue.json(value.services),
+        "schema_valid": value.valid,
+        "skipped_node_types": dg.MetadataValue.json(value.skipped),
+        "probe_basis": rendered[0].startup.explanation,
+        "stack_fingerprint": stack.fingerprint,
+    }
+    for nt, path in value.files.items():
+        node = deployment_plan.node(nt)
+        metadata[f"path_{nt}"] = dg.MetadataValue.path(path)
+        metadata[f"tp_{nt}"] = node.tensor_parallel
+        metadata[f"weights_gib_{nt}"] = gib(node.weight_bytes or 0)
+    return metadata
 
 
 @dg.asset(
-    partitions_def=models_partitions,
-    deps=[kserve_manifest],
+    ins={"kserve_manifest": dg.AssetIn(partition_mapping=dg.AllPartitionMapping(),
+                                       metadata={"allow_missing_partitions": True})},
     group_name=GROUP,
     description="LiteLLM-compatible route table (served model name -> InferenceService) over "
-    "every onboarded model, so one gateway endpoint fronts them all.",
+    "every model's latest valid manifests, so one gateway endpoint fronts them all.",
 )
-def gateway_routes(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-    deploy = load_deploy(config_dir() / "deploy.yaml")
-    routes = read_routes(context.instance)
-    table = route_table(routes, deploy)
+def gateway_routes(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
+                   kserve_manifest) -> dg.MaterializeResult:
+    # partition -> ManifestSet; the IO manager hands over the bare value when one partition exists
+    manifests: dict[str, ManifestSet] = (kserve_manifest if isinstance(kserve_manifest, dict)
+                                         else {kserve_manifest.model: kserve_manifest})
+    routes = [r for _, m in sorted(manifests.items()) if m.valid for r in m.routes]
+    invalid = sorted(k for k, m in manifests.items() if not m.valid)
+    table = route_table(routes, configs.deploy())
     text = to_yaml([table], "LiteLLM proxy config rendered by model-onboarding "
                    "(litellm --config litellm-config.yaml).")
-    path = write_atomic(output_dir() / "gateway" / "litellm-config.yaml", text)
+    path = write_atomic(outputs.manifests / "gateway" / "litellm-config.yaml", text)
     rows = [{"model_name": r.served_name, "service": r.service, "node_type": r.node_type,
              "precision": r.precision, "tp": r.tensor_parallel} for r in routes]
-    return dg.MaterializeResult(
-        data_version=_version(table),
-        metadata={
-            "path": dg.MetadataValue.path(str(path)),
-            "routes": dg.MetadataValue.md(_md_table(rows)),
-            "route_count": len(routes),
-            "models": len({r.served_name for r in routes}),
-            "config": dg.MetadataValue.md(f"```yaml\n{text}```"),
-        },
-    )
+    return dg.MaterializeResult(data_version=_version(table), metadata={
+        "path": dg.MetadataValue.path(str(path)),
+        "routes": dg.MetadataValue.md(md_table(rows)),
+        "route_count": len(routes),
+        "models": len({r.served_name for r in routes}),
+        "left_out_invalid": dg.MetadataValue.json(invalid),
+        "config": dg.MetadataValue.md(f"```yaml\n{text}```"),
+    })
 
 
-defs = dg.Definitions(
-    assets=[deployment_plan, kserve_manifest, gateway_routes],
-    asset_checks=[plan_fits_a_target_node_type, manifests_valid, no_inline_secrets],
-)
+defs = dg.Definitions(assets=[deployment_plan, kserve_manifest, gateway_routes])

@@ -15,13 +15,20 @@ from dataclasses import asdict
 from pathlib import Path
 
 import dagster as dg
-import pandas as pd
 
-from assets.checkpoint import model_spec
-from onboarding.accuracy_gate import judge_variant, load_accuracy_gates, scores_from_lm_eval
+from assets.partitions import models_partitions
+from assets.stack import SERVING_STACK
+from assets.step_tags import gpu_step_tags
+from onboarding.accuracy_gate import (
+    AccuracyGates,
+    TaskScore,
+    gate_rows,
+    judge_variant,
+    scores_from_lm_eval,
+)
 from onboarding.errors import OnboardingError
-from onboarding.paths import config_dir
 from onboarding.refs import CheckpointRef, VariantRef
+from onboarding.tables import md_table
 from onboarding.variants import (
     AccuracyReport,
     GateOutcome,
@@ -32,8 +39,7 @@ from onboarding.variants import (
     dir_manifest,
     variant_dir,
 )
-from pipelines.partitions import models_partitions
-from pipelines.step_tags import gpu_step_tags
+from resources.config_files import ConfigFiles
 from resources.evaluator import Evaluator
 from resources.quantizer import Quantizer
 
@@ -55,6 +61,7 @@ SERVING_CHECK = "serving_variant_verified"
     partitions_def=models_partitions,
     group_name="quantize",
     kinds={"pytorch"},
+    deps=[SERVING_STACK],
     op_tags=gpu_step_tags("quantized"),
     pool="gpu",
     check_specs=[
@@ -64,9 +71,10 @@ SERVING_CHECK = "serving_variant_verified"
         for p in QUANTIZED_PRECISIONS
     ],
 )
-def quantized(context: dg.AssetExecutionContext, checkpoint: CheckpointRef, quantizer: Quantizer):
+def quantized(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoint: CheckpointRef,
+              quantizer: Quantizer):
     """The model's quantized variants (every quantized precision of its ladder) in the cache."""
-    spec = model_spec(context.partition_key)
+    spec = configs.spec(context.partition_key)
     ckpt = Path(checkpoint.path)
     variants = []
     for precision in spec.precision_ladder:
@@ -108,8 +116,8 @@ def _quantized_metadata(result: QuantizedSet) -> dict:
                   "peak_rss_bytes", "extension_build_s"):
             if k in s:
                 md[f"{v.precision}_{k}"] = s[k]
-    md["variants"] = dg.MetadataValue.md(pd.DataFrame(rows).to_markdown(index=False)
-                                         if rows else "no quantized precision in the ladder")
+    md["variants"] = dg.MetadataValue.md(md_table(rows,
+                                                  empty="no quantized precision in the ladder"))
     return md
 
 
@@ -130,6 +138,7 @@ def _export_check(v: QuantizedVariant | None, precision: str) -> dg.AssetCheckRe
     partitions_def=models_partitions,
     group_name="quantize",
     kinds={"pytorch"},
+    deps=[SERVING_STACK],
     op_tags=gpu_step_tags("accuracy"),
     pool="gpu",
     check_specs=[
@@ -139,61 +148,67 @@ def _export_check(v: QuantizedVariant | None, precision: str) -> dg.AssetCheckRe
         for p in QUANTIZED_PRECISIONS
     ],
 )
-def accuracy(context: dg.AssetExecutionContext, checkpoint: CheckpointRef,
+def accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoint: CheckpointRef,
              quantized: QuantizedSet, quantizer: Quantizer, evaluator: Evaluator):
     """lm-eval scores of the bf16 baseline and of each usable variant, and the gate verdicts."""
-    spec = model_spec(context.partition_key)
-    gates = load_accuracy_gates(config_dir() / "gates.yaml")
+    spec = configs.spec(context.partition_key)
+    gates = configs.accuracy_gates()
     ckpt = Path(checkpoint.path)
     base_run = evaluator.evaluate(ckpt, None, spec.eval_tasks)
     baseline = scores_from_lm_eval(base_run.results, base_run.samples, gates)
     eval_s = {"bf16": round(base_run.seconds, 2)}
-    rows = [{"task": s.task, "metric": s.metric, "precision": "bf16", "baseline": s.value,
-             "variant": s.value, "delta": 0.0, "stderr": s.stderr, "se_delta": 0.0, "n": s.n,
-             "passed": True} for s in baseline.values()]
-    outcomes = []
+    rows, outcomes = gate_rows("bf16", baseline, None), []
     for v in quantized.variants:
-        if not v.usable:
-            outcomes.append(GateOutcome(v.precision, False,
-                                        f"not evaluated: {v.error or 'export check failed'}"))
-            continue
-        model, tokenizer = quantizer.load_for_eval(ckpt, v)
-        run = evaluator.evaluate(model, tokenizer, spec.eval_tasks)
-        del model
-        eval_s[v.precision] = round(run.seconds, 2)
-        gate = judge_variant(v.precision, baseline,
-                             scores_from_lm_eval(run.results, run.samples, gates), gates)
-        for t in gate.verdicts:
-            rows.append({"task": t.task, "metric": t.metric, "precision": v.precision,
-                         "baseline": t.baseline, "variant": t.variant, "delta": t.delta,
-                         "stderr": t.stderr_variant, "se_delta": t.se_delta, "n": t.n,
-                         "passed": t.passed})
-        outcomes.append(GateOutcome(v.precision, gate.passed, gate.reason))
-        context.log.info(f"{v.precision}: {'pass' if gate.passed else 'FAIL'}: {gate.reason}")
+        outcome, v_rows, seconds = _judge(context, v, ckpt, baseline, gates, spec.eval_tasks,
+                                          quantizer, evaluator)
+        outcomes.append(outcome)
+        rows += v_rows
+        if seconds is not None:
+            eval_s[v.precision] = seconds
     report = AccuracyReport(spec.id, tuple(rows), tuple(outcomes), eval_s)
-    table = pd.DataFrame(rows)
     yield dg.Output(report, metadata={
-        "accuracy_table": dg.MetadataValue.md(table.round(4).to_markdown(index=False)),
+        "accuracy_table": dg.MetadataValue.md(md_table(rows)),
         "eval_seconds": dg.MetadataValue.json(eval_s),
-        "items_per_task": int(table["n"].max()) if len(table) else 0,
+        "items_per_task": max((r["n"] for r in rows), default=0),
         "gates": dg.MetadataValue.json({o.precision: asdict(o) for o in outcomes}),
     })
     for precision in QUANTIZED_PRECISIONS:
-        outcome = report.gate(precision)
-        pr = [r for r in rows if r["precision"] == precision]
-        if outcome is None:
-            yield dg.AssetCheckResult(check_name=gate_check_name(precision), passed=True,
-                                      metadata={"status": "not in this model's precision ladder"})
-            continue
-        meta: dict = {"reason": outcome.reason}
-        for r in pr:
+        yield _gate_check(report, precision, gates)
+
+
+def _judge(context, v: QuantizedVariant, ckpt: Path, baseline: dict[str, TaskScore],
+           gates: AccuracyGates, tasks: list[str], quantizer: Quantizer, evaluator: Evaluator
+           ) -> tuple[GateOutcome, list[dict], float | None]:
+    """One variant: evaluated in process (fake-quantized as exported) and gated."""
+    if not v.usable:
+        return (GateOutcome(v.precision, False,
+                            f"not evaluated: {v.error or 'export check failed'}"), [], None)
+    model, tokenizer = quantizer.load_for_eval(ckpt, v)
+    run = evaluator.evaluate(model, tokenizer, tasks)
+    del model
+    gate = judge_variant(v.precision, baseline,
+                         scores_from_lm_eval(run.results, run.samples, gates), gates)
+    context.log.info(f"{v.precision}: {'pass' if gate.passed else 'FAIL'}: {gate.reason}")
+    return (GateOutcome(v.precision, gate.passed, gate.reason), gate_rows(v.precision, None, gate),
+            round(run.seconds, 2))
+
+
+def _gate_check(report: AccuracyReport, precision: str, gates: AccuracyGates
+                ) -> dg.AssetCheckResult:
+    outcome = report.gate(precision)
+    if outcome is None:
+        return dg.AssetCheckResult(check_name=gate_check_name(precision), passed=True,
+                                   metadata={"status": "not in this model's precision ladder"})
+    meta: dict = {"reason": outcome.reason}
+    for r in report.rows:
+        if r["precision"] == precision:
             meta[f"{r['task']}_actual"] = float(r["variant"])
             meta[f"{r['task']}_expected"] = float(r["baseline"])
             meta[f"{r['task']}_delta"] = float(r["delta"])
             meta[f"{r['task']}_se_delta"] = float(r["se_delta"])
-        meta["tolerance"] = dg.MetadataValue.json(gates.tolerance.model_dump())
-        yield dg.AssetCheckResult(check_name=gate_check_name(precision), passed=outcome.passed,
-                                  metadata=meta, severity=dg.AssetCheckSeverity.WARN)
+    meta["tolerance"] = dg.MetadataValue.json(gates.tolerance.model_dump())
+    return dg.AssetCheckResult(check_name=gate_check_name(precision), passed=outcome.passed,
+                               metadata=meta, severity=dg.AssetCheckSeverity.WARN)
 
 
 @dg.asset(
@@ -204,10 +219,10 @@ def accuracy(context: dg.AssetExecutionContext, checkpoint: CheckpointRef,
         description="the chosen variant passed its gates and its bytes on disk match the hash "
                     "that was evaluated")],
 )
-def serving_variant(context: dg.AssetExecutionContext, checkpoint: CheckpointRef,
-                    quantized: QuantizedSet, accuracy: AccuracyReport):
+def serving_variant(context: dg.AssetExecutionContext, configs: ConfigFiles,
+                    checkpoint: CheckpointRef, quantized: QuantizedSet, accuracy: AccuracyReport):
     """The first precision of the ladder whose export is valid and whose accuracy gate passed."""
-    spec = model_spec(context.partition_key)
+    spec = configs.spec(context.partition_key)
     precision, skipped = choose_precision(spec.precision_ladder, quantized, accuracy)
     if precision is None:
         raise OnboardingError(
@@ -217,13 +232,14 @@ def serving_variant(context: dg.AssetExecutionContext, checkpoint: CheckpointRef
             "Add bf16 to the precision ladder, try an MLP-only NVFP4 preset under "
             "configs/quantization.yaml `models`, or review the tolerances in configs/gates.yaml.")
     if precision == "bf16":
-        ref = VariantRef(spec.id, "bf16", checkpoint.path, checkpoint.total_bytes,
-                         checkpoint.content_hash)
         weight_bytes = sum(p.stat().st_size for p in Path(checkpoint.path).glob("*.safetensors"))
+        ref = VariantRef(spec.id, "bf16", checkpoint.path, checkpoint.total_bytes,
+                         checkpoint.content_hash, weight_bytes)
     else:
         v = quantized.get(precision)
-        ref = VariantRef(spec.id, precision, v.path, v.total_bytes, v.content_hash)
-        weight_bytes = v.stats.get("weight_bytes", v.total_bytes)
+        ref = VariantRef(spec.id, precision, v.path, v.total_bytes, v.content_hash,
+                         int(v.stats.get("weight_bytes", v.total_bytes)))
+        weight_bytes = ref.weight_bytes
     meta = {"precision": precision, "weight_bytes": weight_bytes, "total_bytes": ref.total_bytes,
             "variant_path": dg.MetadataValue.path(ref.path), "content_hash": ref.content_hash,
             "ladder": " → ".join(spec.precision_ladder)}

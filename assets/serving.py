@@ -10,25 +10,22 @@ says so (`precision: bf16`, `serving_precision: nvfp4`, `substituted: <why>`).
 
 import base64
 import dataclasses
-import os
 import zlib
-from pathlib import Path
+from dataclasses import dataclass
 
 import dagster as dg
-import pandas as pd
 
-from onboarding.catalog import ModelSpec, load_catalog, resolve
+from assets.partitions import models_partitions
+from assets.stack import SERVING_STACK
+from assets.step_tags import gpu_step_tags
+from onboarding.catalog import ModelSpec
 from onboarding.errors import ConfigError
-from onboarding.paths import PROJECT_ROOT, config_dir, models_dir
 from onboarding.prompts import synthetic_prompts
 from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.serving_config import (
     Profile,
     check_fits,
     effective_max_model_len,
-    load_profiles,
-    load_slo_section,
-    pick_profile,
     resolve_slo,
     scenarios_for,
 )
@@ -46,8 +43,8 @@ from onboarding.serving_stats import (
     summarize,
     summarize_load_timing,
 )
-from pipelines.partitions import models_partitions
-from pipelines.step_tags import gpu_step_tags
+from onboarding.tables import md_table, write_csv
+from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator, PointRun, completion_bodies
 
@@ -78,20 +75,33 @@ class ServingBenchmarkConfig(dg.Config):
     max_seconds_per_point: float | None = None
 
 
-def _spec(key: str) -> ModelSpec:
-    return resolve(load_catalog(models_dir()), key)
+@dataclass(frozen=True)
+class Setup:
+    """What both serving assets resolve first: the spec, the profile, the SLOs, and which
+    variant is measured here (the serving one, or the bf16 baseline standing in for it)."""
+
+    spec: ModelSpec
+    profile_name: str
+    profile: Profile
+    slo: Slo
+    severity: str  # gates.yaml slo.severity
+    variant: VariantRef | None  # None: nothing this engine can serve
+    reason: str  # why the serving variant cannot be served here ("" when it can)
+    note: str  # what a user is told about a substitution
 
 
-def _profile(engine: Engine, requested: str | None) -> tuple[str, Profile]:
-    """Config > env ONBOARDING_SERVING_PROFILE > `cpu` on the CPU engine, else `gpu`."""
-    name = requested or os.environ.get("ONBOARDING_SERVING_PROFILE") or (
-        "cpu" if engine.resolved_hardware() == "cpu" else "gpu")
-    path = config_dir() / "scenarios.yaml"
-    return name, pick_profile(load_profiles(path), name, str(path))
-
-
-def reports_dir() -> Path:
-    return Path(os.environ.get("ONBOARDING_REPORTS_DIR") or PROJECT_ROOT / ".data" / "reports")
+def _setup(context: dg.AssetExecutionContext, configs: ConfigFiles, engine: Engine,
+           profile: str | None, substitute_baseline: bool | None, serving: VariantRef,
+           checkpoint: CheckpointRef) -> Setup:
+    spec = configs.spec(context.partition_key)
+    name, prof = configs.profile(profile, engine.resolved_hardware())
+    substitute = prof.substitute_baseline if substitute_baseline is None else substitute_baseline
+    variant, reason, note = measured_variant(engine, serving, checkpoint, substitute)
+    section = configs.slo_section()
+    if note:
+        context.log.warning(note)
+    return Setup(spec, name, prof, resolve_slo(section, engine.node_type, spec),
+                 section.severity, variant, reason, note)
 
 
 def measured_variant(engine: Engine, variant: VariantRef, checkpoint: CheckpointRef,
@@ -128,9 +138,24 @@ def _unservable_metadata(engine: Engine, reason: str) -> dict:
     }
 
 
+def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dict:
+    """What both serving assets say about what they measured and on what."""
+    return {
+        "servable": not setup.reason,
+        "precision": setup.variant.precision,
+        "serving_precision": serving.precision,
+        "substituted": dg.MetadataValue.text(setup.note or "no"),
+        "hardware": engine.resolved_hardware(),
+        "engine": engine.engine,
+        "node_type": engine.node_type,
+        "profile": setup.profile_name,
+    }
+
+
 @dg.asset(
     partitions_def=models_partitions,
     group_name=GROUP,
+    deps=[SERVING_STACK],
     op_tags=gpu_step_tags("load_timing"),
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(COLD_START_CHECK, asset="load_timing",
@@ -139,23 +164,17 @@ def _unservable_metadata(engine: Engine, reason: str) -> dict:
     description="Cold (page cache evicted) and warm engine starts of the serving variant: "
     "phases, p50/p95, weight-load GB/s next to the raw sequential read GB/s of the same files.",
 )
-def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, engine: Engine,
-                serving_variant: VariantRef, checkpoint: CheckpointRef):
-    spec = _spec(context.partition_key)
-    _, profile = _profile(engine, config.profile)
-    substitute = (profile.substitute_baseline if config.substitute_baseline is None
-                  else config.substitute_baseline)
-    variant, reason, note = measured_variant(engine, serving_variant, checkpoint, substitute)
-    slo = resolve_slo(load_slo_section(config_dir() / "gates.yaml"), engine.node_type, spec)
+def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, configs: ConfigFiles,
+                engine: Engine, serving_variant: VariantRef, checkpoint: CheckpointRef):
+    setup = _setup(context, configs, engine, config.profile, config.substitute_baseline,
+                   serving_variant, checkpoint)
+    spec, variant = setup.spec, setup.variant
     if variant is None:
-        context.log.warning(reason)
-        yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, reason),
-                        metadata=_unservable_metadata(engine, reason))
-        yield _unservable_check(COLD_START_CHECK, reason)
+        yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, setup.reason),
+                        metadata=_unservable_metadata(engine, setup.reason))
+        yield _unservable_check(COLD_START_CHECK, setup.reason)
         return
-    if note:
-        context.log.warning(note)
-    d = profile.load_timing
+    d = setup.profile.load_timing
     samples, raw = engine.time_starts(
         variant, spec.served_name, spec.engine_args,
         cold_repeats=config.cold_repeats or d.cold_repeats,
@@ -163,30 +182,12 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, eng
         start_timeout_s=config.start_timeout_s or d.start_timeout_s, log=context.log)
     result = summarize_load_timing(spec.id, variant.precision, samples, raw.total_bytes,
                                    raw.gbps)
-    if reason:
-        result = dataclasses.replace(result, servable=False, reason=reason)
-    table = pd.DataFrame([s.__dict__ for s in samples])
-    cold = table[table.kind == "cold"].first_token_s
+    if setup.reason:
+        result = dataclasses.replace(result, servable=False, reason=setup.reason)
     yield dg.Output(result, metadata={
-        "servable": not reason,
-        "precision": variant.precision,
-        "serving_precision": serving_variant.precision,
-        "substituted": dg.MetadataValue.text(note or "no"),
-        "servable_precisions": dg.MetadataValue.json(engine.servable_precisions()),
-        "cold_start_p50_s": result.cold_start_p50_s,
-        "cold_start_p95_s": result.cold_start_p95_s,
-        "cold_start_spread_s": float(cold.max() - cold.min()),
-        "warm_start_p50_s": dg.MetadataValue.float(result.warm_start_p50_s)
-        if result.warm_start_p50_s is not None else dg.MetadataValue.null(),
-        "weight_bytes": result.weight_bytes,
-        "weights_load_gbps": dg.MetadataValue.float(result.weights_load_gbps)
-        if result.weights_load_gbps is not None else dg.MetadataValue.null(),
-        "raw_read_gbps": result.raw_read_gbps,
-        "hardware": engine.resolved_hardware(),
-        "engine": engine.engine,
-        "starts": dg.MetadataValue.md(table.to_markdown(index=False, floatfmt=".3f")),
-    })
-    budget = slo.cold_start_p95_max_s
+        **_measured_metadata(engine, setup, serving_variant), **_timing_metadata(result, samples),
+        "servable_precisions": dg.MetadataValue.json(engine.servable_precisions())})
+    budget = setup.slo.cold_start_p95_max_s
     yield dg.AssetCheckResult(
         check_name=COLD_START_CHECK,
         passed=budget is None or result.cold_start_p95_s <= budget,
@@ -195,6 +196,24 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, eng
                   "expected_max_s": dg.MetadataValue.float(budget) if budget is not None
                   else dg.MetadataValue.null(),
                   "node_type": engine.node_type, "measured_precision": variant.precision})
+
+
+def _float_or_null(value: float | None) -> dg.MetadataValue:
+    return dg.MetadataValue.float(value) if value is not None else dg.MetadataValue.null()
+
+
+def _timing_metadata(result: LoadTimingResult, samples: list) -> dict:
+    cold = [s.first_token_s for s in samples if s.kind == "cold"]
+    return {
+        "cold_start_p50_s": result.cold_start_p50_s,
+        "cold_start_p95_s": result.cold_start_p95_s,
+        "cold_start_spread_s": float(max(cold) - min(cold)) if cold else 0.0,
+        "warm_start_p50_s": _float_or_null(result.warm_start_p50_s),
+        "weight_bytes": result.weight_bytes,
+        "weights_load_gbps": _float_or_null(result.weights_load_gbps),
+        "raw_read_gbps": result.raw_read_gbps,
+        "starts": dg.MetadataValue.md(md_table([s.__dict__ for s in samples], floatfmt=".3f")),
+    }
 
 
 def _server_side(run: PointRun, engine_metrics) -> dict[str, float | None]:
@@ -228,6 +247,7 @@ def _load_tokenizer(path: str):
 @dg.asset(
     partitions_def=models_partitions,
     group_name=GROUP,
+    deps=[SERVING_STACK],
     op_tags=gpu_step_tags("serving_benchmark"),
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(SLO_CHECK, asset="serving_benchmark", blocking=True,
@@ -237,80 +257,76 @@ def _load_tokenizer(path: str):
     "TPOT, E2E, throughputs, errors by cause, /metrics cross-check, goodput, saturation point.",
 )
 def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmarkConfig,
-                      engine: Engine, loadgen: LoadGenerator, serving_variant: VariantRef,
+                      configs: ConfigFiles, outputs: OutputDirs, engine: Engine,
+                      loadgen: LoadGenerator, serving_variant: VariantRef,
                       checkpoint: CheckpointRef, load_timing: LoadTimingResult):
-    spec = _spec(context.partition_key)
-    gates = config_dir() / "gates.yaml"
-    section = load_slo_section(gates)
-    slo = resolve_slo(section, engine.node_type, spec)
-    gpus = engine.gpu_count()
-    profile_name, profile = _profile(engine, config.profile)
-    substitute = (profile.substitute_baseline if config.substitute_baseline is None
-                  else config.substitute_baseline)
-    variant, reason, note = measured_variant(engine, serving_variant, checkpoint, substitute)
+    setup = _setup(context, configs, engine, config.profile, config.substitute_baseline,
+                   serving_variant, checkpoint)
+    spec, variant, gpus = setup.spec, setup.variant, engine.gpu_count()
     if variant is None:
         result = ServingBenchmarkResult(spec.id, serving_variant.precision, engine.node_type,
-                                        gpus, False, 0.0, 0, False, (reason,))
-        yield dg.Output(result, metadata={**_unservable_metadata(engine, reason),
+                                        gpus, False, 0.0, 0, False, (setup.reason,))
+        yield dg.Output(result, metadata={**_unservable_metadata(engine, setup.reason),
                                           "node_type": engine.node_type, "gpus": gpus,
                                           "slo_pass": False})
-        yield _unservable_check(SLO_CHECK, reason)
+        yield _unservable_check(SLO_CHECK, setup.reason)
         return
-    if note:
-        context.log.warning(note)
-    sweep = profile.sweep.model_copy(update={k: v for k, v in {
+    sweep = setup.profile.sweep.model_copy(update={k: v for k, v in {
         "concurrency": config.concurrency, "mode": config.mode,
         "requests_per_point": config.requests_per_point,
         "max_seconds_per_point": config.max_seconds_per_point}.items() if v is not None})
     wanted = spec.model_copy(update={"scenarios": config.scenarios}) if config.scenarios else spec
-    scenarios = scenarios_for(wanted, profile, f"configs/scenarios.yaml profile {profile_name}")
+    scenarios = scenarios_for(wanted, setup.profile,
+                              f"configs/scenarios.yaml profile {setup.profile_name}")
     template = engine.template()
     check_fits(scenarios, effective_max_model_len(template, engine.resolved_hardware(),
                                                   spec.engine_args))
     tokenizer = _load_tokenizer(variant.path)
     with engine.serve(variant, spec.served_name, spec.engine_args) as running:
         rows, points = _sweep(context, loadgen, running, template, spec.served_name, scenarios,
-                              sweep, slo, tokenizer)
-    result, basis, violations = _headline(spec, variant, engine, gpus, slo, points,
+                              sweep, setup.slo, tokenizer)
+    result, basis, violations = _headline(spec, variant, engine, gpus, setup.slo, points,
                                           sweep.mode == "concurrency")
-    if reason:
+    if setup.reason:
         result = dataclasses.replace(result, servable=False)
-    table = pd.DataFrame(rows)
-    png = sweep_png(rows, f"{spec.id} ({variant.precision}) on {engine.node_type}",
-                    slo.ttft_p95_s, slo.itl_mean_ms)
-    out_dir = reports_dir() / spec.id
-    out_dir.mkdir(parents=True, exist_ok=True)
-    png_path = out_dir / "serving_benchmark.png"
-    png_path.write_bytes(png)
-    table.to_csv(out_dir / "serving_benchmark.csv", index=False)
     yield dg.Output(result, metadata={
-        "servable": not reason,
-        "precision": variant.precision,
-        "serving_precision": serving_variant.precision,
-        "substituted": dg.MetadataValue.text(note or "no"),
-        "node_type": engine.node_type,
+        **_measured_metadata(engine, setup, serving_variant),
+        **_sweep_report(outputs, f"{spec.id} ({variant.precision}) on {engine.node_type}",
+                        spec.id, rows, setup.slo),
         "gpus": gpus,
         "tokens_per_s_per_gpu": result.tokens_per_s_per_gpu,
         "saturation_concurrency": result.saturation_concurrency,
         "slo_pass": result.slo_pass,
         "throughput_basis": basis,
-        "profile": profile_name,
-        "slo": dg.MetadataValue.json(slo.__dict__),
-        "sweep": dg.MetadataValue.md(table.to_markdown(index=False, floatfmt=".4g")),
-        "plot": dg.MetadataValue.md(
-            f"![sweep](data:image/png;base64,{base64.b64encode(png).decode()})"),
-        "plot_path": dg.MetadataValue.path(str(png_path)),
+        "slo": dg.MetadataValue.json(setup.slo.__dict__),
         "engine_args_dropped": dg.MetadataValue.json(
             {"dropped_on_" + engine.resolved_hardware(): running.dropped_args}),
     })
     yield dg.AssetCheckResult(
         check_name=SLO_CHECK, passed=result.slo_pass,
-        severity=(dg.AssetCheckSeverity.ERROR if section.severity == "error"
+        severity=(dg.AssetCheckSeverity.ERROR if setup.severity == "error"
                   else dg.AssetCheckSeverity.WARN),
-        metadata={"target_concurrency": slo.target_concurrency,
-                  "expected": dg.MetadataValue.json(slo.__dict__),
+        metadata={"target_concurrency": setup.slo.target_concurrency,
+                  "expected": dg.MetadataValue.json(setup.slo.__dict__),
                   "violations": dg.MetadataValue.json(list(violations)),
                   "saturation_concurrency": result.saturation_concurrency})
+
+
+def _sweep_report(outputs: OutputDirs, title: str, model: str, rows: list[dict], slo: Slo
+                  ) -> dict:
+    """The sweep as a table, a plot and a CSV under the reports directory."""
+    png = sweep_png(rows, title, slo.ttft_p95_s, slo.itl_mean_ms)
+    out_dir = outputs.reports / model
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png_path = out_dir / "serving_benchmark.png"
+    png_path.write_bytes(png)
+    write_csv(out_dir / "serving_benchmark.csv", rows)
+    return {
+        "sweep": dg.MetadataValue.md(md_table(rows)),
+        "plot": dg.MetadataValue.md(
+            f"![sweep](data:image/png;base64,{base64.b64encode(png).decode()})"),
+        "plot_path": dg.MetadataValue.path(str(png_path)),
+    }
 
 
 def _sweep(context, loadgen: LoadGenerator, running, template, served_name: str,

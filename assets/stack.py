@@ -1,8 +1,9 @@
 """`serving_stack`: the observed serving stack, whose data version is its fingerprint.
 
-The stack-dependent stages (pipelines.automation.STACK_DEPENDENT) depend on it, so a new version
-in configs/stack.yaml, a new engine in its virtualenv or a new driver marks them stale per
-model. Observed by the `serving_stack_sensor`, by re-validation runs, and from the UI.
+The stack-dependent stages name it in their decorators (`deps=[SERVING_STACK]`), so a new
+version in configs/stack.yaml, a new engine in its virtualenv or a new driver marks them stale
+per model. Observed by the `serving_stack_sensor`, before every onboarding run, by re-validation
+runs, and from the UI.
 """
 
 import json
@@ -10,19 +11,19 @@ from typing import Any
 
 import dagster as dg
 
-from onboarding.automation import load_automation
-from onboarding.paths import config_dir
-from onboarding.stack import diff, fingerprint, observation_body, observe_node, read_stack_config
+from onboarding.stack import diff, fingerprint, observation_body, observe_node
+from onboarding.tables import md_table
+from resources.config_files import ConfigFiles
 
 SERVING_STACK = dg.AssetKey("serving_stack")
 BODY_KEY = "stack"
 
 
-def current_stack() -> tuple[str, dict[str, Any]]:
+def current_stack(configs: ConfigFiles) -> tuple[str, dict[str, Any]]:
     """(fingerprint, body) of the stack as this process sees it now."""
-    cfg = load_automation().stack
-    config = read_stack_config(config_dir() / "stack.yaml")
-    node = observe_node(cfg.engine_python_path()) if cfg.observe_node else {}
+    config = configs.stack_config()
+    observe = configs.automation().stack.observe_node
+    node = observe_node(configs.engine_python_path()) if observe else {}
     return fingerprint(config, node), observation_body(config, node)
 
 
@@ -40,24 +41,24 @@ def observation_metadata(body: dict[str, Any], previous: dict[str, Any] | None,
                          previous_fp: str | None, fp: str) -> dict[str, Any]:
     versions = body["config"].get("versions", {})
     changes = diff(previous, body)
-    table = "\n".join(f"| {c['field']} | {c['before']} | {c['after']} |" for c in changes)
     return {
         "fingerprint": fp,
         "previous_fingerprint": previous_fp or "none",
         "changed": previous_fp is not None and previous_fp != fp,
-        "versions": dg.MetadataValue.md("| component | version |\n|---|---|\n" + "\n".join(
-            f"| {k} | {v} |" for k, v in sorted(versions.items()))),
+        "versions": dg.MetadataValue.md(md_table(
+            {"component": k, "version": v} for k, v in sorted(versions.items()))),
         "node": dg.MetadataValue.json(body["node"] or {"observed": False}),
-        "diff": dg.MetadataValue.md("| field | before | after |\n|---|---|---|\n" + table
+        "diff": dg.MetadataValue.md(md_table(changes, ["field", "before", "after"])
                                     if changes else "no change" if previous else
                                     "first observation"),
         BODY_KEY: dg.MetadataValue.json(json.loads(json.dumps(body, default=str))),
     }
 
 
-def stack_observation(instance: dg.DagsterInstance) -> tuple[str, dict[str, Any], bool]:
+def stack_observation(instance: dg.DagsterInstance, configs: ConfigFiles
+                      ) -> tuple[str, dict[str, Any], bool]:
     """(fingerprint, metadata, changed since the last recorded observation)."""
-    fp, body = current_stack()
+    fp, body = current_stack(configs)
     prev_fp, prev_body = last_observation(instance)
     return fp, observation_metadata(body, prev_body, prev_fp, fp), prev_fp != fp
 
@@ -67,9 +68,10 @@ def stack_observation(instance: dg.DagsterInstance) -> tuple[str, dict[str, Any]
     group_name="stack",
     description="Fingerprint of configs/stack.yaml plus the versions read off the node "
     "(nvidia-smi, the engine's virtualenv, torch). A change marks stack-dependent results stale.",
+    required_resource_keys={"configs"},
 )
 def serving_stack(context) -> dg.ObserveResult:
-    fp, metadata, _ = stack_observation(context.instance)
+    fp, metadata, _ = stack_observation(context.instance, context.resources.configs)
     context.log.info(f"serving stack fingerprint {fp[:16]}")
     return dg.ObserveResult(data_version=dg.DataVersion(fp), metadata=metadata)
 

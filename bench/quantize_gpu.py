@@ -85,6 +85,7 @@ def main() -> None:
 
     from onboarding.accuracy_gate import judge_variant, load_accuracy_gates, scores_from_lm_eval
     from onboarding.variants import variant_dir
+    from resources.config_files import ConfigFiles
     from resources.evaluator import LmEvalEvaluator
     from resources.quantizer import ModelOptQuantizer
 
@@ -109,8 +110,8 @@ def main() -> None:
     print(json.dumps(report, indent=1), flush=True)
 
     quantizer = ModelOptQuantizer(device=device)
-    evaluator = LmEvalEvaluator(limit=args.eval_limit, task_dir=str(ROOT / "configs/eval_tasks"),
-                                batch_size=32)
+    evaluator = LmEvalEvaluator(limit=args.eval_limit, batch_size=32,
+                                configs=ConfigFiles(config_dir=str(ROOT / "configs")))
     gates = load_accuracy_gates(ROOT / "configs/gates.yaml")
     variants = {}
     for precision in ("nvfp4", "fp8"):

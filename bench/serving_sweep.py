@@ -28,9 +28,10 @@ import dagster as dg
 import pandas as pd
 import yaml
 
+from assets.partitions import models_partitions
 from assets.serving import load_timing, serving_benchmark
 from onboarding.refs import CheckpointRef, VariantRef
-from pipelines.partitions import models_partitions
+from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator
 
@@ -56,8 +57,8 @@ def main() -> None:
             "id": KEY, "source": "s3://models/smollm2-135m-instruct/",
             "served_name": "smollm2-135m-instruct", "scenarios": args.scenarios,
             "engine_args": {"max_model_len": 2048, "max_num_seqs": 64}}))
-        os.environ["ONBOARDING_CONFIG_DIR"] = str(configs)
-        os.environ["ONBOARDING_REPORTS_DIR"] = str(work / "reports")
+        config_files = ConfigFiles(config_dir=str(configs))
+        outputs = OutputDirs(reports_dir=str(work / "reports"))
         size = sum(p.stat().st_size for p in model.glob("*.safetensors"))
 
         @dg.asset(name="checkpoint", partitions_def=models_partitions)
@@ -74,8 +75,9 @@ def main() -> None:
         result = dg.materialize(
             [checkpoint, serving_variant, load_timing, serving_benchmark], partition_key=KEY,
             instance=instance, resources={
-                "engine": Engine(hardware="cpu", log_dir=str(work / "logs")),
-                "loadgen": LoadGenerator()},
+                "engine": Engine(hardware="cpu", log_dir=str(work / "logs"),
+                                 configs=config_files),
+                "loadgen": LoadGenerator(), "configs": config_files, "outputs": outputs},
             run_config={"ops": {"load_timing": {"config": {"cold_repeats": args.cold,
                                                             "warm_repeats": args.warm}}}})
         t = {k: getattr(v, "value", v) for k, v in next(

@@ -172,3 +172,15 @@ def judge_variant(precision: str, baseline: dict[str, TaskScore], variant: dict[
     reason = ("; ".join(f"{v.task}: {v.reason}" for v in failed) if failed
               else f"all {len(verdicts)} tasks within tolerance")
     return GateResult(precision, not failed, verdicts, reason)
+
+
+def gate_rows(precision: str, baseline: dict[str, TaskScore] | None,
+              gate: GateResult | None) -> list[dict]:
+    """Rows of the accuracy table: the baseline's scores (`gate` None) or a variant's verdicts."""
+    if gate is None:
+        return [{"task": s.task, "metric": s.metric, "precision": precision,
+                 "baseline": s.value, "variant": s.value, "delta": 0.0, "stderr": s.stderr,
+                 "se_delta": 0.0, "n": s.n, "passed": True} for s in (baseline or {}).values()]
+    return [{"task": t.task, "metric": t.metric, "precision": precision, "baseline": t.baseline,
+             "variant": t.variant, "delta": t.delta, "stderr": t.stderr_variant,
+             "se_delta": t.se_delta, "n": t.n, "passed": t.passed} for t in gate.verdicts]

@@ -1,24 +1,18 @@
 """`configs/automation.yaml`: discovery (the new-checkpoint sensor), stack observation, re-validation.
 
-Environment variables override the few fields that differ between a laptop and a cluster, so the
-same file ships everywhere.
+The few fields that differ between a laptop and a cluster (bucket, prefix, engine Python) are
+overridden by the ConfigFiles resource's fields, so the same file ships everywhere.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from onboarding.catalog import StrictConfig, format_validation_error, load_yaml, validate_config
+from onboarding.catalog import StrictConfig, load_yaml, validate_config
 from onboarding.errors import ConfigError
-from onboarding.paths import PROJECT_ROOT, config_dir
-
-BUCKET_ENV = "ONBOARDING_DISCOVERY_BUCKET"
-PREFIX_ENV = "ONBOARDING_DISCOVERY_PREFIX"
-ENGINE_PYTHON_ENV = "ONBOARDING_ENGINE_PYTHON"
 
 
 class Discovery(StrictConfig):
@@ -51,13 +45,6 @@ class StackObservation(StrictConfig):
     observe_node: bool = True
     observe_interval_s: int = Field(default=60, ge=10)
 
-    def engine_python_path(self) -> Path | None:
-        raw = os.environ.get(ENGINE_PYTHON_ENV, self.engine_python)
-        if not raw:
-            return None
-        path = Path(raw)
-        return path if path.is_absolute() else PROJECT_ROOT / path
-
 
 class Revalidation(StrictConfig):
     cron: str = "0 3 * * *"
@@ -84,7 +71,7 @@ class Launch(StrictConfig):
         """Run config for `sweep`, limited to `stages` when given (a job without a stage must
         not receive config for it)."""
         if sweep not in self.sweeps:
-            raise ConfigError(f"sweep {sweep!r}", f"not defined in {automation_path()} "
+            raise ConfigError(f"sweep {sweep!r}", "not defined in automation.yaml "
                               f"(known: {', '.join(sorted(self.sweeps))})",
                               "Pick one of those or add it under launch.sweeps.")
         ops = {stage: {"config": cfg} for stage, cfg in self.sweeps[sweep].items()
@@ -99,25 +86,9 @@ class AutomationConfig(StrictConfig):
     launch: Launch = Field(default_factory=Launch)
 
 
-def automation_path() -> Path:
-    return config_dir() / "automation.yaml"
-
-
-def load_automation(path: Path | None = None) -> AutomationConfig:
-    path = path or automation_path()
+def load_automation(path: Path) -> AutomationConfig:
     if not path.is_file():
         raise ConfigError(str(path), "does not exist",
                           "Restore configs/automation.yaml or set ONBOARDING_CONFIG_DIR.")
-    data = load_yaml(path)
-    cfg = validate_config(AutomationConfig, data, path, path,
-                          "Fix automation.yaml (docs/automation.md lists the fields).")
-    overrides = {k: os.environ[env] for k, env in (("bucket", BUCKET_ENV), ("prefix", PREFIX_ENV))
-                 if env in os.environ}
-    if overrides:
-        try:
-            discovery = Discovery.model_validate({**cfg.discovery.model_dump(), **overrides})
-        except ValidationError as exc:
-            raise ConfigError(f"{BUCKET_ENV}/{PREFIX_ENV}", format_validation_error(
-                "environment", exc), "Fix the environment variable.") from None
-        cfg = cfg.model_copy(update={"discovery": discovery})
-    return cfg
+    return validate_config(AutomationConfig, load_yaml(path), path, path,
+                           "Fix automation.yaml (docs/automation.md lists the fields).")

@@ -8,13 +8,13 @@ file and the field, because a typo in a gate silently relaxing it is the worst f
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from onboarding import paths
 from onboarding.errors import ConfigError
 from onboarding.names import is_dns1123_label
 
@@ -50,6 +50,15 @@ class ArchitectureHint(StrictConfig):
     num_attention_heads: int | None = Field(default=None, gt=0)  # TP must divide it
     moe: bool = False
     active_params_billion: float | None = Field(default=None, gt=0)
+    # What quantization keeps in bf16 (embeddings, lm_head, MoE routers): counted at 2 bytes.
+    hidden_size: int | None = Field(default=None, gt=0)
+    vocab_size: int | None = Field(default=None, gt=0)
+    tie_word_embeddings: bool = False
+    num_experts: int | None = Field(default=None, gt=1)
+    first_dense_layers: int = Field(default=0, ge=0)  # DeepSeek's first_k_dense_replace
+    # Multi-head latent attention (DeepSeek-V3/R1): the KV cache holds this latent + rope dims.
+    kv_lora_rank: int | None = Field(default=None, gt=0)
+    qk_rope_head_dim: int | None = Field(default=None, gt=0)
 
 
 class SourceRef(StrictConfig):
@@ -173,57 +182,75 @@ def parse_spec(data: Any, origin: str, default_id: str | None = None) -> ModelSp
     return validate_config(ModelSpec, data, origin, "model spec", "Fix the spec.")
 
 
-_PROJECT_DISCOVERED = object()
+@dataclass(frozen=True)
+class Catalog:
+    """Every spec that validates, and every file that does not, each with its own error.
 
-
-def load_catalog(models_dir: Path, discovered: Path | None | object = _PROJECT_DISCOVERED
-                 ) -> dict[str, ModelSpec]:
-    """All specs under `models_dir`, keyed by id; duplicate ids are an error.
-
-    The project's catalog (`paths.models_dir()`) also holds the specs the new-checkpoint sensor
-    wrote to `paths.discovered_dir()`, so every stage resolves a discovered model like a
-    catalogued one; another `models_dir` reads only what `discovered` names.
+    Loaded per entry: one broken file fails only the model it defines (and is listed in
+    `broken` for whoever reports it), never the runs of every other model.
     """
-    if discovered is _PROJECT_DISCOVERED:
-        discovered = paths.discovered_dir() if models_dir == paths.models_dir() else None
-    specs = _load_dir(models_dir)
-    if isinstance(discovered, Path) and discovered.is_dir():
-        for spec_id, spec in _load_dir(discovered).items():
-            if spec_id in specs:
-                raise ConfigError(
-                    str(discovered / f"{spec_id}.yaml"),
-                    f"model id {spec_id!r} is also in the catalog {models_dir}",
-                    "Delete the discovered spec (the catalog entry wins), or give the "
-                    "checkpoint's onboarding.yaml another id.",
-                )
-            specs[spec_id] = spec
-    return specs
+
+    specs: dict[str, ModelSpec]
+    broken: dict[str, ConfigError] = field(default_factory=dict)  # file path -> its error
+
+    def resolve(self, key: str) -> ModelSpec:
+        if key in self.specs:
+            return self.specs[key]
+        for path, error in self.broken.items():
+            if Path(path).stem == key:
+                raise error
+        known = ", ".join(sorted(self.specs)) or "none"
+        broken = (f"; {len(self.broken)} catalog file(s) do not validate: "
+                  f"{', '.join(sorted(self.broken))}") if self.broken else ""
+        raise ConfigError(
+            f"model {key!r}", f"not in the catalog (known: {known}){broken}",
+            "Add configs/models/<id>.yaml (or fix the broken file that defines it), or upload "
+            "the checkpoint so the sensor registers it.",
+        )
+
+    def strict(self) -> dict[str, ModelSpec]:
+        """The specs, or the first broken file's error: for callers that must see them all."""
+        for error in self.broken.values():
+            raise error
+        return dict(self.specs)
 
 
-def _load_dir(models_dir: Path) -> dict[str, ModelSpec]:
+def read_catalog(models_dir: Path, discovered_dir: Path | None = None) -> Catalog:
+    """Specs under `models_dir`, plus those the new-checkpoint sensor or the launchpad wrote to
+    `discovered_dir`, so every stage resolves a discovered model like a catalogued one.
+
+    A catalog entry wins over a discovered spec of the same id; that spec is reported broken.
+    """
     if not models_dir.is_dir():
         raise ConfigError(
             str(models_dir), "the model catalog directory does not exist",
             "Set ONBOARDING_CONFIG_DIR to a directory holding models/*.yaml.",
         )
     specs: dict[str, ModelSpec] = {}
-    for path in sorted(models_dir.glob("*.yaml")):
-        spec = parse_spec(load_yaml(path), str(path))
-        if spec.id in specs:
-            raise ConfigError(
-                str(path), f"model id {spec.id!r} is already defined by another file",
-                "Give each catalog entry a unique id.",
-            )
-        specs[spec.id] = spec
-    return specs
+    broken: dict[str, ConfigError] = {}
+    sources = [(models_dir, "catalog")]
+    if discovered_dir is not None and discovered_dir.is_dir():
+        sources.append((discovered_dir, "discovered"))
+    origin: dict[str, Path] = {}
+    for directory, kind in sources:
+        for path in sorted(directory.glob("*.yaml")):
+            try:
+                spec = parse_spec(load_yaml(path), str(path))
+            except ConfigError as exc:
+                broken[str(path)] = exc
+                continue
+            if spec.id in specs:
+                fix = ("Delete the discovered spec (the catalog entry wins), or give the "
+                       "checkpoint's onboarding.yaml another id." if kind == "discovered"
+                       else "Give each catalog entry a unique id.")
+                broken[str(path)] = ConfigError(
+                    str(path), f"model id {spec.id!r} is already defined by {origin[spec.id]}",
+                    fix)
+                continue
+            specs[spec.id], origin[spec.id] = spec, path
+    return Catalog(specs, broken)
 
 
-def resolve(catalog: dict[str, ModelSpec], key: str) -> ModelSpec:
-    try:
-        return catalog[key]
-    except KeyError:
-        known = ", ".join(sorted(catalog)) or "none"
-        raise ConfigError(
-            f"model {key!r}", f"not in the catalog (known: {known})",
-            "Add configs/models/<id>.yaml, or upload the checkpoint so the sensor registers it.",
-        ) from None
+def load_catalog(models_dir: Path, discovered: Path | None = None) -> dict[str, ModelSpec]:
+    """Every spec, strictly: the first broken file is an error (for listing the catalog)."""
+    return read_catalog(models_dir, discovered).strict()

@@ -9,7 +9,7 @@ taint, and sees the node's NVMe cache at the same path as the `NvmeCache` resour
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +18,6 @@ from pydantic import Field, ValidationError, model_validator
 
 from onboarding.catalog import StrictConfig, format_validation_error, load_yaml
 from onboarding.errors import ConfigError
-from onboarding.paths import config_dir
 
 GPU_BOUND_STAGES = ("quantized", "accuracy", "load_timing", "serving_benchmark")
 # Steps that touch the node's NVMe cache: the fetch, then every GPU-bound step.
@@ -115,8 +114,12 @@ def _read(path: Path) -> Any:
     return load_yaml(path)
 
 
+def _mtime(path: Path) -> int:
+    return path.stat().st_mtime_ns if path.is_file() else 0
+
+
 @lru_cache(maxsize=8)
-def _load_cluster_config(path: Path) -> ClusterConfig:
+def _load_cluster_config(path: Path, mtime_ns: int) -> ClusterConfig:
     try:
         return ClusterConfig.model_validate(_read(path))
     except ValidationError as exc:
@@ -124,13 +127,15 @@ def _load_cluster_config(path: Path) -> ClusterConfig:
         raise ConfigError(str(path), fields, "Fix cluster.yaml.") from None
 
 
-def load_cluster_config(directory: Path | None = None) -> ClusterConfig:
-    return _load_cluster_config((directory or config_dir()) / "cluster.yaml")
+def load_cluster_config(path: Path) -> ClusterConfig:
+    return _load_cluster_config(path, _mtime(path))
 
 
-def executor_kind(cfg: ClusterConfig) -> ExecutorKind:
-    """`ONBOARDING_EXECUTOR`, else cluster.yaml's `executor.default`."""
-    value = os.environ.get(EXECUTOR_ENV, "").strip() or cfg.executor.default
+def executor_kind(cfg: Callable[[], ClusterConfig], override: str | None = None
+                  ) -> ExecutorKind:
+    """`override` (ONBOARDING_EXECUTOR), else cluster.yaml's `executor.default` (read only
+    when there is no override)."""
+    value = (override or "").strip() or cfg().executor.default
     allowed = ("in_process", "multiprocess", "k8s")
     if value not in allowed:
         raise ConfigError(
@@ -140,12 +145,14 @@ def executor_kind(cfg: ClusterConfig) -> ExecutorKind:
     return value  # type: ignore[return-value]
 
 
-def node_type_name(cfg: ClusterConfig) -> str:
-    return os.environ.get(NODE_TYPE_ENV, "").strip() or cfg.step_pods.node_type
+def node_type_name(cfg: ClusterConfig, override: str | None = None) -> str:
+    """`override` (ONBOARDING_NODE_TYPE), else cluster.yaml's `step_pods.node_type`."""
+    return (override or "").strip() or cfg.step_pods.node_type
 
 
-def gpu_image(cfg: ClusterConfig) -> str | None:
-    return os.environ.get(GPU_IMAGE_ENV, "").strip() or cfg.step_pods.gpu_image
+def gpu_image(cfg: ClusterConfig, override: str | None = None) -> str | None:
+    """`override` (ONBOARDING_GPU_IMAGE), else cluster.yaml's `step_pods.gpu_image`."""
+    return (override or "").strip() or cfg.step_pods.gpu_image
 
 
 def _node_entries(data: Any, path: Path) -> dict[str, dict[str, Any]]:
@@ -169,7 +176,7 @@ def _taints(entry: dict[str, Any]) -> tuple[dict[str, str], ...]:
 
 
 @lru_cache(maxsize=8)
-def _load_node_type(path: Path, name: str) -> NodeType:
+def _load_node_type(path: Path, mtime_ns: int, name: str) -> NodeType:
     entries = _node_entries(_read(path), path)
     if name not in entries:
         raise ConfigError(
@@ -193,8 +200,8 @@ def _load_node_type(path: Path, name: str) -> NodeType:
     return NodeType(name=name, gpu_product=str(product), gpus_per_node=gpus, taints=_taints(entry))
 
 
-def load_node_type(name: str, directory: Path | None = None) -> NodeType:
-    return _load_node_type((directory or config_dir()) / "nodes.yaml", name)
+def load_node_type(name: str, nodes_path: Path) -> NodeType:
+    return _load_node_type(nodes_path, _mtime(nodes_path), name)
 
 
 def _tolerations(node: NodeType) -> list[dict[str, str]]:
@@ -231,9 +238,8 @@ def cache_step_pod_config(stage: str, cfg: ClusterConfig, node: NodeType) -> dic
             "volume_mounts": [{"name": CACHE_VOLUME, "mount_path": cache.mount_path}],
             "env": [
                 {"name": "ONBOARDING_CACHE_ROOT", "value": cache.mount_path},
-                {"name": NODE_TYPE_ENV, "value": node.name},
                 # The engine resource attributes its measurements to this node type.
-                {"name": "NODE_TYPE", "value": node.name},
+                {"name": NODE_TYPE_ENV, "value": node.name},
             ],
         },
         "pod_spec_config": {
@@ -248,12 +254,14 @@ def cache_step_pod_config(stage: str, cfg: ClusterConfig, node: NodeType) -> dic
 
 
 def gpu_step_pod_config(
-    stage: str, cfg: ClusterConfig, node: NodeType, gpus: int | None = None
+    stage: str, cfg: ClusterConfig, node: NodeType, gpus: int | None = None,
+    image: str | None = None,
 ) -> dict[str, Any]:
     """The `dagster-k8s/config` mapping of one GPU-bound stage on `node`: the cache placement
     plus exactly `gpus` GPUs (requests = limits), /dev/shm and the GPU image.
 
-    `gpus` overrides the stage's count from cluster.yaml (a run that needs TP > 1).
+    `gpus` overrides the stage's count from cluster.yaml (a run that needs TP > 1); `image`
+    the GPU image (`gpu_image(cfg, override)`).
     """
     if stage not in GPU_BOUND_STAGES:
         raise ValueError(f"{stage!r} is not a GPU-bound stage ({', '.join(GPU_BOUND_STAGES)})")
@@ -274,7 +282,6 @@ def gpu_step_pod_config(
     config["pod_spec_config"]["volumes"].insert(
         0, {"name": SHM_VOLUME, "empty_dir": {"medium": "Memory", "size_limit": pods.shm_size}}
     )
-    image = gpu_image(cfg)
     if image:
         container["image"] = image
     return config

@@ -25,3 +25,7 @@ class FetchError(OnboardingError):
 
 class IntegrityError(FetchError):
     """Bytes received do not match what the source recorded."""
+
+
+class IncompleteCheckpointError(FetchError):
+    """The source lacks files the checkpoint names (a shard of the index): nothing fetched."""

@@ -1,9 +1,10 @@
 """KServe manifests from a deployment plan: InferenceService (+ ServingRuntime) and gateway routes.
 
 Pure rendering, no Dagster and no cluster: every value comes from the plan, the model's spec,
-`configs/deploy.yaml`, the `images:`/`env_switches:` sections of `configs/stack.yaml`, or a
+`configs/deploy.yaml`, the `images:`/`engine_switches:` sections of `configs/stack.yaml`, or a
 measurement, and the manifest's annotations say which. Credentials are only ever referenced
-(service account, secretKeyRef); `inline_secret_findings` is the gate that proves it.
+(service account, secretKeyRef); `inline_secret_findings` is the gate that proves it. The pod
+KServe will create is predicted (`predicted_pod`), so its QoS class is computed, not claimed.
 """
 
 from __future__ import annotations
@@ -20,20 +21,26 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from onboarding.catalog import ModelSpec, StrictConfig, load_yaml, validate_config
 from onboarding.errors import ConfigError
 from onboarding.names import to_dns1123_label
-from onboarding.paths import PROJECT_ROOT
-from onboarding.plan import GIB, DeploymentPlan, NodePlan, NodeType
+from onboarding.plan import GIB, DeploymentPlan, NodePlan, NodesConfig, NodeType
 
-OUTPUT_DIR_ENV = "ONBOARDING_OUTPUT_DIR"
 LABEL_PREFIX = "model-onboarding.io"
 ISVC_NAME_MAX = 45  # KServe appends "-predictor" (and Knative a revision) within 63
 RUNTIME_CONTAINER = "kserve-container"
 SHM_VOLUME = "dshm"
+MODEL_DIR = "/mnt/models"  # where KServe puts the model for the runtime
 Engine = Literal["vllm", "sglang"]
+# KServe 0.16 renamed RawDeployment to Standard and Serverless to Knative; both are accepted in
+# deploy.yaml and rendered in the spelling of the KServe version in stack.yaml.
+DeploymentMode = Literal["Standard", "RawDeployment", "Knative", "Serverless"]
+_MODE_FAMILY = {"Standard": "raw", "RawDeployment": "raw", "Knative": "knative",
+                "Serverless": "knative"}
 
 _SECRET_NAME = re.compile(
     r"(?i)(token|secret|passw(or)?d|api[_-]?key|access[_-]?key|credential|private[_-]?key)"
@@ -50,6 +57,19 @@ class SecretRef(StrictConfig):
 
 class StorageConfig(StrictConfig):
     variants_uri: str = Field(pattern=r"^(s3|pvc|gs|hf)://.*\{model\}.*\{precision\}")
+
+
+class StorageInitializerConfig(StrictConfig):
+    """KServe's storage initializer as the cluster's `inferenceservice-config` ConfigMap sets it
+    (key `storageInitializer`): the init container that pulls s3://, gs:// and hf:// URIs (and
+    pvc:// ones unless `direct_pvc_mount`). Kubernetes counts init containers in a pod's QoS
+    class, so these numbers decide whether a model pod can be Guaranteed."""
+
+    cpu_request: str = "100m"
+    cpu_limit: str = "1"
+    memory_request: str = "100Mi"
+    memory_limit: str = "1Gi"
+    direct_pvc_mount: bool = False  # `enableDirectPvcVolumeMount`
 
 
 class ProbeConfig(StrictConfig):
@@ -78,11 +98,13 @@ class GatewayConfig(StrictConfig):
 class DeployConfig(StrictConfig):
     namespace: str
     target_node_types: list[str] = Field(min_length=1)
-    deployment_mode: Literal["RawDeployment", "Serverless"] = "RawDeployment"
+    deployment_mode: DeploymentMode = "Standard"
     replicas: Replicas
     service_account: str
     hf_token_secret: SecretRef | None = None
     storage: StorageConfig
+    storage_initializer: StorageInitializerConfig = Field(
+        default_factory=StorageInitializerConfig)
     probes: ProbeConfig
     shm_gib_per_gpu: int = Field(ge=1)
     container_port: int = Field(ge=1, le=65535)
@@ -90,19 +112,48 @@ class DeployConfig(StrictConfig):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
 
 
-class EnvSwitch(StrictConfig):
-    """An engine environment variable set only where every stated condition holds."""
+class EngineSwitch(StrictConfig):
+    """Engine env variables and flags set only where every stated condition holds.
 
-    name: str = Field(pattern=r"^[A-Z_][A-Z0-9_]*$")
-    value: str
+    `versions` (a PEP 440 specifier over `versions.<engine>`) keys a switch to the engine
+    releases that know it: switches move between releases (vLLM's seed-era
+    `VLLM_USE_FLASHINFER_MOE_FP4=1` is `--moe-backend` in current vLLM)."""
+
+    engine: Engine
+    versions: str = Field(description="PEP 440 specifier, e.g. '>=0.32'")
+    env: dict[str, str] = Field(default_factory=dict)
+    args: list[str] = Field(default_factory=list)
     why: str
-    engine: Engine | None = None
     precisions: list[str] | None = None
     moe: bool | None = None
     archs: list[str] | None = None
 
-    def applies(self, engine: str, precision: str, moe: bool, arch: str) -> bool:
-        return ((self.engine is None or self.engine == engine)
+    @field_validator("versions")
+    @classmethod
+    def _specifier(cls, v: str) -> str:
+        try:
+            SpecifierSet(v)
+        except InvalidSpecifier:
+            raise ValueError(f"{v!r} is not a PEP 440 version specifier (e.g. '>=0.32')") from None
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", k)]
+        if bad:
+            raise ValueError(f"not environment variable names: {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _does_something(self) -> EngineSwitch:
+        if not self.env and not self.args:
+            raise ValueError("a switch sets at least one env variable or argument")
+        return self
+
+    def applies(self, engine: str, version: str, precision: str, moe: bool, arch: str) -> bool:
+        return (self.engine == engine
+                and SpecifierSet(self.versions).contains(version, prereleases=True)
                 and (self.precisions is None or precision in self.precisions)
                 and (self.moe is None or self.moe == moe)
                 and (self.archs is None or arch in self.archs))
@@ -120,7 +171,7 @@ class _StackSections(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
     versions: dict[str, str]
     images: ImagesConfig
-    env_switches: list[EnvSwitch] = Field(default_factory=list)
+    engine_switches: list[EngineSwitch] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _tags_carry_versions(self) -> _StackSections:
@@ -141,8 +192,13 @@ class Stack:
     engine: Engine
     engine_version: str
     images: dict[str, str]  # arch -> image of `engine`
-    env_switches: tuple[EnvSwitch, ...]
+    switches: tuple[EngineSwitch, ...]
     fingerprint: str  # first 12 hex of sha256 over the canonical stack.yaml
+    kserve_version: str = "0.16.0"
+
+    def switches_for(self, precision: str, moe: bool, arch: str) -> list[EngineSwitch]:
+        return [s for s in self.switches
+                if s.applies(self.engine, self.engine_version, precision, moe, arch)]
 
 
 def stack_fingerprint(data: Any) -> str:
@@ -154,11 +210,13 @@ def stack_fingerprint(data: Any) -> str:
 def _load_stack(path: Path, mtime_ns: int) -> Stack:
     data = load_yaml(path)
     sections = validate_config(_StackSections, data, path, path,
-                               "Fix the images:/env_switches: sections of stack.yaml.")
+                               "Fix the versions:/images:/engine_switches: sections of "
+                               "stack.yaml.")
     engine = sections.images.engine
     return Stack(engine=engine, engine_version=sections.versions.get(engine, "unknown"),
                  images=dict(getattr(sections.images, engine)),
-                 env_switches=tuple(sections.env_switches), fingerprint=stack_fingerprint(data))
+                 switches=tuple(sections.engine_switches), fingerprint=stack_fingerprint(data),
+                 kserve_version=sections.versions.get("kserve", "0.16.0"))
 
 
 def load_stack(path: Path) -> Stack:
@@ -176,11 +234,6 @@ def load_deploy(path: Path) -> DeployConfig:
     if not path.is_file():
         raise ConfigError(str(path), "does not exist", "Restore configs/deploy.yaml.")
     return _load_deploy(path, path.stat().st_mtime_ns)
-
-
-def output_dir() -> Path:
-    """`ONBOARDING_OUTPUT_DIR`, else `<repo>/.data/manifests`."""
-    return Path(os.environ.get(OUTPUT_DIR_ENV) or PROJECT_ROOT / ".data" / "manifests")
 
 
 # ---- names --------------------------------------------------------------------------------
@@ -289,34 +342,93 @@ def _flag(key: str, value: Any) -> list[str]:
 
 
 def engine_args(engine: Engine, spec: ModelSpec, plan: DeploymentPlan, node: NodePlan,
-                port: int) -> list[str]:
-    """Engine CLI args: the plan's numbers first, then the spec's production parameters."""
+                port: int, switches: list[EngineSwitch] = ()) -> list[str]:
+    """Engine CLI args: the plan's numbers first, then the spec's production parameters, then
+    the engine switches that apply. vLLM takes the model as `vllm serve`'s positional argument;
+    SGLang serves /metrics only with --enable-metrics, which the runtime advertises."""
     _check_engine_args(spec)
     inputs = plan.inputs
     max_seqs = spec.engine_args.get("max_num_seqs", inputs.target_concurrency)
     if engine == "vllm":
-        args = ["--model=/mnt/models", f"--served-model-name={spec.served_name}",
+        args = [MODEL_DIR, f"--served-model-name={spec.served_name}",
                 f"--port={port}", f"--tensor-parallel-size={node.tensor_parallel}",
                 f"--max-model-len={inputs.context_tokens}", f"--max-num-seqs={max_seqs}",
                 f"--gpu-memory-utilization={inputs.gpu_memory_utilization:g}"]
     else:
-        args = ["--model-path=/mnt/models", f"--served-model-name={spec.served_name}",
+        args = [f"--model-path={MODEL_DIR}", f"--served-model-name={spec.served_name}",
                 "--host=0.0.0.0", f"--port={port}", f"--tp-size={node.tensor_parallel}",
                 f"--context-length={inputs.context_tokens}",
                 f"--max-running-requests={max_seqs}",
-                f"--mem-fraction-static={inputs.gpu_memory_utilization:g}"]
+                f"--mem-fraction-static={inputs.gpu_memory_utilization:g}", "--enable-metrics"]
     if inputs.kv_cache_dtype:
         args.append(f"--kv-cache-dtype={inputs.kv_cache_dtype}")
     for key in sorted(spec.engine_args):
         if key in _FROM_INPUTS or key == "max_num_seqs":
             continue
         args += _flag(key, spec.engine_args[key])
+    for switch in switches:
+        args += [a for a in switch.args if a not in args]
     return args
 
 
 def _probe(path: str, port: int, period: int, threshold: int, timeout: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
             "failureThreshold": threshold, "timeoutSeconds": timeout, "successThreshold": 1}
+
+
+def deployment_mode(cfg: DeployConfig, kserve_version: str) -> str:
+    """deploy.yaml's mode in the spelling of this KServe version (0.16 renamed the modes)."""
+    raw = _MODE_FAMILY[cfg.deployment_mode] == "raw"
+    if Version(kserve_version) >= Version("0.16"):
+        return "Standard" if raw else "Knative"
+    return "RawDeployment" if raw else "Serverless"
+
+
+# ---- the pod KServe will create, and its QoS class ------------------------------------------
+
+
+def _uses_storage_initializer(uri: str, cfg: StorageInitializerConfig) -> bool:
+    if uri.startswith("pvc://"):
+        return not cfg.direct_pvc_mount
+    return uri.split("://", 1)[0] in ("s3", "gs", "hf", "http", "https", "azure")
+
+
+def predicted_pod(isvc: dict[str, Any], cfg: DeployConfig) -> dict[str, Any]:
+    """The predictor pod's containers as KServe builds them: the model container, and the
+    storage-initializer init container when the storageUri needs one (its resources come from
+    the cluster's ConfigMap, mirrored in deploy.yaml `storage_initializer`)."""
+    model = isvc["spec"]["predictor"]["model"]
+    pod: dict[str, Any] = {"containers": [{"name": RUNTIME_CONTAINER,
+                                           "resources": model.get("resources", {})}]}
+    si = cfg.storage_initializer
+    if _uses_storage_initializer(model.get("storageUri", ""), si):
+        pod["initContainers"] = [{"name": "storage-initializer", "resources": {
+            "requests": {"cpu": si.cpu_request, "memory": si.memory_request},
+            "limits": {"cpu": si.cpu_limit, "memory": si.memory_limit}}}]
+    return pod
+
+
+def pod_qos_class(pod: dict[str, Any]) -> tuple[str, str]:
+    """Kubernetes' QoS class of a pod spec (init containers included), and why.
+
+    Guaranteed: every container sets cpu and memory limits equal to its requests. BestEffort:
+    no container sets any. Burstable otherwise.
+    """
+    containers = [*pod.get("initContainers", []), *pod.get("containers", [])]
+    if not any((c.get("resources") or {}).get(k) for c in containers
+               for k in ("requests", "limits")):
+        return "BestEffort", "no container sets requests or limits"
+    for c in containers:
+        res = c.get("resources") or {}
+        req, lim = res.get("requests") or {}, res.get("limits") or {}
+        for r in ("cpu", "memory"):
+            if r not in lim or req.get(r, lim[r]) != lim[r]:
+                return "Burstable", (f"container {c['name']}: {r} request "
+                                     f"{req.get(r, 'unset')} != limit {lim.get(r, 'unset')}")
+    return "Guaranteed", "every container (init containers too) has requests = limits"
+
+
+# ---- the documents --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -350,12 +462,13 @@ class Rendered:
     docs: tuple[dict[str, Any], ...]
     startup: StartupProbePlan
     route: Route
-    env_switches: tuple[str, ...]
+    switches: tuple[str, ...]
+    qos_class: str = ""
 
 
 def render_servingruntime(stack: Stack, arch: str, cfg: DeployConfig) -> dict[str, Any]:
-    command = (["python3", "-m", "vllm.entrypoints.openai.api_server"] if stack.engine == "vllm"
-               else ["python3", "-m", "sglang.launch_server"])
+    command = ["vllm", "serve"] if stack.engine == "vllm" else [
+        "python3", "-m", "sglang.launch_server"]
     return {
         "apiVersion": "serving.kserve.io/v1alpha1",
         "kind": "ServingRuntime",
@@ -388,45 +501,26 @@ def render_servingruntime(stack: Stack, arch: str, cfg: DeployConfig) -> dict[st
     }
 
 
-def render(ri: RenderInputs) -> Rendered:
-    """ServingRuntime + InferenceService for one model on one node type (a feasible plan)."""
-    spec, plan, cfg, stack, node_t = ri.spec, ri.plan, ri.deploy, ri.stack, ri.node
-    node = plan.node(ri.node_type)
-    if not node.feasible or node.tensor_parallel is None or node.precision is None:
-        raise ConfigError(
-            f"model {spec.id!r} on {ri.node_type}", f"no feasible plan ({node.reason})",
-            "Remove the node type from deploy.yaml target_node_types, or change the model's "
-            "precision ladder, context or concurrency.",
-        )
-    arch = node_t.arch
-    if arch not in stack.images:
-        raise ConfigError(
-            f"stack.yaml images.{stack.engine}.{arch}", "required but missing",
-            f"Add the {stack.engine} image built for {arch} ({ri.node_type} nodes).",
-        )
-    tp, port, probes = node.tensor_parallel, cfg.container_port, cfg.probes
-    name, runtime = service_name(spec.id, ri.node_type), runtime_name(stack, arch)
-    m = plan.inputs.measured
-    startup = startup_probe_plan(m.cold_start_p95_s, probes)
-    uri = storage_uri(spec, node.precision, ri.source_precision, cfg)
-
-    switches = [s for s in stack.env_switches
-                if s.applies(stack.engine, node.precision, plan.inputs.shape.moe, arch)]
-    env: list[dict[str, Any]] = [{"name": s.name, "value": s.value} for s in switches]
+def _model(ri: RenderInputs, node: NodePlan, uri: str, startup: StartupProbePlan,
+           switches: list[EngineSwitch]) -> dict[str, Any]:
+    """predictor.model: image args, env, resources (requests = limits) and the three probes."""
+    cfg, node_t, tp, port, probes = ri.deploy, ri.node, node.tensor_parallel, \
+        ri.deploy.container_port, ri.deploy.probes
+    env: list[dict[str, Any]] = [{"name": k, "value": v}
+                                 for s in switches for k, v in sorted(s.env.items())]
     if uri.startswith("hf://") and cfg.hf_token_secret is not None:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": cfg.hf_token_secret.name, "key": cfg.hf_token_secret.key,
             "optional": True}}})
-
     shm_gib = cfg.shm_gib_per_gpu * tp if tp > 1 else 0
     resources = {"cpu": str(tp * node_t.cpu_per_gpu),
                  "memory": f"{tp * node_t.host_memory_gib_per_gpu + shm_gib}Gi",
                  "nvidia.com/gpu": str(tp)}
     model: dict[str, Any] = {
-        "modelFormat": {"name": stack.engine},
-        "runtime": runtime,
+        "modelFormat": {"name": ri.stack.engine},
+        "runtime": runtime_name(ri.stack, node_t.arch),
         "storageUri": uri,
-        "args": engine_args(stack.engine, spec, plan, node, port),
+        "args": engine_args(ri.stack.engine, ri.spec, ri.plan, node, port, switches),
         "env": env,
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "startupProbe": _probe(probes.path, port, probes.period_s, startup.failure_threshold,
@@ -438,65 +532,108 @@ def render(ri: RenderInputs) -> Rendered:
     }
     if not env:
         del model["env"]
-    predictor: dict[str, Any] = {
-        "minReplicas": cfg.replicas.min,
-        "maxReplicas": cfg.replicas.max,
-        "serviceAccountName": cfg.service_account,
-        "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
-                        "prometheus.io/path": cfg.metrics_path},
-        "nodeSelector": {"nvidia.com/gpu.product": node_t.gpu_product},
-        "tolerations": _tolerations(node_t),
-        "model": model,
-    }
     if shm_gib:
         model["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
-        predictor["volumes"] = [{"name": SHM_VOLUME, "emptyDir": {
-            "medium": "Memory", "sizeLimit": f"{shm_gib}Gi"}}]
+    return model
 
+
+def _annotations(ri: RenderInputs, node: NodePlan, startup: StartupProbePlan,
+                 switches: list[EngineSwitch], qos: tuple[str, str]) -> dict[str, str]:
     throughput = (f"measured: {node.tokens_per_s_per_gpu:g} tokens/s/GPU on {ri.node_type}"
                   if node.throughput_basis == "measured"
                   else f"absent: never benchmarked on {ri.node_type}")
-    numa = ",".join(map(str, node.numa_nodes))
     annotations = {
-        "serving.kserve.io/deploymentMode": cfg.deployment_mode,
+        "serving.kserve.io/deploymentMode": deployment_mode(ri.deploy, ri.stack.kserve_version),
         "serving.kserve.io/enable-prometheus-scraping": "true",
-        f"{LABEL_PREFIX}/served-model-name": spec.served_name,
-        f"{LABEL_PREFIX}/source": spec.source,
+        f"{LABEL_PREFIX}/served-model-name": ri.spec.served_name,
+        f"{LABEL_PREFIX}/source": ri.spec.source,
         f"{LABEL_PREFIX}/plan": node.reason,
         f"{LABEL_PREFIX}/weights": (f"{node.weight_basis}: {node.weight_bytes} bytes "
                                     f"{node.precision}"),
-        f"{LABEL_PREFIX}/gpus": (f"{','.join(map(str, node.gpu_ids))} on NUMA node(s) {numa} "
-                                 "(kubelet topology manager aligns them)"),
+        f"{LABEL_PREFIX}/gpus": (f"{node.tensor_parallel} x {ri.node.gpu_product}; the device "
+                                 "plugin picks which, and the kubelet's topology manager can "
+                                 "align them with CPUs only for a Guaranteed pod (qos-class)"),
+        f"{LABEL_PREFIX}/qos-class": f"{qos[0]}: {qos[1]}",
         f"{LABEL_PREFIX}/startup-probe": startup.explanation,
         f"{LABEL_PREFIX}/throughput": throughput,
     }
     if switches:
-        annotations[f"{LABEL_PREFIX}/env-switches"] = "; ".join(
-            f"{s.name}={s.value}: {s.why}" for s in switches)
-    isvc = {
-        "apiVersion": "serving.kserve.io/v1beta1",
-        "kind": "InferenceService",
-        "metadata": {
-            "name": name,
-            "namespace": cfg.namespace,
-            "labels": {
-                "app.kubernetes.io/name": name,
-                "app.kubernetes.io/part-of": "model-onboarding",
-                f"{LABEL_PREFIX}/model": label_value(spec.id),
-                f"{LABEL_PREFIX}/node-type": ri.node_type,
-                f"{LABEL_PREFIX}/precision": node.precision,
-                f"{LABEL_PREFIX}/tensor-parallel": str(tp),
-                f"{LABEL_PREFIX}/stack-fingerprint": stack.fingerprint,
-                f"{LABEL_PREFIX}/weights-basis": node.weight_basis or "estimate",
-                f"{LABEL_PREFIX}/probe-basis": startup.basis,
-            },
-            "annotations": annotations,
-        },
-        "spec": {"predictor": predictor},
+        annotations[f"{LABEL_PREFIX}/engine-switches"] = "; ".join(
+            f"{' '.join([*(f'{k}={v}' for k, v in sorted(s.env.items())), *s.args])}: {s.why}"
+            for s in switches)
+    return annotations
+
+
+def render(ri: RenderInputs) -> Rendered:
+    """ServingRuntime + InferenceService for one model on one node type (a feasible plan)."""
+    spec, cfg, stack, node_t = ri.spec, ri.deploy, ri.stack, ri.node
+    node = ri.plan.node(ri.node_type)
+    if not node.feasible or node.tensor_parallel is None or node.precision is None:
+        raise ConfigError(
+            f"model {spec.id!r} on {ri.node_type}", f"no feasible plan ({node.reason})",
+            "Remove the node type from deploy.yaml target_node_types, or change the model's "
+            "precision ladder, context or concurrency.",
+        )
+    if node_t.arch not in stack.images:
+        raise ConfigError(
+            f"stack.yaml images.{stack.engine}.{node_t.arch}", "required but missing",
+            f"Add the {stack.engine} image built for {node_t.arch} ({ri.node_type} nodes).",
+        )
+    name = service_name(spec.id, ri.node_type)
+    startup = startup_probe_plan(ri.plan.inputs.measured.cold_start_p95_s, cfg.probes)
+    uri = storage_uri(spec, node.precision, ri.source_precision, cfg)
+    switches = stack.switches_for(node.precision, ri.plan.inputs.shape.moe, node_t.arch)
+    predictor: dict[str, Any] = {
+        "minReplicas": cfg.replicas.min,
+        "maxReplicas": cfg.replicas.max,
+        "serviceAccountName": cfg.service_account,
+        "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port":
+                        str(cfg.container_port), "prometheus.io/path": cfg.metrics_path},
+        "nodeSelector": {"nvidia.com/gpu.product": node_t.gpu_product},
+        "tolerations": _tolerations(node_t),
+        "model": _model(ri, node, uri, startup, switches),
     }
-    route = Route(spec.served_name, name, cfg.namespace, ri.node_type, node.precision, tp)
-    return Rendered(ri.node_type, name, runtime, (render_servingruntime(stack, arch, cfg), isvc),
-                    startup, route, tuple(s.name for s in switches))
+    if "volumeMounts" in predictor["model"]:
+        predictor["volumes"] = [{"name": SHM_VOLUME, "emptyDir": {
+            "medium": "Memory",
+            "sizeLimit": f"{cfg.shm_gib_per_gpu * node.tensor_parallel}Gi"}}]
+    isvc = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": cfg.namespace}, "spec":
+            {"predictor": predictor}}
+    qos = pod_qos_class(predicted_pod(isvc, cfg))
+    isvc["metadata"]["labels"] = {
+        "app.kubernetes.io/name": name,
+        "app.kubernetes.io/part-of": "model-onboarding",
+        f"{LABEL_PREFIX}/model": label_value(spec.id),
+        f"{LABEL_PREFIX}/node-type": ri.node_type,
+        f"{LABEL_PREFIX}/precision": node.precision,
+        f"{LABEL_PREFIX}/tensor-parallel": str(node.tensor_parallel),
+        f"{LABEL_PREFIX}/stack-fingerprint": stack.fingerprint,
+        f"{LABEL_PREFIX}/weights-basis": node.weight_basis or "estimate",
+        f"{LABEL_PREFIX}/probe-basis": startup.basis,
+        f"{LABEL_PREFIX}/qos-class": qos[0],
+    }
+    isvc["metadata"]["annotations"] = _annotations(ri, node, startup, switches, qos)
+    route = Route(spec.served_name, name, cfg.namespace, ri.node_type, node.precision,
+                  node.tensor_parallel)
+    return Rendered(ri.node_type, name, runtime_name(stack, node_t.arch),
+                    (render_servingruntime(stack, node_t.arch, cfg), isvc), startup, route,
+                    tuple(f"{s.why}" for s in switches), qos[0])
+
+
+def render_targets(spec: ModelSpec, plan: DeploymentPlan, nodes: NodesConfig, stack: Stack,
+                   deploy: DeployConfig, config_dtype: str | None
+                   ) -> tuple[list[Rendered], dict[str, str]]:
+    """Every target node type of deploy.yaml: rendered where the plan is feasible, else why not."""
+    rendered, skipped = [], {}
+    for nt in deploy.target_node_types:
+        node_plan = plan.node(nt)
+        if not node_plan.feasible:
+            skipped[nt] = node_plan.reason
+            continue
+        rendered.append(render(RenderInputs(spec, plan, nt, nodes.node_types[nt], stack,
+                                            deploy, source_precision(config_dtype))))
+    return rendered, skipped
 
 
 def _tolerations(node: NodeType) -> list[dict[str, str]]:

@@ -1,24 +1,13 @@
-"""Where the project's declarative inputs live; one place so tests and pods can point elsewhere."""
+"""The repository's own locations: the defaults behind the ConfigFiles/OutputDirs resources.
+
+Nothing here reads the environment; pipelines/resources.py wires ONBOARDING_CONFIG_DIR and
+friends into the resources, and everything else asks a resource.
+"""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-
-
-def config_dir() -> Path:
-    """`ONBOARDING_CONFIG_DIR` (a ConfigMap mount in a cluster) or the repo's `configs/`."""
-    return Path(os.environ.get("ONBOARDING_CONFIG_DIR", PROJECT_ROOT / "configs"))
-
-
-def models_dir() -> Path:
-    return config_dir() / "models"
-
-
-def discovered_dir() -> Path:
-    """Specs the new-checkpoint sensor wrote for models found in the bucket (a shared volume in a
-    cluster): `ONBOARDING_DISCOVERED_DIR`, else `<repo>/.data/discovered-specs`."""
-    return Path(os.environ.get("ONBOARDING_DISCOVERED_DIR") or
-                PROJECT_ROOT / ".data" / "discovered-specs")
+DEFAULT_CONFIG_DIR = PROJECT_ROOT / "configs"
+DEFAULT_DISCOVERED_DIR = PROJECT_ROOT / ".data" / "discovered-specs"

@@ -26,6 +26,8 @@ from onboarding.catalog import (
 )
 from onboarding.errors import ConfigError
 from onboarding.names import is_dns1123_label
+from onboarding.refs import VariantRef
+from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -157,7 +159,13 @@ def load_nodes(path: Path) -> NodesConfig:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What KV-cache arithmetic and TP divisibility need from a model's architecture."""
+    """What KV-cache arithmetic, TP divisibility and the weight estimate need from a model.
+
+    MLA models (DeepSeek-V3/R1: `kv_lora_rank`) cache one compressed latent plus the rope dims
+    per layer and token instead of K and V per head. `kept_bf16_params` are the parameters
+    Model Optimizer leaves unquantized (embeddings, lm_head, MoE routers: its export's
+    `exclude_modules`), so a quantized estimate counts them at 2 bytes.
+    """
 
     num_layers: int
     num_kv_heads: int
@@ -165,6 +173,14 @@ class ModelShape:
     num_attention_heads: int | None
     moe: bool
     origin: str  # where these numbers were read
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    kept_bf16_params: int = 0
+    num_experts: int = 0
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank is not None
 
 
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -184,13 +200,17 @@ def shape_from_config(config: dict[str, Any], origin: str) -> ModelShape:
             "The checkpoint's config.json must give num_hidden_layers, num_attention_heads and "
             "hidden_size or head_dim.",
         ) from None
-    if "kv_lora_rank" in cfg:
-        raise ConfigError(
-            origin, "multi-head latent attention (kv_lora_rank) is not modelled by the planner",
-            "Plan this model by hand; the KV arithmetic here assumes grouped-query attention.",
-        )
-    moe = any(int(cfg.get(k) or 0) > 1 for k in _MOE_KEYS)
-    return ModelShape(layers, kv_heads, head_dim, heads, moe, origin)
+    experts = max((int(cfg.get(k) or 0) for k in _MOE_KEYS), default=0)
+    hidden = int(cfg.get("hidden_size") or heads * head_dim)
+    vocab = int(cfg.get("vocab_size") or 0)
+    moe_layers = layers - int(cfg.get("first_k_dense_replace") or 0) if experts > 1 else 0
+    kept = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2) \
+        + moe_layers * experts * hidden
+    mla = cfg.get("kv_lora_rank")
+    return ModelShape(layers, kv_heads, head_dim, heads, experts > 1, origin,
+                      kv_lora_rank=int(mla) if mla else None,
+                      qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0) if mla else None,
+                      kept_bf16_params=kept, num_experts=experts if experts > 1 else 0)
 
 
 def shape_from_checkpoint(checkpoint_dir: Path) -> ModelShape:
@@ -204,8 +224,14 @@ def shape_from_checkpoint(checkpoint_dir: Path) -> ModelShape:
 
 
 def shape_from_hint(hint: ArchitectureHint, origin: str) -> ModelShape:
+    hidden = hint.hidden_size or 0
+    moe_layers = hint.num_layers - hint.first_dense_layers if hint.num_experts else 0
+    kept = (hint.vocab_size or 0) * hidden * (1 if hint.tie_word_embeddings else 2) \
+        + moe_layers * (hint.num_experts or 0) * hidden
     return ModelShape(hint.num_layers, hint.num_kv_heads, hint.head_dim,
-                      hint.num_attention_heads, hint.moe, origin)
+                      hint.num_attention_heads, hint.moe or bool(hint.num_experts), origin,
+                      kv_lora_rank=hint.kv_lora_rank, qk_rope_head_dim=hint.qk_rope_head_dim,
+                      kept_bf16_params=kept, num_experts=hint.num_experts or 0)
 
 
 def kv_dtype_bytes(kv_cache_dtype: str | None) -> int:
@@ -223,7 +249,13 @@ def kv_dtype_bytes(kv_cache_dtype: str | None) -> int:
 
 
 def kv_bytes_per_token_per_gpu(shape: ModelShape, tp: int, dtype_bytes: int) -> int:
-    """K and V for every layer; KV heads are split over TP ranks, replicated when TP > heads."""
+    """K and V for every layer; KV heads are split over TP ranks, replicated when TP > heads.
+
+    MLA: one latent of `kv_lora_rank` plus `qk_rope_head_dim` per layer, which every TP rank
+    holds whole (the latent is shared by all heads, so TP does not split it)."""
+    if shape.mla:
+        return shape.num_layers * (shape.kv_lora_rank + (shape.qk_rope_head_dim or 0)) \
+            * dtype_bytes
     heads_per_gpu = math.ceil(shape.num_kv_heads / tp)
     return shape.num_layers * 2 * heads_per_gpu * shape.head_dim * dtype_bytes
 
@@ -353,7 +385,15 @@ def _weights(inputs: PlanInputs, precision: str, nodes: NodesConfig) -> tuple[in
         return m.variant_weight_bytes, "measured"
     if inputs.param_count is None:
         return None, "estimate"
-    return round(inputs.param_count * nodes.precisions[precision].bytes_per_param), "estimate"
+    return estimate_weight_bytes(inputs.param_count, inputs.shape, precision, nodes), "estimate"
+
+
+def estimate_weight_bytes(params: float, shape: ModelShape, precision: str,
+                          nodes: NodesConfig) -> int:
+    """Parameters x bytes per parameter, with what quantization keeps in bf16 at 2 bytes."""
+    bpp = nodes.precisions[precision].bytes_per_param
+    kept = min(shape.kept_bf16_params, int(params)) if precision != "bf16" else 0
+    return round((params - kept) * bpp + kept * nodes.precisions["bf16"].bytes_per_param)
 
 
 def _gpu_ids(node: NodeType, tp: int, numa_local_max_tp: int) -> tuple[tuple[int, ...], str]:
@@ -473,32 +513,24 @@ def plan_rows(p: DeploymentPlan) -> list[dict[str, Any]]:
     return rows
 
 
-def _num(v: Any, kind: type) -> Any:
-    try:
-        return kind(v) if v is not None else None
-    except (TypeError, ValueError):
-        return None
+def measured_from_results(variant: VariantRef | None, timing: LoadTimingResult | None,
+                          bench: ServingBenchmarkResult | None) -> Measured:
+    """What upstream assets stored for this model (each None when never materialized).
 
-
-def measured_from_metadata(upstream: dict[str, dict[str, Any]]) -> Measured:
-    """Upstream materializations' metadata (asset name -> key -> value) as `Measured`.
-
-    Missing assets or keys stay None: they are reported as absent, never filled in.
+    Absent results stay None: they are reported as absent, never filled in. A benchmark that
+    measured nothing (an unservable variant with no stand-in) reports no throughput.
     """
-    variant = upstream.get("serving_variant", {})
-    timing = upstream.get("load_timing", {})
-    bench = upstream.get("serving_benchmark", {})
-    slo = bench.get("slo_pass")
+    measured_bench = bench is not None and bench.tokens_per_s_per_gpu > 0
     return Measured(
-        variant_precision=_num(variant.get("precision"), str),
-        variant_weight_bytes=_num(variant.get("weight_bytes"), int),
-        benchmark_node_type=_num(bench.get("node_type"), str),
-        benchmark_gpus=_num(bench.get("gpus"), int),
-        tokens_per_s_per_gpu=_num(bench.get("tokens_per_s_per_gpu"), float),
-        saturation_concurrency=_num(bench.get("saturation_concurrency"), int),
-        slo_pass=slo if isinstance(slo, bool) else None,
-        cold_start_p95_s=_num(timing.get("cold_start_p95_s"), float),
-        warm_start_p50_s=_num(timing.get("warm_start_p50_s"), float),
+        variant_precision=variant.precision if variant else None,
+        variant_weight_bytes=(variant.weight_bytes or None) if variant else None,
+        benchmark_node_type=bench.node_type if bench else None,
+        benchmark_gpus=bench.gpus if bench else None,
+        tokens_per_s_per_gpu=bench.tokens_per_s_per_gpu if measured_bench else None,
+        saturation_concurrency=bench.saturation_concurrency if measured_bench else None,
+        slo_pass=bench.slo_pass if bench else None,
+        cold_start_p95_s=timing.cold_start_p95_s if timing else None,
+        warm_start_p50_s=timing.warm_start_p50_s if timing else None,
     )
 
 

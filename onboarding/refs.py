@@ -31,3 +31,4 @@ class VariantRef:
     path: str
     total_bytes: int
     content_hash: str
+    weight_bytes: int = 0  # bytes of *.safetensors: what the GPU holds, for the plan

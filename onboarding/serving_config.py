@@ -46,7 +46,6 @@ class EngineTemplate(StrictConfig):
     env: dict[str, str] = Field(default_factory=dict)
     args: dict[str, ArgFlag] = Field(default_factory=dict)
     serves: dict[str, list[str]]
-    precision_env: dict[str, dict[str, str]] = Field(default_factory=dict)
     hardware: dict[str, HardwareProfile] = Field(default_factory=dict)
 
     @field_validator("weights_loaded_pattern")
@@ -135,7 +134,7 @@ def render_command(
                 argv.append(flag)
         elif spec.flag:
             argv += [spec.flag, str(value)]
-    env = {**template.env, **profile.env, **template.precision_env.get(precision, {})}
+    env = {**template.env, **profile.env}
     return argv, env, dropped
 
 

@@ -1,6 +1,7 @@
 """The code location: every stage module's `defs`, merged, plus resources, jobs and automation.
 
-Stage modules under `assets/` each expose `defs`; adding a stage never edits this file.
+Stage modules under `assets/` each expose `defs`; adding a stage never edits this file. This is
+the top floor: it imports assets/ and resources/, and nothing below imports it.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import pkgutil
 import dagster as dg
 
 import assets as _assets_pkg
-from pipelines.automation import with_automation
 from pipelines.jobs import jobs
+from pipelines.launch import onboard_registered_model, register_model
 from pipelines.resources import build_resources
+from pipelines.schedules import revalidate_job, revalidation_schedule, revalidation_sensors
+from pipelines.sensors import sensors
 
 
 def _stage_definitions() -> list[dg.Definitions]:
@@ -25,7 +28,12 @@ def _stage_definitions() -> list[dg.Definitions]:
     return found
 
 
-defs = with_automation(dg.Definitions.merge(
+defs = dg.Definitions.merge(
     *_stage_definitions(),
-    dg.Definitions(resources=build_resources(), jobs=jobs),
-))
+    dg.Definitions(
+        resources=build_resources(),
+        jobs=[*jobs, revalidate_job, register_model],
+        schedules=[revalidation_schedule],
+        sensors=[*sensors, onboard_registered_model, *revalidation_sensors],
+    ),
+)

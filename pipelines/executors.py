@@ -1,126 +1,171 @@
-"""The executor, chosen by configuration: `ONBOARDING_EXECUTOR` or cluster.yaml `executor.default`.
+"""The executor, chosen by `ONBOARDING_EXECUTOR` or cluster.yaml `executor.default`.
 
 - `in_process`: one process, steps one after another (tests, debugging).
-- `multiprocess`: local runs; steps tagged `onboarding/gpu` (pipelines.step_tags) are limited to
+- `multiprocess`: local runs; steps tagged `onboarding/gpu` (assets.step_tags) are limited to
   `executor.local_gpu_slots` at once, so two GPU steps of one run never share the one local GPU.
   Across runs the instance's `gpu` pool does the same (configs/dagster.yaml, `pool="gpu"`).
-- `k8s`: `dagster_k8s.k8s_job_executor`, one Kubernetes Job per step; GPU steps get their pod
-  config from their op tags, and Kubernetes schedules them onto free GPUs.
+- `k8s`: `dagster_k8s.k8s_job_executor`, one Kubernetes Job per step. Where each step's pod
+  goes (GPUs, node selector, tolerations, the NVMe cache volume, the GPU image) is computed
+  when the run starts, from cluster.yaml and nodes.yaml, as `per_step_k8s_config` defaults.
 
-Our defaults fill only what run config leaves unset, so a launch can still override anything,
-e.g. `per_step_k8s_config` for a model that needs more GPUs (`step_run_config`).
+Only the kind is decided when the code location loads; everything else is read when a run
+starts, so a broken cluster.yaml fails the runs (naming file and field) and never the code
+location. Our defaults fill only what run config leaves unset, so a launch can still override
+anything, e.g. `per_step_k8s_config` for a model that needs more GPUs (`step_run_config`).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
-from dagster._core.executor.init import InitExecutorContext
 
+from assets.step_tags import GPU_SLOT_TAG
 from onboarding.cluster import (
+    CACHE_STAGES,
+    GPU_BOUND_STAGES,
     GPU_RESOURCE,
     ExecutorKind,
+    cache_step_pod_config,
     executor_kind,
-    load_cluster_config,
-    load_node_type,
+    gpu_image,
+    gpu_step_pod_config,
     node_type_name,
 )
-from pipelines.step_tags import CACHE_ASSETS, GPU_BOUND_ASSETS, GPU_SLOT_TAG
+from onboarding.errors import ConfigError
+from resources.config_files import ConfigFiles
 
+EXECUTOR_ENV = "ONBOARDING_EXECUTOR"
+NODE_TYPE_ENV = "ONBOARDING_NODE_TYPE"
+GPU_IMAGE_ENV = "ONBOARDING_GPU_IMAGE"
+CONFIG_DIR_ENV = "ONBOARDING_CONFIG_DIR"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
-def _with_defaults(
-    base: dg.ExecutorDefinition, name: str, defaults: dict[str, Any], description: str
-) -> dg.ExecutorDefinition:
-    """`base` with `defaults` under whatever the run config sets (run config wins per key).
+def config_files() -> ConfigFiles:
+    """The config files as this process's environment names them (executors and run config
+    builders are not resource consumers, so they build the same resource themselves)."""
+    return ConfigFiles(config_dir=os.environ.get(CONFIG_DIR_ENV, ""))
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` on top of `base`: mappings merge key by key, anything else is replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _with_defaults(base: dg.ExecutorDefinition, name: str,
+                   defaults: Callable[[], dict[str, Any]], description: str
+                   ) -> dg.ExecutorDefinition:
+    """`base` with `defaults()` (computed when a run starts) under whatever the run config sets.
 
     Unlike `base.configured(...)`, the run config keeps the base executor's full schema.
     """
 
-    def create(init_context: InitExecutorContext):
-        config = {**defaults, **dict(init_context.executor_config)}
+    def create(init_context: dg.InitExecutorContext):
+        config = deep_merge(defaults(), dict(init_context.executor_config))
         return base.executor_creation_fn(  # type: ignore[misc]
-            InitExecutorContext(
-                job=init_context.job,
-                executor_def=init_context.executor_def,
-                executor_config=config,
-                instance=init_context.instance,
-            )
-        )
+            dg.InitExecutorContext(job=init_context.job, executor_def=init_context.executor_def,
+                                   executor_config=config, instance=init_context.instance))
 
-    return dg.ExecutorDefinition(
-        name=name,
-        config_schema=base.config_schema,
-        requirements=base.get_requirements,
-        executor_creation_fn=create,
-        description=description,
-    )
+    return dg.ExecutorDefinition(name=name, config_schema=base.config_schema,
+                                 requirements=base.get_requirements,
+                                 executor_creation_fn=create, description=description)
+
+
+def _failing(error: ConfigError) -> dg.ExecutorDefinition:
+    """Stands in when the executor kind cannot be known: the code location loads, and every
+    run says why it cannot start."""
+
+    def create(_init_context: dg.InitExecutorContext):
+        raise error
+
+    return dg.ExecutorDefinition(name="onboarding_config_error", executor_creation_fn=create,
+                                 description=f"No executor: {error}")
 
 
 def local_gpu_limits(slots: int) -> list[dict[str, Any]]:
     return [{"key": GPU_SLOT_TAG, "value": "true", "limit": slots}]
 
 
+def _multiprocess_defaults() -> dict[str, Any]:
+    cfg = config_files().cluster()
+    return {"max_concurrent": cfg.executor.local_max_concurrent,
+            "tag_concurrency_limits": local_gpu_limits(cfg.executor.local_gpu_slots)}
+
+
+def step_placements(configs: ConfigFiles | None = None) -> dict[str, dict[str, Any]]:
+    """Step key -> `dagster-k8s/config` of every step that touches the NVMe cache or a GPU."""
+    configs = configs or config_files()
+    cfg = configs.cluster()
+    node = configs.node_type(node_type_name(cfg, os.environ.get(NODE_TYPE_ENV)))
+    image = gpu_image(cfg, os.environ.get(GPU_IMAGE_ENV))
+    out = {s: cache_step_pod_config(s, cfg, node) for s in CACHE_STAGES
+           if s not in GPU_BOUND_STAGES}
+    out.update({s: gpu_step_pod_config(s, cfg, node, image=image) for s in GPU_BOUND_STAGES})
+    return out
+
+
+def _k8s_defaults() -> dict[str, Any]:
+    k8s = config_files().cluster().executor.k8s
+    defaults: dict[str, Any] = {"max_concurrent": k8s.max_concurrent,
+                                "retries": {k8s.retries: {}},
+                                "per_step_k8s_config": step_placements()}
+    if k8s.job_namespace:
+        defaults["job_namespace"] = k8s.job_namespace
+    return defaults
+
+
 def onboarding_executor(kind: ExecutorKind | None = None) -> dg.ExecutorDefinition:
-    cfg = load_cluster_config()
-    kind = kind or executor_kind(cfg)
+    try:
+        kind = kind or executor_kind(config_files().cluster, os.environ.get(EXECUTOR_ENV))
+    except ConfigError as exc:
+        return _failing(exc)
     if kind == "in_process":
         return dg.in_process_executor
     if kind == "multiprocess":
-        return _with_defaults(
-            dg.multiprocess_executor,
-            "onboarding_multiprocess",
-            {
-                "max_concurrent": cfg.executor.local_max_concurrent,
-                "tag_concurrency_limits": local_gpu_limits(cfg.executor.local_gpu_slots),
-            },
-            "Local subprocesses; GPU-bound steps limited to the local GPU slots.",
-        )
+        return _with_defaults(dg.multiprocess_executor, "onboarding_multiprocess",
+                              _multiprocess_defaults,
+                              "Local subprocesses; GPU-bound steps limited to the local GPU "
+                              "slots.")
     from dagster_k8s import k8s_job_executor
 
-    k8s = cfg.executor.k8s
-    defaults: dict[str, Any] = {
-        "max_concurrent": k8s.max_concurrent,
-        "retries": {k8s.retries: {}},
-    }
-    if k8s.job_namespace:
-        defaults["job_namespace"] = k8s.job_namespace
-    return _with_defaults(
-        k8s_job_executor,
-        "onboarding_k8s",
-        defaults,
-        "One Kubernetes Job per step; GPU-bound steps on GPU nodes (dagster-k8s/config op tags).",
-    )
+    return _with_defaults(k8s_job_executor, "onboarding_k8s", _k8s_defaults,
+                          "One Kubernetes Job per step; GPU-bound steps on GPU nodes, placed "
+                          "from cluster.yaml when the run starts.")
 
 
-def step_run_config(
-    gpus_by_stage: dict[str, int] | None = None, node_name: str | None = None
-) -> dict[str, Any]:
+def step_run_config(gpus_by_stage: dict[str, int] | None = None, node_name: str | None = None,
+                    configs: ConfigFiles | None = None) -> dict[str, Any]:
     """Run config for one onboarding run on the k8s executor (launchpad, sensor, schedule).
 
-    - `gpus_by_stage`: GPU counts other than the op tags' (a model that needs TP > 1).
+    - `gpus_by_stage`: GPU counts other than cluster.yaml's (a model that needs TP > 1).
     - `node_name`: pins every step that touches the NVMe cache (checkpoint and the GPU-bound
       steps) to one node, so that with a hostPath cache they all see the same disk.
-    `per_step_k8s_config` is the last word in dagster-k8s's merge order and the merge is deep,
-    so only these fields change; GPU product selector, tolerations and volumes stay.
+    This run config is merged onto the placement defaults key by key, so only these fields
+    change; GPU product selector, tolerations and volumes stay.
     """
-    cfg = load_cluster_config()
-    node = load_node_type(node_type_name(cfg))
+    configs = configs or config_files()
+    cfg = configs.cluster()
+    node = configs.node_type(node_type_name(cfg, os.environ.get(NODE_TYPE_ENV)))
     per_step: dict[str, Any] = {}
     for stage, count in (gpus_by_stage or {}).items():
-        if stage not in GPU_BOUND_ASSETS:
-            raise ValueError(f"{stage!r} is not a GPU-bound asset ({', '.join(GPU_BOUND_ASSETS)})")
+        if stage not in GPU_BOUND_STAGES:
+            raise ValueError(f"{stage!r} is not a GPU-bound asset ({', '.join(GPU_BOUND_STAGES)})")
         if not 1 <= count <= node.gpus_per_node:
             raise ValueError(
-                f"{count} GPUs for {stage!r}: a {node.name} node has {node.gpus_per_node}"
-            )
+                f"{count} GPUs for {stage!r}: a {node.name} node has {node.gpus_per_node}")
         gpus = {GPU_RESOURCE: str(count)}
         per_step[stage] = {"container_config": {"resources": {"requests": gpus, "limits": gpus}}}
     if node_name:
-        for stage in CACHE_ASSETS:
+        for stage in CACHE_STAGES:
             per_step.setdefault(stage, {})["pod_spec_config"] = {
-                "node_selector": {HOSTNAME_LABEL: node_name}
-            }
+                "node_selector": {HOSTNAME_LABEL: node_name}}
     return {"execution": {"config": {"per_step_k8s_config": per_step}}}

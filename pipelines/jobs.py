@@ -1,24 +1,27 @@
-"""Jobs: onboarding a model end to end, partitioned by model."""
+"""Jobs: onboarding a model end to end, partitioned by model, and planning one without weights."""
 
 from __future__ import annotations
 
 import dagster as dg
 
+from assets.stack import SERVING_STACK
 from pipelines.executors import onboarding_executor
-from pipelines.partitions import models_partitions
 
+PLAN_ASSETS = ("deployment_plan", "kserve_manifest", "gateway_routes")
+
+# serving_stack is observed first in every onboarding run, so each result records the stack it
+# was measured on (its input data version), never Dagster's INITIAL marker.
 onboard_model = dg.define_asset_job(
     "onboard_model",
-    selection=dg.AssetSelection.all() - dg.AssetSelection.groups("plan_only"),
-    partitions_def=models_partitions,
-    description="Fetch, quantize, evaluate, time, benchmark, plan and render one model.",
+    selection=dg.AssetSelection.all() | dg.AssetSelection.assets(SERVING_STACK),
+    description="Observe the serving stack, then fetch, quantize, evaluate, time, benchmark, "
+    "plan and render one model.",
     executor_def=onboarding_executor(),
 )
 
 plan_model = dg.define_asset_job(
     "plan_model",
-    selection=dg.AssetSelection.assets("deployment_plan", "kserve_manifest", "gateway_routes"),
-    partitions_def=models_partitions,
+    selection=dg.AssetSelection.assets(*PLAN_ASSETS),
     description="Plan and render one model without fetching it: plan-only catalog entries, or "
     "re-rendering after a config change. Uses whatever upstream measurements exist.",
     executor_def=onboarding_executor(),

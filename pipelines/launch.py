@@ -11,13 +11,12 @@ registered by `catalog_partitions_sensor`, and "Materialize" on it launches `onb
 import dagster as dg
 from pydantic import Field
 
-from onboarding.automation import load_automation
-from onboarding.catalog import ModelSpec, load_catalog, parse_spec
+from assets.partitions import models_partitions
+from onboarding.catalog import ModelSpec, parse_spec
 from onboarding.discovery import write_discovered_spec
 from onboarding.errors import ConfigError
-from onboarding.paths import discovered_dir, models_dir
 from pipelines.jobs import onboard_model
-from pipelines.partitions import models_partitions
+from resources.config_files import ConfigFiles
 
 _DEFAULTS = ModelSpec(id="defaults", source="s3://models/defaults/", served_name="defaults")
 
@@ -34,35 +33,36 @@ class RegisterModel(dg.Config):
     scenarios: list[str] = Field(default=list(_DEFAULTS.scenarios),
                                  description="traffic profiles from configs/scenarios.yaml")
     sweep: str = Field(
-        default=load_automation().launch.default_sweep,
-        description=f"one of {', '.join(sorted(load_automation().launch.sweeps))} "
-        "(configs/automation.yaml launch.sweeps): quick is a smoke pass, full the profile's "
-        "whole sweep")
+        default="", description="a sweep of configs/automation.yaml launch.sweeps (quick is a "
+        "smoke pass, full the profile's whole sweep); empty: launch.default_sweep")
     description: str = ""
 
 
 @dg.op(description="Validate the model spec, store it, register the partition.")
-def register_model_spec(context: dg.OpExecutionContext, config: RegisterModel) -> dg.Output:
+def register_model_spec(context: dg.OpExecutionContext, config: RegisterModel,
+                        configs: ConfigFiles) -> dg.Output:
     data = config.model_dump(exclude={"sweep"}, exclude_none=True)
     spec = parse_spec({"served_name": config.id, **data}, "register_model launch config")
-    catalogued = load_catalog(models_dir(), discovered=None)
+    launch = configs.automation().launch
+    sweep = config.sweep or launch.default_sweep
+    catalogued = configs.catalogued().specs
     if spec.id in catalogued:
         raise ConfigError(f"register_model: id {spec.id!r}", "is a catalog entry "
                           f"(source {catalogued[spec.id].source})", "Launch onboard_model on "
                           "that partition (edit configs/models to change it), or pick another "
                           "id.")
-    known = load_catalog(discovered_dir(), discovered=None) if discovered_dir().is_dir() else {}
+    known = configs.discovered().specs
     if spec.id in known and known[spec.id].source != spec.source:
         raise ConfigError(f"register_model: id {spec.id!r}", "is already registered with "
                           f"source {known[spec.id].source}", "Pick another id.")
-    load_automation().launch.run_config(config.sweep)  # an unknown sweep fails here, not later
-    path = write_discovered_spec(discovered_dir(), spec, "register_model")
+    launch.run_config(sweep)  # an unknown sweep fails here, not later
+    path = write_discovered_spec(configs.discovered_path, spec, "register_model")
     context.instance.add_dynamic_partitions(models_partitions.name, [spec.id])
     context.log.info(f"registered {spec.id!r} from {spec.source}; onboarding follows "
-                     f"({config.sweep} sweep)")
+                     f"({sweep} sweep)")
     return dg.Output(spec.id, metadata={"spec_path": dg.MetadataValue.path(str(path)),
                                         "spec": dg.MetadataValue.json(spec.model_dump()),
-                                        "sweep": config.sweep})
+                                        "sweep": sweep})
 
 
 @dg.job(description="Register a model (source, precision ladder, scenarios, sweep) and "
@@ -82,14 +82,15 @@ def job_stages(repository_def, job_name: str) -> set[str] | None:
 @dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[register_model],
                       request_job=onboard_model, default_status=dg.DefaultSensorStatus.RUNNING,
                       description="Starts onboarding a model registered from the UI.")
-def onboard_registered_model(context: dg.RunStatusSensorContext):
+def onboard_registered_model(context: dg.RunStatusSensorContext, configs: ConfigFiles):
     config = context.dagster_run.run_config["ops"]["register_model_spec"]["config"]
-    sweep = config.get("sweep") or load_automation().launch.default_sweep
+    launch = configs.automation().launch
+    sweep = config.get("sweep") or launch.default_sweep
     stages = job_stages(context.repository_def, onboard_model.name)
     return dg.RunRequest(
         partition_key=config["id"],
         run_key=f"register-{context.dagster_run.run_id}",
-        run_config=load_automation().launch.run_config(sweep, stages),
+        run_config=launch.run_config(sweep, stages),
         tags={"onboarding/trigger": "ui", "onboarding/sweep": sweep,
               "onboarding/registered_by": context.dagster_run.run_id},
     )

@@ -1,7 +1,8 @@
-"""Resources by key, built from environment variables so no secret is ever in code or logs.
+"""Resources by key, wired from environment variables (the one place that reads them).
 
 Local runs read the embedded defaults set by `scripts/dev.sh`; a cluster sets the same variables
-from a Secret/ConfigMap. Each resource is the production class, configured differently.
+from a Secret/ConfigMap. Each resource is the production class, configured differently. A
+variable that is unset leaves the resource's own default (its description names the variable).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 
 import dagster as dg
 
+from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.evaluator import LmEvalEvaluator
 from resources.huggingface import HuggingFaceStore
@@ -18,23 +20,55 @@ from resources.manifest_validator import ManifestValidator
 from resources.nvme_cache import NvmeCache
 from resources.quantizer import ModelOptQuantizer
 from resources.s3 import S3ObjectStore
+from resources.upstream import optional_upstream
+
+
+def _env(**fields: str) -> dict[str, dg.EnvVar]:
+    """{field: EnvVar(name)} for each variable that is set; the value resolves at run time."""
+    return {field: dg.EnvVar(name) for field, name in fields.items() if os.environ.get(name)}
+
+
+def _env_int(**fields: str) -> dict[str, dg.EnvVar]:
+    return {field: dg.EnvVar.int(name) for field, name in fields.items() if os.environ.get(name)}
+
+
+def config_resources() -> tuple[ConfigFiles, OutputDirs]:
+    configs = ConfigFiles(**_env(
+        config_dir="ONBOARDING_CONFIG_DIR", discovered_dir="ONBOARDING_DISCOVERED_DIR",
+        serving_profile="ONBOARDING_SERVING_PROFILE",
+        discovery_bucket="ONBOARDING_DISCOVERY_BUCKET",
+        discovery_prefix="ONBOARDING_DISCOVERY_PREFIX",
+        engine_python="ONBOARDING_ENGINE_PYTHON"))
+    outputs = OutputDirs(**_env(manifests_dir="ONBOARDING_OUTPUT_DIR",
+                                reports_dir="ONBOARDING_REPORTS_DIR"))
+    return configs, outputs
 
 
 def build_resources() -> dict[str, object]:
+    configs, outputs = config_resources()
+    crd_paths = [p for p in os.environ.get("KSERVE_CRD_PATHS", "").split(os.pathsep) if p]
     return {
+        "configs": configs,
+        "outputs": outputs,
         "s3": S3ObjectStore(
             endpoint_url=dg.EnvVar("S3_ENDPOINT_URL"),
             access_key_id=dg.EnvVar("AWS_ACCESS_KEY_ID"),
             secret_access_key=dg.EnvVar("AWS_SECRET_ACCESS_KEY"),
         ),
-        "hf": HuggingFaceStore(),
-        "engine": Engine.from_env(),  # ENGINE_* env vars; default: vLLM CPU in .venv-engine
+        "hf": HuggingFaceStore(**_env(token="HF_TOKEN")),
+        "engine": Engine(configs=configs, **_env(
+            engine="ENGINE_KIND", bin_dir="ENGINE_BIN_DIR", hardware="ENGINE_HARDWARE",
+            node_type="ONBOARDING_NODE_TYPE", gpus="ENGINE_GPUS", log_dir="ENGINE_LOG_DIR"),
+            **_env_int(cpu_kvcache_space_gib="VLLM_CPU_KVCACHE_SPACE", port="ENGINE_PORT"),
+            **({"start_timeout_s": float(os.environ["ENGINE_START_TIMEOUT_S"])}
+               if os.environ.get("ENGINE_START_TIMEOUT_S") else {})),
         "loadgen": LoadGenerator(),
         "nvme_cache": NvmeCache(root=dg.EnvVar("ONBOARDING_CACHE_ROOT")),
-        "manifest_validator": ManifestValidator(),  # KSERVE_CRD_PATHS, ONBOARDING_KUBE_CONTEXT
-        "quantizer": ModelOptQuantizer(),  # configs/quantization.yaml; cuda when present
-        # configs/eval_tasks; all items per task unless ONBOARDING_EVAL_LIMIT caps them (the
-        # demo's quick pass uses 100, the gates' min_items)
-        "evaluator": LmEvalEvaluator(limit=int(os.environ["ONBOARDING_EVAL_LIMIT"])
-                                     if os.environ.get("ONBOARDING_EVAL_LIMIT") else None),
+        "manifest_validator": ManifestValidator(
+            crd_paths=crd_paths, **_env(kube_context="ONBOARDING_KUBE_CONTEXT")),
+        "quantizer": ModelOptQuantizer(configs=configs),  # cuda when present
+        # all items per task unless ONBOARDING_EVAL_LIMIT caps them (the demo's quick pass uses
+        # 100, the gates' min_items)
+        "evaluator": LmEvalEvaluator(configs=configs, **_env_int(limit="ONBOARDING_EVAL_LIMIT")),
+        "optional_upstream": optional_upstream,
     }

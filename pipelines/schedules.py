@@ -6,45 +6,49 @@ runs at a stated time, only for models that finished onboarding (`ready_assets`)
 model and fingerprint (run key), and it can be evaluated on demand from the UI. An eager
 automation condition would also fire for half-onboarded models and whenever the daemon happens
 to notice. docs/automation.md has the longer argument.
+
+Which stages depend on the stack is read off the asset graph: the assets that name
+`serving_stack` in their decorators (`deps=[SERVING_STACK]`).
 """
 
 from typing import Any
 
 import dagster as dg
 
+from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, current_stack
-from onboarding.automation import load_automation
+from onboarding.tables import md_table
+from pipelines.automation import AT_LOAD
 from pipelines.executors import onboarding_executor
 from pipelines.launch import job_stages
-from pipelines.partitions import models_partitions
+from resources.config_files import ConfigFiles
+from resources.upstream import latest_materialization
 
 REVALIDATE_JOB = "revalidate_model"
-# Stages whose results change with the serving stack; each depends on `serving_stack`.
-STACK_DEPENDENT = ("quantized", "accuracy", "load_timing", "serving_benchmark",
-                   "deployment_plan", "kserve_manifest")
 STACK_INPUT_TAG = f"dagster/input_data_version/{SERVING_STACK.to_user_string()}"
+STACK_DEPENDENT = dg.AssetSelection.assets(SERVING_STACK).downstream(depth=1) - \
+    dg.AssetSelection.assets(SERVING_STACK)
 
 
-def _latest(instance: dg.DagsterInstance, asset: str, partition: str):
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition]),
-        limit=1).records
-    return records[0].asset_materialization if records else None
+def stack_dependent(asset_graph) -> list[str]:
+    """Names of the assets that depend on serving_stack directly, in this code location."""
+    return sorted(k.to_user_string() for k in STACK_DEPENDENT.resolve(asset_graph))
 
 
 def stale_ready_models(instance: dg.DagsterInstance, fingerprint: str,
-                       ready_assets: list[str]) -> dict[str, dict[str, Any]]:
+                       ready_assets: list[str], dependent: list[str]
+                       ) -> dict[str, dict[str, Any]]:
     """Ready models whose stack-dependent materializations saw another stack.
 
     Returns model -> {stale asset: the fingerprint it was measured on}.
     """
     out: dict[str, dict[str, Any]] = {}
     for model in sorted(instance.get_dynamic_partitions(models_partitions.name)):
-        if any(_latest(instance, a, model) is None for a in ready_assets):
+        if any(latest_materialization(instance, a, model) is None for a in ready_assets):
             continue
         stale = {}
-        for asset in STACK_DEPENDENT:
-            mat = _latest(instance, asset, model)
+        for asset in dependent:
+            mat = latest_materialization(instance, asset, model)
             if mat is not None and mat.tags.get(STACK_INPUT_TAG) != fingerprint:
                 stale[asset] = mat.tags.get(STACK_INPUT_TAG, "none")
         if stale:
@@ -52,31 +56,29 @@ def stale_ready_models(instance: dg.DagsterInstance, fingerprint: str,
     return out
 
 
-_cfg = load_automation().revalidation
-
-
 @dg.schedule(
-    cron_schedule=_cfg.cron,
-    execution_timezone=_cfg.timezone,
+    cron_schedule=AT_LOAD.cron,
+    execution_timezone=AT_LOAD.timezone,
     job_name=REVALIDATE_JOB,
     default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Re-validates ready models whose results were measured on another serving "
     "stack (configs/automation.yaml `revalidation`).",
 )
-def revalidation_schedule(context: dg.ScheduleEvaluationContext):
-    fp, _ = current_stack()
-    cfg = load_automation()
-    stale = stale_ready_models(context.instance, fp, cfg.revalidation.ready_assets)
+def revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: ConfigFiles):
+    AT_LOAD.check()
+    fp, _ = current_stack(configs)
+    cfg = configs.automation()
+    stale = stale_ready_models(context.instance, fp, cfg.revalidation.ready_assets,
+                               stack_dependent(context.repository_def.asset_graph))
     if not stale:
         return dg.SkipReason(f"every ready model is current with stack {fp[:16]}")
     for model, assets in stale.items():
         context.log.info(f"{model}: stale against stack {fp[:16]}: "
                          + ", ".join(f"{a} (measured on {v[:16]})" for a, v in assets.items()))
+    stages = job_stages(context.repository_def, REVALIDATE_JOB)
     return [
         dg.RunRequest(partition_key=model, run_key=f"revalidate-{model}@{fp[:16]}",
-                      run_config=cfg.launch.run_config(
-                          cfg.launch.automatic_sweep,
-                          job_stages(context.repository_def, REVALIDATE_JOB)),
+                      run_config=cfg.launch.run_config(cfg.launch.automatic_sweep, stages),
                       tags={"onboarding/trigger": "revalidation",
                             "onboarding/stack_fingerprint": fp,
                             "onboarding/stale_assets": ",".join(sorted(assets))})
@@ -84,50 +86,43 @@ def revalidation_schedule(context: dg.ScheduleEvaluationContext):
     ]
 
 
-def revalidate_job(present: set[dg.AssetKey]):
-    """serving_stack (observed first, on the node the run uses) and every stack-dependent stage
-    that exists, with what lies downstream of them; `checkpoint` is not re-fetched."""
-    dependent = [dg.AssetKey(a) for a in STACK_DEPENDENT if dg.AssetKey(a) in present]
-    selection = dg.AssetSelection.assets(SERVING_STACK)
-    if dependent:
-        selection = selection | dg.AssetSelection.assets(*dependent).downstream()
-    return dg.define_asset_job(
-        REVALIDATE_JOB, selection=selection, executor_def=onboarding_executor(),
-        description="Observe the serving stack, then re-run the stages whose results depend "
-        "on it, for one model.")
+revalidate_job = dg.define_asset_job(
+    REVALIDATE_JOB,
+    selection=dg.AssetSelection.assets(SERVING_STACK).downstream(),
+    executor_def=onboarding_executor(),
+    description="Observe the serving stack, then re-run the stages whose results depend on it "
+    "(and what lies downstream of them), for one model; `checkpoint` is not re-fetched.")
 
 
-def verdict_changes(instance: dg.DagsterInstance, run_id: str, model: str) -> list[dict]:
-    """Each check this run evaluated, with the verdict the partition had before it.
+def _check_verdicts(instance: dg.DagsterInstance, run_id: str) -> dict[dg.AssetCheckKey, bool]:
+    records = instance.get_records_for_run(
+        run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records
+    out = {}
+    for record in records:
+        evaluation = record.event_log_entry.dagster_event.event_specific_data
+        out[evaluation.asset_check_key] = bool(evaluation.passed)
+    return out
+
+
+def verdict_changes(instance: dg.DagsterInstance, run_id: str, model: str,
+                    lookback_runs: int = 50) -> list[dict]:
+    """Each check this run evaluated, with the verdict the partition had before it: the
+    newest earlier run of this model that evaluated the same check.
 
     `before` is None when the check never ran for the partition before this run.
     """
-    from dagster._core.storage.asset_check_execution_record import (
-        COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
-        AssetCheckExecutionRecordStatus,
-    )
-
-    rows = []
-    records = instance.get_records_for_run(
-        run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records
-    for record in records:
-        evaluation = record.event_log_entry.dagster_event.event_specific_data
-        key = evaluation.asset_check_key
-        before = None
-        history = instance.event_log_storage.get_asset_check_execution_history(
-            key, limit=50, status=COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES)
-        for prior in history:
-            if prior.run_id == run_id or prior.partition not in (model, None):
-                continue
-            if prior.partition is None:
-                run = instance.get_run_by_id(prior.run_id)
-                if run is None or run.tags.get("dagster/partition") != model:
-                    continue
-            before = prior.status == AssetCheckExecutionRecordStatus.SUCCEEDED
+    after = _check_verdicts(instance, run_id)
+    earlier = [r for r in instance.get_runs(
+        filters=dg.RunsFilter(tags={"dagster/partition": model}), limit=lookback_runs)
+        if r.run_id != run_id]
+    before: dict[dg.AssetCheckKey, bool] = {}
+    for run in earlier:  # newest first
+        for key, passed in _check_verdicts(instance, run.run_id).items():
+            before.setdefault(key, passed)
+        if set(after) <= set(before):
             break
-        rows.append({"asset": key.asset_key.to_user_string(), "check": key.name,
-                     "before": before, "after": bool(evaluation.passed)})
-    return rows
+    return [{"asset": key.asset_key.to_user_string(), "check": key.name,
+             "before": before.get(key), "after": passed} for key, passed in after.items()]
 
 
 def _verdict(passed: bool | None) -> str:
@@ -156,33 +151,29 @@ def report_revalidation(context: dg.RunStatusSensorContext) -> dg.SkipReason | N
                 "stack_fingerprint": run.tags.get("onboarding/stack_fingerprint", "unknown"),
                 "verdict_changed": bool(changed),
                 "verdict_change": summary,
-                "verdicts": dg.MetadataValue.md(
-                    "| check | before | after |\n|---|---|---|\n" + "\n".join(
-                        f"| {c['check']} | {_verdict(c['before'])} | {_verdict(c['after'])} |"
-                        for c in checks)),
+                "verdicts": dg.MetadataValue.md(md_table(
+                    {"check": c["check"], "before": _verdict(c["before"]),
+                     "after": _verdict(c["after"])} for c in checks)),
             }))
     return None
 
 
-def revalidation_verdict_sensors(job) -> list[dg.RunStatusSensorDefinition]:
-    """Run-status sensors on `job` (the revalidate_model job): one for success, one for
-    failure, since a blocking gate that now fails ends the run as a failure."""
+@dg.run_status_sensor(name="revalidation_verdicts_on_success",
+                      run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[revalidate_job],
+                      default_status=dg.DefaultSensorStatus.RUNNING,
+                      description="After a successful re-validation: did a gate or SLO verdict "
+                      "change? Recorded as an observation on each re-validated asset.")
+def revalidation_verdicts_on_success(context: dg.RunStatusSensorContext):
+    return report_revalidation(context)
 
-    @dg.run_status_sensor(name="revalidation_verdicts_on_success",
-                          run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[job],
-                          default_status=dg.DefaultSensorStatus.RUNNING,
-                          description="After a successful re-validation: did a gate or SLO "
-                          "verdict change? Recorded as an observation on each re-validated "
-                          "asset.")
-    def on_success(context: dg.RunStatusSensorContext):
-        return report_revalidation(context)
 
-    @dg.run_status_sensor(name="revalidation_verdicts_on_failure",
-                          run_status=dg.DagsterRunStatus.FAILURE, monitored_jobs=[job],
-                          default_status=dg.DefaultSensorStatus.RUNNING,
-                          description="After a failed re-validation (a blocking gate now "
-                          "fails): the verdict changes, recorded on each re-validated asset.")
-    def on_failure(context: dg.RunStatusSensorContext):
-        return report_revalidation(context)
+@dg.run_status_sensor(name="revalidation_verdicts_on_failure",
+                      run_status=dg.DagsterRunStatus.FAILURE, monitored_jobs=[revalidate_job],
+                      default_status=dg.DefaultSensorStatus.RUNNING,
+                      description="After a failed re-validation (a blocking gate now fails): "
+                      "the verdict changes, recorded on each re-validated asset.")
+def revalidation_verdicts_on_failure(context: dg.RunStatusSensorContext):
+    return report_revalidation(context)
 
-    return [on_success, on_failure]
+
+revalidation_sensors = [revalidation_verdicts_on_success, revalidation_verdicts_on_failure]

@@ -34,16 +34,16 @@ from pydantic import Field
 
 from onboarding import page_cache
 from onboarding.errors import OnboardingError
-from onboarding.paths import PROJECT_ROOT, config_dir
+from onboarding.paths import PROJECT_ROOT
 from onboarding.processes import free_port, log_tail, port_is_free, reap_group
 from onboarding.refs import VariantRef
 from onboarding.serving_config import (
     EngineTemplate,
-    load_engine_templates,
     render_command,
     servable,
 )
 from onboarding.serving_stats import StartSample
+from resources.config_files import ConfigFiles
 
 LOG_TAIL_LINES = 40
 POLL_INTERVAL_S = 0.25
@@ -130,43 +130,33 @@ def visible_gpu_count() -> int:
 class Engine(dg.ConfigurableResource):
     """Starts the serving engine for one variant. Local and production differ in config only."""
 
-    engine: str = Field(default="vllm", description="template name in configs/stack.yaml engines")
+    engine: str = Field(default="vllm", description="template name in configs/stack.yaml engines "
+                        "(ENGINE_KIND)")
     bin_dir: str = Field(default=str(PROJECT_ROOT / ".venv-engine" / "bin"),
-                         description="directory holding the engine's executables")
-    hardware: str = Field(default="auto", description="'auto', 'cpu' or 'smNN' (e.g. sm100)")
-    node_type: str = Field(default="cpu", description="entry of configs/nodes.yaml, or 'cpu'")
-    gpus: str = Field(default="", description="CUDA_VISIBLE_DEVICES for the engine, e.g. '0,1'")
+                         description="directory holding the engine's executables "
+                         "(ENGINE_BIN_DIR)")
+    hardware: str = Field(default="auto", description="'auto', 'cpu' or 'smNN' (e.g. sm100) "
+                          "(ENGINE_HARDWARE)")
+    node_type: str = Field(default="cpu", description="entry of configs/nodes.yaml, or 'cpu' "
+                           "(ONBOARDING_NODE_TYPE)")
+    gpus: str = Field(default="", description="CUDA_VISIBLE_DEVICES for the engine, e.g. '0,1' "
+                      "(ENGINE_GPUS)")
     cpu_kvcache_space_gib: int = Field(default=2, description="VLLM_CPU_KVCACHE_SPACE")
-    port: int = Field(default=0, description="0 picks a free port on 127.0.0.1")
-    start_timeout_s: float = Field(default=300.0, gt=0)
-    log_dir: str = Field(default="", description="engine logs; empty = a temp directory")
-    stack_path: str = Field(default="", description="empty = <config dir>/stack.yaml")
-
-    @classmethod
-    def from_env(cls) -> Engine:
-        """The embedded default (vLLM CPU build in .venv-engine) unless ENGINE_* say otherwise.
-
-        ENGINE_KIND, ENGINE_BIN_DIR, ENGINE_HARDWARE, NODE_TYPE, ENGINE_GPUS,
-        VLLM_CPU_KVCACHE_SPACE, ENGINE_PORT, ENGINE_START_TIMEOUT_S, ENGINE_LOG_DIR.
-        """
-        env = os.environ
-        fields = {
-            "engine": env.get("ENGINE_KIND"), "bin_dir": env.get("ENGINE_BIN_DIR"),
-            "hardware": env.get("ENGINE_HARDWARE"), "node_type": env.get("NODE_TYPE"),
-            "gpus": env.get("ENGINE_GPUS"),
-            "cpu_kvcache_space_gib": env.get("VLLM_CPU_KVCACHE_SPACE"),
-            "port": env.get("ENGINE_PORT"), "start_timeout_s": env.get("ENGINE_START_TIMEOUT_S"),
-            "log_dir": env.get("ENGINE_LOG_DIR"),
-        }
-        return cls(**{k: v for k, v in fields.items() if v is not None})
+    port: int = Field(default=0, description="0 picks a free port on 127.0.0.1 (ENGINE_PORT)")
+    start_timeout_s: float = Field(default=300.0, gt=0, description="ENGINE_START_TIMEOUT_S")
+    log_dir: str = Field(default="", description="engine logs; empty = a temp directory "
+                         "(ENGINE_LOG_DIR)")
+    configs: ConfigFiles | None = Field(default=None, description="where stack.yaml (the engine "
+                                        "templates) lives; default: the repository's configs/")
 
     # ---- what this engine can serve ----
 
     def template(self) -> EngineTemplate:
-        path = Path(self.stack_path) if self.stack_path else config_dir() / "stack.yaml"
-        templates = load_engine_templates(path)
+        configs = self.configs or ConfigFiles()
+        templates = configs.engine_templates()
         if self.engine not in templates:
-            raise EngineError(f"engine {self.engine!r}", f"no template in {path} (known: "
+            raise EngineError(f"engine {self.engine!r}", f"no template in "
+                              f"{configs.path('stack.yaml')} (known: "
                               f"{', '.join(sorted(templates))})",
                               "Set ENGINE_KIND to a known engine or add its template.")
         return templates[self.engine]

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from onboarding.catalog import load_yaml
 from onboarding.errors import ConfigError
-from onboarding.paths import config_dir
+from resources.config_files import ConfigFiles
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,13 @@ class LmEvalEvaluator(Evaluator):
         default=None, description="items per task (None: all); small values make the gate "
                                   "fail for too few items unless gates.yaml min_items is lowered")
     batch_size: int = Field(default=32, ge=1)
-    task_dir: str | None = Field(default=None,
-                                 description="project task YAMLs; default <config dir>/eval_tasks")
+    configs: ConfigFiles | None = Field(default=None, description="the project's task YAMLs "
+                                        "live in its eval_tasks/; default: configs/")
     default_tasks: list[str] = Field(default_factory=lambda: ["onb_facts_mc", "onb_arith_gen"],
                                      description="used when a model spec lists no eval_tasks")
 
     def _task_dir(self) -> Path:
-        return Path(self.task_dir) if self.task_dir else config_dir() / "eval_tasks"
+        return (self.configs or ConfigFiles()).eval_tasks_dir()
 
     def project_tasks(self) -> dict[str, Path]:
         d = self._task_dir()

@@ -13,7 +13,6 @@ Every error carries its exact JSON path (`$.spec.predictor.model.resources.limit
 from __future__ import annotations
 
 import copy
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -160,9 +159,6 @@ class ManifestValidator(dg.ConfigurableResource):
     def resolved_crd_paths(self) -> list[str]:
         if self.crd_paths:
             return list(self.crd_paths)
-        env = os.environ.get(CRD_PATHS_ENV, "").strip()
-        if env:
-            return [p for p in env.split(os.pathsep) if p]
         return [str(DEFAULT_CRD_DIR / name) for name in DEFAULT_CRDS]
 
     def _schemas(self) -> dict[tuple[str, str], CrdSchema]:
@@ -209,7 +205,7 @@ class ManifestValidator(dg.ConfigurableResource):
         return out
 
     def context(self) -> str:
-        return self.kube_context or os.environ.get(KUBE_CONTEXT_ENV, "").strip()
+        return self.kube_context.strip()
 
     def dry_run(self, path: Path) -> DryRun:
         """`kubectl apply --dry-run=server` when a context is configured; not run otherwise."""

@@ -35,7 +35,7 @@ from onboarding.checkpoint_manifest import (
     sha256_file,
     verify_entry,
 )
-from onboarding.errors import FetchError, IntegrityError
+from onboarding.errors import FetchError, IncompleteCheckpointError, IntegrityError
 from resources.object_store import ObjectStore, RemoteCheckpoint, RemoteObject
 
 LogFn = Callable[[str], None]
@@ -171,7 +171,8 @@ class NvmeCache(dg.ConfigurableResource):
                                      "Re-upload the index file.") from None
             absent = sorted(n for n in named if base + n not in present)
             if absent:
-                raise FetchError(f"{source.uri}{obj.path}",
+                raise IncompleteCheckpointError(
+                                 f"{source.uri}{obj.path}",
                                  f"the weight map names {len(absent)} shard(s) the source does not "
                                  f"have: {', '.join(absent[:5])}",
                                  "Upload the missing shards (or wait for the upload to finish).")

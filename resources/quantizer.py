@@ -32,12 +32,9 @@ from onboarding.export_check import (
     logits_on,
     scale_mismatches,
 )
-from onboarding.paths import config_dir
 from onboarding.quantize_config import (
     QuantizationConfig,
     VariantConfig,
-    load_quantization_config,
-    resolve_data_path,
 )
 from onboarding.variants import (
     QuantizationError,
@@ -46,6 +43,7 @@ from onboarding.variants import (
     read_jsonl_texts,
     write_manifest,
 )
+from resources.config_files import ConfigFiles
 
 CPU_NVFP4_BACKEND = "onboarding_cpu_nvfp4"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
@@ -178,13 +176,17 @@ class ModelOptQuantizer(Quantizer):
     """Model Optimizer post-training quantization into the NVMe cache."""
 
     device: str = Field(default="auto", description="'auto' (cuda if present), 'cuda' or 'cpu'")
-    config_path: str | None = Field(
-        default=None, description="quantization.yaml; default <config dir>/quantization.yaml")
+    configs: ConfigFiles | None = Field(
+        default=None, description="quantization.yaml and the calibration set; default: the "
+                                  "repository's configs/")
 
     # ---- configuration -------------------------------------------------------------------
+    @property
+    def config_files(self) -> ConfigFiles:
+        return self.configs or ConfigFiles()
+
     def settings(self) -> QuantizationConfig:
-        return load_quantization_config(Path(self.config_path) if self.config_path
-                                        else config_dir() / "quantization.yaml")
+        return self.config_files.quantization()
 
     def torch_device(self) -> str:
         import torch
@@ -211,7 +213,7 @@ class ModelOptQuantizer(Quantizer):
     def _batches(self, tokenizer, dataset: str, samples: int, seq_len: int, what: str):
         import torch
 
-        path = resolve_data_path(config_dir(), dataset)
+        path = self.config_files.data_path(dataset)
         texts = read_jsonl_texts(path)
         if not texts:
             raise QuantizationError(f"{what} {path}", "is empty",

@@ -33,6 +33,7 @@ from pydantic import Field, PrivateAttr
 
 from onboarding.catalog import SourceRef
 from onboarding.checkpoint_manifest import is_checkpoint_file, safe_relative_path
+from onboarding.discovery import Listed
 from onboarding.errors import FetchError
 from resources.object_store import (
     FileDoneFn,
@@ -157,6 +158,29 @@ class S3ObjectStore(ObjectStore):
             return self.client().get_object(Bucket=source.location, Key=obj.key)["Body"].read()
         except (ClientError, BotoCoreError) as exc:
             raise self._explain(exc, f"s3://{source.location}/{obj.key}") from None
+
+    # -- listing for discovery -----------------------------------------------------------------
+    def list_page(self, bucket: str, prefix: str, after: str, max_keys: int
+                  ) -> tuple[list[Listed], bool]:
+        """One bounded page of keys under `prefix` after `after`, and whether more follow (the
+        new-checkpoint sensor's scan: at most `max_keys` keys per request)."""
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": max_keys}
+        if after:
+            kwargs["StartAfter"] = after
+        try:
+            resp = self.client().list_objects_v2(**kwargs)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._explain(exc, f"s3://{bucket}/{prefix} (listing after {after!r})") from None
+        objects = [Listed(o["Key"], o["Size"], o.get("ETag", "").strip('"') or None)
+                   for o in resp.get("Contents", [])]
+        return objects, bool(resp.get("IsTruncated"))
+
+    def read_object(self, bucket: str, key: str) -> bytes:
+        """A small object's bytes (a spec or a completion marker beside the weights)."""
+        try:
+            return self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        except (ClientError, BotoCoreError) as exc:
+            raise self._explain(exc, f"s3://{bucket}/{key}") from None
 
     # -- fetch --------------------------------------------------------------------------------
     def fetch(self, remote: RemoteCheckpoint, source: SourceRef, staging: Path,

@@ -75,10 +75,9 @@ def upload_model(server, source: str) -> None:
 
 
 def register_partitions(instance) -> list[str]:
-    from onboarding.catalog import load_catalog
-    from onboarding.paths import models_dir
+    from pipelines.executors import config_files
 
-    keys = sorted(load_catalog(models_dir()))
+    keys = sorted(config_files().catalog().specs)
     known = set(instance.get_dynamic_partitions("models"))
     new = [k for k in keys if k not in known]
     if new:
@@ -89,14 +88,14 @@ def register_partitions(instance) -> list[str]:
 def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
     import dagster as dg
 
-    from onboarding.automation import load_automation
     from pipelines.definitions import defs
+    from pipelines.executors import config_files
 
     instance = dg.DagsterInstance.get()
     register_partitions(instance)
     job = defs.resolve_job_def("onboard_model")
     stages = set(selection) if selection else None
-    run_config = load_automation().launch.run_config(sweep, stages)
+    run_config = config_files().automation().launch.run_config(sweep, stages)
     t0 = time.monotonic()
     result = job.execute_in_process(partition_key=model, instance=instance, run_config=run_config,
                                     asset_selection=[dg.AssetKey(s) for s in selection]
@@ -160,9 +159,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     server = start_s3()
     try:
-        from assets.checkpoint import model_spec
+        from pipelines.executors import config_files
 
-        upload_model(server, model_spec(DEMO_MODEL).source)
+        upload_model(server, config_files().spec(DEMO_MODEL).source)
         if args.ui:
             import dagster as dg
 

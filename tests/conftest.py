@@ -16,6 +16,7 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
 
 from onboarding.paths import PROJECT_ROOT
+from resources.config_files import ConfigFiles, OutputDirs
 from resources.s3 import S3ObjectStore
 from resources.seaweedfs import LocalS3Server
 from tests.tiny_models import build_tiny_llama
@@ -57,21 +58,33 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def config_dir(tmp_path, monkeypatch) -> Path:
+def config_dir(tmp_path) -> Path:
     """A copy of configs/ without model specs; tests add the specs they need."""
     target = tmp_path / "configs"
     shutil.copytree(PROJECT_ROOT / "configs", target,
                     ignore=shutil.ignore_patterns("models"))
     (target / "models").mkdir()
-    monkeypatch.setenv("ONBOARDING_CONFIG_DIR", str(target))
-    monkeypatch.setenv("ONBOARDING_DISCOVERED_DIR", str(tmp_path / "discovered-specs"))
     return target
 
 
-def write_spec(config_dir: Path, model_id: str, source: str, **extra) -> Path:
+@pytest.fixture
+def configs(config_dir, tmp_path) -> ConfigFiles:
+    """The one door to `config_dir` (what every asset, sensor and schedule asks)."""
+    return ConfigFiles(config_dir=str(config_dir),
+                       discovered_dir=str(tmp_path / "discovered-specs"))
+
+
+@pytest.fixture
+def outputs(tmp_path) -> OutputDirs:
+    return OutputDirs(manifests_dir=str(tmp_path / "manifests"),
+                      reports_dir=str(tmp_path / "reports"))
+
+
+def write_spec(config_dir: Path | ConfigFiles, model_id: str, source: str, **extra) -> Path:
     import yaml
 
-    path = config_dir / "models" / f"{model_id}.yaml"
+    root = config_dir.root if isinstance(config_dir, ConfigFiles) else config_dir
+    path = root / "models" / f"{model_id}.yaml"
     path.write_text(yaml.safe_dump({"id": model_id, "source": source,
                                     "served_name": model_id, **extra}))
     return path

@@ -22,8 +22,8 @@ def instance():
 
 
 @pytest.fixture
-def resources(s3_store, tmp_path):
-    return {"s3": s3_store, "hf": HuggingFaceStore(),
+def resources(s3_store, tmp_path, configs):
+    return {"s3": s3_store, "hf": HuggingFaceStore(), "configs": configs,
             "nvme_cache": NvmeCache(root=str(tmp_path / "nvme"), reserve_gb=0)}
 
 

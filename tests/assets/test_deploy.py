@@ -1,7 +1,9 @@
-"""deployment_plan -> kserve_manifest -> gateway_routes in a real ephemeral Dagster instance.
+"""deployment_plan -> kserve_manifest -> gateway_routes in a real Dagster instance.
 
-Upstream stages are not defined here: their results are reported as runless materializations
-with the metadata keys those stages record, exactly what the deploy assets read.
+Upstream stages are stand-ins that store the typed results the real stages store
+(`CheckpointRef`, `VariantRef`, `LoadTimingResult`, `ServingBenchmarkResult`); the deploy assets
+load them through the `optional_upstream` input manager, which gives None for a partition that
+was never materialized.
 """
 
 from __future__ import annotations
@@ -15,44 +17,66 @@ import dagster as dg
 import pytest
 import yaml
 
-from assets.deploy import (
-    deployment_plan,
-    gateway_routes,
-    kserve_manifest,
-    manifests_valid,
-    no_inline_secrets,
-    plan_fits_a_target_node_type,
-    read_upstream,
-)
+from assets.deploy import deployment_plan, gateway_routes, kserve_manifest
+from assets.partitions import models_partitions
 from onboarding.paths import PROJECT_ROOT
-from resources.manifest_validator import CRD_PATHS_ENV, DEFAULT_CRD_DIR, ManifestValidator
+from onboarding.refs import CheckpointRef, VariantRef
+from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
+from resources.config_files import ConfigFiles, OutputDirs
+from resources.huggingface import HuggingFaceStore
+from resources.manifest_validator import DEFAULT_CRD_DIR, ManifestValidator
+from resources.s3 import S3ObjectStore
+from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 
-ASSETS = [deployment_plan, kserve_manifest, gateway_routes, plan_fits_a_target_node_type,
-          manifests_valid, no_inline_secrets]
+# The upstream stages exist in this graph only as what they stored (external asset specs).
+UPSTREAM = [dg.AssetSpec(n, partitions_def=models_partitions)
+            for n in ("checkpoint", "serving_variant", "load_timing", "serving_benchmark")]
+ASSETS = [deployment_plan, kserve_manifest, gateway_routes, *UPSTREAM]
 PLAN_ONLY = ("llama-3-1-70b-instruct", "qwen3-235b-a22b-instruct")
 SMOLLM2 = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+SECRET = "plan-only-secret-value-42"
 
 
 @pytest.fixture
-def env(config_dir: Path, tmp_path: Path, monkeypatch) -> Path:
+def env(config_dir: Path, outputs: OutputDirs) -> Path:
     for model in PLAN_ONLY:
         shutil.copy(PROJECT_ROOT / "configs" / "models" / f"{model}.yaml", config_dir / "models")
-    out = tmp_path / "manifests"
-    monkeypatch.setenv("ONBOARDING_OUTPUT_DIR", str(out))
-    monkeypatch.delenv(CRD_PATHS_ENV, raising=False)
-    monkeypatch.delenv("ONBOARDING_KUBE_CONTEXT", raising=False)
-    return out
+    return outputs.manifests
 
 
-def materialize(instance: dg.DagsterInstance, key: str) -> dg.ExecuteInJobResult:
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def resources(configs: ConfigFiles, outputs: OutputDirs, validator: ManifestValidator | None
+              = None) -> dict:
+    return {"configs": configs, "outputs": outputs,
+            "manifest_validator": validator or ManifestValidator(),
+            "s3": S3ObjectStore(endpoint_url="http://127.0.0.1:1", access_key_id="unused-id",
+                                secret_access_key=SECRET),
+            "hf": HuggingFaceStore(), "optional_upstream": optional_upstream}
+
+
+def materialize(instance: dg.DagsterInstance, key: str, configs: ConfigFiles,
+                outputs: OutputDirs, validator: ManifestValidator | None = None
+                ) -> dg.ExecuteInJobResult:
     return dg.materialize(ASSETS, instance=instance, partition_key=key, raise_on_error=False,
-                          resources={"manifest_validator": ManifestValidator()})
+                          resources=resources(configs, outputs, validator))
 
 
-def report(instance: dg.DagsterInstance, asset: str, key: str, **metadata) -> None:
-    instance.report_runless_asset_event(
-        dg.AssetMaterialization(asset_key=asset, partition=key, metadata=metadata))
+def store_upstream(instance: dg.DagsterInstance, key: str, **values) -> None:
+    """Materialize stand-ins of the upstream stages that store exactly `values`."""
+    def stand_in(name, value):
+        @dg.asset(name=name, partitions_def=models_partitions)
+        def _stand_in():
+            return value
+        return _stand_in
+
+    stand_ins = [stand_in(name, value) for name, value in values.items()]
+    assert dg.materialize(stand_ins, instance=instance, partition_key=key).success
 
 
 def checks(result: dg.ExecuteInJobResult) -> dict[str, dg.AssetCheckEvaluation]:
@@ -66,24 +90,11 @@ def metadata(result: dg.ExecuteInJobResult, asset: str) -> dict:
     raise AssertionError(f"{asset} was not materialized")
 
 
-def test_read_upstream_takes_the_latest_of_this_partition_only():
-    instance = dg.DagsterInstance.ephemeral()
-    report(instance, "load_timing", "a", cold_start_p95_s=10.0)
-    report(instance, "load_timing", "a", cold_start_p95_s=12.5, warm_start_p50_s=3.0)
-    report(instance, "load_timing", "b", cold_start_p95_s=99.0)
-    report(instance, "serving_benchmark", "b", node_type="h200", tokens_per_s_per_gpu=5.0)
-    facts = read_upstream(instance, "a")
-    assert facts == {"load_timing": {"cold_start_p95_s": 12.5, "warm_start_p50_s": 3.0}}
-    assert read_upstream(instance, "c") == {}
-
-
-def test_plan_only_models_render_valid_manifests_marked_as_estimates(env: Path, monkeypatch):
-    secret = "plan-only-secret-value-42"
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    instance = dg.DagsterInstance.ephemeral()
+def test_plan_only_models_render_valid_manifests_marked_as_estimates(
+        env: Path, instance, configs, outputs):
     instance.add_dynamic_partitions("models", list(PLAN_ONLY))
     for model in PLAN_ONLY:
-        result = materialize(instance, model)
+        result = materialize(instance, model, configs, outputs)
         assert result.success
         assert {n: c.passed for n, c in checks(result).items()} == {
             "plan_fits_a_target_node_type": True, "manifests_valid": True,
@@ -98,7 +109,7 @@ def test_plan_only_models_render_valid_manifests_marked_as_estimates(env: Path, 
             path = Path(manifest_md[f"path_{node_type}"])
             assert path.parent == env / model and path.is_file()
             text = path.read_text()
-            assert secret not in text
+            assert SECRET not in text
             isvc = next(d for d in yaml.safe_load_all(text)
                         if d and d["kind"] == "InferenceService")
             labels = isvc["metadata"]["labels"]
@@ -115,21 +126,25 @@ def test_plan_only_models_render_valid_manifests_marked_as_estimates(env: Path, 
 @pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(),
                     reason="SmolLM2 not built: python scripts/build_smollm2.py "
                     ".cache/smollm2-135m-instruct")
-def test_small_real_model_carries_its_measurements(env: Path, config_dir: Path):
+def test_small_real_model_carries_its_measurements(env: Path, config_dir: Path, instance,
+                                                   configs, outputs):
     key = "smollm2-135m-instruct"
     write_spec(config_dir, key, "s3://models/smollm2-135m-instruct/",
                precision_ladder=["fp8", "bf16"], engine_args={"max_model_len": 2048})
     weight_bytes = sum(f.stat().st_size for f in SMOLLM2.glob("*.safetensors"))
-    instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("models", [key])
-    report(instance, "checkpoint", key, cache_path=dg.MetadataValue.path(str(SMOLLM2)))
-    report(instance, "serving_variant", key, precision="bf16", weight_bytes=weight_bytes)
-    report(instance, "load_timing", key, cold_start_p95_s=75.0, warm_start_p50_s=9.0,
-           weight_bytes=weight_bytes)
-    report(instance, "serving_benchmark", key, node_type="h200", gpus=1,
-           tokens_per_s_per_gpu=321.5, saturation_concurrency=16, slo_pass=True)
+    store_upstream(
+        instance, key,
+        checkpoint=CheckpointRef(key, "s3://models/smollm2-135m-instruct/", "r", str(SMOLLM2),
+                                 "base", weight_bytes),
+        serving_variant=VariantRef(key, "bf16", str(SMOLLM2), weight_bytes, "base",
+                                   weight_bytes),
+        load_timing=LoadTimingResult(key, "bf16", True, "", cold_start_p50_s=70.0,
+                                     cold_start_p95_s=75.0, warm_start_p50_s=9.0,
+                                     weight_bytes=weight_bytes),
+        serving_benchmark=ServingBenchmarkResult(key, "bf16", "h200", 1, True, 321.5, 16, True))
 
-    result = materialize(instance, key)
+    result = materialize(instance, key, configs, outputs)
     assert result.success, [c.metadata for c in checks(result).values()]
     plan_md = metadata(result, "deployment_plan")
     assert plan_md["weights_basis"] == "measured"
@@ -155,10 +170,14 @@ def test_small_real_model_carries_its_measurements(env: Path, config_dir: Path):
         "model-onboarding.io/throughput"]
     assert model["storageUri"] == "s3://models/smollm2-135m-instruct/"  # bf16 == the source
     assert "--max-model-len=2048" in model["args"]
+    assert metadata(result, "deployment_plan")["upstream_present"] == \
+        "checkpoint, serving_variant, load_timing, serving_benchmark"
 
 
 def test_infeasible_everywhere_fails_the_plan_gate_with_the_shortfall(env: Path,
-                                                                      config_dir: Path):
+                                                                      config_dir: Path,
+                                                                      instance, configs,
+                                                                      outputs):
     deploy = yaml.safe_load((config_dir / "deploy.yaml").read_text())
     deploy["target_node_types"] = ["h100"]
     (config_dir / "deploy.yaml").write_text(yaml.safe_dump(deploy))
@@ -167,9 +186,8 @@ def test_infeasible_everywhere_fails_the_plan_gate_with_the_shortfall(env: Path,
                precision_ladder=["bf16"],
                architecture={"params_billion": 405, "num_layers": 126, "num_kv_heads": 8,
                              "head_dim": 128, "num_attention_heads": 128})
-    instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("models", [key])
-    result = materialize(instance, key)
+    result = materialize(instance, key, configs, outputs)
     gate = checks(result)["plan_fits_a_target_node_type"]
     assert not gate.passed
     assert "short by" in gate.metadata["why"].value
@@ -179,7 +197,7 @@ def test_infeasible_everywhere_fails_the_plan_gate_with_the_shortfall(env: Path,
 
 
 def test_manifest_invalid_for_the_configured_crd_blocks_the_routes(env: Path, tmp_path: Path,
-                                                                   monkeypatch):
+                                                                   instance, configs, outputs):
     """An older cluster CRD without predictor.maxReplicas: the check names that path."""
     crd = yaml.safe_load(
         (DEFAULT_CRD_DIR / "serving.kserve.io_inferenceservices.yaml").read_text())
@@ -188,28 +206,27 @@ def test_manifest_invalid_for_the_configured_crd_blocks_the_routes(env: Path, tm
     old = tmp_path / "old-isvc-crd.yaml"
     old.write_text(yaml.safe_dump(crd))
     runtimes = DEFAULT_CRD_DIR / "serving.kserve.io_servingruntimes.yaml"
-    monkeypatch.setenv(CRD_PATHS_ENV, f"{old}:{runtimes}")
-    instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("models", [PLAN_ONLY[0]])
-    result = materialize(instance, PLAN_ONLY[0])
+    result = materialize(instance, PLAN_ONLY[0], configs, outputs,
+                         ManifestValidator(crd_paths=[str(old), str(runtimes)]))
     gate = checks(result)["manifests_valid"]
     assert not gate.passed
     errors = gate.metadata["errors"].value
     assert errors and all(
         v == ["$.spec.predictor.maxReplicas: unknown field (not in the CRD schema)"]
         for v in errors.values())
-    assert metadata(result, "kserve_manifest")["routes"] == []
+    assert metadata(result, "kserve_manifest")["schema_valid"] is False
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
     assert "gateway_routes" not in materialized
 
 
-def test_plan_model_job_runs_the_deploy_stage_for_a_plan_only_model(env: Path):
+def test_plan_model_job_runs_the_deploy_stage_for_a_plan_only_model(env: Path, instance,
+                                                                  configs, outputs):
     from assets.deploy import defs as deploy_defs
     from pipelines.jobs import plan_model
 
     defs = dg.Definitions.merge(deploy_defs, dg.Definitions(
-        jobs=[plan_model], resources={"manifest_validator": ManifestValidator()}))
-    instance = dg.DagsterInstance.ephemeral()
+        assets=UPSTREAM, jobs=[plan_model], resources=resources(configs, outputs)))
     instance.add_dynamic_partitions("models", [PLAN_ONLY[1]])
     result = defs.resolve_job_def("plan_model").execute_in_process(
         partition_key=PLAN_ONLY[1], instance=instance)
@@ -217,3 +234,19 @@ def test_plan_model_job_runs_the_deploy_stage_for_a_plan_only_model(env: Path):
     assert {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()} == {
         "deployment_plan", "kserve_manifest", "gateway_routes"}
     assert all(c.passed for c in result.get_asset_check_evaluations())
+
+
+def test_the_gateway_is_one_unpartitioned_table_over_every_model(env: Path, instance, configs,
+                                                                 outputs):
+    """gateway_routes is not a partition: one table fed by every partition of kserve_manifest,
+    whichever partition's run materializes it."""
+    assert gateway_routes.partitions_def is None
+    instance.add_dynamic_partitions("models", list(PLAN_ONLY))
+    first = materialize(instance, PLAN_ONLY[0], configs, outputs)
+    assert metadata(first, "gateway_routes")["models"] == 1
+    second = materialize(instance, PLAN_ONLY[1], configs, outputs)
+    md = metadata(second, "gateway_routes")
+    assert md["models"] == 2 and md["route_count"] == 4
+    [event] = [e for e in second.get_asset_materialization_events()
+               if e.asset_key == dg.AssetKey("gateway_routes")]
+    assert event.materialization.partition is None

@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 import yaml
 
+from assets.partitions import models_partitions
 from assets.quantize import (
     SERVING_CHECK,
     accuracy,
@@ -19,7 +20,7 @@ from assets.quantize import (
     serving_variant,
 )
 from onboarding.refs import CheckpointRef, VariantRef
-from pipelines.partitions import models_partitions
+from resources.config_files import ConfigFiles
 from resources.evaluator import LmEvalEvaluator
 from resources.quantizer import ModelOptQuantizer
 from tests.conftest import write_spec
@@ -34,7 +35,7 @@ def tiny_lm(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def configs(config_dir) -> Path:
+def configs(config_dir, tmp_path) -> ConfigFiles:
     """Small calibration, and gates that a random tiny model can pass on 8 items per task."""
     q = yaml.safe_load((config_dir / "quantization.yaml").read_text())
     q["calibration"].update({"samples": 4, "seq_len": 64, "batch_size": 2})
@@ -43,7 +44,7 @@ def configs(config_dir) -> Path:
     g = yaml.safe_load((config_dir / "gates.yaml").read_text())
     g["accuracy"].update({"min_items": 8, "tolerance": {"max_abs_drop": 1.0, "max_rel_drop": 1.0}})
     (config_dir / "gates.yaml").write_text(yaml.safe_dump(g))
-    return config_dir
+    return ConfigFiles(config_dir=str(config_dir), discovered_dir=str(tmp_path / "found"))
 
 
 def stub_checkpoint(path: Path):
@@ -55,14 +56,15 @@ def stub_checkpoint(path: Path):
     return _checkpoint
 
 
-def materialize(path: Path):
+def materialize(path: Path, configs: ConfigFiles):
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("models", [KEY])
     result = dg.materialize(
         [stub_checkpoint(path), quantized, accuracy, serving_variant], partition_key=KEY,
         instance=instance, raise_on_error=False,
-        resources={"quantizer": ModelOptQuantizer(device="cpu"),
-                   "evaluator": LmEvalEvaluator(limit=8, batch_size=8)})
+        resources={"configs": configs,
+                   "quantizer": ModelOptQuantizer(device="cpu", configs=configs),
+                   "evaluator": LmEvalEvaluator(limit=8, batch_size=8, configs=configs)})
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
     return result, checks
 
@@ -74,7 +76,7 @@ def materialization(result, key: str):
 
 def test_nvfp4_is_served_when_it_passes(configs, tiny_lm):
     write_spec(configs, KEY, "s3://models/tiny/")
-    result, checks = materialize(tiny_lm)
+    result, checks = materialize(tiny_lm, configs)
     assert result.success
     ref = result.output_for_node("serving_variant")
     assert isinstance(ref, VariantRef) and ref.precision == "nvfp4"
@@ -95,11 +97,11 @@ def test_nvfp4_is_served_when_it_passes(configs, tiny_lm):
 
 
 def test_fp8_is_served_when_nvfp4_cannot_be_produced(configs, tiny_lm):
-    q = yaml.safe_load((configs / "quantization.yaml").read_text())
+    q = yaml.safe_load((configs.root / "quantization.yaml").read_text())
     q["models"] = {KEY: {"nvfp4": {"preset": "NVFP4_DEFAULT_CFG", "disable": ["*"]}}}
-    (configs / "quantization.yaml").write_text(yaml.safe_dump(q))
+    (configs.root / "quantization.yaml").write_text(yaml.safe_dump(q))
     write_spec(configs, KEY, "s3://models/tiny/")
-    result, checks = materialize(tiny_lm)
+    result, checks = materialize(tiny_lm, configs)
     assert result.success
     assert result.output_for_node("serving_variant").precision == "fp8"
     meta = materialization(result, "serving_variant").metadata
@@ -111,11 +113,11 @@ def test_fp8_is_served_when_nvfp4_cannot_be_produced(configs, tiny_lm):
 
 
 def test_no_servable_precision_fails_serving_variant(configs, tiny_lm):
-    q = yaml.safe_load((configs / "quantization.yaml").read_text())
+    q = yaml.safe_load((configs.root / "quantization.yaml").read_text())
     q["models"] = {KEY: {"nvfp4": {"preset": "NVFP4_DEFAULT_CFG", "disable": ["*"]}}}
-    (configs / "quantization.yaml").write_text(yaml.safe_dump(q))
+    (configs.root / "quantization.yaml").write_text(yaml.safe_dump(q))
     write_spec(configs, KEY, "s3://models/tiny/", precision_ladder=["nvfp4"])
-    result, _ = materialize(tiny_lm)
+    result, _ = materialize(tiny_lm, configs)
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert failure.step_key == "serving_variant"

@@ -10,10 +10,11 @@ import dagster as dg
 import pytest
 import yaml
 
+from assets.partitions import models_partitions
 from assets.serving import COLD_START_CHECK, SLO_CHECK, load_timing, serving_benchmark
 from onboarding.paths import PROJECT_ROOT
 from onboarding.refs import CheckpointRef, VariantRef
-from pipelines.partitions import models_partitions
+from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator
 from tests.conftest import write_spec
@@ -36,7 +37,7 @@ def model_dir(tiny_checkpoint, tmp_path) -> Path:
 
 
 @pytest.fixture
-def fake_engine(tmp_path, monkeypatch) -> Engine:
+def fake_engine(tmp_path, monkeypatch, configs: ConfigFiles) -> Engine:
     d = tmp_path / "bin"
     d.mkdir()
     exe = d / "vllm"
@@ -44,9 +45,8 @@ def fake_engine(tmp_path, monkeypatch) -> Engine:
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("FAKE_TTFT_MS", "5")
     monkeypatch.setenv("FAKE_ITL_MS", "2")
-    monkeypatch.setenv("ONBOARDING_REPORTS_DIR", str(tmp_path / "reports"))
     return Engine(bin_dir=str(d), hardware="cpu", node_type="cpu", start_timeout_s=30,
-                  log_dir=str(tmp_path / "logs"))
+                  log_dir=str(tmp_path / "logs"), configs=configs)
 
 
 def stub_variant(path: Path, precision: str = "bf16"):
@@ -72,12 +72,14 @@ RUN_CONFIG = {"ops": {
 
 
 def materialize(upstream, engine: Engine, run_config=RUN_CONFIG):
+    """The engine's configs are the test's; reports go beside its logs."""
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("models", [KEY])
+    outputs = OutputDirs(reports_dir=str(Path(engine.log_dir).parent / "reports"))
     return dg.materialize(
         [*upstream, load_timing, serving_benchmark], partition_key=KEY, instance=instance,
-        resources={"engine": engine, "loadgen": LoadGenerator()}, run_config=run_config,
-        raise_on_error=False)
+        resources={"engine": engine, "loadgen": LoadGenerator(), "configs": engine.configs,
+                   "outputs": outputs}, run_config=run_config, raise_on_error=False)
 
 
 def metadata(result, asset: str) -> dict:

@@ -18,8 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from assets.step_tags import GPU_BOUND_ASSETS
 from onboarding.paths import PROJECT_ROOT
-from pipelines.step_tags import GPU_BOUND_ASSETS
 
 VALUES = yaml.safe_load((PROJECT_ROOT / "deploy" / "helm" / "values.yaml").read_text())
 K8S_VERSION = "1.33.0"

@@ -4,9 +4,9 @@ subprocesses write their events and claim pool slots through Postgres."""
 
 import dagster as dg
 
+from assets.partitions import models_partitions
+from assets.step_tags import GPU_SLOT_TAG
 from pipelines.executors import onboarding_executor
-from pipelines.partitions import models_partitions
-from pipelines.step_tags import GPU_SLOT_TAG
 
 
 @dg.asset(partitions_def=models_partitions)

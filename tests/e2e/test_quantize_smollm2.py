@@ -14,10 +14,10 @@ import dagster as dg
 import pytest
 import yaml
 
+from assets.partitions import models_partitions
 from assets.quantize import accuracy, export_check_name, gate_check_name, quantized, serving_variant
 from onboarding.paths import PROJECT_ROOT
 from onboarding.refs import CheckpointRef
-from pipelines.partitions import models_partitions
 from resources.evaluator import LmEvalEvaluator
 from resources.quantizer import ModelOptQuantizer
 from tests.conftest import write_spec
@@ -38,7 +38,8 @@ def smol_copy(tmp_path) -> Path:
     return dst
 
 
-def test_smollm2_gets_variants_an_accuracy_table_and_a_serving_variant(config_dir, smol_copy):
+def test_smollm2_gets_variants_an_accuracy_table_and_a_serving_variant(config_dir, configs,
+                                                                       smol_copy):
     write_spec(config_dir, KEY, "s3://models/smollm2-135m-instruct/")
     gates = yaml.safe_load((config_dir / "gates.yaml").read_text())
     gates["accuracy"]["min_items"] = EVAL_LIMIT
@@ -59,8 +60,10 @@ def test_smollm2_gets_variants_an_accuracy_table_and_a_serving_variant(config_di
     result = dg.materialize(
         [_checkpoint, quantized, accuracy, serving_variant], partition_key=KEY,
         instance=instance, raise_on_error=False,
-        resources={"quantizer": ModelOptQuantizer(device="cpu"),
-                   "evaluator": LmEvalEvaluator(limit=EVAL_LIMIT, batch_size=64)})
+        resources={"configs": configs,
+                   "quantizer": ModelOptQuantizer(device="cpu", configs=configs),
+                   "evaluator": LmEvalEvaluator(limit=EVAL_LIMIT, batch_size=64,
+                                                configs=configs)})
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
     qset = result.output_for_node("quantized")
     for precision in ("nvfp4", "fp8"):

@@ -14,12 +14,12 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from assets.partitions import models_partitions
 from assets.serving import SLO_CHECK, load_timing, serving_benchmark
 from onboarding.paths import PROJECT_ROOT
 from onboarding.prompts import synthetic_prompts
 from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.serving_stats import histogram_mean_delta, parse_metrics, summarize
-from pipelines.partitions import models_partitions
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator, completion_bodies
 from tests.conftest import write_spec
@@ -51,13 +51,12 @@ def smol(model_dir: Path, precision: str = "bf16") -> VariantRef:
                       content_hash="e2e")
 
 
-def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, tmp_path, monkeypatch,
-                                                          model_dir):
+def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, outputs,
+                                                          tmp_path, model_dir):
     """Load timing (1 cold, 1 warm) and a reduced chat sweep, in a real instance.
 
     First in the module, so the module-scoped engine is not yet running beside it.
     """
-    monkeypatch.setenv("ONBOARDING_REPORTS_DIR", str(tmp_path / "reports"))
     write_spec(config_dir, KEY, "s3://models/smollm2-135m-instruct/", scenarios=["chat"],
                engine_args={"max_model_len": 1024, "max_num_seqs": 16})
 
@@ -73,10 +72,12 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, tmp_path, 
 
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("models", [KEY])
-    engine = Engine(hardware="cpu", log_dir=str(tmp_path / "logs"), start_timeout_s=300)
+    engine = Engine(hardware="cpu", log_dir=str(tmp_path / "logs"), start_timeout_s=300,
+                    configs=configs)
     result = dg.materialize(
-        [stub_checkpoint, stub_variant, load_timing, serving_benchmark], partition_key=KEY, instance=instance,
-        resources={"engine": engine, "loadgen": LoadGenerator()},
+        [stub_checkpoint, stub_variant, load_timing, serving_benchmark], partition_key=KEY,
+        instance=instance, resources={"engine": engine, "loadgen": LoadGenerator(),
+                                      "configs": configs, "outputs": outputs},
         run_config={"ops": {
             "load_timing": {"config": {"cold_repeats": 1, "warm_repeats": 1}},
             "serving_benchmark": {"config": {"concurrency": [1, 4],

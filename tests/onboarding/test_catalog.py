@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from onboarding.catalog import load_catalog, parse_source, resolve
+from onboarding.catalog import load_catalog, parse_source, read_catalog
 from onboarding.errors import ConfigError
 from onboarding.names import is_dns1123_label, to_dns1123_label
 from onboarding.paths import PROJECT_ROOT
@@ -20,7 +20,7 @@ def test_shipped_catalog_is_valid():
 def test_unknown_key_lists_known_models(tmp_path):
     (tmp_path / "a.yaml").write_text("id: a\nsource: s3://models/a/\nserved_name: a\n")
     with pytest.raises(ConfigError, match=r"'nope': not in the catalog \(known: a\)"):
-        resolve(load_catalog(tmp_path), "nope")
+        read_catalog(tmp_path).resolve("nope")
 
 
 @pytest.mark.parametrize(("body", "expected"), [
@@ -42,6 +42,31 @@ def test_malformed_specs_name_file_and_field(tmp_path, body, expected):
     with pytest.raises(ConfigError, match=expected) as info:
         load_catalog(tmp_path)
     assert "bad.yaml" in str(info.value)
+
+
+def test_one_broken_file_fails_only_its_own_model(tmp_path):
+    """Per entry: a typo in one model's YAML never blocks the others; that model's own lookup
+    fails with the file and the field, and the broken file is listed for reporting."""
+    (tmp_path / "good.yaml").write_text("id: good\nsource: s3://models/g/\nserved_name: g\n")
+    (tmp_path / "typo.yaml").write_text("id: typo\nsource: s3://models/t/\nserved_nam: t\n")
+    catalog = read_catalog(tmp_path)
+    assert catalog.resolve("good").source == "s3://models/g/"
+    assert list(catalog.broken) == [str(tmp_path / "typo.yaml")]
+    with pytest.raises(ConfigError, match=r"typo.yaml.*field 'served_nam': unknown key"):
+        catalog.resolve("typo")
+    with pytest.raises(ConfigError, match=r"not in the catalog.*1 catalog file\(s\) do not "
+                       r"validate: .*typo.yaml"):
+        catalog.resolve("other")
+
+
+def test_a_discovered_spec_cannot_shadow_a_catalog_entry(tmp_path):
+    models, found = tmp_path / "models", tmp_path / "found"
+    models.mkdir(), found.mkdir()
+    (models / "a.yaml").write_text("id: a\nsource: s3://models/a/\nserved_name: a\n")
+    (found / "a.yaml").write_text("id: a\nsource: s3://models/elsewhere/\nserved_name: a\n")
+    catalog = read_catalog(models, found)
+    assert catalog.resolve("a").source == "s3://models/a/"
+    assert "already defined by" in str(catalog.broken[str(found / "a.yaml")])
 
 
 def test_duplicate_ids_are_refused(tmp_path):

@@ -130,15 +130,16 @@ def test_catalog_owns_its_folder_and_its_ids():
         resolve_spec(URI, "m", None, {"m": other})
 
 
-def test_discovered_specs_join_the_project_catalog(tmp_path: Path, config_dir, monkeypatch):
-    from onboarding.paths import discovered_dir, models_dir
-
+def test_discovered_specs_join_the_project_catalog(tmp_path: Path, configs):
     spec, _ = resolve_spec(URI, "m", "scenarios: [rag]\n", {})
-    path = write_discovered_spec(discovered_dir(), spec, URI)
+    path = write_discovered_spec(configs.discovered_path, spec, URI)
     mtime = path.stat().st_mtime_ns
-    assert write_discovered_spec(discovered_dir(), spec, URI).stat().st_mtime_ns == mtime
-    assert load_catalog(models_dir())["m"].scenarios == ["rag"]
-    assert "m" not in load_catalog(tmp_path / "configs" / "models", discovered=None)
-    (config_dir / "models" / "m.yaml").write_text(f"id: m\nsource: {URI}\nserved_name: m\n")
-    with pytest.raises(ConfigError, match="also in the catalog"):
-        load_catalog(models_dir())
+    assert write_discovered_spec(configs.discovered_path, spec, URI).stat().st_mtime_ns == mtime
+    assert configs.spec("m").scenarios == ["rag"]
+    assert "m" not in configs.catalogued().specs
+    (configs.models_path / "m.yaml").write_text(f"id: m\nsource: {URI}\nserved_name: m\n")
+    catalog = configs.catalog()
+    assert catalog.resolve("m").source == URI  # the catalog entry wins
+    assert "already defined by" in str(catalog.broken[str(path)])
+    with pytest.raises(ConfigError, match="already defined by"):
+        load_catalog(configs.models_path, configs.discovered_path)

@@ -23,6 +23,8 @@ from onboarding.kserve import (
     inline_secret_findings,
     load_deploy,
     load_stack,
+    pod_qos_class,
+    predicted_pod,
     render,
     route_table,
     service_name,
@@ -90,15 +92,105 @@ def test_gpu_resources_selector_toleration_and_shm_follow_the_plan():
             assert "volumes" not in pred and "volumeMounts" not in pred["model"]
 
 
-def test_fp4_moe_switch_only_for_nvfp4_moe_on_blackwell():
-    def env_names(model_id, node_type):
-        return {e["name"] for e in isvc(rendered(model_id, node_type))["spec"]["predictor"]
-                ["model"].get("env", [])}
+def _model(r):
+    return isvc(r)["spec"]["predictor"]["model"]
 
-    assert "VLLM_USE_FLASHINFER_MOE_FP4" in env_names("qwen3-235b-a22b-instruct", "b300")
-    assert "VLLM_USE_FLASHINFER_MOE_FP4" not in env_names("qwen3-235b-a22b-instruct", "h200")
-    assert "VLLM_USE_FLASHINFER_MOE_FP4" not in env_names("llama-3-1-70b-instruct", "b300")
-    assert not any(n.startswith("VLLM_") for n in env_names("llama-3-1-70b-instruct", "h200"))
+
+def test_moe_backend_flag_only_for_quantized_moe_on_blackwell():
+    """vLLM 0.32 (the pinned engine) takes --moe-backend; the seed-era env switch is gone."""
+    assert STACK.engine_version == "0.32.0"
+    qwen_b300 = _model(rendered("qwen3-235b-a22b-instruct", "b300"))
+    assert "--moe-backend=flashinfer_cutlass" in qwen_b300["args"]
+    assert not any(e["name"].startswith("VLLM_USE_FLASHINFER") for e in qwen_b300.get("env", []))
+    assert "--moe-backend=flashinfer_cutlass" not in _model(
+        rendered("qwen3-235b-a22b-instruct", "h200"))["args"]  # Hopper: engine default
+    assert not any(a.startswith("--moe-backend") for a in _model(
+        rendered("llama-3-1-70b-instruct", "b300"))["args"])  # dense
+    annotation = isvc(rendered("qwen3-235b-a22b-instruct", "b300"))["metadata"]["annotations"]
+    assert "--moe-backend=flashinfer_cutlass: FlashInfer" in annotation[
+        "model-onboarding.io/engine-switches"]
+
+
+def test_switches_are_keyed_by_engine_version():
+    """The same model and node on a seed-era vLLM gets the env switch, not the flag."""
+    old = dataclasses.replace(STACK, engine_version="0.20.0")
+    model = _model(rendered("qwen3-235b-a22b-instruct", "b300", stack=old))
+    assert {"name": "VLLM_USE_FLASHINFER_MOE_FP4", "value": "1"} in model["env"]
+    assert not any(a.startswith("--moe-backend") for a in model["args"])
+
+
+def test_vllm_is_started_with_vllm_serve_and_the_model_as_positional():
+    r = rendered("llama-3-1-70b-instruct", "h200")
+    assert r.docs[0]["spec"]["containers"][0]["command"] == ["vllm", "serve"]
+    args = _model(r)["args"]
+    assert args[0] == "/mnt/models" and not any(a.startswith("--model=") for a in args)
+
+
+def test_sglang_serves_metrics_where_the_runtime_advertises_them():
+    sglang = dataclasses.replace(STACK, engine="sglang", engine_version="0.5.9",
+                                 images={"sm90": "docker.io/lmsysorg/sglang:v0.5.9-cu129",
+                                         "sm103": "docker.io/lmsysorg/sglang:v0.5.9-cu130"})
+    r = rendered("llama-3-1-70b-instruct", "h200", stack=sglang)
+    assert r.docs[0]["spec"]["annotations"]["prometheus.kserve.io/path"] == "/metrics"
+    assert "--enable-metrics" in _model(r)["args"]
+
+
+@pytest.mark.parametrize(("kserve", "configured", "rendered_mode"), [
+    ("0.16.0", "RawDeployment", "Standard"), ("0.16.0", "Standard", "Standard"),
+    ("0.15.2", "Standard", "RawDeployment"), ("0.15.2", "RawDeployment", "RawDeployment"),
+    ("0.16.0", "Serverless", "Knative"), ("0.14.0", "Knative", "Serverless"),
+])
+def test_deployment_mode_is_spelled_for_the_kserve_version(kserve, configured, rendered_mode):
+    deploy = DEPLOY.model_copy(update={"deployment_mode": configured})
+    stack = dataclasses.replace(STACK, kserve_version=kserve)
+    r = rendered("llama-3-1-70b-instruct", "h200", deploy=deploy, stack=stack)
+    assert isvc(r)["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == rendered_mode
+
+
+def test_pod_qos_counts_the_storage_initializer():
+    """An s3:// model gets KServe's storage-initializer init container, whose default requests
+    differ from its limits: the pod is Burstable and the manifest says so and why."""
+    r = rendered("llama-3-1-70b-instruct", "h200")
+    pod = predicted_pod(isvc(r), DEPLOY)
+    assert [c["name"] for c in pod["initContainers"]] == ["storage-initializer"]
+    assert pod_qos_class(pod)[0] == "Burstable"
+    assert isvc(r)["metadata"]["labels"]["model-onboarding.io/qos-class"] == "Burstable"
+    why = isvc(r)["metadata"]["annotations"]["model-onboarding.io/qos-class"]
+    assert "storage-initializer" in why and "100m" in why
+    # The initializer sized requests = limits (the cluster's ConfigMap): Guaranteed.
+    equal = DEPLOY.model_copy(update={"storage_initializer": DEPLOY.storage_initializer.model_copy(
+        update={"cpu_request": "1", "memory_request": "1Gi"})})
+    r2 = rendered("llama-3-1-70b-instruct", "h200", deploy=equal)
+    assert pod_qos_class(predicted_pod(isvc(r2), equal))[0] == "Guaranteed"
+    # A pvc:// variant mounted directly has no initializer at all.
+    pvc = DEPLOY.model_copy(update={
+        "storage": DEPLOY.storage.model_copy(update={
+            "variants_uri": "pvc://model-cache/{model}/{precision}/"}),
+        "storage_initializer": DEPLOY.storage_initializer.model_copy(
+            update={"direct_pvc_mount": True})})
+    r3 = rendered("llama-3-1-70b-instruct", "b300", deploy=pvc)
+    assert _model(r3)["storageUri"].startswith("pvc://")
+    assert "initContainers" not in predicted_pod(isvc(r3), pvc)
+    assert isvc(r3)["metadata"]["labels"]["model-onboarding.io/qos-class"] == "Guaranteed"
+
+
+def test_qos_class_rules():
+    guaranteed = {"containers": [{"name": "a", "resources": {
+        "requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi"}}}]}
+    assert pod_qos_class(guaranteed)[0] == "Guaranteed"
+    only_limits = {"containers": [{"name": "a", "resources": {
+        "limits": {"cpu": "2", "memory": "1Gi"}}}]}
+    assert pod_qos_class(only_limits)[0] == "Guaranteed"  # requests default to limits
+    assert pod_qos_class({"containers": [{"name": "a"}]})[0] == "BestEffort"
+    no_memory = {"containers": [{"name": "a", "resources": {"limits": {"cpu": "2"}}}]}
+    assert pod_qos_class(no_memory) == (
+        "Burstable", "container a: memory request unset != limit unset")
+
+
+def test_gpu_annotation_claims_no_gpu_ids_or_numa_node():
+    note = isvc(rendered("llama-3-1-70b-instruct", "b300"))["metadata"]["annotations"][
+        "model-onboarding.io/gpus"]
+    assert "device plugin picks" in note and "NUMA node(s)" not in note
 
 
 def test_stack_image_per_architecture():

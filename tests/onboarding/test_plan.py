@@ -18,13 +18,15 @@ from onboarding.plan import (
     NodesConfig,
     kv_bytes_per_token_per_gpu,
     load_nodes,
-    measured_from_metadata,
+    measured_from_results,
     param_count_from_safetensors,
     plan,
     plan_inputs,
     shape_from_config,
     shape_from_hint,
 )
+from onboarding.refs import VariantRef
+from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
 
 NODES = load_nodes(PROJECT_ROOT / "configs" / "nodes.yaml")
 LLAMA_70B = ArchitectureHint(params_billion=70.6, num_layers=80, num_attention_heads=64,
@@ -207,24 +209,61 @@ def test_param_count_from_headers_matches_tensor_shapes(tiny_checkpoint: Path):
     assert param_count_from_safetensors(tiny_checkpoint) == expected > 0
 
 
-def test_moe_config_is_detected_and_mla_is_refused():
+def test_moe_config_is_detected():
     base = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
             "hidden_size": 512}
     assert shape_from_config({**base, "num_experts": 64}, "t").moe
     assert not shape_from_config(base, "t").moe
     assert shape_from_config(base, "t").head_dim == 64
-    with pytest.raises(ConfigError, match="latent attention"):
-        shape_from_config({**base, "kv_lora_rank": 512}, "t")
 
 
-def test_metadata_reading_leaves_absent_values_absent():
-    m = measured_from_metadata({"load_timing": {"cold_start_p95_s": 41.5}})
+def test_typed_results_leave_absent_values_absent():
+    m = measured_from_results(None, LoadTimingResult("m", "bf16", True, "",
+                                                     cold_start_p95_s=41.5), None)
     assert m.cold_start_p95_s == 41.5
     assert m.tokens_per_s_per_gpu is None and m.variant_precision is None and m.slo_pass is None
-    full = measured_from_metadata({
-        "serving_variant": {"precision": "fp8", "weight_bytes": 123},
-        "serving_benchmark": {"node_type": "h200", "gpus": 1, "tokens_per_s_per_gpu": 9.5,
-                              "saturation_concurrency": 16, "slo_pass": True},
-    })
+    full = measured_from_results(
+        VariantRef("m", "fp8", "/x", 200, "h", weight_bytes=123), None,
+        ServingBenchmarkResult("m", "fp8", "h200", 1, True, 9.5, 16, True))
     assert (full.variant_precision, full.variant_weight_bytes) == ("fp8", 123)
     assert full.benchmark_node_type == "h200" and full.slo_pass is True
+    assert full.tokens_per_s_per_gpu == 9.5
+    unmeasured = measured_from_results(
+        None, None, ServingBenchmarkResult("m", "nvfp4", "cpu", 0, False, 0.0, 0, False))
+    assert unmeasured.tokens_per_s_per_gpu is None  # nothing was measured: no throughput
+
+
+def test_quantized_estimates_count_what_modelopt_keeps_in_bf16():
+    """Model Optimizer's export keeps embeddings, lm_head and MoE routers in bf16
+    (exclude_modules): an NVFP4 estimate that priced them at 4.5 bits missed ~3 GB on a 70B."""
+    hint = LLAMA_70B.model_copy(update={"hidden_size": 8192, "vocab_size": 128256})
+    node = plan_for(spec(ladder=("nvfp4",), hint=hint)).node("b300")
+    kept = 128256 * 8192 * 2  # untied embeddings + lm_head
+    expected = round((70.6e9 - kept) * 0.5625 + kept * 2.0)
+    assert node.weight_bytes == expected
+    naive = round(70.6e9 * 0.5625)
+    assert 2.9e9 < node.weight_bytes - naive < 3.2e9
+    bf16 = plan_for(spec(ladder=("bf16",), hint=hint)).node("b300")
+    assert bf16.weight_bytes == round(70.6e9 * 2.0)  # nothing to keep: all bf16 anyway
+
+
+def test_moe_routers_stay_bf16_in_the_estimate():
+    base = {"num_hidden_layers": 10, "num_attention_heads": 8, "num_key_value_heads": 2,
+            "hidden_size": 1024, "vocab_size": 1000, "tie_word_embeddings": True,
+            "n_routed_experts": 64, "first_k_dense_replace": 2}
+    shape = shape_from_config(base, "t")
+    assert shape.moe and shape.num_experts == 64
+    assert shape.kept_bf16_params == 1000 * 1024 + (10 - 2) * 64 * 1024
+
+
+def test_mla_kv_cache_is_the_latent_and_rope_dims_on_every_rank():
+    """DeepSeek-V3/R1: kv_lora_rank 512 + qk_rope_head_dim 64 per layer and token, held whole
+    by every TP rank (the latent is shared by the heads)."""
+    ds = {"num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+          "hidden_size": 7168, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+          "n_routed_experts": 256, "first_k_dense_replace": 3, "vocab_size": 129280}
+    shape = shape_from_config(ds, "deepseek-v3 config.json")
+    assert shape.mla
+    for tp in (1, 8):
+        assert kv_bytes_per_token_per_gpu(shape, tp, 2) == 61 * (512 + 64) * 2
+    assert kv_bytes_per_token_per_gpu(shape, 8, 1) == 61 * 576  # fp8 KV

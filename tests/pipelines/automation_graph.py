@@ -1,20 +1,22 @@
 """The onboarding graph with trivial bodies, wired by the real automation code.
 
-Stage names, argument inputs, `deps` and the serving stages' config classes mirror the real
-modules (argument inputs matter: adding the `serving_stack` dep must keep them). The automation
-under test, the serving_stack asset, the sensors, the schedule and the jobs, is the real one.
-No `from __future__ import annotations`: Dagster reads the config annotations at decoration.
+Stage names, argument inputs, `deps` (serving_stack named in the decorator, beside argument
+inputs, as the real stages do) and the serving stages' config classes mirror the real modules.
+The automation under test, the serving_stack asset, the sensors, the schedule and the jobs, is
+the real one. No `from __future__ import annotations`: Dagster reads the config annotations at
+decoration.
 """
 
 import dagster as dg
 
+from assets.partitions import models_partitions
 from assets.serving import LoadTimingConfig, ServingBenchmarkConfig
-from assets.stack import serving_stack
-from onboarding.paths import config_dir
-from onboarding.stack import read_stack_config
-from pipelines.automation import with_automation
+from assets.stack import SERVING_STACK, serving_stack
 from pipelines.jobs import onboard_model
-from pipelines.partitions import models_partitions
+from pipelines.launch import onboard_registered_model, register_model
+from pipelines.schedules import revalidate_job, revalidation_schedule, revalidation_sensors
+from pipelines.sensors import sensors
+from resources.config_files import ConfigFiles
 
 P = models_partitions
 GATE = "accuracy_gate"
@@ -26,16 +28,16 @@ def checkpoint() -> str:
     return "ckpt"
 
 
-@dg.asset(partitions_def=P)
+@dg.asset(partitions_def=P, deps=[SERVING_STACK])
 def quantized(checkpoint: str) -> str:
     return checkpoint + "+q"
 
 
-@dg.asset(partitions_def=P, check_specs=[dg.AssetCheckSpec(GATE, asset="accuracy",
-                                                          blocking=True)])
-def accuracy(quantized: str):
+@dg.asset(partitions_def=P, deps=[SERVING_STACK],
+          check_specs=[dg.AssetCheckSpec(GATE, asset="accuracy", blocking=True)])
+def accuracy(quantized: str, configs: ConfigFiles):
     """The gate fails on the stack version BROKEN_VLLM, as a real regression would."""
-    vllm = read_stack_config(config_dir() / "stack.yaml")["versions"]["vllm"]
+    vllm = configs.stack_config()["versions"]["vllm"]
     yield dg.Output(quantized + "+acc")
     yield dg.AssetCheckResult(check_name=GATE, passed=vllm != BROKEN_VLLM,
                               metadata={"vllm": vllm})
@@ -46,26 +48,26 @@ def serving_variant(accuracy: str) -> str:
     return accuracy + "+variant"
 
 
-@dg.asset(partitions_def=P)
+@dg.asset(partitions_def=P, deps=[SERVING_STACK])
 def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig,
                 serving_variant: str) -> str:
     context.add_output_metadata({"cold_repeats": config.cold_repeats or 0})
     return serving_variant + "+load"
 
 
-@dg.asset(partitions_def=P)
+@dg.asset(partitions_def=P, deps=[SERVING_STACK])
 def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmarkConfig,
                       load_timing: str) -> str:
     context.add_output_metadata({"concurrency": str(config.concurrency)})
     return load_timing + "+bench"
 
 
-@dg.asset(partitions_def=P, deps=["checkpoint", "serving_benchmark"])
+@dg.asset(partitions_def=P, deps=["checkpoint", "serving_benchmark", SERVING_STACK])
 def deployment_plan() -> str:
     return "plan"
 
 
-@dg.asset(partitions_def=P)
+@dg.asset(partitions_def=P, deps=[SERVING_STACK])
 def kserve_manifest(deployment_plan: str) -> str:
     return deployment_plan + "+yaml"
 
@@ -74,6 +76,10 @@ STAGES = [checkpoint, quantized, accuracy, serving_variant, load_timing, serving
           deployment_plan, kserve_manifest]
 
 
-def build_defs(resources: dict | None = None) -> dg.Definitions:
-    return with_automation(dg.Definitions(assets=[serving_stack, *STAGES], jobs=[onboard_model],
-                                          resources=resources or {}))
+def build_defs(resources: dict | None = None, configs: ConfigFiles | None = None
+               ) -> dg.Definitions:
+    return dg.Definitions(
+        assets=[serving_stack, *STAGES], jobs=[onboard_model, revalidate_job, register_model],
+        schedules=[revalidation_schedule],
+        sensors=[*sensors, *revalidation_sensors, onboard_registered_model],
+        resources={"configs": configs or ConfigFiles(), **(resources or {})})

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import dagster as dg
 
+from assets.step_tags import gpu_step_tags
 from pipelines.executors import onboarding_executor
-from pipelines.step_tags import gpu_step_tags
 
 
 class SlotConfig(dg.Config):

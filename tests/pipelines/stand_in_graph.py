@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dagster as dg
 
+from assets.partitions import models_partitions
+from assets.step_tags import GPU_BOUND_ASSETS, cache_step_tags, gpu_step_tags
 from pipelines.executors import onboarding_executor
-from pipelines.partitions import models_partitions
-from pipelines.step_tags import GPU_BOUND_ASSETS, cache_step_tags, gpu_step_tags
 
 EDGES = {
     "checkpoint": [],

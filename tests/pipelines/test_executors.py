@@ -20,10 +20,14 @@ def test_executor_follows_env(monkeypatch, value, name):
     assert onboarding_executor().name == name
 
 
-def test_unknown_executor_names_the_variable(monkeypatch):
+def test_unknown_executor_loads_and_fails_each_run_naming_the_variable(monkeypatch, tmp_path):
+    """The code location still loads; a run on it fails at once with the cause and the fix."""
     monkeypatch.setenv("ONBOARDING_EXECUTOR", "celery")
+    executor = onboarding_executor()
+    assert executor.name == "onboarding_config_error"
+    assert "ONBOARDING_EXECUTOR='celery'" in executor.description
     with pytest.raises(ConfigError, match="ONBOARDING_EXECUTOR='celery'"):
-        onboarding_executor()
+        executor.executor_creation_fn(None)  # what Dagster calls when a run starts
 
 
 def test_run_config_still_overrides_our_defaults():

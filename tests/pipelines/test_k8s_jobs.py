@@ -14,19 +14,23 @@ import pytest
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.test_utils import instance_for_test
 
+from assets.step_tags import GPU_BOUND_ASSETS, cache_step_tags, gpu_step_tags
 from onboarding.cluster import load_cluster_config, load_node_type
-from onboarding.paths import PROJECT_ROOT
-from pipelines.executors import step_run_config
-from pipelines.step_tags import (
-    GPU_BOUND_ASSETS,
-    K8S_CONFIG_TAG,
-    cache_step_tags,
-    gpu_step_tags,
-)
+from onboarding.paths import DEFAULT_CONFIG_DIR, PROJECT_ROOT
+from pipelines.executors import step_placements, step_run_config
 from tests.pipelines.k8s_render import KUBECONFIG, k8s_run_launcher_overrides, render_step_job
 from tests.pipelines.stand_in_graph import EDGES
 
 CPU_STAGES = [s for s in EDGES if s not in GPU_BOUND_ASSETS and s != "checkpoint"]
+K8S_CONFIG_TAG = "dagster-k8s/config"
+
+
+def load_cluster():
+    return load_cluster_config(DEFAULT_CONFIG_DIR / "cluster.yaml")
+
+
+def node_type(name):
+    return load_node_type(name, DEFAULT_CONFIG_DIR / "nodes.yaml")
 CPU_IMAGE = "registry.example.com/model-onboarding:0.1.0"
 K8S_VERSION = "1.33.0"
 
@@ -73,8 +77,8 @@ def _validate(rendered):
 
 @pytest.mark.parametrize("stage", GPU_BOUND_ASSETS)
 def test_gpu_step_pod_has_exactly_its_gpus_and_placement(stage, stand_in, k8s_instance):
-    cfg = load_cluster_config()
-    node = load_node_type(cfg.step_pods.node_type)
+    cfg = load_cluster()
+    node = node_type(cfg.step_pods.node_type)
     rendered = render_step_job(stand_in, stage, k8s_instance)
     _validate(rendered)
     pod, container = _pod(rendered), _container(rendered)
@@ -101,7 +105,8 @@ def test_gpu_step_pod_has_exactly_its_gpus_and_placement(stage, stand_in, k8s_in
     assert len(volumes) == len(pod["volumes"]), "duplicate volume names"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["ONBOARDING_CACHE_ROOT"] == cache.mount_path
-    assert env["NODE_TYPE"] == env["ONBOARDING_NODE_TYPE"] == node.name
+    assert env["ONBOARDING_NODE_TYPE"] == node.name  # one name, read by the engine resource too
+    assert "NODE_TYPE" not in env
     assert container["image"] == cfg.step_pods.gpu_image
     assert rendered["job"]["metadata"]["labels"]["dagster/op"] == stage
     assert rendered["namespace"] == "onboarding"
@@ -125,8 +130,8 @@ def test_cpu_step_pod_has_no_gpu_placement(stage, stand_in, k8s_instance):
 
 def test_checkpoint_pod_has_the_cache_on_the_gpu_node_type_but_no_gpu(stand_in, k8s_instance):
     """The fetch writes the NVMe cache the GPU steps read: same node type, same volume."""
-    cfg = load_cluster_config()
-    node = load_node_type(cfg.step_pods.node_type)
+    cfg = load_cluster()
+    node = node_type(cfg.step_pods.node_type)
     rendered = render_step_job(stand_in, "checkpoint", k8s_instance)
     _validate(rendered)
     pod, container = _pod(rendered), _container(rendered)
@@ -167,7 +172,7 @@ def test_merge_order_per_step_config_beats_op_tag_beats_step_k8s_config(stand_in
     resources = _container(bench)["resources"]
     assert resources["requests"]["nvidia.com/gpu"] == "4"
     assert resources["limits"]["nvidia.com/gpu"] == "4"
-    assert resources["requests"]["cpu"] == load_cluster_config().step_pods.resources.requests["cpu"]
+    assert resources["requests"]["cpu"] == load_cluster().step_pods.resources.requests["cpu"]
     assert _pod(bench)["nodeSelector"]  # kept from the op tag
     assert _pod(bench)["priorityClassName"] == "onboarding"  # executor-wide setting kept
 
@@ -190,7 +195,7 @@ def test_job_level_tags_do_not_reach_step_pods(stand_in, k8s_instance):
 
 
 def test_step_run_config_refuses_more_gpus_than_a_node_has():
-    node = load_node_type(load_cluster_config().step_pods.node_type)
+    node = node_type(load_cluster().step_pods.node_type)
     with pytest.raises(ValueError, match="node has"):
         step_run_config({"serving_benchmark": node.gpus_per_node + 1})
     with pytest.raises(ValueError, match="not a GPU-bound"):
@@ -199,9 +204,10 @@ def test_step_run_config_refuses_more_gpus_than_a_node_has():
 
 def test_node_type_from_env_changes_the_selector(monkeypatch):
     monkeypatch.setenv("ONBOARDING_NODE_TYPE", "b300")
-    config = json.loads(gpu_step_tags("load_timing")[K8S_CONFIG_TAG])
-    b300 = load_node_type("b300")
+    config = step_placements()["load_timing"]
+    b300 = node_type("b300")
     assert config["pod_spec_config"]["node_selector"] == {"nvidia.com/gpu.product": b300.gpu_product}
+    assert {"name": "ONBOARDING_NODE_TYPE", "value": "b300"} in config["container_config"]["env"]
 
 
 @pytest.fixture
@@ -225,7 +231,8 @@ def onboard_model():
 def test_real_onboarding_job_renders_the_same_step_pods(onboard_model, k8s_instance,
                                                          resource_env):
     """The real code location: every step renders and validates; the GPU-bound assets carry
-    exactly `gpu_step_tags`, `checkpoint` its cache placement, every other step no GPU."""
+    exactly `gpu_step_tags` and get their GPUs from the run-time placement, `checkpoint` its
+    cache placement, every other step no GPU."""
     from dagster._core.execution.api import create_execution_plan
 
     steps = {s.key: s for s in create_execution_plan(onboard_model).steps}
@@ -235,15 +242,20 @@ def test_real_onboarding_job_renders_the_same_step_pods(onboard_model, k8s_insta
         _validate(rendered)
         gpus = (_container(rendered).get("resources") or {}).get("limits", {})
         if key in GPU_BOUND_ASSETS:
-            assert step.tags[K8S_CONFIG_TAG] == gpu_step_tags(key)[K8S_CONFIG_TAG], key
+            assert {k: step.tags[k] for k in gpu_step_tags(key)} == gpu_step_tags(key), key
             assert step.pool == "gpu", key
-            assert gpus["nvidia.com/gpu"] == str(load_cluster_config().step_pods.gpus[key])
+            assert gpus["nvidia.com/gpu"] == str(load_cluster().step_pods.gpus[key])
         else:
             assert "nvidia.com/gpu" not in gpus, key
 
 
-def test_real_checkpoint_step_carries_the_cache_placement(onboard_model, resource_env):
+def test_real_checkpoint_step_carries_the_cache_placement(onboard_model, k8s_instance,
+                                                         resource_env):
     from dagster._core.execution.api import create_execution_plan
 
     (step,) = [s for s in create_execution_plan(onboard_model).steps if s.key == "checkpoint"]
-    assert step.tags.get(K8S_CONFIG_TAG) == cache_step_tags("checkpoint")[K8S_CONFIG_TAG]
+    assert {k: step.tags[k] for k in cache_step_tags("checkpoint")} == \
+        cache_step_tags("checkpoint")
+    rendered = render_step_job(onboard_model, "checkpoint", k8s_instance)
+    mounts = {m["name"] for m in _container(rendered)["volumeMounts"]}
+    assert "model-cache" in mounts

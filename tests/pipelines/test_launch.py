@@ -6,8 +6,6 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from assets.checkpoint import model_spec
-from onboarding.automation import load_automation
 from pipelines.launch import onboard_registered_model
 from tests.conftest import write_spec
 from tests.pipelines.automation_graph import build_defs
@@ -20,8 +18,8 @@ def instance():
 
 
 @pytest.fixture
-def defs(config_dir):
-    return build_defs()
+def defs(configs):
+    return build_defs(configs=configs)
 
 
 def _register(defs, instance, **fields):
@@ -43,22 +41,22 @@ def _follow_up(defs, instance, result) -> dg.RunRequest:
     ctx = dg.build_run_status_sensor_context(
         sensor_name=onboard_registered_model.name, dagster_instance=instance, dagster_run=run,
         dagster_event=success.event_log_entry.dagster_event,
-        repository_def=defs.get_repository_def())
+        repository_def=defs.get_repository_def(), resources={"configs": defs.resources["configs"]})
     return onboard_registered_model(ctx)
 
 
-def test_register_then_onboard_with_the_quick_sweep(defs, instance):
+def test_register_then_onboard_with_the_quick_sweep(defs, instance, configs):
     result = _register(defs, instance, id="my-model", source="s3://models/my-model/",
                        precision_ladder=["fp8", "bf16"], sweep="quick")
     assert result.success
     assert instance.has_dynamic_partition("models", "my-model")
-    spec = model_spec("my-model")  # what every stage resolves
+    spec = configs.spec("my-model")  # what every stage resolves
     assert spec.precision_ladder == ["fp8", "bf16"] and spec.served_name == "my-model"
     assert spec.scenarios == ["chat"]  # the catalog default
 
     request = _follow_up(defs, instance, result)
     assert request.partition_key == "my-model"
-    assert request.run_config == load_automation().launch.run_config("quick")
+    assert request.run_config == configs.automation().launch.run_config("quick")
     assert request.tags["onboarding/sweep"] == "quick"
     onboard = defs.resolve_job_def("onboard_model").execute_in_process(
         instance=instance, partition_key="my-model", run_config=request.run_config)
@@ -67,11 +65,11 @@ def test_register_then_onboard_with_the_quick_sweep(defs, instance):
     assert timing.metadata["cold_repeats"].value == 1
 
 
-def test_defaults_give_a_launchable_run(defs, instance):
+def test_defaults_give_a_launchable_run(defs, instance, configs):
     result = _register(defs, instance, id="plain", source="hf://org/plain@main")
     assert result.success
     request = _follow_up(defs, instance, result)
-    assert request.tags["onboarding/sweep"] == load_automation().launch.default_sweep
+    assert request.tags["onboarding/sweep"] == configs.automation().launch.default_sweep
 
 
 @pytest.mark.parametrize(("fields", "needles"), [

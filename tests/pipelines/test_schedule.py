@@ -13,11 +13,7 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver, S
 from dagster._core.loader import LoadingContextForTest
 
 from onboarding.stack import diff, fingerprint, flatten
-from pipelines.schedules import (
-    STACK_DEPENDENT,
-    STACK_INPUT_TAG,
-    revalidation_schedule,
-)
+from pipelines.schedules import STACK_INPUT_TAG, revalidation_schedule, stack_dependent
 from pipelines.sensors import serving_stack_sensor
 from tests.pipelines.automation_graph import BROKEN_VLLM, GATE, build_defs
 
@@ -32,14 +28,20 @@ def instance():
 
 
 @pytest.fixture
-def defs(config_dir):
-    return build_defs()
+def defs(configs):
+    return build_defs(configs=configs)
+
+
+@pytest.fixture
+def STACK_DEPENDENT(defs):
+    return stack_dependent(defs.resolve_asset_graph())
 
 
 def _observe(instance, defs):
     """A serving_stack_sensor tick, its observation recorded as the daemon records it."""
     ctx = dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(),
-                                  definitions=defs)
+                                  definitions=defs,
+                                  resources={"configs": defs.resources["configs"]})
     data = serving_stack_sensor.evaluate_tick(ctx)
     for event in data.asset_events or []:
         instance.report_runless_asset_event(event)
@@ -48,7 +50,8 @@ def _observe(instance, defs):
 
 def _schedule_tick(instance, defs):
     ctx = dg.build_schedule_context(instance=instance,
-                                    repository_def=defs.get_repository_def())
+                                    repository_def=defs.get_repository_def(),
+                                    resources={"configs": defs.resources["configs"]})
     return revalidation_schedule.evaluate_tick(ctx)
 
 
@@ -84,17 +87,19 @@ def test_fingerprint_ignores_comments_and_order_but_not_versions():
     assert flatten({"x": {"y": [1, 2]}}) == {"x.y": [1, 2]}
 
 
-def test_stack_dependent_assets_depend_on_serving_stack(defs):
+def test_stack_dependent_assets_depend_on_serving_stack(defs, STACK_DEPENDENT):
+    assert STACK_DEPENDENT == ["accuracy", "deployment_plan", "kserve_manifest", "load_timing",
+                               "quantized", "serving_benchmark"]
     graph = defs.resolve_asset_graph()
     for name in STACK_DEPENDENT:
         assert STACK in graph.get(dg.AssetKey(name)).parent_keys, name
     assert STACK not in graph.get(dg.AssetKey("checkpoint")).parent_keys
-    # argument inputs survive the added dependency
+    # argument inputs live beside the dependency declared in the decorator
     assert "deployment_plan" in defs.resolve_assets_def("kserve_manifest").op.ins
 
 
 def test_stack_edit_marks_dependents_stale_and_revalidates_exactly_the_ready_models(
-        instance, defs, config_dir):
+        instance, defs, config_dir, STACK_DEPENDENT):
     first = _observe(instance, defs)
     assert len(first.asset_events) == 1
     for model in ("ready-a", "ready-b"):

@@ -13,10 +13,10 @@ import dagster as dg
 import pytest
 import yaml
 
-from assets.checkpoint import model_spec
 from onboarding.discovery import ScanCursor
 from onboarding.errors import FetchError
 from pipelines.sensors import catalog_partitions_sensor, new_checkpoint_sensor
+from resources.config_files import ConfigFiles
 from resources.s3 import S3ObjectStore
 from tests.conftest import write_spec
 from tests.pipelines.automation_graph import build_defs
@@ -24,11 +24,21 @@ from tests.tiny_models import shard_names
 
 
 @pytest.fixture
-def watched(config_dir, unique_prefix, monkeypatch) -> str:
+def watched(configs, unique_prefix) -> str:
     """The sensor watches `s3://models/<unique prefix>` only, so tests never see each other."""
-    monkeypatch.setenv("ONBOARDING_DISCOVERY_BUCKET", "models")
-    monkeypatch.setenv("ONBOARDING_DISCOVERY_PREFIX", unique_prefix)
     return unique_prefix
+
+
+@pytest.fixture
+def sensor_configs(configs, watched) -> ConfigFiles:
+    return ConfigFiles(config_dir=configs.config_dir, discovered_dir=configs.discovered_dir,
+                       discovery_bucket="models", discovery_prefix=watched)
+
+
+@pytest.fixture
+def model_spec(sensor_configs):
+    """What every stage resolves for a partition."""
+    return sensor_configs.spec
 
 
 @pytest.fixture
@@ -41,10 +51,11 @@ class Ticker:
     """Evaluates ticks with the cursor carried over and applies partition requests and asset
     events to the instance, as the sensor daemon does."""
 
-    def __init__(self, instance: dg.DagsterInstance, s3_store, sensor=new_checkpoint_sensor):
+    def __init__(self, instance: dg.DagsterInstance, s3_store, configs: ConfigFiles,
+                 sensor=new_checkpoint_sensor):
         self.instance, self.sensor, self.cursor = instance, sensor, None
-        self.defs = build_defs({"s3": s3_store})
-        self.resources = {"s3": s3_store}
+        self.defs = build_defs({"s3": s3_store}, configs=configs)
+        self.resources = {"s3": s3_store, "configs": configs}
 
     def __call__(self):
         ctx = dg.build_sensor_context(instance=self.instance, cursor=self.cursor,
@@ -90,8 +101,8 @@ def _files(ckpt: Path) -> list[str]:
 
 
 def test_in_progress_upload_waits_then_onboards_exactly_once(
-        instance, watched, s3_store, tiny_checkpoint):
-    tick = Ticker(instance, s3_store)
+        instance, watched, s3_store, tiny_checkpoint, sensor_configs, model_spec):
+    tick = Ticker(instance, s3_store, sensor_configs)
     folder = watched + "tiny-llama/"
     shards = shard_names(tiny_checkpoint)
     first_part = [f for f in _files(tiny_checkpoint) if f != shards[-1]]
@@ -116,12 +127,12 @@ def test_in_progress_upload_waits_then_onboards_exactly_once(
 
 
 def test_marker_required_waits_for_the_marker(
-        instance, watched, s3_store, tiny_checkpoint, config_dir):
+        instance, watched, s3_store, tiny_checkpoint, config_dir, sensor_configs):
     cfg_path = config_dir / "automation.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["discovery"]["require_marker"] = True
     cfg_path.write_text(yaml.safe_dump(cfg))
-    tick = Ticker(instance, s3_store)
+    tick = Ticker(instance, s3_store, sensor_configs)
     s3_store.upload_dir(tiny_checkpoint, "models", watched + "m/")
     assert tick().run_requests == []
     assert "ONBOARDING_COMPLETE" in tick.known()["m"].note
@@ -130,8 +141,8 @@ def test_marker_required_waits_for_the_marker(
 
 
 def test_new_revision_is_picked_up_and_same_bytes_are_not(
-        instance, watched, s3_store, tiny_checkpoint):
-    tick = Ticker(instance, s3_store)
+        instance, watched, s3_store, tiny_checkpoint, sensor_configs, model_spec):
+    tick = Ticker(instance, s3_store, sensor_configs)
     folder = watched + "tiny/"
     s3_store.upload_dir(tiny_checkpoint, "models", folder)
     first = tick().run_requests
@@ -151,8 +162,8 @@ def test_new_revision_is_picked_up_and_same_bytes_are_not(
 
 
 def test_malformed_spec_is_reported_and_other_models_carry_on(
-        instance, watched, s3_store, tiny_checkpoint, capfd):
-    tick = Ticker(instance, s3_store)
+        instance, watched, s3_store, tiny_checkpoint, capfd, sensor_configs, model_spec):
+    tick = Ticker(instance, s3_store, sensor_configs)
     s3_store.upload_dir(tiny_checkpoint, "models", watched + "bad/")
     s3_store.client().put_object(Bucket="models", Key=watched + "bad/onboarding.yaml",
                                  Body=b"precision_ladder: [int3]\nserved_nam: x\n")
@@ -186,8 +197,8 @@ def test_malformed_spec_is_reported_and_other_models_carry_on(
 
 
 def test_an_edited_spec_beside_the_weights_is_a_new_revision(
-        instance, watched, s3_store, tiny_checkpoint):
-    tick = Ticker(instance, s3_store)
+        instance, watched, s3_store, tiny_checkpoint, sensor_configs, model_spec):
+    tick = Ticker(instance, s3_store, sensor_configs)
     folder = watched + "spec-edit/"
     s3_store.upload_dir(tiny_checkpoint, "models", folder)
     s3_store.client().put_object(Bucket="models", Key=folder + "onboarding.yaml",
@@ -203,16 +214,16 @@ def test_an_edited_spec_beside_the_weights_is_a_new_revision(
 
 
 def test_catalog_entry_owning_the_folder_wins(
-        instance, watched, s3_store, tiny_checkpoint, config_dir):
+        instance, watched, s3_store, tiny_checkpoint, config_dir, sensor_configs):
     write_spec(config_dir, "catalogued", f"s3://models/{watched}weights/")
-    tick = Ticker(instance, s3_store)
+    tick = Ticker(instance, s3_store, sensor_configs)
     s3_store.upload_dir(tiny_checkpoint, "models", watched + "weights/")
     assert [r.partition_key for r in tick().run_requests] == ["catalogued"]
 
 
 def test_deleted_checkpoint_is_reported_on_the_checkpoint_asset(
-        instance, watched, s3_store, tiny_checkpoint):
-    tick = Ticker(instance, s3_store)
+        instance, watched, s3_store, tiny_checkpoint, sensor_configs):
+    tick = Ticker(instance, s3_store, sensor_configs)
     keys = s3_store.upload_dir(tiny_checkpoint, "models", watched + "gone/")
     assert len(tick().run_requests) == 1
     s3_store.client().delete_objects(Bucket="models",
@@ -228,7 +239,7 @@ def test_deleted_checkpoint_is_reported_on_the_checkpoint_asset(
 
 
 def test_thousands_of_keys_are_listed_in_bounded_pages(
-        instance, watched, s3_store, tiny_checkpoint, config_dir):
+        instance, watched, s3_store, tiny_checkpoint, config_dir, sensor_configs):
     page_size, max_pages, junk = 250, 2, 3000
     cfg_path = config_dir / "automation.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
@@ -247,7 +258,7 @@ def test_thousands_of_keys_are_listed_in_bounded_pages(
     calls: list[dict] = []
     counting = ListCountingS3(**s3_store.model_dump())
     ListCountingS3.calls = calls
-    tick = Ticker(instance, counting)
+    tick = Ticker(instance, counting, sensor_configs)
     ticks, found = 0, []
     while not found:
         before = len(calls)
@@ -262,19 +273,35 @@ def test_thousands_of_keys_are_listed_in_bounded_pages(
 
 
 def test_a_missing_bucket_fails_the_tick_instead_of_looking_empty(
-        instance, watched, s3_store, monkeypatch):
-    monkeypatch.setenv("ONBOARDING_DISCOVERY_BUCKET", "no-such-bucket-here")
+        instance, watched, s3_store, sensor_configs):
+    elsewhere = ConfigFiles(config_dir=sensor_configs.config_dir,
+                            discovered_dir=sensor_configs.discovered_dir,
+                            discovery_bucket="no-such-bucket-here", discovery_prefix=watched)
     with pytest.raises(Exception) as err:
-        Ticker(instance, s3_store)()
+        Ticker(instance, s3_store, elsewhere)()
     chain = [err.value, err.value.__cause__]
     assert any(isinstance(e, FetchError) and "bucket does not exist" in str(e) for e in chain)
 
 
 def test_catalog_partitions_sensor_registers_every_catalog_model(
-        instance, config_dir, s3_store):
+        instance, config_dir, s3_store, sensor_configs):
     write_spec(config_dir, "alpha", "s3://models/alpha/")
     write_spec(config_dir, "beta", "hf://org/beta@main")
-    tick = Ticker(instance, s3_store, sensor=catalog_partitions_sensor)
+    tick = Ticker(instance, s3_store, sensor_configs, sensor=catalog_partitions_sensor)
     tick()
     assert sorted(instance.get_dynamic_partitions("models")) == ["alpha", "beta"]
     assert tick().skip_message.startswith("all 2 catalog models")
+
+
+def test_a_broken_catalog_file_is_reported_once_and_blocks_no_one(
+        instance, config_dir, s3_store, sensor_configs, capfd):
+    write_spec(config_dir, "alpha", "s3://models/alpha/")
+    (config_dir / "models" / "typo.yaml").write_text("id: typo\nsource: s3://x/y/\nsrved_name: t\n")
+    tick = Ticker(instance, s3_store, sensor_configs, sensor=catalog_partitions_sensor)
+    first = tick()
+    assert instance.get_dynamic_partitions("models") == ["alpha"]
+    assert first.dynamic_partitions_requests
+    second = tick()
+    assert "1 broken catalog file(s)" in second.skip_message and "typo.yaml" in second.skip_message
+    logged = capfd.readouterr().err
+    assert logged.count("field 'srved_name': unknown key") == 1  # reported once, not per tick

