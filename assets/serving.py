@@ -336,13 +336,39 @@ def _sweep(context, loadgen: LoadGenerator, running, template, served_name: str,
                 scrape_interval_s=sweep.scrape_interval_s, **kw)
             stats = summarize(run.records, run.duration_s, slo)
             points.setdefault(name, []).append((int(load), stats))
+            exited = running.exited(stats.errors_by_cause)
             rows.append({"scenario": name, "load": load, **stats.row(),
-                         **_server_side(run, template.metrics),
-                         "meets_slo": not slo_violations(stats, slo)})
+                         **_server_side(run, template.metrics), **run.scrape_columns(),
+                         "engine_exited": exited, "meets_slo": not slo_violations(stats, slo)})
             context.log.info(f"{name} @ {load}: {stats.request_throughput_rps:.2f} req/s, "
                              f"TTFT p95 {stats.ttft_s.p95:.3f} s, ITL {stats.itl_ms.mean:.1f} "
-                             f"ms, errors {stats.errors_by_cause}")
+                             f"ms, errors {stats.errors_by_cause} {stats.error_examples or ''}"
+                             + (f", /metrics failed {run.scrape_failures}x (last: "
+                                f"{run.scrape_last_error})" if run.scrape_failures else ""))
+            if exited:
+                raise _engine_exited(context, running, rows, f"{name} @ {load}")
     return rows, points
+
+
+def _engine_exited(context, running, rows: list[dict], point: str) -> Exception:
+    """Keep what was measured before the engine died where a user finds it (the step fails, so
+    nothing is materialized): a CSV under the reports directory and an observation on the
+    asset, the dying point marked `engine_exited`. The error names the exit code and log tail."""
+    table = pd.DataFrame(rows)
+    path = (reports_dir() / context.partition_key
+            / f"serving_benchmark.partial-{context.run.run_id[:8]}.csv")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(path, index=False)
+    context.log_event(dg.AssetObservation(
+        asset_key=context.asset_key, partition=context.partition_key, metadata={
+            "engine_exit_code": running.exit_code(),
+            "engine_exited_during": point,
+            "partial_sweep": dg.MetadataValue.md(table.to_markdown(index=False,
+                                                                   floatfmt=".4g")),
+            "partial_csv": dg.MetadataValue.path(str(path)),
+            "engine_log": dg.MetadataValue.path(str(running.log_path))}))
+    return running.exited_error(point, f"the {len(rows)} point(s) measured, the last one marked "
+                                f"engine_exited, are in {path}")
 
 
 def _headline(spec: ModelSpec, variant: VariantRef, engine: Engine, gpus: int, slo: Slo,

@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,10 @@ from onboarding.serving_stats import StartSample
 
 LOG_TAIL_LINES = 40
 POLL_INTERVAL_S = 0.25
+# A crashing engine closes its sockets a moment before its process is gone: after a point whose
+# requests lost their connection, wait this long for the exit before calling the engine alive.
+EXIT_SETTLE_S = 2.0
+_CONNECTION_CAUSES = frozenset({"connect_failed", "connection_lost", "stream_dropped"})
 
 
 class EngineError(OnboardingError):
@@ -63,6 +67,17 @@ class StartPhases:
     first_token_s: float | None = None  # = the start time a user waits for
 
 
+def describe_exit(code: int) -> str:
+    """`exited with code 3`, or `was killed by SIGKILL (exit code -9)`."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"was killed by {name} (exit code {code})"
+
+
 @dataclass
 class RunningEngine:
     base_url: str
@@ -73,6 +88,34 @@ class RunningEngine:
     argv: list[str]
     dropped_args: list[str]
     phases: StartPhases = field(default_factory=StartPhases)
+    process: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+
+    def exit_code(self) -> int | None:
+        """None while the engine process runs; its exit status once it has exited."""
+        return None if self.process is None else self.process.poll()
+
+    def exited(self, errors_by_cause: Mapping[str, int] | None = None) -> bool:
+        """Whether the engine has exited; after a point whose requests lost their connection
+        (`errors_by_cause`), give a dying engine EXIT_SETTLE_S to be seen as gone."""
+        if self.process is None:
+            return False
+        if errors_by_cause and _CONNECTION_CAUSES & errors_by_cause.keys():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(EXIT_SETTLE_S)
+        return self.process.poll() is not None
+
+    def exited_error(self, point: str, kept: str) -> EngineError:
+        """The error for an engine that died while it was being measured: the exit code, what
+        was kept of the measurements, and the engine's own last log lines."""
+        code = self.exit_code()
+        how = describe_exit(code) if code is not None else "stopped answering"
+        return EngineError(
+            f"the engine serving {self.served_name} on port {self.port} (pid {self.pid})",
+            f"{how} during point {point}; {kept}; log {self.log_path}, last lines:\n"
+            f"{log_tail(self.log_path, LOG_TAIL_LINES)}",
+            "Read the log lines above (out of memory, a crash in the engine, a process killed "
+            "from outside); the sweep needs an engine that stays up to the end, so re-run the "
+            "step once the cause is fixed.")
 
 
 _PR_SET_PDEATHSIG = 1
@@ -268,7 +311,7 @@ class Engine(dg.ConfigurableResource):
                                     preexec_fn=_die_with_parent)  # noqa: PLW1509
         running = RunningEngine(base_url=f"http://127.0.0.1:{port}", port=port, pid=proc.pid,
                                 served_name=served_name, log_path=log_path, argv=argv,
-                                dropped_args=dropped)
+                                dropped_args=dropped, process=proc)
         try:
             self._wait_ready(proc, running, template, t0, timeout_s)
             yield running
