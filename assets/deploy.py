@@ -15,6 +15,7 @@ from typing import Any
 
 import dagster as dg
 
+from assets.stack import stack_metadata
 from onboarding.catalog import ModelSpec, load_catalog, resolve
 from onboarding.errors import OnboardingError
 from onboarding.kserve import (
@@ -153,6 +154,7 @@ def deployment_plan(context: dg.AssetExecutionContext) -> dg.Output[DeploymentPl
                                      if m.tokens_per_s_per_gpu is not None
                                      else dg.MetadataValue.text("absent (never benchmarked)")),
             "benchmark_node_type": dg.MetadataValue.text(m.benchmark_node_type or "absent"),
+            **stack_metadata(),
         },
     )
 
@@ -241,6 +243,7 @@ def kserve_manifest(context: dg.AssetExecutionContext, deployment_plan: Deployme
         "stack_fingerprint": dg.MetadataValue.text(stack.fingerprint),
         # Only valid manifests enter the gateway's route table.
         "routes": dg.MetadataValue.json([r.__dict__ for r in value.routes] if valid else []),
+        **stack_metadata(),
     }
     for nt, path in files.items():
         metadata[f"path_{nt}"] = dg.MetadataValue.path(path)

@@ -18,6 +18,7 @@ import dagster as dg
 import pandas as pd
 
 from assets.checkpoint import model_spec
+from assets.stack import stack_metadata
 from onboarding.accuracy_gate import judge_variant, load_accuracy_gates, scores_from_lm_eval
 from onboarding.errors import OnboardingError
 from onboarding.paths import config_dir
@@ -82,7 +83,7 @@ def quantized(context: dg.AssetExecutionContext, checkpoint: CheckpointRef, quan
     result = QuantizedSet(spec.id, checkpoint.path, checkpoint.total_bytes, tuple(variants))
     version = hashlib.sha256("".join(f"{v.precision}:{v.content_hash or v.error}\n"
                                      for v in variants).encode()).hexdigest()
-    yield dg.Output(result, metadata=_quantized_metadata(result),
+    yield dg.Output(result, metadata={**_quantized_metadata(result), **stack_metadata()},
                     data_version=dg.DataVersion(version))
     for precision in QUANTIZED_PRECISIONS:
         yield _export_check(result.get(precision), precision)
@@ -177,6 +178,7 @@ def accuracy(context: dg.AssetExecutionContext, checkpoint: CheckpointRef,
         "eval_seconds": dg.MetadataValue.json(eval_s),
         "items_per_task": int(table["n"].max()) if len(table) else 0,
         "gates": dg.MetadataValue.json({o.precision: asdict(o) for o in outcomes}),
+        **stack_metadata(),
     })
     for precision in QUANTIZED_PRECISIONS:
         outcome = report.gate(precision)

@@ -17,6 +17,7 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 
+from assets.stack import stack_metadata
 from onboarding.catalog import ModelSpec, load_catalog, resolve
 from onboarding.errors import ConfigError
 from onboarding.paths import PROJECT_ROOT, config_dir, models_dir
@@ -125,6 +126,7 @@ def _unservable_metadata(engine: Engine, reason: str) -> dict:
         "hardware": engine.resolved_hardware(),
         "engine": engine.engine,
         "servable_precisions": dg.MetadataValue.json(engine.servable_precisions()),
+        **stack_metadata(),
     }
 
 
@@ -185,6 +187,7 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, eng
         "hardware": engine.resolved_hardware(),
         "engine": engine.engine,
         "starts": dg.MetadataValue.md(table.to_markdown(index=False, floatfmt=".3f")),
+        **stack_metadata(),
     })
     budget = slo.cold_start_p95_max_s
     yield dg.AssetCheckResult(
@@ -302,6 +305,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
         "plot_path": dg.MetadataValue.path(str(png_path)),
         "engine_args_dropped": dg.MetadataValue.json(
             {"dropped_on_" + engine.resolved_hardware(): running.dropped_args}),
+        **stack_metadata(),
     })
     yield dg.AssetCheckResult(
         check_name=SLO_CHECK, passed=result.slo_pass,

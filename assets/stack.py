@@ -1,8 +1,11 @@
 """`serving_stack`: the observed serving stack, whose data version is its fingerprint.
 
-The stack-dependent stages (pipelines.automation.STACK_DEPENDENT) depend on it, so a new version
+The stack-dependent stages (pipelines.schedules.STACK_DEPENDENT) depend on it, so a new version
 in configs/stack.yaml, a new engine in its virtualenv or a new driver marks them stale per
-model. Observed by the `serving_stack_sensor`, by re-validation runs, and from the UI.
+model. Observed by the `serving_stack_sensor`, by re-validation runs, before the runs the demo
+and the new-checkpoint sensor launch, and from the UI. Each stack-dependent stage also records
+the fingerprint it ran on (`stack_metadata`): Dagster's own record is the latest observation,
+and only a marker (`INITIAL`) when the run came before the first one.
 """
 
 import json
@@ -16,6 +19,7 @@ from onboarding.stack import diff, fingerprint, observation_body, observe_node, 
 
 SERVING_STACK = dg.AssetKey("serving_stack")
 BODY_KEY = "stack"
+STACK_FINGERPRINT_KEY = "serving_stack_fingerprint"
 
 
 def current_stack() -> tuple[str, dict[str, Any]]:
@@ -60,6 +64,33 @@ def stack_observation(instance: dg.DagsterInstance) -> tuple[str, dict[str, Any]
     fp, body = current_stack()
     prev_fp, prev_body = last_observation(instance)
     return fp, observation_metadata(body, prev_body, prev_fp, fp), prev_fp != fp
+
+
+def observation_event(instance: dg.DagsterInstance
+                      ) -> tuple[str, dg.AssetObservation | None]:
+    """(fingerprint, the observation to record), None when the recorded one is current."""
+    fp, metadata, changed = stack_observation(instance)
+    if not changed:
+        return fp, None
+    return fp, dg.AssetObservation(asset_key=SERVING_STACK, metadata=metadata,
+                                   tags={"dagster/data_version": fp})
+
+
+def observe_stack(instance: dg.DagsterInstance) -> tuple[str, bool]:
+    """Record an observation when there is none yet or the stack changed; (fingerprint,
+    recorded). Done before onboarding, so its materializations carry a fingerprint as their
+    `serving_stack` input version and the UI's staleness has something to compare."""
+    fp, event = observation_event(instance)
+    if event is not None:
+        instance.report_runless_asset_event(event)
+    return fp, event is not None
+
+
+def stack_metadata() -> dict[str, str]:
+    """Metadata entry for a stack-dependent asset: the fingerprint of the stack this step runs
+    on, computed here, so what a result was measured on is known even when no observation
+    preceded the run (the re-validation schedule compares it then)."""
+    return {STACK_FINGERPRINT_KEY: current_stack()[0]}
 
 
 @dg.observable_source_asset(

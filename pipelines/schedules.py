@@ -12,7 +12,7 @@ from typing import Any
 
 import dagster as dg
 
-from assets.stack import SERVING_STACK, current_stack
+from assets.stack import SERVING_STACK, STACK_FINGERPRINT_KEY, current_stack
 from onboarding.automation import load_automation
 from pipelines.executors import onboarding_executor
 from pipelines.launch import job_stages
@@ -23,6 +23,9 @@ REVALIDATE_JOB = "revalidate_model"
 STACK_DEPENDENT = ("quantized", "accuracy", "load_timing", "serving_benchmark",
                    "deployment_plan", "kserve_manifest")
 STACK_INPUT_TAG = f"dagster/input_data_version/{SERVING_STACK.to_user_string()}"
+# What Dagster records as an input version when there is no observation to take it from.
+_DAGSTER_MARKERS = frozenset({"INITIAL", "NULL", "UNKNOWN"})
+UNKNOWN_STACK = "unknown"
 
 
 def _latest(instance: dg.DagsterInstance, asset: str, partition: str):
@@ -32,11 +35,26 @@ def _latest(instance: dg.DagsterInstance, asset: str, partition: str):
     return records[0].asset_materialization if records else None
 
 
+def measured_on(mat: dg.AssetMaterialization) -> str:
+    """The stack fingerprint a materialization was produced on.
+
+    Dagster's input version when it is a fingerprint (the observation in force when the step
+    ran, also what the UI's staleness uses); when the run came before any observation Dagster
+    records only a marker (`INITIAL`), and the fingerprint the asset recorded itself
+    (`serving_stack_fingerprint`) decides. `unknown` when neither exists.
+    """
+    tagged = (mat.tags or {}).get(STACK_INPUT_TAG)
+    if tagged and tagged not in _DAGSTER_MARKERS:
+        return tagged
+    recorded = mat.metadata.get(STACK_FINGERPRINT_KEY)
+    return str(recorded.value) if recorded is not None else UNKNOWN_STACK
+
+
 def stale_ready_models(instance: dg.DagsterInstance, fingerprint: str,
                        ready_assets: list[str]) -> dict[str, dict[str, Any]]:
-    """Ready models whose stack-dependent materializations saw another stack.
+    """Ready models whose stack-dependent materializations were produced on another stack.
 
-    Returns model -> {stale asset: the fingerprint it was measured on}.
+    Returns model -> {stale asset: the fingerprint it was measured on, or `unknown`}.
     """
     out: dict[str, dict[str, Any]] = {}
     for model in sorted(instance.get_dynamic_partitions(models_partitions.name)):
@@ -45,8 +63,8 @@ def stale_ready_models(instance: dg.DagsterInstance, fingerprint: str,
         stale = {}
         for asset in STACK_DEPENDENT:
             mat = _latest(instance, asset, model)
-            if mat is not None and mat.tags.get(STACK_INPUT_TAG) != fingerprint:
-                stale[asset] = mat.tags.get(STACK_INPUT_TAG, "none")
+            if mat is not None and (seen := measured_on(mat)) != fingerprint:
+                stale[asset] = seen
         if stale:
             out[model] = stale
     return out

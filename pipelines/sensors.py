@@ -4,7 +4,9 @@
   registers each complete model folder as a partition and requests one onboarding run per
   content id (run key `model@content-id`). Incomplete folders wait; a malformed spec beside the
   weights is logged as an error on the tick and remembered, other models carry on; deleted
-  folders are reported on the `checkpoint` asset.
+  folders are reported on the `checkpoint` asset. A tick that requests runs also records a
+  `serving_stack` observation when there is none yet or the stack changed, so the runs it
+  launches record a fingerprint as their stack input version.
 - `catalog_partitions_sensor` makes every catalogued model launchable from the UI.
 - `serving_stack_sensor` records a `serving_stack` observation when the fingerprint changes, so
   the UI marks stack-dependent results stale without waiting for a run.
@@ -13,7 +15,7 @@
 import dagster as dg
 from botocore.exceptions import BotoCoreError, ClientError
 
-from assets.stack import SERVING_STACK, stack_observation
+from assets.stack import observation_event
 from onboarding.automation import load_automation
 from onboarding.catalog import load_catalog
 from onboarding.discovery import (
@@ -117,6 +119,10 @@ def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore
                 metadata={"deleted_at_source": uri, "last_content_id": known.content_id,
                           "what_to_do": "The cached copy and results stay. Re-upload to "
                           "onboard again, or delete the partition if the model is retired."}))
+    if runs:  # observed before the runs start (the daemon records events first)
+        _, stack_event = observation_event(context.instance)
+        if stack_event is not None:
+            events.append(stack_event)
     context.update_cursor(cursor.to_json())
     summary = (f"listed {step.keys} keys in {step.pages} page(s); pass "
                f"{'finished' if step.pass_finished else 'continues'}; {len(runs)} run(s) "
@@ -149,12 +155,11 @@ def catalog_partitions_sensor(context: dg.SensorEvaluationContext):
            description="Observes serving_stack and records a new observation when its "
            "fingerprint changes.")
 def serving_stack_sensor(context: dg.SensorEvaluationContext):
-    fp, metadata, changed = stack_observation(context.instance)
-    if not changed:
+    fp, event = observation_event(context.instance)
+    if event is None:
         return dg.SkipReason(f"serving stack unchanged ({fp[:16]})")
     context.log.info(f"serving stack fingerprint is now {fp[:16]}")
-    return dg.SensorResult(asset_events=[dg.AssetObservation(
-        asset_key=SERVING_STACK, metadata=metadata, tags={"dagster/data_version": fp})])
+    return dg.SensorResult(asset_events=[event])
 
 
 sensors = [new_checkpoint_sensor, catalog_partitions_sensor, serving_stack_sensor]

@@ -24,6 +24,7 @@ from assets.deploy import (
     plan_fits_a_target_node_type,
     read_upstream,
 )
+from assets.stack import current_stack
 from onboarding.paths import PROJECT_ROOT
 from resources.manifest_validator import CRD_PATHS_ENV, DEFAULT_CRD_DIR, ManifestValidator
 from tests.conftest import write_spec
@@ -145,6 +146,8 @@ def test_small_real_model_carries_its_measurements(env: Path, config_dir: Path):
     assert plan_rows["b300"]["weight_bytes"] == weight_bytes
 
     manifest_md = metadata(result, "kserve_manifest")
+    assert plan_md["serving_stack_fingerprint"] == manifest_md["serving_stack_fingerprint"] \
+        == current_stack()[0]  # what the re-validation schedule compares
     docs = list(yaml.safe_load_all(Path(manifest_md["path_h200"]).read_text()))
     isvc = next(d for d in docs if d["kind"] == "InferenceService")
     model = isvc["spec"]["predictor"]["model"]

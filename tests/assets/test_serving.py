@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from assets.serving import COLD_START_CHECK, SLO_CHECK, load_timing, serving_benchmark
+from assets.stack import current_stack
 from onboarding.paths import PROJECT_ROOT
 from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.serving_stats import LoadTimingResult
@@ -118,6 +119,8 @@ def test_timing_and_benchmark_emit_what_the_plan_reads(config_dir, model_dir, fa
     assert ev.check_name == SLO_CHECK and ev.passed
     value = result.output_for_node("serving_benchmark")
     assert value.saturation_concurrency == 4 and value.slo_pass
+    assert t["serving_stack_fingerprint"] == b["serving_stack_fingerprint"] == current_stack()[0]
+    assert set(pd.read_csv(Path(b["plot_path"]).with_suffix(".csv"))["engine_exited"]) == {False}
 
 
 def test_slo_miss_fails_the_check_with_the_numbers(config_dir, model_dir, fake_engine):

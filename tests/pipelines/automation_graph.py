@@ -1,7 +1,8 @@
 """The onboarding graph with trivial bodies, wired by the real automation code.
 
-Stage names, argument inputs, `deps` and the serving stages' config classes mirror the real
-modules (argument inputs matter: adding the `serving_stack` dep must keep them). The automation
+Stage names, argument inputs, `deps`, the serving stages' config classes and the stack
+fingerprint each stack-dependent stage records (`stack_metadata`) mirror the real modules
+(argument inputs matter: adding the `serving_stack` dep must keep them). The automation
 under test, the serving_stack asset, the sensors, the schedule and the jobs, is the real one.
 No `from __future__ import annotations`: Dagster reads the config annotations at decoration.
 """
@@ -9,7 +10,7 @@ No `from __future__ import annotations`: Dagster reads the config annotations at
 import dagster as dg
 
 from assets.serving import LoadTimingConfig, ServingBenchmarkConfig
-from assets.stack import serving_stack
+from assets.stack import serving_stack, stack_metadata
 from onboarding.paths import config_dir
 from onboarding.stack import read_stack_config
 from pipelines.automation import with_automation
@@ -27,8 +28,8 @@ def checkpoint() -> str:
 
 
 @dg.asset(partitions_def=P)
-def quantized(checkpoint: str) -> str:
-    return checkpoint + "+q"
+def quantized(checkpoint: str):
+    return dg.Output(checkpoint + "+q", metadata=stack_metadata())
 
 
 @dg.asset(partitions_def=P, check_specs=[dg.AssetCheckSpec(GATE, asset="accuracy",
@@ -36,7 +37,7 @@ def quantized(checkpoint: str) -> str:
 def accuracy(quantized: str):
     """The gate fails on the stack version BROKEN_VLLM, as a real regression would."""
     vllm = read_stack_config(config_dir() / "stack.yaml")["versions"]["vllm"]
-    yield dg.Output(quantized + "+acc")
+    yield dg.Output(quantized + "+acc", metadata=stack_metadata())
     yield dg.AssetCheckResult(check_name=GATE, passed=vllm != BROKEN_VLLM,
                               metadata={"vllm": vllm})
 
@@ -49,25 +50,25 @@ def serving_variant(accuracy: str) -> str:
 @dg.asset(partitions_def=P)
 def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig,
                 serving_variant: str) -> str:
-    context.add_output_metadata({"cold_repeats": config.cold_repeats or 0})
+    context.add_output_metadata({"cold_repeats": config.cold_repeats or 0, **stack_metadata()})
     return serving_variant + "+load"
 
 
 @dg.asset(partitions_def=P)
 def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmarkConfig,
                       load_timing: str) -> str:
-    context.add_output_metadata({"concurrency": str(config.concurrency)})
+    context.add_output_metadata({"concurrency": str(config.concurrency), **stack_metadata()})
     return load_timing + "+bench"
 
 
 @dg.asset(partitions_def=P, deps=["checkpoint", "serving_benchmark"])
-def deployment_plan() -> str:
-    return "plan"
+def deployment_plan():
+    return dg.Output("plan", metadata=stack_metadata())
 
 
 @dg.asset(partitions_def=P)
-def kserve_manifest(deployment_plan: str) -> str:
-    return deployment_plan + "+yaml"
+def kserve_manifest(deployment_plan: str):
+    return dg.Output(deployment_plan + "+yaml", metadata=stack_metadata())
 
 
 STAGES = [checkpoint, quantized, accuracy, serving_variant, load_timing, serving_benchmark,

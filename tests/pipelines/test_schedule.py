@@ -12,11 +12,13 @@ import yaml
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest
 
+from assets.stack import current_stack, observe_stack
 from onboarding.stack import diff, fingerprint, flatten
 from pipelines.schedules import (
     STACK_DEPENDENT,
     STACK_INPUT_TAG,
     revalidation_schedule,
+    stale_ready_models,
 )
 from pipelines.sensors import serving_stack_sensor
 from tests.pipelines.automation_graph import BROKEN_VLLM, GATE, build_defs
@@ -166,3 +168,50 @@ def test_a_revalidation_that_flips_the_gate_is_visible_in_metadata(instance, def
     assert md["verdict_changed"].value is True
     assert md["verdict_change"].value == f"{GATE}: passed -> failed"
     assert md["stack_fingerprint"].value == request.tags["onboarding/stack_fingerprint"]
+
+
+def test_a_model_onboarded_before_any_stack_observation_is_current_until_the_stack_changes(
+        instance, defs, config_dir):
+    """The first run predates every serving_stack observation, so Dagster records its marker
+    instead of a fingerprint; the assets' own record of the stack they ran on decides."""
+    assert not instance.fetch_observations(STACK, limit=1).records
+    _onboard(instance, defs, "ready-a")
+    [mat] = instance.fetch_materializations(dg.AssetKey("kserve_manifest"), limit=1).records
+    assert mat.asset_materialization.tags.get(STACK_INPUT_TAG, "INITIAL") == "INITIAL"
+    first = _observe(instance, defs)  # the first observation comes after the run
+    fp = first.asset_events[0].tags["dagster/data_version"]
+    tick = _schedule_tick(instance, defs)
+    assert tick.run_requests == [] and "current" in tick.skip_message
+    assert stale_ready_models(instance, fp, ["kserve_manifest"]) == {}
+
+    _bump_vllm(config_dir, "0.33.0")
+    changed = _observe(instance, defs).asset_events[0].tags["dagster/data_version"]
+    [request] = _schedule_tick(instance, defs).run_requests
+    assert request.partition_key == "ready-a"
+    assert request.run_key == f"revalidate-ready-a@{changed[:16]}"
+    assert stale_ready_models(instance, changed, ["kserve_manifest"])["ready-a"] == {
+        a: fp for a in STACK_DEPENDENT}
+
+
+def test_a_model_whose_stack_is_unknown_is_revalidated(instance, defs):
+    """Neither an observation nor the asset's own record: nothing says what it was measured
+    on, so it is re-validated rather than assumed current."""
+    _onboard(instance, defs, "ready-a")
+    fp = _observe(instance, defs).asset_events[0].tags["dagster/data_version"]
+    assert stale_ready_models(instance, fp, ["kserve_manifest"]) == {}
+    legacy = dg.AssetMaterialization("kserve_manifest", partition="ready-a",
+                                     metadata={"note": "from before fingerprints were recorded"})
+    instance.report_runless_asset_event(legacy)
+    assert stale_ready_models(instance, fp, ["kserve_manifest"]) == {
+        "ready-a": {"kserve_manifest": "unknown"}}
+
+
+def test_observe_before_onboarding_records_the_stack_once(instance):
+    """What the demo does before it runs onboard_model: an observation when there is none or
+    the stack changed, nothing when it is unchanged."""
+    fp, recorded = observe_stack(instance)
+    assert recorded
+    [obs] = instance.fetch_observations(STACK, limit=5).records
+    assert obs.asset_observation.tags["dagster/data_version"] == fp == current_stack()[0]
+    assert observe_stack(instance) == (fp, False)
+    assert len(instance.fetch_observations(STACK, limit=5).records) == 1
