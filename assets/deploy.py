@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 
 from assets.partitions import models_partitions
-from assets.stack import SERVING_STACK
+from assets.stack import SERVING_STACK, stack_metadata
 from onboarding.catalog import ModelSpec
 from onboarding.errors import OnboardingError
 from onboarding.kserve import (
@@ -130,6 +130,7 @@ def deployment_plan(context: dg.AssetExecutionContext, configs: ConfigFiles, out
                                  if m.tokens_per_s_per_gpu is not None
                                  else dg.MetadataValue.text("absent (never benchmarked)")),
         "benchmark_node_type": m.benchmark_node_type or "absent",
+        **stack_metadata(configs),
     })
     yield _fits_check(result, configs.deploy().target_node_types)
 
@@ -204,8 +205,9 @@ def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, out
     errors, dry_runs = _validate(manifest_validator, rendered, files)
     value = ManifestSet(spec.id, files, {r.node_type: r.service for r in rendered},
                         tuple(r.route for r in rendered), skipped, errors)
-    yield dg.Output(value, data_version=_version(texts),
-                    metadata=_manifest_metadata(value, rendered, texts, deployment_plan, stack))
+    yield dg.Output(value, data_version=_version(texts), metadata={
+        **_manifest_metadata(value, rendered, texts, deployment_plan, stack),
+        **stack_metadata(configs)})
     yield dg.AssetCheckResult(check_name=VALID_CHECK, passed=value.valid, metadata={
         "errors": dg.MetadataValue.json(errors),
         "error_count": sum(len(v) for v in errors.values()),

@@ -17,7 +17,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets.partitions import models_partitions
-from assets.stack import SERVING_STACK
+from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding.accuracy_gate import (
     AccuracyGates,
@@ -90,7 +90,7 @@ def quantized(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoin
     result = QuantizedSet(spec.id, checkpoint.path, checkpoint.total_bytes, tuple(variants))
     version = hashlib.sha256("".join(f"{v.precision}:{v.content_hash or v.error}\n"
                                      for v in variants).encode()).hexdigest()
-    yield dg.Output(result, metadata=_quantized_metadata(result),
+    yield dg.Output(result, metadata={**_quantized_metadata(result), **stack_metadata(configs)},
                     data_version=dg.DataVersion(version))
     for precision in QUANTIZED_PRECISIONS:
         yield _export_check(result.get(precision), precision)
@@ -171,6 +171,7 @@ def accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoint
         "eval_seconds": dg.MetadataValue.json(eval_s),
         "items_per_task": max((r["n"] for r in rows), default=0),
         "gates": dg.MetadataValue.json({o.precision: asdict(o) for o in outcomes}),
+        **stack_metadata(configs),
     })
     for precision in QUANTIZED_PRECISIONS:
         yield _gate_check(report, precision, gates)

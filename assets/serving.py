@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from assets.partitions import models_partitions
-from assets.stack import SERVING_STACK
+from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding.catalog import ModelSpec
 from onboarding.errors import ConfigError
@@ -128,13 +128,14 @@ def _unservable_check(name: str, reason: str) -> dg.AssetCheckResult:
                                severity=dg.AssetCheckSeverity.WARN, metadata={"reason": reason})
 
 
-def _unservable_metadata(engine: Engine, reason: str) -> dict:
+def _unservable_metadata(engine: Engine, reason: str, configs: ConfigFiles) -> dict:
     return {
         "servable": False,
         "reason": dg.MetadataValue.text(reason),
         "hardware": engine.resolved_hardware(),
         "engine": engine.engine,
         "servable_precisions": dg.MetadataValue.json(engine.servable_precisions()),
+        **stack_metadata(configs),
     }
 
 
@@ -171,7 +172,7 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
     spec, variant = setup.spec, setup.variant
     if variant is None:
         yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, setup.reason),
-                        metadata=_unservable_metadata(engine, setup.reason))
+                        metadata=_unservable_metadata(engine, setup.reason, configs))
         yield _unservable_check(COLD_START_CHECK, setup.reason)
         return
     d = setup.profile.load_timing
@@ -186,7 +187,8 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
         result = dataclasses.replace(result, servable=False, reason=setup.reason)
     yield dg.Output(result, metadata={
         **_measured_metadata(engine, setup, serving_variant), **_timing_metadata(result, samples),
-        "servable_precisions": dg.MetadataValue.json(engine.servable_precisions())})
+        "servable_precisions": dg.MetadataValue.json(engine.servable_precisions()),
+        **stack_metadata(configs)})
     budget = setup.slo.cold_start_p95_max_s
     yield dg.AssetCheckResult(
         check_name=COLD_START_CHECK,
@@ -266,7 +268,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     if variant is None:
         result = ServingBenchmarkResult(spec.id, serving_variant.precision, engine.node_type,
                                         gpus, False, 0.0, 0, False, (setup.reason,))
-        yield dg.Output(result, metadata={**_unservable_metadata(engine, setup.reason),
+        yield dg.Output(result, metadata={**_unservable_metadata(engine, setup.reason, configs),
                                           "node_type": engine.node_type, "gpus": gpus,
                                           "slo_pass": False})
         yield _unservable_check(SLO_CHECK, setup.reason)
@@ -283,8 +285,8 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
                                                   spec.engine_args))
     tokenizer = _load_tokenizer(variant.path)
     with engine.serve(variant, spec.served_name, spec.engine_args) as running:
-        rows, points = _sweep(context, loadgen, running, template, spec.served_name, scenarios,
-                              sweep, setup.slo, tokenizer)
+        rows, points = _sweep(context, outputs, loadgen, running, template, spec.served_name,
+                              scenarios, sweep, setup.slo, tokenizer)
     result, basis, violations = _headline(spec, variant, engine, gpus, setup.slo, points,
                                           sweep.mode == "concurrency")
     if setup.reason:
@@ -301,6 +303,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
         "slo": dg.MetadataValue.json(setup.slo.__dict__),
         "engine_args_dropped": dg.MetadataValue.json(
             {"dropped_on_" + engine.resolved_hardware(): running.dropped_args}),
+        **stack_metadata(configs),
     })
     yield dg.AssetCheckResult(
         check_name=SLO_CHECK, passed=result.slo_pass,
@@ -329,8 +332,8 @@ def _sweep_report(outputs: OutputDirs, title: str, model: str, rows: list[dict],
     }
 
 
-def _sweep(context, loadgen: LoadGenerator, running, template, served_name: str,
-           scenarios: dict, sweep, slo: Slo, tokenizer
+def _sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, template,
+           served_name: str, scenarios: dict, sweep, slo: Slo, tokenizer
            ) -> tuple[list[dict], dict[str, list[tuple[int, PointStats]]]]:
     """Every scenario x load point against the running engine: table rows and stats."""
     loads = sweep.concurrency if sweep.mode == "concurrency" else sweep.rates
@@ -352,13 +355,38 @@ def _sweep(context, loadgen: LoadGenerator, running, template, served_name: str,
                 scrape_interval_s=sweep.scrape_interval_s, **kw)
             stats = summarize(run.records, run.duration_s, slo)
             points.setdefault(name, []).append((int(load), stats))
+            exited = running.exited(stats.errors_by_cause)
             rows.append({"scenario": name, "load": load, **stats.row(),
-                         **_server_side(run, template.metrics),
-                         "meets_slo": not slo_violations(stats, slo)})
+                         **_server_side(run, template.metrics), **run.scrape_columns(),
+                         "engine_exited": exited, "meets_slo": not slo_violations(stats, slo)})
             context.log.info(f"{name} @ {load}: {stats.request_throughput_rps:.2f} req/s, "
                              f"TTFT p95 {stats.ttft_s.p95:.3f} s, ITL {stats.itl_ms.mean:.1f} "
-                             f"ms, errors {stats.errors_by_cause}")
+                             f"ms, errors {stats.errors_by_cause} {stats.error_examples or ''}"
+                             + (f", /metrics failed {run.scrape_failures}x (last: "
+                                f"{run.scrape_last_error})" if run.scrape_failures else ""))
+            if exited:
+                raise _engine_exited(context, outputs, running, rows, f"{name} @ {load}")
     return rows, points
+
+
+def _engine_exited(context, outputs: OutputDirs, running, rows: list[dict], point: str
+                   ) -> Exception:
+    """Keep what was measured before the engine died where a user finds it (the step fails, so
+    nothing is materialized): a CSV under the reports directory and an observation on the
+    asset, the dying point marked `engine_exited`. The error names the exit code and log tail."""
+    path = (outputs.reports / context.partition_key
+            / f"serving_benchmark.partial-{context.run.run_id[:8]}.csv")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_csv(path, rows)
+    context.log_event(dg.AssetObservation(
+        asset_key=context.asset_key, partition=context.partition_key, metadata={
+            "engine_exit_code": running.exit_code(),
+            "engine_exited_during": point,
+            "partial_sweep": dg.MetadataValue.md(md_table(rows)),
+            "partial_csv": dg.MetadataValue.path(str(path)),
+            "engine_log": dg.MetadataValue.path(str(running.log_path))}))
+    return running.exited_error(point, f"the {len(rows)} point(s) measured, the last one marked "
+                                f"engine_exited, are in {path}")
 
 
 def _headline(spec: ModelSpec, variant: VariantRef, engine: Engine, gpus: int, slo: Slo,

@@ -2,8 +2,11 @@
 
 The stack-dependent stages name it in their decorators (`deps=[SERVING_STACK]`), so a new
 version in configs/stack.yaml, a new engine in its virtualenv or a new driver marks them stale
-per model. Observed by the `serving_stack_sensor`, before every onboarding run, by re-validation
-runs, and from the UI.
+per model. Observed by the `serving_stack_sensor`, first in every onboarding run (the
+onboard_model job selects it), by the new-checkpoint sensor's ticks that launch runs, by
+re-validation runs, and from the UI. Each stack-dependent stage also records the fingerprint it
+ran on (`stack_metadata`): Dagster's own record is the observation in force, and only a marker
+(`INITIAL`) for a run made before the first one (an ad-hoc materialization from the UI).
 """
 
 import json
@@ -17,6 +20,7 @@ from resources.config_files import ConfigFiles
 
 SERVING_STACK = dg.AssetKey("serving_stack")
 BODY_KEY = "stack"
+STACK_FINGERPRINT_KEY = "serving_stack_fingerprint"
 
 
 def current_stack(configs: ConfigFiles) -> tuple[str, dict[str, Any]]:
@@ -61,6 +65,32 @@ def stack_observation(instance: dg.DagsterInstance, configs: ConfigFiles
     fp, body = current_stack(configs)
     prev_fp, prev_body = last_observation(instance)
     return fp, observation_metadata(body, prev_body, prev_fp, fp), prev_fp != fp
+
+
+def observation_event(instance: dg.DagsterInstance, configs: ConfigFiles
+                      ) -> tuple[str, dg.AssetObservation | None]:
+    """(fingerprint, the observation to record), None when the recorded one is current."""
+    fp, metadata, changed = stack_observation(instance, configs)
+    if not changed:
+        return fp, None
+    return fp, dg.AssetObservation(asset_key=SERVING_STACK, metadata=metadata,
+                                   tags={"dagster/data_version": fp})
+
+
+def observe_stack(instance: dg.DagsterInstance, configs: ConfigFiles) -> tuple[str, bool]:
+    """Record an observation when there is none yet or the stack changed; (fingerprint,
+    recorded)."""
+    fp, event = observation_event(instance, configs)
+    if event is not None:
+        instance.report_runless_asset_event(event)
+    return fp, event is not None
+
+
+def stack_metadata(configs: ConfigFiles) -> dict[str, str]:
+    """Metadata entry for a stack-dependent asset: the fingerprint of the stack this step runs
+    on, computed here, so what a result was measured on is known even when no observation
+    preceded the run (the re-validation schedule compares it then)."""
+    return {STACK_FINGERPRINT_KEY: current_stack(configs)[0]}
 
 
 @dg.observable_source_asset(

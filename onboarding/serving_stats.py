@@ -14,6 +14,7 @@ Pure functions: the load generator produces `RequestRecord`s, everything else is
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -23,13 +24,25 @@ from prometheus_client.parser import text_string_to_metric_families
 
 PERCENTILES = (50, 90, 95, 99)
 
+# The closed set of causes a failed request is counted under, each explained in docs/serving.md.
+# `http_<status>` stands for every answer other than 200 (http_503, http_400, ...).
+ERROR_CAUSES = ("http_<status>", "connect_failed", "connection_lost", "stream_dropped",
+                "timeout", "malformed_sse", "server_error_event", "no_content", "bad_response",
+                "client_error")
+_HTTP_CAUSE = re.compile(r"http_[1-5][0-9][0-9]")
+
+
+def is_documented_cause(cause: str | None) -> bool:
+    return cause is not None and (cause in ERROR_CAUSES or bool(_HTTP_CAUSE.fullmatch(cause)))
+
 
 @dataclass
 class RequestRecord:
     """One request as the client saw it; times are seconds from the request's send."""
 
     ok: bool = False
-    error: str | None = None  # cause: http_503, stream_dropped, malformed_sse, timeout, ...
+    error: str | None = None  # a cause of ERROR_CAUSES
+    detail: str | None = None  # what exactly happened (the exception, the error body), for logs
     start_s: float = 0.0  # send time relative to the point's start
     ttft_s: float | None = None
     e2e_s: float | None = None
@@ -101,6 +114,7 @@ class PointStats:
     e2e_s: Dist
     goodput_rps: float | None = None
     client_queue_ms: Dist | None = None
+    error_examples: dict[str, str] = field(default_factory=dict)  # cause -> one record's detail
 
     @property
     def error_rate(self) -> float:
@@ -132,7 +146,14 @@ class PointStats:
 def summarize(records: Sequence[RequestRecord], duration_s: float,
               slo: Slo | None = None) -> PointStats:
     ok = [r for r in records if r.ok]
-    errors = Counter(r.error or "unknown" for r in records if not r.ok)
+    failed = [r for r in records if not r.ok]
+    if undocumented := sorted({str(r.error) for r in failed if not is_documented_cause(r.error)}):
+        raise ValueError(f"error causes {undocumented} are not in ERROR_CAUSES: the load "
+                         "generator must map every failure to a documented cause")
+    errors = Counter(r.error for r in failed)
+    examples: dict[str, str] = {}
+    for r in failed:
+        examples.setdefault(r.error, r.detail or "")
     itl = [g for r in ok for g in r.itl_s]
     tpot = [t for r in ok if (t := r.tpot_s) is not None]
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
@@ -157,6 +178,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float,
         goodput_rps=goodput,
         client_queue_ms=Dist.of([r.client_queue_s for r in records
                                  if r.client_queue_s is not None]).scaled(1e3),
+        error_examples=examples,
     )
 
 

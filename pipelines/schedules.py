@@ -16,7 +16,7 @@ from typing import Any
 import dagster as dg
 
 from assets.partitions import models_partitions
-from assets.stack import SERVING_STACK, current_stack
+from assets.stack import SERVING_STACK, STACK_FINGERPRINT_KEY, current_stack
 from onboarding.tables import md_table
 from pipelines.automation import AT_LOAD
 from pipelines.executors import onboarding_executor
@@ -28,6 +28,9 @@ REVALIDATE_JOB = "revalidate_model"
 STACK_INPUT_TAG = f"dagster/input_data_version/{SERVING_STACK.to_user_string()}"
 STACK_DEPENDENT = dg.AssetSelection.assets(SERVING_STACK).downstream(depth=1) - \
     dg.AssetSelection.assets(SERVING_STACK)
+# What Dagster records as an input version when there is no observation to take it from.
+_DAGSTER_MARKERS = frozenset({"INITIAL", "NULL", "UNKNOWN"})
+UNKNOWN_STACK = "unknown"
 
 
 def stack_dependent(asset_graph) -> list[str]:
@@ -35,12 +38,27 @@ def stack_dependent(asset_graph) -> list[str]:
     return sorted(k.to_user_string() for k in STACK_DEPENDENT.resolve(asset_graph))
 
 
+def measured_on(mat: dg.AssetMaterialization) -> str:
+    """The stack fingerprint a materialization was produced on.
+
+    Dagster's input version when it is a fingerprint (the observation in force when the step
+    ran, also what the UI's staleness uses); when the run came before any observation Dagster
+    records only a marker (`INITIAL`), and the fingerprint the asset recorded itself
+    (`serving_stack_fingerprint`) decides. `unknown` when neither exists.
+    """
+    tagged = (mat.tags or {}).get(STACK_INPUT_TAG)
+    if tagged and tagged not in _DAGSTER_MARKERS:
+        return tagged
+    recorded = mat.metadata.get(STACK_FINGERPRINT_KEY)
+    return str(recorded.value) if recorded is not None else UNKNOWN_STACK
+
+
 def stale_ready_models(instance: dg.DagsterInstance, fingerprint: str,
                        ready_assets: list[str], dependent: list[str]
                        ) -> dict[str, dict[str, Any]]:
-    """Ready models whose stack-dependent materializations saw another stack.
+    """Ready models whose stack-dependent materializations were produced on another stack.
 
-    Returns model -> {stale asset: the fingerprint it was measured on}.
+    Returns model -> {stale asset: the fingerprint it was measured on, or `unknown`}.
     """
     out: dict[str, dict[str, Any]] = {}
     for model in sorted(instance.get_dynamic_partitions(models_partitions.name)):
@@ -49,8 +67,8 @@ def stale_ready_models(instance: dg.DagsterInstance, fingerprint: str,
         stale = {}
         for asset in dependent:
             mat = latest_materialization(instance, asset, model)
-            if mat is not None and mat.tags.get(STACK_INPUT_TAG) != fingerprint:
-                stale[asset] = mat.tags.get(STACK_INPUT_TAG, "none")
+            if mat is not None and (seen := measured_on(mat)) != fingerprint:
+                stale[asset] = seen
         if stale:
             out[model] = stale
     return out

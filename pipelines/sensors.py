@@ -4,7 +4,9 @@
   registers each complete model folder as a partition and requests one onboarding run per
   content id (run key `model@content-id`). Incomplete folders wait; a malformed spec beside the
   weights is logged as an error on the tick and remembered, other models carry on; deleted
-  folders are reported on the `checkpoint` asset.
+  folders are reported on the `checkpoint` asset. A tick that requests runs also records a
+  `serving_stack` observation when there is none yet or the stack changed (the runs observe it
+  again first; the tick's own record serves runs that select a subset of the assets).
 - `catalog_partitions_sensor` makes every catalogued model launchable from the UI, and reports
   each catalog file that does not validate once (the other models are unaffected).
 - `serving_stack_sensor` records a `serving_stack` observation when the fingerprint changes, so
@@ -17,7 +19,7 @@ import json
 import dagster as dg
 
 from assets.partitions import models_partitions
-from assets.stack import SERVING_STACK, stack_observation
+from assets.stack import observation_event
 from onboarding.automation import AutomationConfig
 from onboarding.discovery import (
     Folder,
@@ -58,6 +60,10 @@ def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore
     new_keys, runs = _onboard_closed_folders(context, s3, configs, cfg, cursor, step,
                                              registered)
     events = _deleted_folder_events(context, cfg, step, registered | set(new_keys))
+    if runs:  # observed before the runs start (the daemon records events first)
+        _, stack_event = observation_event(context.instance, configs)
+        if stack_event is not None:
+            events.append(stack_event)
     context.update_cursor(cursor.to_json())
     summary = (f"listed {step.keys} keys in {step.pages} page(s); pass "
                f"{'finished' if step.pass_finished else 'continues'}; {len(runs)} run(s) "
@@ -167,12 +173,11 @@ def catalog_partitions_sensor(context: dg.SensorEvaluationContext, configs: Conf
            "fingerprint changes.")
 def serving_stack_sensor(context: dg.SensorEvaluationContext, configs: ConfigFiles):
     AT_LOAD.check()
-    fp, metadata, changed = stack_observation(context.instance, configs)
-    if not changed:
+    fp, event = observation_event(context.instance, configs)
+    if event is None:
         return dg.SkipReason(f"serving stack unchanged ({fp[:16]})")
     context.log.info(f"serving stack fingerprint is now {fp[:16]}")
-    return dg.SensorResult(asset_events=[dg.AssetObservation(
-        asset_key=SERVING_STACK, metadata=metadata, tags={"dagster/data_version": fp})])
+    return dg.SensorResult(asset_events=[event])
 
 
 sensors = [new_checkpoint_sensor, catalog_partitions_sensor, serving_stack_sensor]

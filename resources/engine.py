@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,16 @@ from resources.config_files import ConfigFiles
 
 LOG_TAIL_LINES = 40
 POLL_INTERVAL_S = 0.25
+HEALTH_PROBE_TIMEOUT_S = 2.0
+# SIGTERM -> SIGKILL grace when stopping an engine that served: vLLM frees its workers on SIGTERM.
+REAP_GRACE_S = 15.0
+# ... and for one that missed its start deadline: the deadline is the budget, a hung engine
+# that ignores SIGTERM must not add the full grace to it.
+REAP_GRACE_AFTER_DEADLINE_S = 3.0
+# A crashing engine closes its sockets a moment before its process is gone: after a point whose
+# requests lost their connection, wait this long for the exit before calling the engine alive.
+EXIT_SETTLE_S = 2.0
+_CONNECTION_CAUSES = frozenset({"connect_failed", "connection_lost", "stream_dropped"})
 
 
 class EngineError(OnboardingError):
@@ -63,6 +73,17 @@ class StartPhases:
     first_token_s: float | None = None  # = the start time a user waits for
 
 
+def describe_exit(code: int) -> str:
+    """`exited with code 3`, or `was killed by SIGKILL (exit code -9)`."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"was killed by {name} (exit code {code})"
+
+
 @dataclass
 class RunningEngine:
     base_url: str
@@ -73,6 +94,34 @@ class RunningEngine:
     argv: list[str]
     dropped_args: list[str]
     phases: StartPhases = field(default_factory=StartPhases)
+    process: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+
+    def exit_code(self) -> int | None:
+        """None while the engine process runs; its exit status once it has exited."""
+        return None if self.process is None else self.process.poll()
+
+    def exited(self, errors_by_cause: Mapping[str, int] | None = None) -> bool:
+        """Whether the engine has exited; after a point whose requests lost their connection
+        (`errors_by_cause`), give a dying engine EXIT_SETTLE_S to be seen as gone."""
+        if self.process is None:
+            return False
+        if errors_by_cause and _CONNECTION_CAUSES & errors_by_cause.keys():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(EXIT_SETTLE_S)
+        return self.process.poll() is not None
+
+    def exited_error(self, point: str, kept: str) -> EngineError:
+        """The error for an engine that died while it was being measured: the exit code, what
+        was kept of the measurements, and the engine's own last log lines."""
+        code = self.exit_code()
+        how = describe_exit(code) if code is not None else "stopped answering"
+        return EngineError(
+            f"the engine serving {self.served_name} on port {self.port} (pid {self.pid})",
+            f"{how} during point {point}; {kept}; log {self.log_path}, last lines:\n"
+            f"{log_tail(self.log_path, LOG_TAIL_LINES)}",
+            "Read the log lines above (out of memory, a crash in the engine, a process killed "
+            "from outside); the sweep needs an engine that stays up to the end, so re-run the "
+            "step once the cause is fixed.")
 
 
 _PR_SET_PDEATHSIG = 1
@@ -258,20 +307,26 @@ class Engine(dg.ConfigurableResource):
                                     preexec_fn=_die_with_parent)  # noqa: PLW1509
         running = RunningEngine(base_url=f"http://127.0.0.1:{port}", port=port, pid=proc.pid,
                                 served_name=served_name, log_path=log_path, argv=argv,
-                                dropped_args=dropped)
+                                dropped_args=dropped, process=proc)
+        ready = False
         try:
             self._wait_ready(proc, running, template, t0, timeout_s)
+            ready = True
             yield running
         finally:
-            reap_group(proc)
+            late = not ready and time.perf_counter() - t0 >= timeout_s
+            reap_group(proc, grace_s=REAP_GRACE_AFTER_DEADLINE_S if late else REAP_GRACE_S)
 
     def _wait_ready(self, proc: subprocess.Popen, running: RunningEngine,
                     template: EngineTemplate, t0: float, timeout_s: float) -> None:
+        """Poll until a real completion succeeds. `timeout_s` is the whole budget: every probe
+        is bounded by what is left of it, so a hung engine fails at its deadline."""
         what = f"{self.engine} serving {running.served_name} on port {running.port}"
         pattern = re.compile(template.weights_loaded_pattern)
         health_url = running.base_url + template.health_path
         phases = running.phases
         offset = 0
+        probe_error = ""
         while True:
             elapsed = time.perf_counter() - t0
             if phases.weights_loaded_s is None:
@@ -285,22 +340,29 @@ class Engine(dg.ConfigurableResource):
                 raise EngineError(what, f"the engine exited with code {code} during start"
                                   f"{port_note}; log {running.log_path}, last lines:\n{tail}",
                                   "Read the log lines above; fix the engine args or the model.")
-            if elapsed > timeout_s:
-                raise EngineError(what, f"not ready after {timeout_s:.0f} s (health "
-                                  f"{'answered' if phases.health_ready_s else 'never answered'}"
-                                  f" 200); log {running.log_path}, last lines:\n"
+            left_s = timeout_s - elapsed
+            if left_s <= 0:
+                health = ("answered 200; the completion probe did not succeed: "
+                          f"{probe_error or 'not tried'}" if phases.health_ready_s
+                          else "never answered 200")
+                raise EngineError(what, f"not ready after {timeout_s:.0f} s (health {health}); "
+                                  f"log {running.log_path}, last lines:\n"
                                   f"{log_tail(running.log_path)}",
                                   "Raise ENGINE_START_TIMEOUT_S if the model is just slow to "
                                   "load, otherwise read the log.")
-            if phases.health_ready_s is None and _http_get_status(health_url) == 200:
+            if phases.health_ready_s is None and _http_get_status(
+                    health_url, min(HEALTH_PROBE_TIMEOUT_S, left_s)) == 200:
                 phases.health_ready_s = time.perf_counter() - t0
                 if phases.weights_loaded_s is None:
                     self._scan_log(running.log_path, offset, pattern, phases,
                                    phases.health_ready_s)
-            if phases.health_ready_s is not None and self._first_completion(running):
-                phases.first_token_s = time.perf_counter() - t0
-                return
-            time.sleep(POLL_INTERVAL_S)
+            left_s = timeout_s - (time.perf_counter() - t0)
+            if phases.health_ready_s is not None and left_s > 0:
+                probe_error = self._first_completion(running, left_s)
+                if not probe_error:
+                    phases.first_token_s = time.perf_counter() - t0
+                    return
+            time.sleep(min(POLL_INTERVAL_S, max(timeout_s - (time.perf_counter() - t0), 0)))
 
     @staticmethod
     def _scan_log(path: Path, offset: int, pattern: re.Pattern, phases: StartPhases,
@@ -318,14 +380,19 @@ class Engine(dg.ConfigurableResource):
         return offset + end
 
     @staticmethod
-    def _first_completion(running: RunningEngine) -> bool:
+    def _first_completion(running: RunningEngine, timeout_s: float) -> str:
+        """One real completion, bounded by `timeout_s`: "" when it succeeded, else why not."""
         body = json.dumps({"model": running.served_name, "prompt": "Hello", "max_tokens": 1,
                            "temperature": 0.0}).encode()
         req = urllib.request.Request(running.base_url + "/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=60) as r:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
                 payload = json.loads(r.read())
-        except (OSError, ValueError):
-            return False
-        return bool(payload.get("choices"))
+        except TimeoutError:
+            return f"timed out after {timeout_s:.1f} s"
+        except urllib.error.HTTPError as exc:
+            return f"HTTP {exc.code}"
+        except (OSError, ValueError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "" if payload.get("choices") else f"no choices in {str(payload)[:200]}"

@@ -5,13 +5,19 @@ tokenize every chunk) spend enough CPU per chunk to delay reading the stream, an
 up as TTFT and ITL the server never caused. This client pre-serializes every request body, reads
 the stream in whatever pieces the socket delivers (`iter_any`), splits SSE events itself and
 stamps each event once, parses it with orjson (a quarter of `json`'s cost, and JSON parsing is
-most of a client's CPU on fast streams); `/metrics` scrapes are stored raw during a point and parsed after it.
-The statistics are pure functions in `onboarding/serving_stats.py`.
+most of a client's CPU on fast streams); `/metrics` scrapes are stored raw during a point and
+parsed after it. The statistics are pure functions in `onboarding/serving_stats.py`.
+
+What can go wrong is counted, never raised: every failed request is a record whose cause is one
+of `ERROR_CAUSES` (docs/serving.md), and a failed `/metrics` scrape is counted beside the point
+(`scrape_failures`, `scrape_last_error`): /metrics is a cross-check, and a broken one must not
+cost the point its requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -22,20 +28,53 @@ import aiohttp
 import dagster as dg
 import orjson
 
-from onboarding.serving_stats import RequestRecord
+from onboarding.serving_stats import RequestRecord, parse_metrics
 
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+_DETAIL_CHARS = 300
 
 
 @dataclass
 class PointRun:
-    """Raw outcome of one load point: per-request records and the /metrics texts scraped."""
+    """Raw outcome of one load point: per-request records and the /metrics texts scraped.
+
+    A scrape that failed (refused, HTTP error, timed out, not Prometheus text) is not stored:
+    it is counted in `scrape_failures`, the last one's reason in `scrape_last_error`.
+    """
 
     records: list[RequestRecord]
     duration_s: float
     metrics_before: str | None = None
     metrics_after: str | None = None
     metrics_during: list[str] = field(default_factory=list)
+    scrape_failures: int = 0
+    scrape_last_error: str | None = None
+
+    def scrape_failed(self, why: str) -> None:
+        self.scrape_failures += 1
+        self.scrape_last_error = why[:_DETAIL_CHARS]
+
+    def scrape_columns(self) -> dict[str, int | str | None]:
+        """Columns for the sweep table, beside the point's own numbers."""
+        return {"scrape_failures": self.scrape_failures,
+                "scrape_last_error": self.scrape_last_error}
+
+    def drop_unparseable(self) -> None:
+        """Parse each stored scrape once, after the point: text that is not Prometheus'
+        format (a login page, a proxy's error) is a failed scrape, not a crash later."""
+        def valid(text: str | None) -> str | None:
+            if text is None:
+                return None
+            try:
+                parse_metrics(text)
+            except ValueError as exc:
+                self.scrape_failed(f"not Prometheus text ({exc})")
+                return None
+            return text
+
+        self.metrics_before = valid(self.metrics_before)
+        self.metrics_after = valid(self.metrics_after)
+        self.metrics_during = [t for t in map(valid, self.metrics_during) if t is not None]
 
 
 def completion_bodies(model: str, prompts: Sequence[str], max_tokens: int,
@@ -72,6 +111,68 @@ def _trace_config() -> aiohttp.TraceConfig:
     return tc
 
 
+class SseEvents:
+    """Splits a byte stream into server-sent events, whatever the read boundaries.
+
+    The SSE spec ends a line with CRLF, LF or CR, and an event with an empty line. Each read is
+    normalized to LF as it arrives; a read that ends in CR remembers it, so an LF that starts
+    the next read is taken as that CRLF's second half. The LF-only hot path costs one `in` scan
+    per read.
+    """
+
+    __slots__ = ("_after_cr", "_buf")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._after_cr = False
+
+    def feed(self, piece: bytes) -> list[bytes]:
+        if self._after_cr and piece.startswith(b"\n"):
+            piece = piece[1:]
+        self._after_cr = False
+        if b"\r" in piece:
+            self._after_cr = piece.endswith(b"\r")
+            piece = piece.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *events, self._buf = (self._buf + piece).split(b"\n\n")
+        return events
+
+
+def sse_data(event: bytes) -> bytes | None:
+    """The event's data (its `data:` lines joined by LF, stripped), or None when it has none
+    (a comment such as a keep-alive, or only other fields)."""
+    if event.startswith(b"data:") and b"\n" not in event:
+        return event[5:].strip()
+    lines = [line[5:] for line in event.split(b"\n") if line.startswith(b"data:")]
+    if not lines:
+        return None
+    return b"\n".join(line[1:] if line.startswith(b" ") else line for line in lines).strip()
+
+
+def error_cause(exc: BaseException, response_started: bool) -> str:
+    """The documented cause (`ERROR_CAUSES`) of a request that ended in `exc`.
+
+    Order matters: aiohttp's timeouts are also connection errors, and a refused connect is
+    also an OSError. Whether the response had begun decides between a connection lost before
+    any answer (a reset on a kept-alive connection, a server that closed it) and a stream cut
+    while it was being read.
+    """
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connect_failed"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "stream_dropped"
+    if isinstance(exc, aiohttp.ClientConnectionError | OSError):
+        return "stream_dropped" if response_started else "connection_lost"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return "bad_response"
+    return "client_error"
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:_DETAIL_CHARS]
+
+
 async def send_one(session: aiohttp.ClientSession, url: str, body: bytes,
                    point_start: float) -> RequestRecord:
     """One streamed request. Transport and protocol failures become a record with a cause."""
@@ -81,37 +182,40 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: bytes,
     wire = _Sent()
     last = None
     done = False
+    started = False
     try:
         async with session.post(url, data=body, headers=_JSON_HEADERS,
                                 trace_request_ctx=wire) as resp:
+            started = True
             sent = wire.at or issued
             rec.client_queue_s = sent - issued
             if resp.status != 200:
-                await resp.read()
                 rec.error = f"http_{resp.status}"
+                rec.detail = (await resp.read())[:_DETAIL_CHARS].decode(errors="replace")
                 return rec
-            buf = b""
+            splitter = SseEvents()
             async for piece in resp.content.iter_any():
                 now = time.perf_counter()
-                buf += piece
-                *events, buf = buf.split(b"\n\n")
-                for ev in events:
-                    if not ev.startswith(b"data:"):
+                for ev in splitter.feed(piece):
+                    if ev.startswith(b"data:") and b"\n" not in ev:  # sse_data's common case
+                        data = ev[5:].strip()
+                    elif (data := sse_data(ev)) is None:
                         continue
-                    data = ev[5:].strip()
                     if data == b"[DONE]":
                         done = True
                         continue
                     try:
                         obj = orjson.loads(data)
                     except orjson.JSONDecodeError:
-                        rec.error = "malformed_sse"
+                        rec.error, rec.detail = "malformed_sse", data[:_DETAIL_CHARS].decode(
+                            errors="replace")
                         return rec
                     if type(obj) is not dict:
-                        rec.error = "malformed_sse"
+                        rec.error, rec.detail = "malformed_sse", f"not an object: {data[:80]!r}"
                         return rec
                     if "error" in obj:
-                        rec.error = "server_error_event"
+                        rec.error, rec.detail = "server_error_event", str(obj["error"])[
+                            :_DETAIL_CHARS]
                         return rec
                     choices = obj.get("choices")
                     if choices:
@@ -131,45 +235,50 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: bytes,
                         rec.output_tokens = usage.get("completion_tokens")
             end = time.perf_counter()
             rec.e2e_s = end - sent
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
-        rec.error = "stream_dropped"
-        return rec
-    except TimeoutError:
-        rec.error = "timeout"
-        return rec
-    except aiohttp.ClientConnectorError:
-        rec.error = "connect_failed"
-        return rec
-    except aiohttp.ClientError as exc:
-        rec.error = f"client_{type(exc).__name__}"
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        rec.error = rec.error or error_cause(exc, started)  # an HTTP status stays the cause
+        rec.detail = rec.detail or _describe(exc)
         return rec
     if not done:
-        rec.error = "stream_dropped"
+        rec.error, rec.detail = "stream_dropped", "the stream ended without data: [DONE]"
     elif rec.ttft_s is None:
-        rec.error = "no_content"
+        rec.error, rec.detail = "no_content", "no chunk carried text"
     else:
         rec.ok = True
     return rec
 
 
-async def _scrape(session: aiohttp.ClientSession, url: str | None) -> str | None:
+async def _scrape(session: aiohttp.ClientSession, url: str | None, timeout_s: float,
+                  run: PointRun) -> str | None:
+    """One /metrics scrape, bounded by `timeout_s`; a failure is counted on `run`, not raised."""
     if url is None:
         return None
-    async with session.get(url) as resp:
-        resp.raise_for_status()
-        return await resp.text()
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                run.scrape_failed(f"{url}: HTTP {resp.status} {text[:80]!r}")
+                return None
+            return text
+    except TimeoutError:
+        run.scrape_failed(f"{url}: timed out after {timeout_s:g} s")
+    except (aiohttp.ClientError, OSError) as exc:
+        run.scrape_failed(f"{url}: {_describe(exc)}")
+    return None
 
 
 async def run_point_async(
     base_url: str, bodies: Sequence[bytes], *, concurrency: int | None = None,
     rate_rps: float | None = None, max_seconds: float, request_timeout_s: float,
     warmup_bodies: Sequence[bytes] = (), metrics_path: str | None = "/metrics",
-    scrape_interval_s: float = 1.0, seed: int = 0,
+    scrape_interval_s: float = 1.0, scrape_timeout_s: float = 5.0, seed: int = 0,
 ) -> PointRun:
     """Send `bodies` at a fixed concurrency or as Poisson arrivals at `rate_rps`.
 
     Bounded twice: no request starts after `max_seconds`, and each request is cut at
-    `request_timeout_s`. Warm-up requests run first and are not recorded.
+    `request_timeout_s`. Warm-up requests run first and are not recorded. Scrapes are bounded
+    by `scrape_timeout_s`, and one in flight when the requests are done is abandoned, so
+    /metrics never holds the point past its end.
     """
     if (concurrency is None) == (rate_rps is None):
         raise ValueError("give exactly one of concurrency and rate_rps")
@@ -185,10 +294,10 @@ async def run_point_async(
             await _fixed_concurrency(session, url, warmup_bodies, w, time.perf_counter(),
                                      float("inf"))
         run = PointRun(records=[], duration_s=0.0)
-        run.metrics_before = await _scrape(session, metrics_url)
+        run.metrics_before = await _scrape(session, metrics_url, scrape_timeout_s, run)
         stop = asyncio.Event()
         scraper = asyncio.create_task(
-            _scrape_loop(session, metrics_url, scrape_interval_s, stop, run.metrics_during))
+            _scrape_loop(session, metrics_url, scrape_interval_s, scrape_timeout_s, stop, run))
         start = time.perf_counter()
         try:
             if concurrency is not None:
@@ -200,8 +309,11 @@ async def run_point_async(
             run.duration_s = time.perf_counter() - start
         finally:
             stop.set()
-            await scraper
-        run.metrics_after = await _scrape(session, metrics_url)
+            scraper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await scraper
+        run.metrics_after = await _scrape(session, metrics_url, scrape_timeout_s, run)
+    run.drop_unparseable()
     return run
 
 
@@ -233,14 +345,16 @@ async def _poisson(session, url, bodies, rate_rps, start, deadline, seed):
     return list(await asyncio.gather(*tasks))
 
 
-async def _scrape_loop(session, url, interval_s, stop: asyncio.Event, out: list[str]) -> None:
+async def _scrape_loop(session, url, interval_s, timeout_s, stop: asyncio.Event,
+                       run: PointRun) -> None:
     if url is None:
         return
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), interval_s)
         except TimeoutError:
-            out.append(await _scrape(session, url))
+            if (text := await _scrape(session, url, timeout_s, run)) is not None:
+                run.metrics_during.append(text)
 
 
 def _run(coro):
@@ -257,6 +371,7 @@ class LoadGenerator(dg.ConfigurableResource):
     """Runs load points against an OpenAI-compatible endpoint; one event loop per point."""
 
     metrics_path: str = "/metrics"
+    scrape_timeout_s: float = 5.0
 
     def run_point(self, base_url: str, bodies: Sequence[bytes], *, concurrency: int | None = None,
                   rate_rps: float | None = None, max_seconds: float, request_timeout_s: float,
@@ -266,4 +381,5 @@ class LoadGenerator(dg.ConfigurableResource):
             base_url, bodies, concurrency=concurrency, rate_rps=rate_rps,
             max_seconds=max_seconds, request_timeout_s=request_timeout_s,
             warmup_bodies=warmup_bodies, metrics_path=self.metrics_path,
-            scrape_interval_s=scrape_interval_s, seed=seed))
+            scrape_interval_s=scrape_interval_s, scrape_timeout_s=self.scrape_timeout_s,
+            seed=seed))

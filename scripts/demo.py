@@ -2,7 +2,9 @@
 
 `scripts/dev.sh demo` runs this after setup. It starts SeaweedFS on 127.0.0.1, uploads
 SmolLM2-135M-Instruct into the bucket (once), registers every catalogued model as a partition,
-materializes the onboarding job for the model and prints what each asset and check found.
+observes `serving_stack` (so the run's results record the stack fingerprint they were measured
+on, and the re-validation schedule sees them as current), materializes the onboarding job for
+the model and prints what each asset and check found.
 `--ui` instead keeps the S3 server up and runs `dagster dev` on 127.0.0.1.
 """
 
@@ -88,11 +90,15 @@ def register_partitions(instance) -> list[str]:
 def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
     import dagster as dg
 
+    from assets.stack import observe_stack
     from pipelines.definitions import defs
     from pipelines.executors import config_files
 
     instance = dg.DagsterInstance.get()
     register_partitions(instance)
+    fp, recorded = observe_stack(instance, config_files())
+    print(f"serving stack {fp[:16]}: "
+          f"{'observation recorded' if recorded else 'unchanged since the last observation'}")
     job = defs.resolve_job_def("onboard_model")
     stages = set(selection) if selection else None
     run_config = config_files().automation().launch.run_config(sweep, stages)

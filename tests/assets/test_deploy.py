@@ -19,6 +19,7 @@ import yaml
 
 from assets.deploy import deployment_plan, gateway_routes, kserve_manifest
 from assets.partitions import models_partitions
+from assets.stack import current_stack
 from onboarding.paths import PROJECT_ROOT
 from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
@@ -160,6 +161,8 @@ def test_small_real_model_carries_its_measurements(env: Path, config_dir: Path, 
     assert plan_rows["b300"]["weight_bytes"] == weight_bytes
 
     manifest_md = metadata(result, "kserve_manifest")
+    assert plan_md["serving_stack_fingerprint"] == manifest_md["serving_stack_fingerprint"] \
+        == current_stack(configs)[0]  # what the re-validation schedule compares
     docs = list(yaml.safe_load_all(Path(manifest_md["path_h200"]).read_text()))
     isvc = next(d for d in docs if d["kind"] == "InferenceService")
     model = isvc["spec"]["predictor"]["model"]

@@ -19,6 +19,7 @@ from assets.quantize import (
     quantized,
     serving_variant,
 )
+from assets.stack import current_stack
 from onboarding.refs import CheckpointRef, VariantRef
 from resources.config_files import ConfigFiles
 from resources.evaluator import LmEvalEvaluator
@@ -94,6 +95,8 @@ def test_nvfp4_is_served_when_it_passes(configs, tiny_lm):
     assert "onb_facts_mc_actual" in gate_meta and "onb_facts_mc_expected" in gate_meta
     q_meta = materialization(result, "quantized").metadata
     assert q_meta["nvfp4_compression_ratio"].value > 1
+    assert q_meta["serving_stack_fingerprint"].value == acc_meta[
+        "serving_stack_fingerprint"].value == current_stack(configs)[0]
 
 
 def test_fp8_is_served_when_nvfp4_cannot_be_produced(configs, tiny_lm):

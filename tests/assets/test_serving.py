@@ -7,13 +7,16 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pandas as pd
 import pytest
 import yaml
 
 from assets.partitions import models_partitions
 from assets.serving import COLD_START_CHECK, SLO_CHECK, load_timing, serving_benchmark
+from assets.stack import current_stack
 from onboarding.paths import PROJECT_ROOT
 from onboarding.refs import CheckpointRef, VariantRef
+from onboarding.serving_stats import LoadTimingResult
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator
@@ -118,6 +121,9 @@ def test_timing_and_benchmark_emit_what_the_plan_reads(config_dir, model_dir, fa
     assert ev.check_name == SLO_CHECK and ev.passed
     value = result.output_for_node("serving_benchmark")
     assert value.saturation_concurrency == 4 and value.slo_pass
+    assert t["serving_stack_fingerprint"] == b["serving_stack_fingerprint"] == \
+        current_stack(fake_engine.configs)[0]
+    assert set(pd.read_csv(Path(b["plot_path"]).with_suffix(".csv"))["engine_exited"]) == {False}
 
 
 def test_slo_miss_fails_the_check_with_the_numbers(config_dir, model_dir, fake_engine):
@@ -181,3 +187,53 @@ def test_scenario_longer_than_max_model_len_fails_before_the_engine_starts(
     assert "max-model-len 256" in failure.event_specific_data.error.to_string()
     logs = list(Path(fake_engine.log_dir).glob("*.log"))
     assert len(logs) == 1  # the one load_timing start; none for the refused benchmark
+
+
+def stub_load_timing():
+    @dg.asset(name="load_timing", partitions_def=models_partitions)
+    def _load_timing() -> LoadTimingResult:
+        return LoadTimingResult(KEY, "bf16", True, "")
+
+    return _load_timing
+
+
+def test_an_engine_that_dies_mid_sweep_fails_the_step_with_its_exit_code_and_keeps_the_points(
+        config_dir, model_dir, fake_engine, tmp_path, monkeypatch):
+    """The fake engine crashes during the 15th completion (the readiness probe is the 1st,
+    point 1 is 2 warm-up + 8, so this is inside point 2)."""
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"])
+    monkeypatch.setenv("FAKE_FAULT", "exit")
+    monkeypatch.setenv("FAKE_FAULT_EVERY", "15")
+    monkeypatch.setenv("FAKE_EXIT_CODE", "7")
+    monkeypatch.setenv("FAKE_ENGINE_RECORD", str(tmp_path / "record.json"))
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [KEY])
+    result = dg.materialize(
+        [*stub_variant(model_dir), stub_load_timing(), serving_benchmark], partition_key=KEY,
+        instance=instance, resources={
+            "engine": fake_engine, "loadgen": LoadGenerator(), "configs": fake_engine.configs,
+            "outputs": OutputDirs(reports_dir=str(tmp_path / "reports"))},
+        run_config={"ops": {"serving_benchmark": {"config": {
+            "concurrency": [1, 2, 4], "requests_per_point": 8}}}}, raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert failure.step_key == "serving_benchmark"
+    message = failure.event_specific_data.error.to_string()
+    assert "exited with code 7 during point chat @ 2" in message
+    assert "injected crash mid-stream" in message  # the engine's log tail
+    [csv] = list((tmp_path / "reports" / KEY).glob("serving_benchmark.partial-*.csv"))
+    assert str(csv) in message
+    rows = pd.read_csv(csv)
+    assert list(rows["load"]) == [1, 2]  # the sweep stopped; point 3 was never run
+    assert list(rows["engine_exited"]) == [False, True]
+    assert rows["completed"][0] == 8 and rows["failed"][0] == 0
+    assert "connect_failed" in rows["errors_by_cause"][1]
+    [obs] = instance.fetch_observations(dg.AssetKey("serving_benchmark"), limit=1).records
+    md = obs.asset_observation.metadata
+    assert obs.asset_observation.partition == KEY
+    assert md["engine_exit_code"].value == 7 and md["partial_csv"].value == str(csv)
+    assert "| chat" in md["partial_sweep"].value
+    assert not instance.fetch_materializations(dg.AssetKey("serving_benchmark"), limit=1).records
+    from tests.resources.test_engine import _fake_engine_group_gone
+
+    assert _fake_engine_group_gone(tmp_path / "record.json")

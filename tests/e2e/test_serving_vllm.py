@@ -1,25 +1,35 @@
 """The real engine: PyPI's vLLM CPU build in .venv-engine serving SmolLM2-135M (bf16).
 
-Real starts take 25-50 s and ~4 GB here, so the suite makes few: one module-scoped engine for
-the client checks, then one Dagster run (1 cold + 1 warm start, one benchmark start) on a reduced
-sweep. Skipped, with the reason, when the engine venv or the model has not been built.
+Real starts take 25-50 s and ~4 GB here, so the suite makes few: one Dagster run (1 cold + 1
+warm start, one benchmark start) on a reduced sweep, one benchmark whose engine is killed in its
+second point, then one module-scoped engine for the client checks. Skipped, with the reason,
+when the engine venv or the model has not been built.
 """
 
 import json
 import os
 import shutil
+import signal
+import threading
 import urllib.request
 from pathlib import Path
 
 import dagster as dg
+import pandas as pd
 import pytest
 
 from assets.partitions import models_partitions
 from assets.serving import SLO_CHECK, load_timing, serving_benchmark
 from onboarding.paths import PROJECT_ROOT
+from onboarding.processes import free_port
 from onboarding.prompts import synthetic_prompts
 from onboarding.refs import CheckpointRef, VariantRef
-from onboarding.serving_stats import histogram_mean_delta, parse_metrics, summarize
+from onboarding.serving_stats import (
+    LoadTimingResult,
+    histogram_mean_delta,
+    parse_metrics,
+    summarize,
+)
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator, completion_bodies
 from tests.conftest import write_spec
@@ -98,6 +108,111 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, o
     print(json.dumps({"load_timing": {k: md[k] for k in (
         "cold_start_p50_s", "cold_start_p95_s", "warm_start_p50_s", "weights_load_gbps",
         "raw_read_gbps")}, "benchmark": bench.__dict__}, default=str))
+
+
+def _group_leader(port: int) -> int | None:
+    """The engine's process group leader: the vLLM API server serving on `port`."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        pgrp = int(stat[stat.rfind(")") + 2:].split()[2])
+        if b"serve" in argv and str(port).encode() in argv and pgrp == int(d.name):
+            return int(d.name)
+    return None
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            f = stat[stat.rfind(")") + 2:].split()
+            if int(f[2]) == pgid and f[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
+def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_points(
+        config_dir, configs, outputs, tmp_path, model_dir):
+    """SIGKILL to the vLLM API server once the second point (concurrency 4) is under way: the
+    readiness probe, point 1 (2 warm-up + 8) and point 2's warm-up are 13 first tokens in the
+    server's own TTFT histogram; the kill comes at 15."""
+    write_spec(config_dir, KEY, "s3://models/smollm2-135m-instruct/", scenarios=["chat"],
+               engine_args={"max_model_len": 1024, "max_num_seqs": 16})
+
+    @dg.asset(name="checkpoint", partitions_def=models_partitions)
+    def stub_checkpoint() -> CheckpointRef:
+        v = smol(model_dir)
+        return CheckpointRef(KEY, "s3://models/smollm2-135m-instruct/", "e2e", v.path,
+                             v.content_hash, v.total_bytes)
+
+    @dg.asset(name="serving_variant", partitions_def=models_partitions)
+    def stub_variant() -> VariantRef:
+        return smol(model_dir)
+
+    @dg.asset(name="load_timing", partitions_def=models_partitions)
+    def stub_load_timing() -> LoadTimingResult:
+        return LoadTimingResult(KEY, "bf16", True, "")
+
+    port = free_port()
+    killed: dict[str, int] = {}
+    stop = threading.Event()
+
+    def kill_during_point_2() -> None:
+        url = f"http://127.0.0.1:{port}/metrics"
+        while not stop.wait(0.05):
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    seen = parse_metrics(r.read().decode())
+            except OSError:
+                continue
+            if seen.get("vllm:time_to_first_token_seconds_count", 0) >= 15:
+                pid = _group_leader(port)
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    killed["pid"] = pid
+                return
+
+    killer = threading.Thread(target=kill_during_point_2, daemon=True)
+    killer.start()
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [KEY])
+    engine = Engine(hardware="cpu", log_dir=str(tmp_path / "logs"), start_timeout_s=300,
+                    port=port, configs=configs)
+    try:
+        result = dg.materialize(
+            [stub_checkpoint, stub_variant, stub_load_timing, serving_benchmark],
+            partition_key=KEY, instance=instance,
+            resources={"engine": engine, "loadgen": LoadGenerator(), "configs": configs,
+                       "outputs": outputs},
+            run_config={"ops": {"serving_benchmark": {"config": {
+                "concurrency": [1, 4, 8], "requests_per_point": 8}}}}, raise_on_error=False)
+    finally:
+        stop.set()
+        killer.join()
+    assert "pid" in killed, "the engine was never killed: the point finished first"
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    message = failure.event_specific_data.error.to_string()
+    assert "was killed by SIGKILL (exit code -9) during point chat @ 4" in message
+    assert "last lines:" in message
+    [csv] = list((outputs.reports / KEY).glob("serving_benchmark.partial-*.csv"))
+    rows = pd.read_csv(csv)
+    assert list(rows["load"]) == [1, 4] and list(rows["engine_exited"]) == [False, True]
+    assert rows["completed"][0] == 8 and rows["failed"][1] > 0
+    assert _group_members(killed["pid"]) == []  # EngineCore and workers reaped too
+    print(json.dumps({"error": message[message.index("EngineError"):][:400],
+                      "rows": rows[["load", "completed", "failed", "errors_by_cause",
+                                    "scrape_failures", "engine_exited"]].to_dict("records")},
+                     default=str))
 
 
 @pytest.fixture(scope="module")

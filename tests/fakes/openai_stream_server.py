@@ -1,9 +1,18 @@
 """TEST FIXTURE: a fake OpenAI-compatible streaming server that records its own ground truth.
 
 Not an engine. It exists because no real engine can show what a load generator must get right:
-a known TTFT and inter-token gap (`--ttft-ms`, `--itl-ms`), and faults on demand (HTTP 5xx, a
-dropped stream, malformed SSE). Every request's real send times are recorded server-side and
-served at `GET /truth`, so a client's numbers are compared with what actually happened.
+a known TTFT and inter-token gap (`--ttft-ms`, `--itl-ms`), and faults on demand. Every
+request's real send times are recorded server-side and served at `GET /truth`, so a client's
+numbers are compared with what actually happened.
+
+Faults on every `--fault-every`-th request (`--fault`), after `--fault-after-tokens` tokens
+where that applies: `5xx` (HTTP 503), `drop` (connection closed mid-stream), `malformed` (an event
+that is not JSON), `crlf` / `cr` (events separated by CRLF or CR, as the SSE spec allows: not a
+fault, a client must read them), `reset` (TCP RST before any response), `reset_mid` (RST
+mid-stream), `stall` (the stream stops, the connection stays open), `exit` (the whole server
+process exits mid-stream with `--exit-code`, as a crashing engine would). `/metrics` faults
+(`--metrics-fault`): `404`, `stall` (never answers), `garbage` (200 with text that is not
+Prometheus' format).
 
 Two modes:
 - server:  `python openai_stream_server.py --port 8000 --ttft-ms 100 --itl-ms 20`
@@ -11,8 +20,10 @@ Two modes:
   (vLLM's CLI shape, unknown flags ignored) for the engine launcher's tests. It reads the model
   dir's *.safetensors like a loader, prints vLLM's "Loading weights took" line, and obeys
   FAKE_ENGINE_* env vars: STARTUP_S (delay before listening), EXIT_CODE (die during start),
-  NEVER_READY (/health answers 503), CHILD (spawn a child like vLLM's EngineCore),
-  RECORD (write argv, env and pid as JSON to that path).
+  NEVER_READY (/health answers 503), HANG_COMPLETIONS (/health answers 200, completions never
+  answer), IGNORE_SIGTERM (as a busy vLLM may), CHILD (spawn a child like vLLM's EngineCore),
+  RECORD (write argv, env and pid as JSON to that path); and FAKE_FAULT, FAKE_FAULT_EVERY,
+  FAKE_FAULT_AFTER_TOKENS, FAKE_METRICS_FAULT, FAKE_EXIT_CODE as the server mode's flags.
 """
 
 from __future__ import annotations
@@ -22,9 +33,12 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -41,10 +55,19 @@ class FakeConfig:
     ttft_s: float = 0.0
     itl_s: float = 0.0
     model: str = "fake"
-    fault: str = "none"  # none | 5xx | drop | malformed
+    fault: str = "none"  # one of FAULTS
     fault_every: int = 0  # every Nth request (1-based) is faulty; 0 = never
     fault_after_tokens: int = 2
+    metrics_fault: str = "none"  # one of METRICS_FAULTS
+    exit_code: int = 7  # of the `exit` fault
     never_ready: bool = False
+    hang_completions: bool = False
+
+
+FAULTS = ("none", "5xx", "drop", "malformed", "crlf", "cr", "reset", "reset_mid", "stall",
+          "exit")
+METRICS_FAULTS = ("none", "404", "stall", "garbage")
+SEPARATORS = {"crlf": b"\r\n\r\n", "cr": b"\r\r"}
 
 
 @dataclass
@@ -57,32 +80,54 @@ class Truth:
     ttft_sum_s: float = 0.0
 
 
-def _chunk(model: str, text: str, finish: str | None = None) -> bytes:
+def _chunk(model: str, text: str, finish: str | None = None, sep: bytes = b"\n\n") -> bytes:
     body = {"id": "cmpl-fake", "object": "text_completion", "model": model,
             "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
-    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + sep
 
 
-def _usage(model: str, prompt_tokens: int, n: int) -> bytes:
+def _usage(model: str, prompt_tokens: int, n: int, sep: bytes = b"\n\n") -> bytes:
     body = {"id": "cmpl-fake", "object": "text_completion", "model": model, "choices": [],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                       "total_tokens": prompt_tokens + n}}
-    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\ndata: [DONE]\n\n"
+    return (b"data: " + json.dumps(body, separators=(",", ":")).encode() + sep
+            + b"data: [DONE]" + sep)
+
+
+def _reset(request: web.Request) -> None:
+    """Close the connection with a TCP RST (SO_LINGER 0), as a crashed peer or a proxy does."""
+    sock = request.transport.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    request.transport.abort()
+
+
+def _die(cfg: FakeConfig) -> None:
+    print(f"ERROR fake engine: injected crash mid-stream, exiting with code {cfg.exit_code}",
+          flush=True)
+    os._exit(cfg.exit_code)
 
 
 def build_app(cfg: FakeConfig) -> web.Application:
     truth = Truth()
-    token_chunk = _chunk(cfg.model, " tok")
-    last_chunk = _chunk(cfg.model, " tok", "length")
+    chunks = {sep: (_chunk(cfg.model, " tok", sep=sep),
+                    _chunk(cfg.model, " tok", "length", sep=sep))
+              for sep in (b"\n\n", *SEPARATORS.values())}
 
     async def completions(request: web.Request) -> web.StreamResponse:
         t0 = time.perf_counter()
         body = await request.json()
         truth.requests += 1
         idx = truth.requests
+        if cfg.hang_completions:
+            await asyncio.Event().wait()
         faulty = cfg.fault != "none" and cfg.fault_every > 0 and idx % cfg.fault_every == 0
         if faulty and cfg.fault == "5xx":
             return web.json_response({"error": "injected overload"}, status=503)
+        if faulty and cfg.fault == "reset":
+            _reset(request)
+            return web.Response()
+        sep = SEPARATORS.get(cfg.fault, b"\n\n") if faulty else b"\n\n"
+        token_chunk, last_chunk = chunks[sep]
         n = int(body.get("max_tokens") or 16)
         prompt = body.get("prompt", "")
         prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
@@ -102,7 +147,7 @@ def build_app(cfg: FakeConfig) -> web.Application:
                     await asyncio.sleep(cfg.ttft_s)
                 truth.ttft_s.append(time.perf_counter() - t0)
                 await resp.write(token_chunk * (n - 1) + last_chunk + _usage(
-                    cfg.model, prompt_tokens, n))
+                    cfg.model, prompt_tokens, n, sep))
                 truth.itl_s.extend([0.0] * (n - 1))
             else:
                 sent = None
@@ -110,10 +155,17 @@ def build_app(cfg: FakeConfig) -> web.Application:
                     target = t0 + cfg.ttft_s + k * cfg.itl_s
                     if (delay := target - time.perf_counter()) > 0:
                         await asyncio.sleep(delay)
-                    if faulty and k == cfg.fault_after_tokens:
+                    if faulty and k == cfg.fault_after_tokens and cfg.fault not in SEPARATORS:
                         if cfg.fault == "drop":
                             request.transport.close()
                             return resp
+                        if cfg.fault == "reset_mid":
+                            _reset(request)
+                            return resp
+                        if cfg.fault == "stall":
+                            await asyncio.Event().wait()
+                        if cfg.fault == "exit":
+                            _die(cfg)
                         await resp.write(b"data: {\"choices\": [{\"text\": \"tok\"\n\n")
                     await resp.write(last_chunk if k == n - 1 else token_chunk)
                     now = time.perf_counter()
@@ -122,7 +174,7 @@ def build_app(cfg: FakeConfig) -> web.Application:
                     else:
                         truth.itl_s.append(now - sent)
                     sent = now
-                await resp.write(_usage(cfg.model, prompt_tokens, n))
+                await resp.write(_usage(cfg.model, prompt_tokens, n, sep))
             truth.ttft_sum_s += truth.ttft_s[-1]
             truth.completed += 1
             await resp.write_eof()
@@ -134,6 +186,13 @@ def build_app(cfg: FakeConfig) -> web.Application:
         return web.Response(status=503 if cfg.never_ready else 200)
 
     async def metrics(_: web.Request) -> web.Response:
+        if cfg.metrics_fault == "404":
+            return web.Response(status=404, text="404: Not Found")
+        if cfg.metrics_fault == "stall":
+            await asyncio.Event().wait()
+        if cfg.metrics_fault == "garbage":
+            return web.Response(text="<html><body>a login page</body></html>",
+                                content_type="text/html")
         lbl = f'model_name="{cfg.model}"'
         text = (
             "# TYPE vllm:num_requests_running gauge\n"
@@ -179,30 +238,32 @@ def running_fake_server(port: int | None = None, **cfg: object) -> Iterator[str]
     argv = [sys.executable, str(THIS_FILE), "--port", str(port)]
     for key, value in cfg.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"fake server exited: {proc.stderr.read().decode()[-2000:]}")
-            try:
-                with urllib.request.urlopen(url + "/metrics", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
+    # stderr to a file: a pipe nobody reads would block a chatty server once it is full
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr,
+                                start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
+            deadline = time.monotonic() + 20
+            while True:
+                if proc.poll() is not None:
+                    stderr.seek(0)
+                    raise RuntimeError(f"fake server exited: {stderr.read().decode()[-2000:]}")
+                try:  # /health: a faulty /metrics must not look like a server that never started
+                    with urllib.request.urlopen(url + "/health", timeout=1):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def _engine_main(argv: list[str]) -> None:
@@ -217,6 +278,8 @@ def _engine_main(argv: list[str]) -> None:
         Path(record).write_text(json.dumps({"argv": sys.argv, "env": dict(env),
                                             "pid": os.getpid()}))
     print("INFO fake engine starting", flush=True)
+    if env.get("FAKE_ENGINE_IGNORE_SIGTERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if env.get("FAKE_ENGINE_CHILD"):
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     time.sleep(float(env.get("FAKE_ENGINE_STARTUP_S", "0")))
@@ -230,9 +293,15 @@ def _engine_main(argv: list[str]) -> None:
     cfg = FakeConfig(ttft_s=float(env.get("FAKE_TTFT_MS", "0")) / 1e3,
                      itl_s=float(env.get("FAKE_ITL_MS", "0")) / 1e3,
                      model=args.served_model_name,
-                     never_ready=bool(env.get("FAKE_ENGINE_NEVER_READY")))
+                     fault=env.get("FAKE_FAULT", "none"),
+                     fault_every=int(env.get("FAKE_FAULT_EVERY", "0")),
+                     fault_after_tokens=int(env.get("FAKE_FAULT_AFTER_TOKENS", "2")),
+                     metrics_fault=env.get("FAKE_METRICS_FAULT", "none"),
+                     exit_code=int(env.get("FAKE_EXIT_CODE", "7")),
+                     never_ready=bool(env.get("FAKE_ENGINE_NEVER_READY")),
+                     hang_completions=bool(env.get("FAKE_ENGINE_HANG_COMPLETIONS")))
     web.run_app(build_app(cfg), host=args.host, port=args.port, print=None,
-                access_log=None)
+                access_log=None, handle_signals=not env.get("FAKE_ENGINE_IGNORE_SIGTERM"))
 
 
 def main() -> None:
@@ -243,12 +312,15 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--ttft-ms", type=float, default=0.0)
     p.add_argument("--itl-ms", type=float, default=0.0)
-    p.add_argument("--fault", default="none", choices=["none", "5xx", "drop", "malformed"])
+    p.add_argument("--fault", default="none", choices=FAULTS)
     p.add_argument("--fault-every", type=int, default=0)
     p.add_argument("--fault-after-tokens", type=int, default=2)
+    p.add_argument("--metrics-fault", default="none", choices=METRICS_FAULTS)
+    p.add_argument("--exit-code", type=int, default=7)
     a = p.parse_args()
     cfg = FakeConfig(ttft_s=a.ttft_ms / 1e3, itl_s=a.itl_ms / 1e3, fault=a.fault,
-                     fault_every=a.fault_every, fault_after_tokens=a.fault_after_tokens)
+                     fault_every=a.fault_every, fault_after_tokens=a.fault_after_tokens,
+                     metrics_fault=a.metrics_fault, exit_code=a.exit_code)
     try:
         import uvloop
         uvloop.install()

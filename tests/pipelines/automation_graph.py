@@ -3,15 +3,16 @@
 Stage names, argument inputs, `deps` (serving_stack named in the decorator, beside argument
 inputs, as the real stages do) and the serving stages' config classes mirror the real modules.
 The automation under test, the serving_stack asset, the sensors, the schedule and the jobs, is
-the real one. No `from __future__ import annotations`: Dagster reads the config annotations at
-decoration.
+the real one, and so is the stack fingerprint each stack-dependent stage records
+(`stack_metadata`). No `from __future__ import annotations`: Dagster reads the config
+annotations at decoration.
 """
 
 import dagster as dg
 
 from assets.partitions import models_partitions
 from assets.serving import LoadTimingConfig, ServingBenchmarkConfig
-from assets.stack import SERVING_STACK, serving_stack
+from assets.stack import SERVING_STACK, serving_stack, stack_metadata
 from pipelines.jobs import onboard_model
 from pipelines.launch import onboard_registered_model, register_model
 from pipelines.schedules import revalidate_job, revalidation_schedule, revalidation_sensors
@@ -29,8 +30,8 @@ def checkpoint() -> str:
 
 
 @dg.asset(partitions_def=P, deps=[SERVING_STACK])
-def quantized(checkpoint: str) -> str:
-    return checkpoint + "+q"
+def quantized(checkpoint: str, configs: ConfigFiles):
+    return dg.Output(checkpoint + "+q", metadata=stack_metadata(configs))
 
 
 @dg.asset(partitions_def=P, deps=[SERVING_STACK],
@@ -38,7 +39,7 @@ def quantized(checkpoint: str) -> str:
 def accuracy(quantized: str, configs: ConfigFiles):
     """The gate fails on the stack version BROKEN_VLLM, as a real regression would."""
     vllm = configs.stack_config()["versions"]["vllm"]
-    yield dg.Output(quantized + "+acc")
+    yield dg.Output(quantized + "+acc", metadata=stack_metadata(configs))
     yield dg.AssetCheckResult(check_name=GATE, passed=vllm != BROKEN_VLLM,
                               metadata={"vllm": vllm})
 
@@ -50,26 +51,28 @@ def serving_variant(accuracy: str) -> str:
 
 @dg.asset(partitions_def=P, deps=[SERVING_STACK])
 def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig,
-                serving_variant: str) -> str:
-    context.add_output_metadata({"cold_repeats": config.cold_repeats or 0})
+                serving_variant: str, configs: ConfigFiles) -> str:
+    context.add_output_metadata({"cold_repeats": config.cold_repeats or 0,
+                                 **stack_metadata(configs)})
     return serving_variant + "+load"
 
 
 @dg.asset(partitions_def=P, deps=[SERVING_STACK])
 def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmarkConfig,
-                      load_timing: str) -> str:
-    context.add_output_metadata({"concurrency": str(config.concurrency)})
+                      load_timing: str, configs: ConfigFiles) -> str:
+    context.add_output_metadata({"concurrency": str(config.concurrency),
+                                 **stack_metadata(configs)})
     return load_timing + "+bench"
 
 
 @dg.asset(partitions_def=P, deps=["checkpoint", "serving_benchmark", SERVING_STACK])
-def deployment_plan() -> str:
-    return "plan"
+def deployment_plan(configs: ConfigFiles):
+    return dg.Output("plan", metadata=stack_metadata(configs))
 
 
 @dg.asset(partitions_def=P, deps=[SERVING_STACK])
-def kserve_manifest(deployment_plan: str) -> str:
-    return deployment_plan + "+yaml"
+def kserve_manifest(deployment_plan: str, configs: ConfigFiles):
+    return dg.Output(deployment_plan + "+yaml", metadata=stack_metadata(configs))
 
 
 STAGES = [checkpoint, quantized, accuracy, serving_variant, load_timing, serving_benchmark,

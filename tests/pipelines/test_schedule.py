@@ -12,8 +12,14 @@ import yaml
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest
 
+from assets.stack import current_stack, observe_stack
 from onboarding.stack import diff, fingerprint, flatten
-from pipelines.schedules import STACK_INPUT_TAG, revalidation_schedule, stack_dependent
+from pipelines.schedules import (
+    STACK_INPUT_TAG,
+    revalidation_schedule,
+    stack_dependent,
+    stale_ready_models,
+)
 from pipelines.sensors import serving_stack_sensor
 from tests.pipelines.automation_graph import BROKEN_VLLM, GATE, build_defs
 
@@ -171,3 +177,64 @@ def test_a_revalidation_that_flips_the_gate_is_visible_in_metadata(instance, def
     assert md["verdict_changed"].value is True
     assert md["verdict_change"].value == f"{GATE}: passed -> failed"
     assert md["stack_fingerprint"].value == request.tags["onboarding/stack_fingerprint"]
+
+
+ALL_STAGES = ["checkpoint", "quantized", "accuracy", "serving_variant", "load_timing",
+              "serving_benchmark", "deployment_plan", "kserve_manifest"]
+
+
+def test_every_onboarding_run_observes_the_stack_first(instance, defs, configs):
+    """onboard_model selects serving_stack: its results record a fingerprint as their stack
+    input version even when nothing observed the stack before."""
+    assert not instance.fetch_observations(STACK, limit=1).records
+    _onboard(instance, defs, "ready-a")
+    [mat] = instance.fetch_materializations(dg.AssetKey("kserve_manifest"), limit=1).records
+    assert mat.asset_materialization.tags[STACK_INPUT_TAG] == current_stack(configs)[0]
+
+
+def test_a_model_onboarded_before_any_stack_observation_is_current_until_the_stack_changes(
+        instance, defs, config_dir, configs, STACK_DEPENDENT):
+    """An ad-hoc materialization of the stages (as from the UI, without the job's observation)
+    before any serving_stack observation: Dagster records its marker instead of a fingerprint;
+    the assets' own record of the stack they ran on decides."""
+    assert not instance.fetch_observations(STACK, limit=1).records
+    _onboard(instance, defs, "ready-a", ALL_STAGES)
+    [mat] = instance.fetch_materializations(dg.AssetKey("kserve_manifest"), limit=1).records
+    assert mat.asset_materialization.tags.get(STACK_INPUT_TAG, "INITIAL") == "INITIAL"
+    first = _observe(instance, defs)  # the first observation comes after the run
+    fp = first.asset_events[0].tags["dagster/data_version"]
+    tick = _schedule_tick(instance, defs)
+    assert tick.run_requests == [] and "current" in tick.skip_message
+    assert stale_ready_models(instance, fp, ["kserve_manifest"], STACK_DEPENDENT) == {}
+
+    _bump_vllm(config_dir, "0.33.0")
+    changed = _observe(instance, defs).asset_events[0].tags["dagster/data_version"]
+    [request] = _schedule_tick(instance, defs).run_requests
+    assert request.partition_key == "ready-a"
+    assert request.run_key == f"revalidate-ready-a@{changed[:16]}"
+    assert stale_ready_models(instance, changed, ["kserve_manifest"], STACK_DEPENDENT)[
+        "ready-a"] == {a: fp for a in STACK_DEPENDENT}
+
+
+def test_a_model_whose_stack_is_unknown_is_revalidated(instance, defs, STACK_DEPENDENT):
+    """Neither an observation nor the asset's own record: nothing says what it was measured
+    on, so it is re-validated rather than assumed current."""
+    _onboard(instance, defs, "ready-a", ALL_STAGES)
+    fp = _observe(instance, defs).asset_events[0].tags["dagster/data_version"]
+    assert stale_ready_models(instance, fp, ["kserve_manifest"], STACK_DEPENDENT) == {}
+    legacy = dg.AssetMaterialization("kserve_manifest", partition="ready-a",
+                                     metadata={"note": "from before fingerprints were recorded"})
+    instance.report_runless_asset_event(legacy)
+    assert stale_ready_models(instance, fp, ["kserve_manifest"], STACK_DEPENDENT) == {
+        "ready-a": {"kserve_manifest": "unknown"}}
+
+
+def test_observe_before_onboarding_records_the_stack_once(instance, configs):
+    """What the demo does before it runs onboard_model: an observation when there is none or
+    the stack changed, nothing when it is unchanged."""
+    fp, recorded = observe_stack(instance, configs)
+    assert recorded
+    [obs] = instance.fetch_observations(STACK, limit=5).records
+    assert obs.asset_observation.tags["dagster/data_version"] == fp == current_stack(configs)[0]
+    assert observe_stack(instance, configs) == (fp, False)
+    assert len(instance.fetch_observations(STACK, limit=5).records) == 1

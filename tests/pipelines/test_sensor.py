@@ -13,6 +13,7 @@ import dagster as dg
 import pytest
 import yaml
 
+from assets.stack import current_stack
 from onboarding.discovery import ScanCursor
 from onboarding.errors import FetchError
 from pipelines.sensors import catalog_partitions_sensor, new_checkpoint_sensor
@@ -110,6 +111,7 @@ def test_in_progress_upload_waits_then_onboards_exactly_once(
 
     waiting = tick()
     assert waiting.run_requests == [] and not waiting.dynamic_partitions_requests
+    assert not waiting.asset_events  # no run, no stack observation
     assert tick.known()["tiny-llama"].state == "incomplete"
     assert shards[-1] in tick.known()["tiny-llama"].note
 
@@ -120,10 +122,15 @@ def test_in_progress_upload_waits_then_onboards_exactly_once(
         ("tiny-llama", f"tiny-llama@{revision}")]
     assert instance.has_dynamic_partition("models", "tiny-llama")
     assert model_spec("tiny-llama").source == f"s3://models/{folder}"
+    [stack] = done.asset_events  # observed before the run starts: its results get a fingerprint
+    assert stack.asset_key == dg.AssetKey("serving_stack")
+    assert stack.tags["dagster/data_version"] == current_stack(sensor_configs)[0]
 
     assert tick().run_requests == []  # the next tick: nothing new
     tick.cursor = None  # a lost cursor asks again, under the same run key the daemon dedupes
-    assert [r.run_key for r in tick().run_requests] == [f"tiny-llama@{revision}"]
+    again = tick()
+    assert [r.run_key for r in again.run_requests] == [f"tiny-llama@{revision}"]
+    assert not again.asset_events  # the stack is unchanged: no second observation
 
 
 def test_marker_required_waits_for_the_marker(

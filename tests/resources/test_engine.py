@@ -3,6 +3,7 @@ vLLM's CLI shape): readiness, phases, env, every start failure, and no orphan af
 
 import json
 import os
+import re
 import socket
 import stat
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from onboarding.refs import VariantRef
-from resources.engine import Engine, EngineError
+from resources.engine import REAP_GRACE_AFTER_DEADLINE_S, Engine, EngineError
 from tests.fakes.openai_stream_server import THIS_FILE
 
 
@@ -102,6 +103,27 @@ def test_never_ready_times_out_and_is_reaped(fake_bin, tmp_path, variant, monkey
     monkeypatch.setenv("FAKE_ENGINE_RECORD", str(tmp_path / "record.json"))
     with pytest.raises(EngineError, match=r"not ready after 2 s \(health never answered"):
         start_once(engine(fake_bin, tmp_path, start_timeout_s=2), variant)
+    assert _fake_engine_group_gone(tmp_path / "record.json")
+
+
+def test_a_start_whose_completions_hang_fails_within_its_timeout(fake_bin, tmp_path, variant,
+                                                                 monkeypatch):
+    """/health answers 200 but the completion probe never does, and the engine ignores SIGTERM
+    (as a busy vLLM may): the timeout is the whole budget, probe included, and the reap after
+    it waits only the short grace before SIGKILL. (It took 5 + 60 + 15 s before.)"""
+    import time
+
+    monkeypatch.setenv("FAKE_ENGINE_HANG_COMPLETIONS", "1")
+    monkeypatch.setenv("FAKE_ENGINE_IGNORE_SIGTERM", "1")
+    monkeypatch.setenv("FAKE_ENGINE_CHILD", "1")
+    monkeypatch.setenv("FAKE_ENGINE_RECORD", str(tmp_path / "record.json"))
+    t0 = time.monotonic()
+    with pytest.raises(EngineError) as err:
+        start_once(engine(fake_bin, tmp_path, start_timeout_s=5), variant)
+    elapsed_s = time.monotonic() - t0
+    assert elapsed_s < 5 + REAP_GRACE_AFTER_DEADLINE_S + 5  # timeout + grace + generous slack
+    assert re.search(r"not ready after 5 s \(health answered 200; the completion probe "
+                     r"did not succeed: .*timed out", str(err.value))
     assert _fake_engine_group_gone(tmp_path / "record.json")
 
 

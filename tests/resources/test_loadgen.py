@@ -4,10 +4,12 @@ import json
 import statistics
 import urllib.request
 
+import aiohttp
 import pytest
 
-from onboarding.serving_stats import parse_metrics, summarize
-from resources.loadgen import LoadGenerator, completion_bodies
+from onboarding.paths import PROJECT_ROOT
+from onboarding.serving_stats import ERROR_CAUSES, parse_metrics, summarize
+from resources.loadgen import LoadGenerator, SseEvents, completion_bodies, error_cause, sse_data
 from tests.fakes.openai_stream_server import running_fake_server
 
 
@@ -93,3 +95,109 @@ def test_connection_refused_is_an_error_not_a_crash():
                                                  concurrency=1, max_seconds=5,
                                                  request_timeout_s=2)
     assert [rec.error for rec in r.records] == ["connect_failed"] * 3
+
+
+# ---- faults a real deployment shows: every one is a documented cause, and the point survives ----
+
+@pytest.mark.parametrize("fault,causes", [
+    ("reset", {"connection_lost"}),  # RST before any response, e.g. on a kept-alive connection
+    ("reset_mid", {"stream_dropped"}),  # RST after two tokens
+])
+def test_resets_are_counted_under_documented_causes(fault, causes):
+    with running_fake_server(itl_ms=1, fault=fault, fault_every=4) as url:
+        r = run(url, n=40)
+    s = summarize(r.records, r.duration_s)
+    assert s.requests == 40 and s.completed == 30
+    assert set(s.errors_by_cause) == causes and sum(s.errors_by_cause.values()) == 10
+    assert all(rec.detail for rec in r.records if not rec.ok)  # the exception, for the logs
+
+
+def test_a_stalled_stream_is_a_timeout():
+    with running_fake_server(itl_ms=1, fault="stall", fault_every=2) as url:
+        r = LoadGenerator().run_point(url, completion_bodies("fake", ["x"] * 4, 8),
+                                      concurrency=4, max_seconds=10, request_timeout_s=1)
+    assert sorted(rec.error or "ok" for rec in r.records) == ["ok", "ok", "timeout", "timeout"]
+
+
+@pytest.mark.parametrize("separator", ["crlf", "cr"])
+def test_sse_events_separated_by_crlf_or_cr_are_read(separator):
+    """The SSE spec ends lines with CRLF, LF or CR; none of them is a dropped stream."""
+    with running_fake_server(itl_ms=1, fault=separator, fault_every=1) as url:
+        r = run(url, n=12)
+    s = summarize(r.records, r.duration_s)
+    assert s.errors_by_cause == {} and s.completed == 12
+    assert {(rec.content_chunks, rec.output_tokens) for rec in r.records} == {(16, 16)}
+
+
+def test_sse_splitter_handles_line_ends_split_across_reads():
+    """Fed one byte at a time, a CR that ends one read and the LF that starts the next are one
+    line end; comments and multi-line data follow the spec."""
+    stream = (b'data: {"a": 1}\r\n\r\n: keep-alive comment\r\n\r\ndata: {"b":\r\ndata: 2}\r\r'
+              b"data: [DONE]\n\n")
+    splitter = SseEvents()
+    events = [e for i in range(len(stream)) for e in splitter.feed(stream[i:i + 1])]
+    assert [sse_data(e) for e in events] == [b'{"a": 1}', None, b'{"b":\n2}', b"[DONE]"]
+    whole = SseEvents().feed(stream)
+    assert whole == events
+    tail = SseEvents()  # the last event ends with CR CR, the very last bytes of the stream
+    assert tail.feed(b"data: [DONE]\r") == []
+    assert [sse_data(e) for e in tail.feed(b"\r")] == [b"[DONE]"]
+
+
+def _client_exceptions() -> list[type[BaseException]]:
+    import aiohttp.client_exceptions as ce
+
+    found = [getattr(ce, n) for n in ce.__all__]
+    return [c for c in found if isinstance(c, type) and issubclass(c, aiohttp.ClientError)]
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_every_client_exception_maps_to_a_documented_cause(started):
+    docs = (PROJECT_ROOT / "docs" / "serving.md").read_text()
+    for cause in ERROR_CAUSES:
+        assert f"`{cause}`" in docs, f"{cause} is not in docs/serving.md"
+    classes = [*_client_exceptions(), TimeoutError, ConnectionResetError, OSError]
+    assert len(classes) > 20
+    for cls in classes:
+        exc = cls.__new__(cls)  # mapping looks at the type only
+        assert error_cause(exc, started) in ERROR_CAUSES, cls
+    assert error_cause(aiohttp.ClientOSError(104, "Connection reset by peer"), False) == \
+        "connection_lost"
+    assert error_cause(aiohttp.ClientOSError(104, "Connection reset by peer"), True) == \
+        "stream_dropped"
+
+
+def test_an_undocumented_cause_is_refused_by_the_statistics():
+    from onboarding.serving_stats import RequestRecord
+
+    with pytest.raises(ValueError, match="client_ClientOSError"):
+        summarize([RequestRecord(error="client_ClientOSError")], 1.0)
+    assert summarize([RequestRecord(error="http_429")], 1.0).errors_by_cause == {"http_429": 1}
+
+
+@pytest.mark.parametrize("metrics_fault,said", [("404", "HTTP 404"), ("stall", "timed out"),
+                                                ("garbage", "not Prometheus text")])
+def test_a_broken_metrics_endpoint_never_costs_the_point(metrics_fault, said):
+    with running_fake_server(itl_ms=1, metrics_fault=metrics_fault) as url:
+        r = LoadGenerator(scrape_timeout_s=0.5).run_point(
+            url, completion_bodies("fake", ["a b c"] * 40, 16), concurrency=8, max_seconds=60,
+            request_timeout_s=30, scrape_interval_s=0.05)
+    s = summarize(r.records, r.duration_s)
+    assert s.requests == 40 and s.completed == 40
+    assert r.metrics_before is None and r.metrics_after is None and r.metrics_during == []
+    assert r.scrape_failures >= 2 and said in r.scrape_last_error
+    assert r.scrape_columns() == {"scrape_failures": r.scrape_failures,
+                                  "scrape_last_error": r.scrape_last_error}
+
+
+def test_a_server_that_exits_mid_stream_keeps_every_record():
+    """The process dies during request 10: those in flight are dropped, the rest cannot
+    connect, /metrics stops answering; every record is kept and the point ends."""
+    with running_fake_server(itl_ms=5, fault="exit", fault_every=10) as url:
+        r = run(url, n=40, concurrency=4, scrape_interval_s=0.05)
+    s = summarize(r.records, r.duration_s)
+    assert s.requests == 40 and 5 <= s.completed <= 9
+    assert set(s.errors_by_cause) <= {"stream_dropped", "connection_lost", "connect_failed"}
+    assert s.errors_by_cause.get("connect_failed", 0) >= 25
+    assert r.metrics_before is not None and r.metrics_after is None
+    assert r.scrape_failures >= 1
