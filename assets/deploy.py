@@ -1,9 +1,12 @@
-"""Plan and render: `deployment_plan` -> `kserve_manifest` -> `gateway_routes`, with their gates.
+"""Plan, publish and render: `serving_config` -> `published_variant` -> `kserve_manifest` ->
+`gateway_routes`, with their gates.
 
-Upstream results arrive as the values their assets stored (`CheckpointRef`, `VariantRef`,
-`LoadTimingResult`, `ServingBenchmarkResult`) through the `optional_upstream` input manager:
-plan-only models are never fetched, quantized or benchmarked, so an upstream partition that was
-never materialized arrives as None and is reported absent, never filled in.
+`serving_config` computes, once and before anything is timed, the configuration each node type
+runs (onboarding/serving_plan.py); the serving assets start exactly that configuration and
+`kserve_manifest` renders exactly it, with what was measured at its hash. Upstream results
+arrive as the values their assets stored through the `optional_upstream` input manager:
+plan-only models are never fetched, quantized, published or benchmarked, so an upstream
+partition never materialized arrives as None and is reported absent, never filled in.
 """
 
 import hashlib
@@ -16,6 +19,7 @@ import dagster as dg
 
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
+from assets.step_tags import cache_step_tags
 from onboarding.catalog import ModelSpec
 from onboarding.errors import OnboardingError
 from onboarding.kserve import (
@@ -23,7 +27,6 @@ from onboarding.kserve import (
     Route,
     gib,
     inline_secret_findings,
-    render_targets,
     route_table,
     to_yaml,
     write_atomic,
@@ -39,17 +42,21 @@ from onboarding.plan import (
     shape_from_checkpoint,
     shape_from_hint,
 )
-from onboarding.refs import CheckpointRef, VariantRef
+from onboarding.refs import CheckpointRef, PublishedVariant, VariantRef
+from onboarding.serving_plan import ServingPlan, render_targets, serving_plan
 from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
 from onboarding.tables import md_table
+from onboarding.variants import AccuracyReport, QuantizedSet
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.huggingface import HuggingFaceStore
 from resources.manifest_validator import ManifestValidator
+from resources.publisher import publish_variant
 from resources.s3 import S3ObjectStore
 
 GROUP = "deploy"
 OPTIONAL = "optional_upstream"
 PLAN_CHECK = "plan_fits_a_target_node_type"
+PUBLISHED_CHECK = "variants_published_and_verified"
 VALID_CHECK = "manifests_valid"
 SECRETS_CHECK = "no_inline_secrets"
 
@@ -64,9 +71,13 @@ def _checkpoint_dir(checkpoint: CheckpointRef | None) -> Path | None:
     return None
 
 
+def _passed(accuracy: AccuracyReport | None) -> tuple[str, ...] | None:
+    return None if accuracy is None else tuple(g.precision for g in accuracy.gates if g.passed)
+
+
 def build_plan(spec: ModelSpec, nodes: NodesConfig, checkpoint: CheckpointRef | None,
-               variant: VariantRef | None, timing: LoadTimingResult | None,
-               bench: ServingBenchmarkResult | None) -> DeploymentPlan:
+               variant: VariantRef | None, passed: tuple[str, ...] | None = None
+               ) -> DeploymentPlan:
     """The model's shape from its checkpoint when fetched, else from the catalog's hint."""
     ckpt = _checkpoint_dir(checkpoint)
     if ckpt is not None:
@@ -76,12 +87,12 @@ def build_plan(spec: ModelSpec, nodes: NodesConfig, checkpoint: CheckpointRef | 
         params = None
     else:
         raise OnboardingError(
-            f"deployment plan for {spec.id!r}",
+            f"serving configuration of {spec.id!r}",
             "no checkpoint materialization with a config.json and no architecture hint",
             "Materialize `checkpoint` for this partition first, or add `architecture:` to the "
             "catalog entry (required for plan_only models).",
         )
-    measured = measured_from_results(variant, timing, bench)
+    measured = measured_from_results(variant, None, None, passed)
     return plan(plan_inputs(spec, nodes, shape, measured, params), nodes)
 
 
@@ -92,44 +103,43 @@ def _version(payload: Any) -> dg.DataVersion:
 
 @dg.asset(
     partitions_def=models_partitions,
-    ins=_optional("checkpoint", "serving_variant", "load_timing", "serving_benchmark"),
+    ins=_optional("checkpoint", "serving_variant", "accuracy"),
     deps=[SERVING_STACK],
     group_name=GROUP,
-    check_specs=[dg.AssetCheckSpec(PLAN_CHECK, asset="deployment_plan", blocking=True,
+    check_specs=[dg.AssetCheckSpec(PLAN_CHECK, asset="serving_config", blocking=True,
                                    description="At least one target node type (deploy.yaml) "
                                    "can serve the model.")],
-    description="GPUs and tensor parallelism per node type from weight bytes, KV budget and "
-    "runtime reserve; measured throughput where a benchmark on that node type exists.",
+    description="Per node type: the GPUs and tensor parallelism the weights, KV budget and "
+    "reserve need, and the one engine configuration (args, env, image, hash) that is measured "
+    "and deployed there.",
 )
-def deployment_plan(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
-                    checkpoint: CheckpointRef | None, serving_variant: VariantRef | None,
-                    load_timing: LoadTimingResult | None,
-                    serving_benchmark: ServingBenchmarkResult | None):
+def serving_config(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
+                   checkpoint: CheckpointRef | None, serving_variant: VariantRef | None,
+                   accuracy: AccuracyReport | None):
     spec = configs.spec(context.partition_key)
-    upstream = {"checkpoint": checkpoint, "serving_variant": serving_variant,
-                "load_timing": load_timing, "serving_benchmark": serving_benchmark}
-    result = build_plan(spec, configs.nodes(), checkpoint, serving_variant, load_timing,
-                        serving_benchmark)
-    inputs, m = result.inputs, result.inputs.measured
-    plan_json = result.to_dict()
-    path = write_atomic(outputs.manifests / spec.id / "plan.json", json.dumps(plan_json, indent=1))
-    yield dg.Output(result, data_version=_version(plan_json), metadata={
+    nodes, stack = configs.nodes(), configs.stack()
+    template = configs.engine_templates()[stack.engine]
+    result = build_plan(spec, nodes, checkpoint, serving_variant, _passed(accuracy))
+    splan = serving_plan(spec, result, nodes, stack, template)
+    body = {"plan": result.to_dict(),
+            "configs": {nt: {**c.content(), "hash": c.hash} for nt, c in splan.configs.items()}}
+    path = write_atomic(outputs.manifests / spec.id / "serving_config.json",
+                        json.dumps(body, indent=1, default=str))
+    inputs = result.inputs
+    yield dg.Output(splan, data_version=_version(body), metadata={
+        "configurations": dg.MetadataValue.md(md_table(
+            [c.summary() for c in splan.configs.values()])),
         "plan": dg.MetadataValue.md(md_table(plan_rows(result))),
-        "plan_path": dg.MetadataValue.path(str(path)),
-        "feasible_node_types": ", ".join(n.node_type for n in result.nodes if n.feasible)
-        or "none",
-        "weights_basis": "measured" if m.variant_weight_bytes
+        "path": dg.MetadataValue.path(str(path)),
+        "config_hashes": dg.MetadataValue.json({nt: c.hash for nt, c in splan.configs.items()}),
+        "weights_basis": "measured" if inputs.measured.variant_weight_bytes
         else f"estimate ({inputs.param_count_origin})",
         "model_config_origin": inputs.shape.origin,
-        "upstream_present": ", ".join(k for k, v in upstream.items() if v is not None) or "none",
-        "upstream_absent": ", ".join(k for k, v in upstream.items() if v is None) or "none",
+        "upstream_present": ", ".join(k for k, v in (("checkpoint", checkpoint), (
+            "serving_variant", serving_variant), ("accuracy", accuracy)) if v is not None)
+        or "none",
         "target_concurrency": inputs.target_concurrency,
         "context_tokens": inputs.context_tokens,
-        "gpu_memory_utilization": inputs.gpu_memory_utilization,
-        "tokens_per_s_per_gpu": (dg.MetadataValue.float(m.tokens_per_s_per_gpu)
-                                 if m.tokens_per_s_per_gpu is not None
-                                 else dg.MetadataValue.text("absent (never benchmarked)")),
-        "benchmark_node_type": m.benchmark_node_type or "absent",
         **stack_metadata(configs),
     })
     yield _fits_check(result, configs.deploy().target_node_types)
@@ -147,6 +157,56 @@ def _fits_check(result: DeploymentPlan, targets: list[str]) -> dg.AssetCheckResu
                       f"- **{t}**: {nodes[t].reason}" for t in targets if t in nodes))})
 
 
+def _local_dirs(checkpoint: CheckpointRef, quantized: QuantizedSet | None) -> dict[str, Path]:
+    """Where each precision lives in the NVMe cache: bf16 is the checkpoint itself."""
+    dirs = {"bf16": Path(checkpoint.path)}
+    for v in (quantized.variants if quantized else ()):
+        if v.usable:
+            dirs[v.precision] = Path(v.path)
+    return dirs
+
+
+@dg.asset(
+    partitions_def=models_partitions,
+    group_name=GROUP,
+    kinds={"s3"},
+    op_tags=cache_step_tags("published_variant"),  # reads the node's NVMe cache
+    check_specs=[dg.AssetCheckSpec(PUBLISHED_CHECK, asset="published_variant", blocking=True,
+                                   description="Every precision a target node type serves is "
+                                   "in the serving bucket under its content hash, every file at "
+                                   "its size and sha256 (listing + HEAD), bytes read back equal")],
+    description="The served precisions uploaded to the serving bucket (deploy.yaml "
+    "storage.variants_uri), content-addressed and verified; skipped when already there.",
+)
+def published_variant(context: dg.AssetExecutionContext, configs: ConfigFiles,
+                      s3: S3ObjectStore, checkpoint: CheckpointRef, quantized: QuantizedSet,
+                      serving_config: ServingPlan):
+    deploy = configs.deploy()
+    needed = sorted({c.precision for nt, c in serving_config.configs.items()
+                     if nt in deploy.target_node_types})
+    dirs = _local_dirs(checkpoint, quantized)
+    missing = [p for p in needed if p not in dirs]
+    if missing:
+        raise OnboardingError(f"published_variant for {checkpoint.model!r}",
+                              f"no usable local variant for {', '.join(missing)}",
+                              "Re-run quantized; the plan only serves precisions that passed.")
+    published = {p: publish_variant(
+        s3, dirs[p], checkpoint.model, p,
+        deploy.storage.variants_uri.format(model=checkpoint.model, precision=p),
+        deploy.storage.read_back_mib, log=context.log.info) for p in needed}
+    rows = [{"precision": p, "uri": v.uri, "bytes": v.total_bytes, "files": v.files,
+             "uploaded_bytes": v.bytes_uploaded, "skipped": v.skipped,
+             "read_gbps": v.read_gbps, "derived_pull_s": v.pull_s}
+            for p, v in published.items()]
+    yield dg.Output(published, data_version=_version({p: v.uri for p, v in published.items()}),
+                    metadata={"published": dg.MetadataValue.md(md_table(rows)),
+                              **{f"uri_{p}": v.uri for p, v in published.items()}})
+    yield dg.AssetCheckResult(check_name=PUBLISHED_CHECK, passed=bool(published), metadata={
+        "verified": "listing + HEAD of every file (size, x-amz-meta-sha256) after upload; the "
+        "first bytes of the largest file read back and compared",
+        "precisions": dg.MetadataValue.json(needed)})
+
+
 @dataclass(frozen=True)
 class ManifestSet:
     """Rendered files of one model, one per target node type whose plan is feasible, with the
@@ -158,6 +218,9 @@ class ManifestSet:
     routes: tuple[Route, ...]
     skipped: dict[str, str]  # node type -> why no manifest
     errors: dict[str, list[str]] = field(default_factory=dict)  # "<node type> <doc>" -> errors
+    config_hashes: dict[str, str] = field(default_factory=dict)  # node type -> hash rendered
+    measured: dict[str, bool] = field(default_factory=dict)  # node type -> measured at it
+    published: dict[str, bool] = field(default_factory=dict)  # node type -> storage published
 
     @property
     def valid(self) -> bool:
@@ -166,7 +229,7 @@ class ManifestSet:
 
 @dg.asset(
     partitions_def=models_partitions,
-    ins=_optional("checkpoint"),
+    ins=_optional("checkpoint", "load_timing", "serving_benchmark", "published_variant"),
     deps=[SERVING_STACK],
     group_name=GROUP,
     check_specs=[
@@ -178,35 +241,44 @@ class ManifestSet:
                           description="No credential appears inline in a rendered file: only "
                           "service accounts and secretKeyRefs."),
     ],
-    description="InferenceService (+ ServingRuntime) per target node type, written under the "
-    "manifests directory and validated against the configured KServe CRDs.",
+    description="InferenceService (+ ServingRuntime) per target node type: exactly its "
+    "serving configuration, with what was measured at that configuration's hash, the "
+    "published storageUri, validated against the configured KServe CRDs.",
 )
 def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
-                    deployment_plan: DeploymentPlan, checkpoint: CheckpointRef | None,
+                    serving_config: ServingPlan, checkpoint: CheckpointRef | None,
+                    load_timing: LoadTimingResult | None,
+                    serving_benchmark: ServingBenchmarkResult | None,
+                    published_variant: dict[str, PublishedVariant] | None,
                     manifest_validator: ManifestValidator, s3: S3ObjectStore,
                     hf: HuggingFaceStore):
     spec = configs.spec(context.partition_key)
     stack = configs.stack()
     ckpt = _checkpoint_dir(checkpoint)
     rendered, skipped = render_targets(
-        spec, deployment_plan, configs.nodes(), stack, configs.deploy(),
-        json.loads((ckpt / "config.json").read_text()).get("dtype") if ckpt else None)
+        spec, serving_config, configs.nodes(), stack, configs.deploy(),
+        json.loads((ckpt / "config.json").read_text()).get("dtype") if ckpt else None,
+        load_timing, serving_benchmark, published_variant)
     if not rendered:
         raise OnboardingError(
-            f"kserve_manifest for {spec.id!r}", "no target node type has a feasible plan: "
+            f"kserve_manifest for {spec.id!r}", "no target node type has a manifest: "
             + "; ".join(f"{k}: {v}" for k, v in skipped.items()),
-            "Add a node type that fits to deploy.yaml target_node_types, or lower the model's "
-            "context/concurrency or precision.")
+            "Add a node type that fits to deploy.yaml target_node_types, lower the model's "
+            "context/concurrency or precision, or measure the configuration.")
     texts = {r.node_type: to_yaml(r.docs, f"Rendered by model-onboarding for {spec.id} on "
-                                  f"{r.node_type}; stack {stack.fingerprint}.\nStartup probe: "
-                                  f"{r.startup.explanation}") for r in rendered}
+                                  f"{r.node_type}; stack {stack.fingerprint}; configuration "
+                                  f"{r.config_hash}.\nStartup probe: {r.startup.explanation}")
+             for r in rendered}
     files = {nt: str(write_atomic(outputs.manifests / spec.id / f"{nt}.yaml", text))
              for nt, text in texts.items()}
     errors, dry_runs = _validate(manifest_validator, rendered, files)
     value = ManifestSet(spec.id, files, {r.node_type: r.service for r in rendered},
-                        tuple(r.route for r in rendered), skipped, errors)
+                        tuple(r.route for r in rendered), skipped, errors,
+                        {r.node_type: r.config_hash for r in rendered},
+                        {r.node_type: r.measured for r in rendered},
+                        {r.node_type: r.published for r in rendered})
     yield dg.Output(value, data_version=_version(texts), metadata={
-        **_manifest_metadata(value, rendered, texts, deployment_plan, stack),
+        **_manifest_metadata(value, rendered, texts, serving_config.plan, stack),
         **stack_metadata(configs)})
     yield dg.AssetCheckResult(check_name=VALID_CHECK, passed=value.valid, metadata={
         "errors": dg.MetadataValue.json(errors),
@@ -247,7 +319,7 @@ def _secrets_check(rendered: list[Rendered], texts: dict[str, str],
 
 
 def _manifest_metadata(value: ManifestSet, rendered: list[Rendered], texts: dict[str, str],
-                       deployment_plan: DeploymentPlan, stack) -> dict[str, Any]:
+                       plan: DeploymentPlan, stack) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "manifests": dg.MetadataValue.md("\n\n".join(
             f"### {r.service} ({r.node_type})\n\n```yaml\n{texts[r.node_type]}```"
@@ -257,9 +329,12 @@ def _manifest_metadata(value: ManifestSet, rendered: list[Rendered], texts: dict
         "skipped_node_types": dg.MetadataValue.json(value.skipped),
         "probe_basis": rendered[0].startup.explanation,
         "stack_fingerprint": stack.fingerprint,
+        "config_hashes": dg.MetadataValue.json(value.config_hashes),
+        "measured_at_config": dg.MetadataValue.json(value.measured),
+        "published": dg.MetadataValue.json(value.published),
     }
     for nt, path in value.files.items():
-        node = deployment_plan.node(nt)
+        node = plan.node(nt)
         metadata[f"path_{nt}"] = dg.MetadataValue.path(path)
         metadata[f"tp_{nt}"] = node.tensor_parallel
         metadata[f"weights_gib_{nt}"] = gib(node.weight_bytes or 0)
@@ -296,4 +371,5 @@ def gateway_routes(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
     })
 
 
-defs = dg.Definitions(assets=[deployment_plan, kserve_manifest, gateway_routes])
+defs = dg.Definitions(assets=[serving_config, published_variant, kserve_manifest,
+                             gateway_routes])

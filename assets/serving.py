@@ -19,16 +19,12 @@ from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding.catalog import ModelSpec
+from onboarding.engine_config import ServingConfig
 from onboarding.errors import ConfigError
 from onboarding.prompts import synthetic_prompts
 from onboarding.refs import CheckpointRef, VariantRef
-from onboarding.serving_config import (
-    Profile,
-    check_fits,
-    effective_max_model_len,
-    resolve_slo,
-    scenarios_for,
-)
+from onboarding.serving_config import Profile, check_fits, resolve_slo, scenarios_for
+from onboarding.serving_plan import ServingPlan, config_at_hand
 from onboarding.serving_plots import sweep_png
 from onboarding.serving_stats import (
     LoadTimingResult,
@@ -44,6 +40,7 @@ from onboarding.serving_stats import (
     summarize_load_timing,
 )
 from onboarding.tables import md_table, write_csv
+from onboarding.variants import QuantizedSet
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator, PointRun, completion_bodies
@@ -58,7 +55,8 @@ class LoadTimingConfig(dg.Config):
 
     profile: str | None = None
     substitute_baseline: bool | None = None
-    cold_repeats: int | None = None
+    cold_repeats: int | None = None  # fully cold starts
+    cold_weights_repeats: int | None = None
     warm_repeats: int | None = None
     start_timeout_s: float | None = None
 
@@ -77,38 +75,67 @@ class ServingBenchmarkConfig(dg.Config):
 
 @dataclass(frozen=True)
 class Setup:
-    """What both serving assets resolve first: the spec, the profile, the SLOs, and which
-    variant is measured here (the serving one, or the bf16 baseline standing in for it)."""
+    """What both serving assets resolve first: the spec, the profile, the SLOs, which variant is
+    measured here and at which configuration (the plan's for the node type at hand)."""
 
     spec: ModelSpec
     profile_name: str
     profile: Profile
     slo: Slo
-    severity: str  # gates.yaml slo.severity
     variant: VariantRef | None  # None: nothing this engine can serve
-    reason: str  # why the serving variant cannot be served here ("" when it can)
+    config: ServingConfig | None
+    reason: str  # why the planned variant cannot be served here ("" when it can)
     note: str  # what a user is told about a substitution
+
+    @property
+    def blocking(self) -> bool:
+        return self.profile.slo_severity == "error"
+
+
+def _planned_variant(precision: str, serving: VariantRef, checkpoint: CheckpointRef,
+                     quantized: QuantizedSet) -> VariantRef:
+    """The local copy of the precision the node type at hand is planned to serve."""
+    if precision == serving.precision:
+        return serving
+    if precision == "bf16":
+        return VariantRef(serving.model, "bf16", checkpoint.path, checkpoint.total_bytes,
+                          checkpoint.content_hash)
+    v = quantized.get(precision)
+    if v is None or not v.usable:
+        raise ConfigError(f"{serving.model}: planned precision {precision}",
+                          "has no usable quantized variant in the cache",
+                          "Re-materialize quantized and serving_config.")
+    return VariantRef(serving.model, precision, v.path, v.total_bytes, v.content_hash,
+                      int(v.stats.get("weight_bytes", v.total_bytes)))
 
 
 def _setup(context: dg.AssetExecutionContext, configs: ConfigFiles, engine: Engine,
-           profile: str | None, substitute_baseline: bool | None, serving: VariantRef,
-           checkpoint: CheckpointRef) -> Setup:
+           run: LoadTimingConfig | ServingBenchmarkConfig, serving: VariantRef,
+           checkpoint: CheckpointRef, quantized: QuantizedSet, splan: ServingPlan) -> Setup:
     spec = configs.spec(context.partition_key)
-    name, prof = configs.profile(profile, engine.resolved_hardware())
-    substitute = prof.substitute_baseline if substitute_baseline is None else substitute_baseline
-    variant, reason, note = measured_variant(engine, serving, checkpoint, substitute)
-    section = configs.slo_section()
+    name, prof = configs.profile(run.profile, engine.resolved_hardware())
+    substitute = prof.substitute_baseline if run.substitute_baseline is None \
+        else run.substitute_baseline
+    planned = splan.config(engine.node_type)
+    target = _planned_variant(planned.precision, serving, checkpoint, quantized) if planned \
+        else serving
+    variant, reason, note = measured_variant(engine, target, checkpoint, substitute)
+    config = config_at_hand(splan, spec, engine.template(), engine.local(variant.precision)) \
+        if variant is not None else None
     if note:
         context.log.warning(note)
-    return Setup(spec, name, prof, resolve_slo(section, engine.node_type, spec),
-                 section.severity, variant, reason, note)
+    if config is not None:
+        context.log.info(f"configuration {config.hash} on {config.node_type}: "
+                         f"{config.summary()}")
+    return Setup(spec, name, prof, resolve_slo(configs.slo_section(), engine.node_type, spec),
+                 variant, config, reason, note)
 
 
 def measured_variant(engine: Engine, variant: VariantRef, checkpoint: CheckpointRef,
                      substitute_baseline: bool) -> tuple[VariantRef | None, str, str]:
-    """What to measure here: the serving variant, or the bf16 baseline standing in for it.
+    """What to measure here: the planned variant, or the bf16 baseline standing in for it.
 
-    Returns (variant or None, why the serving variant cannot be served here, note for users).
+    Returns (variant or None, why the planned variant cannot be served here, note for users).
     """
     ok, reason = engine.can_serve(variant.precision)
     if ok:
@@ -140,16 +167,21 @@ def _unservable_metadata(engine: Engine, reason: str, configs: ConfigFiles) -> d
 
 
 def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dict:
-    """What both serving assets say about what they measured and on what."""
+    """What both serving assets say about what they measured, on what, at which configuration."""
+    c = setup.config
     return {
         "servable": not setup.reason,
         "precision": setup.variant.precision,
         "serving_precision": serving.precision,
         "substituted": dg.MetadataValue.text(setup.note or "no"),
         "hardware": engine.resolved_hardware(),
-        "engine": engine.engine,
+        "engine": f"{engine.engine} {c.engine_version}",
         "node_type": engine.node_type,
         "profile": setup.profile_name,
+        "config_hash": c.hash,
+        "configuration": dg.MetadataValue.json({**c.content(), "hash": c.hash}),
+        "engine_argv": dg.MetadataValue.text(" ".join(c.args(setup.variant.path, 0,
+                                                             "127.0.0.1"))),
     }
 
 
@@ -166,27 +198,36 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
     "phases, p50/p95, weight-load GB/s next to the raw sequential read GB/s of the same files.",
 )
 def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, configs: ConfigFiles,
-                engine: Engine, serving_variant: VariantRef, checkpoint: CheckpointRef):
-    setup = _setup(context, configs, engine, config.profile, config.substitute_baseline,
-                   serving_variant, checkpoint)
+                engine: Engine, serving_variant: VariantRef, checkpoint: CheckpointRef,
+                quantized: QuantizedSet, serving_config: ServingPlan):
+    setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
+                   serving_config)
     spec, variant = setup.spec, setup.variant
     if variant is None:
-        yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, setup.reason),
+        yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, setup.reason,
+                                         node_type=engine.node_type),
                         metadata=_unservable_metadata(engine, setup.reason, configs))
         yield _unservable_check(COLD_START_CHECK, setup.reason)
         return
     d = setup.profile.load_timing
+
+    def pick(value: int | None, default: int) -> int:
+        return default if value is None else value
+
     samples, raw = engine.time_starts(
-        variant, spec.served_name, spec.engine_args,
-        cold_repeats=config.cold_repeats or d.cold_repeats,
-        warm_repeats=d.warm_repeats if config.warm_repeats is None else config.warm_repeats,
+        variant, setup.config,
+        {"fully_cold": pick(config.cold_repeats, d.cold_repeats),
+         "cold_weights": pick(config.cold_weights_repeats, d.cold_weights_repeats),
+         "warm": pick(config.warm_repeats, d.warm_repeats)},
         start_timeout_s=config.start_timeout_s or d.start_timeout_s, log=context.log)
-    result = summarize_load_timing(spec.id, variant.precision, samples, raw.total_bytes,
-                                   raw.gbps)
+    result = dataclasses.replace(
+        summarize_load_timing(spec.id, variant.precision, samples, raw.total_bytes, raw.gbps),
+        node_type=engine.node_type, config_hash=setup.config.hash)
     if setup.reason:
         result = dataclasses.replace(result, servable=False, reason=setup.reason)
     yield dg.Output(result, metadata={
-        **_measured_metadata(engine, setup, serving_variant), **_timing_metadata(result, samples),
+        **_measured_metadata(engine, setup, serving_variant),
+        **_timing_metadata(result, samples, engine),
         "servable_precisions": dg.MetadataValue.json(engine.servable_precisions()),
         **stack_metadata(configs)})
     budget = setup.slo.cold_start_p95_max_s
@@ -204,13 +245,22 @@ def _float_or_null(value: float | None) -> dg.MetadataValue:
     return dg.MetadataValue.float(value) if value is not None else dg.MetadataValue.null()
 
 
-def _timing_metadata(result: LoadTimingResult, samples: list) -> dict:
-    cold = [s.first_token_s for s in samples if s.kind == "cold"]
+def _timing_metadata(result: LoadTimingResult, samples: list, engine: Engine) -> dict:
+    cold = [s.first_token_s for s in samples if s.kind == "fully_cold"]
     return {
         "cold_start_p50_s": result.cold_start_p50_s,
         "cold_start_p95_s": result.cold_start_p95_s,
         "cold_start_spread_s": float(max(cold) - min(cold)) if cold else 0.0,
+        "cold_weights_p50_s": _float_or_null(result.cold_weights_p50_s),
         "warm_start_p50_s": _float_or_null(result.warm_start_p50_s),
+        "which_caches_were_cold": dg.MetadataValue.md(
+            "- **fully_cold**: weight files evicted from the page cache (residency checked) and "
+            "the engine's compile/kernel caches (" + ", ".join(
+                f"`{k}`" for k in engine.template().cache_env) + ") pointed at an empty "
+            "directory\n- **cold_weights**: weights evicted, caches as the last fully cold "
+            "start left them\n- **warm**: weights read into the page cache first, caches warm"
+            "\n- always warm: the engine's Python packages and shared libraries (the image is "
+            "pulled)"),
         "weight_bytes": result.weight_bytes,
         "weights_load_gbps": _float_or_null(result.weights_load_gbps),
         "raw_read_gbps": result.raw_read_gbps,
@@ -261,9 +311,10 @@ def _load_tokenizer(path: str):
 def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmarkConfig,
                       configs: ConfigFiles, outputs: OutputDirs, engine: Engine,
                       loadgen: LoadGenerator, serving_variant: VariantRef,
-                      checkpoint: CheckpointRef, load_timing: LoadTimingResult):
-    setup = _setup(context, configs, engine, config.profile, config.substitute_baseline,
-                   serving_variant, checkpoint)
+                      checkpoint: CheckpointRef, quantized: QuantizedSet,
+                      serving_config: ServingPlan, load_timing: LoadTimingResult):
+    setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
+                   serving_config)
     spec, variant, gpus = setup.spec, setup.variant, engine.gpu_count()
     if variant is None:
         result = ServingBenchmarkResult(spec.id, serving_variant.precision, engine.node_type,
@@ -281,16 +332,16 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     scenarios = scenarios_for(wanted, setup.profile,
                               f"configs/scenarios.yaml profile {setup.profile_name}")
     template = engine.template()
-    check_fits(scenarios, effective_max_model_len(template, engine.resolved_hardware(),
-                                                  spec.engine_args))
+    check_fits(scenarios, setup.config.max_model_len)
     tokenizer = _load_tokenizer(variant.path)
-    with engine.serve(variant, spec.served_name, spec.engine_args) as running:
+    with engine.serve(variant, setup.config) as running:
         rows, points = _sweep(context, outputs, loadgen, running, template, spec.served_name,
                               scenarios, sweep, setup.slo, tokenizer)
     result, basis, violations = _headline(spec, variant, engine, gpus, setup.slo, points,
                                           sweep.mode == "concurrency")
-    if setup.reason:
-        result = dataclasses.replace(result, servable=False)
+    result = dataclasses.replace(result, config_hash=setup.config.hash,
+                                 slo_blocking=setup.blocking,
+                                 servable=result.servable and not setup.reason)
     yield dg.Output(result, metadata={
         **_measured_metadata(engine, setup, serving_variant),
         **_sweep_report(outputs, f"{spec.id} ({variant.precision}) on {engine.node_type}",
@@ -305,14 +356,24 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
             {"dropped_on_" + engine.resolved_hardware(): running.dropped_args}),
         **stack_metadata(configs),
     })
-    yield dg.AssetCheckResult(
+    yield _slo_check(setup, result, violations)
+
+
+def _slo_check(setup: Setup, result: ServingBenchmarkResult, violations: list[str]
+               ) -> dg.AssetCheckResult:
+    """A blocking gate in a profile whose slo_severity is error (gpu); a warning that says so
+    in one that measures a stand-in (cpu)."""
+    return dg.AssetCheckResult(
         check_name=SLO_CHECK, passed=result.slo_pass,
-        severity=(dg.AssetCheckSeverity.ERROR if setup.severity == "error"
-                  else dg.AssetCheckSeverity.WARN),
+        severity=dg.AssetCheckSeverity.ERROR if setup.blocking else dg.AssetCheckSeverity.WARN,
         metadata={"target_concurrency": setup.slo.target_concurrency,
                   "expected": dg.MetadataValue.json(setup.slo.__dict__),
                   "violations": dg.MetadataValue.json(list(violations)),
-                  "saturation_concurrency": result.saturation_concurrency})
+                  "saturation_concurrency": result.saturation_concurrency,
+                  "config_hash": setup.config.hash,
+                  "gate": f"blocking ({setup.profile_name} profile: slo_severity error)"
+                  if setup.blocking else f"warning only ({setup.profile_name} profile: "
+                  "slo_severity warn; it measures on a stand-in, not a deployed configuration)"})
 
 
 def _sweep_report(outputs: OutputDirs, title: str, model: str, rows: list[dict], slo: Slo

@@ -20,8 +20,8 @@ from onboarding.catalog import StrictConfig, format_validation_error, load_yaml
 from onboarding.errors import ConfigError
 
 GPU_BOUND_STAGES = ("quantized", "accuracy", "load_timing", "serving_benchmark")
-# Steps that touch the node's NVMe cache: the fetch, then every GPU-bound step.
-CACHE_STAGES = ("checkpoint", *GPU_BOUND_STAGES)
+# Steps that touch the node's NVMe cache: the fetch, the publish, and every GPU-bound step.
+CACHE_STAGES = ("checkpoint", "published_variant", *GPU_BOUND_STAGES)
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 CACHE_VOLUME = "model-cache"

@@ -26,9 +26,10 @@ from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from onboarding.catalog import ModelSpec, StrictConfig, load_yaml, validate_config
+from onboarding.engine_config import SECRET_NAME, Evidence, ServingConfig
 from onboarding.errors import ConfigError
 from onboarding.names import to_dns1123_label
-from onboarding.plan import GIB, DeploymentPlan, NodePlan, NodesConfig, NodeType
+from onboarding.plan import GIB, DeploymentPlan, NodePlan, NodeType
 
 LABEL_PREFIX = "model-onboarding.io"
 ISVC_NAME_MAX = 45  # KServe appends "-predictor" (and Knative a revision) within 63
@@ -42,9 +43,7 @@ DeploymentMode = Literal["Standard", "RawDeployment", "Knative", "Serverless"]
 _MODE_FAMILY = {"Standard": "raw", "RawDeployment": "raw", "Knative": "knative",
                 "Serverless": "knative"}
 
-_SECRET_NAME = re.compile(
-    r"(?i)(token|secret|passw(or)?d|api[_-]?key|access[_-]?key|credential|private[_-]?key)"
-)
+_SECRET_NAME = SECRET_NAME
 
 
 # ---- configuration ------------------------------------------------------------------------
@@ -57,6 +56,7 @@ class SecretRef(StrictConfig):
 
 class StorageConfig(StrictConfig):
     variants_uri: str = Field(pattern=r"^(s3|pvc|gs|hf)://.*\{model\}.*\{precision\}")
+    read_back_mib: int = Field(default=256, ge=1)
 
 
 class StorageInitializerConfig(StrictConfig):
@@ -82,6 +82,7 @@ class ProbeConfig(StrictConfig):
     readiness_failure_threshold: int = Field(ge=1)
     liveness_period_s: int = Field(ge=1)
     liveness_failure_threshold: int = Field(ge=1)
+    include_pull_time: bool = True
 
 
 class Replicas(StrictConfig):
@@ -110,6 +111,8 @@ class DeployConfig(StrictConfig):
     container_port: int = Field(ge=1, le=65535)
     metrics_path: str = Field(pattern=r"^/")
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    # false: a node type whose configuration was never measured gets no manifest (only why)
+    render_unmeasured: bool = True
 
 
 class EngineSwitch(StrictConfig):
@@ -248,12 +251,6 @@ def service_name(model_id: str, node_type: str, max_len: int = ISVC_NAME_MAX) ->
     return base + suffix
 
 
-def runtime_name(stack: Stack, arch: str) -> str:
-    image = stack.images[arch]
-    digest = hashlib.sha256(image.encode()).hexdigest()[:6]
-    return to_dns1123_label(f"{stack.engine}-{stack.engine_version}-{arch}-{digest}")
-
-
 def label_value(value: str) -> str:
     """A Kubernetes label value (<= 63, alphanumeric at both ends, [-_.] inside)."""
     v = re.sub(r"[^A-Za-z0-9_.-]+", "-", value)[:63]
@@ -271,21 +268,30 @@ class StartupProbePlan:
     explanation: str
 
 
-def startup_probe_plan(cold_start_p95_s: float | None, cfg: ProbeConfig) -> StartupProbePlan:
-    """window = max(min_startup_s, ceil(safety_factor x cold-start p95)); unmeasured: the default.
+def startup_probe_plan(cold_start_p95_s: float | None, cfg: ProbeConfig,
+                       pull_s: float | None = None) -> StartupProbePlan:
+    """window = max(min_startup_s, ceil(safety_factor x (fully cold p95 + pull))).
 
-    Kubernetes allows a container `failureThreshold x periodSeconds` to start, so the threshold is
-    the window divided by the period, rounded up.
+    The pull (the storage initializer copying the published variant, at the GET throughput
+    measured reading it back) is counted when `probes.include_pull_time`: Kubernetes starts the
+    startup probe's clock after init containers finish, so this is conservative for KServe's
+    initializer and exact when the runtime pulls the weights itself. Unmeasured: the default.
+    Kubernetes allows a container `failureThreshold x periodSeconds` to start, so the
+    threshold is the window divided by the period, rounded up.
     """
     if cold_start_p95_s is None:
         window = cfg.unmeasured_startup_s
-        why = (f"default: never load-timed, conservative {window} s "
+        why = (f"default: never load-timed at this configuration, conservative {window} s "
                "(configs/deploy.yaml probes.unmeasured_startup_s)")
         basis: Literal["measured", "default"] = "default"
     else:
-        scaled = math.ceil(cfg.safety_factor * cold_start_p95_s)
+        pull = pull_s if (cfg.include_pull_time and pull_s is not None) else 0.0
+        scaled = math.ceil(cfg.safety_factor * (cold_start_p95_s + pull))
         window = max(cfg.min_startup_s, scaled)
-        why = (f"measured: cold-start p95 {cold_start_p95_s:.1f} s x safety "
+        pull_note = (f" + derived pull {pull:.1f} s" if pull else
+                     " (pull not counted)" if not cfg.include_pull_time else
+                     " (pull unknown: nothing published)")
+        why = (f"measured: fully cold start p95 {cold_start_p95_s:.1f} s{pull_note}, x safety "
                f"{cfg.safety_factor:g} = {scaled} s, floor {cfg.min_startup_s} s -> {window} s")
         basis = "measured"
     threshold = max(1, math.ceil(window / cfg.period_s))
@@ -299,76 +305,33 @@ def source_precision(config_dtype: str | None) -> str:
     return config_dtype
 
 
-def storage_uri(spec: ModelSpec, precision: str, source_prec: str, cfg: DeployConfig) -> str:
-    """The source itself when it is the planned precision, else the published variant."""
-    if precision != source_prec:
-        return cfg.storage.variants_uri.format(model=spec.id, precision=precision)
-    ref = spec.source_ref
-    if ref.kind == "hf":  # KServe's form: hf://org/name:revision
-        return f"hf://{ref.location}" + (f":{ref.revision}" if ref.revision else "")
-    return ref.uri
+@dataclass(frozen=True)
+class Storage:
+    """Where a manifest's pod gets its weights, and whether this graph published and verified
+    them there."""
+
+    uri: str
+    published: bool
+    why: str
+    pull_s: float | None = None  # derived: published bytes / GET throughput measured
 
 
-_PLAN_OWNED = {"tensor_parallel_size", "model", "served_model_name", "port", "host"}
-_FROM_INPUTS = {"max_model_len", "gpu_memory_utilization", "kv_cache_dtype"}
-
-
-def _check_engine_args(spec: ModelSpec) -> None:
-    for key, value in spec.engine_args.items():
-        if _SECRET_NAME.search(key):
-            raise ConfigError(
-                f"model {spec.id!r}: engine_args.{key}",
-                "looks like a credential, and engine args are rendered into the manifest in clear",
-                "Remove it; give credentials to the pod through a secret (deploy.yaml "
-                "service_account / hf_token_secret).",
-            )
-        if key in _PLAN_OWNED:
-            raise ConfigError(
-                f"model {spec.id!r}: engine_args.{key}={value!r}",
-                "set by the deployment plan and the manifest, not by the spec",
-                f"Remove engine_args.{key}.",
-            )
-
-
-def _flag(key: str, value: Any) -> list[str]:
-    name = "--" + key.replace("_", "-")
-    if value is True:
-        return [name]
-    if value is False or value is None:
-        return []
-    if isinstance(value, dict | list):
-        return [f"{name}={json.dumps(value, sort_keys=True, separators=(',', ':'))}"]
-    return [f"{name}={value}"]
-
-
-def engine_args(engine: Engine, spec: ModelSpec, plan: DeploymentPlan, node: NodePlan,
-                port: int, switches: list[EngineSwitch] = ()) -> list[str]:
-    """Engine CLI args: the plan's numbers first, then the spec's production parameters, then
-    the engine switches that apply. vLLM takes the model as `vllm serve`'s positional argument;
-    SGLang serves /metrics only with --enable-metrics, which the runtime advertises."""
-    _check_engine_args(spec)
-    inputs = plan.inputs
-    max_seqs = spec.engine_args.get("max_num_seqs", inputs.target_concurrency)
-    if engine == "vllm":
-        args = [MODEL_DIR, f"--served-model-name={spec.served_name}",
-                f"--port={port}", f"--tensor-parallel-size={node.tensor_parallel}",
-                f"--max-model-len={inputs.context_tokens}", f"--max-num-seqs={max_seqs}",
-                f"--gpu-memory-utilization={inputs.gpu_memory_utilization:g}"]
-    else:
-        args = [f"--model-path={MODEL_DIR}", f"--served-model-name={spec.served_name}",
-                "--host=0.0.0.0", f"--port={port}", f"--tp-size={node.tensor_parallel}",
-                f"--context-length={inputs.context_tokens}",
-                f"--max-running-requests={max_seqs}",
-                f"--mem-fraction-static={inputs.gpu_memory_utilization:g}", "--enable-metrics"]
-    if inputs.kv_cache_dtype:
-        args.append(f"--kv-cache-dtype={inputs.kv_cache_dtype}")
-    for key in sorted(spec.engine_args):
-        if key in _FROM_INPUTS or key == "max_num_seqs":
-            continue
-        args += _flag(key, spec.engine_args[key])
-    for switch in switches:
-        args += [a for a in switch.args if a not in args]
-    return args
+def storage_for(spec: ModelSpec, precision: str, source_prec: str, cfg: DeployConfig,
+                published: dict[str, Any] | None) -> Storage:
+    """The published, verified variant of `precision` when there is one; otherwise the source
+    itself when it is that precision, or the variants location, both marked unpublished."""
+    p = (published or {}).get(precision)
+    if p is not None:
+        return Storage(p.uri, True, f"published and verified: {p.uri} (sha256 per file)",
+                       p.pull_s)
+    if precision == source_prec:
+        ref = spec.source_ref
+        uri = (f"hf://{ref.location}" + (f":{ref.revision}" if ref.revision else "")
+               if ref.kind == "hf" else ref.uri)  # KServe's hf form: hf://org/name:revision
+        return Storage(uri, False, "unpublished: the source itself, not published by this "
+                       "graph")
+    return Storage(cfg.storage.variants_uri.format(model=spec.id, precision=precision), False,
+                   f"unpublished: no {precision} variant was published for this model")
 
 
 def _probe(path: str, port: int, period: int, threshold: int, timeout: int) -> dict[str, Any]:
@@ -441,7 +404,9 @@ class RenderInputs:
     node: NodeType
     stack: Stack
     deploy: DeployConfig
-    source_precision: str = "bf16"
+    config: ServingConfig
+    evidence: Evidence
+    storage: Storage
 
 
 @dataclass(frozen=True)
@@ -464,35 +429,42 @@ class Rendered:
     route: Route
     switches: tuple[str, ...]
     qos_class: str = ""
+    config_hash: str = ""
+    measured: bool = False
+    published: bool = False
 
 
-def render_servingruntime(stack: Stack, arch: str, cfg: DeployConfig) -> dict[str, Any]:
-    command = ["vllm", "serve"] if stack.engine == "vllm" else [
-        "python3", "-m", "sglang.launch_server"]
+def runtime_name(config: ServingConfig) -> str:
+    digest = hashlib.sha256(config.image.encode()).hexdigest()[:6]
+    return to_dns1123_label(f"{config.engine}-{config.engine_version}-{config.hardware}-{digest}")
+
+
+def render_servingruntime(config: ServingConfig, stack: Stack, cfg: DeployConfig
+                          ) -> dict[str, Any]:
     return {
         "apiVersion": "serving.kserve.io/v1alpha1",
         "kind": "ServingRuntime",
         "metadata": {
-            "name": runtime_name(stack, arch),
+            "name": runtime_name(config),
             "namespace": cfg.namespace,
             "labels": {
                 "app.kubernetes.io/part-of": "model-onboarding",
-                f"{LABEL_PREFIX}/engine": stack.engine,
-                f"{LABEL_PREFIX}/engine-version": label_value(stack.engine_version),
-                f"{LABEL_PREFIX}/arch": arch,
+                f"{LABEL_PREFIX}/engine": config.engine,
+                f"{LABEL_PREFIX}/engine-version": label_value(config.engine_version),
+                f"{LABEL_PREFIX}/arch": config.hardware,
                 f"{LABEL_PREFIX}/stack-fingerprint": stack.fingerprint,
             },
         },
         "spec": {
             "annotations": {"prometheus.kserve.io/port": str(cfg.container_port),
                             "prometheus.kserve.io/path": cfg.metrics_path},
-            "supportedModelFormats": [{"name": stack.engine, "version": "1",
+            "supportedModelFormats": [{"name": config.engine, "version": "1",
                                        "autoSelect": False}],
             "multiModel": False,
             "containers": [{
                 "name": RUNTIME_CONTAINER,
-                "image": stack.images[arch],
-                "command": command,
+                "image": config.image,
+                "command": list(config.container_command),
                 "ports": [{"containerPort": cfg.container_port, "protocol": "TCP"}],
                 "env": [{"name": "HF_HOME", "value": "/tmp/hf"},
                         {"name": "HF_HUB_OFFLINE", "value": "1"}],
@@ -501,14 +473,13 @@ def render_servingruntime(stack: Stack, arch: str, cfg: DeployConfig) -> dict[st
     }
 
 
-def _model(ri: RenderInputs, node: NodePlan, uri: str, startup: StartupProbePlan,
-           switches: list[EngineSwitch]) -> dict[str, Any]:
-    """predictor.model: image args, env, resources (requests = limits) and the three probes."""
-    cfg, node_t, tp, port, probes = ri.deploy, ri.node, node.tensor_parallel, \
-        ri.deploy.container_port, ri.deploy.probes
-    env: list[dict[str, Any]] = [{"name": k, "value": v}
-                                 for s in switches for k, v in sorted(s.env.items())]
-    if uri.startswith("hf://") and cfg.hf_token_secret is not None:
+def _model(ri: RenderInputs, startup: StartupProbePlan) -> dict[str, Any]:
+    """predictor.model: the configuration's args and env, resources (requests = limits) and the
+    three probes."""
+    cfg, node_t, c = ri.deploy, ri.node, ri.config
+    port, probes, tp = cfg.container_port, cfg.probes, c.tensor_parallel
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(c.env.items())]
+    if ri.storage.uri.startswith("hf://") and cfg.hf_token_secret is not None:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": cfg.hf_token_secret.name, "key": cfg.hf_token_secret.key,
             "optional": True}}})
@@ -517,10 +488,10 @@ def _model(ri: RenderInputs, node: NodePlan, uri: str, startup: StartupProbePlan
                  "memory": f"{tp * node_t.host_memory_gib_per_gpu + shm_gib}Gi",
                  "nvidia.com/gpu": str(tp)}
     model: dict[str, Any] = {
-        "modelFormat": {"name": ri.stack.engine},
-        "runtime": runtime_name(ri.stack, node_t.arch),
-        "storageUri": uri,
-        "args": engine_args(ri.stack.engine, ri.spec, ri.plan, node, port, switches),
+        "modelFormat": {"name": c.engine},
+        "runtime": runtime_name(c),
+        "storageUri": ri.storage.uri,
+        "args": c.args(MODEL_DIR, port),
         "env": env,
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "startupProbe": _probe(probes.path, port, probes.period_s, startup.failure_threshold,
@@ -539,14 +510,18 @@ def _model(ri: RenderInputs, node: NodePlan, uri: str, startup: StartupProbePlan
 
 def _annotations(ri: RenderInputs, node: NodePlan, startup: StartupProbePlan,
                  switches: list[EngineSwitch], qos: tuple[str, str]) -> dict[str, str]:
-    throughput = (f"measured: {node.tokens_per_s_per_gpu:g} tokens/s/GPU on {ri.node_type}"
-                  if node.throughput_basis == "measured"
-                  else f"absent: never benchmarked on {ri.node_type}")
+    ev = ri.evidence
+    throughput = (f"measured: {ev.tokens_per_s_per_gpu:g} tokens/s/GPU at configuration "
+                  f"{ev.config_hash} on {ri.node_type}" if ev.tokens_per_s_per_gpu is not None
+                  else f"absent: never benchmarked at configuration {ev.config_hash} on "
+                  f"{ri.node_type}")
     annotations = {
         "serving.kserve.io/deploymentMode": deployment_mode(ri.deploy, ri.stack.kserve_version),
         "serving.kserve.io/enable-prometheus-scraping": "true",
         f"{LABEL_PREFIX}/served-model-name": ri.spec.served_name,
         f"{LABEL_PREFIX}/source": ri.spec.source,
+        f"{LABEL_PREFIX}/configuration": ev.basis,
+        f"{LABEL_PREFIX}/storage": ri.storage.why,
         f"{LABEL_PREFIX}/plan": node.reason,
         f"{LABEL_PREFIX}/weights": (f"{node.weight_basis}: {node.weight_bytes} bytes "
                                     f"{node.precision}"),
@@ -557,16 +532,21 @@ def _annotations(ri: RenderInputs, node: NodePlan, startup: StartupProbePlan,
         f"{LABEL_PREFIX}/startup-probe": startup.explanation,
         f"{LABEL_PREFIX}/throughput": throughput,
     }
+    if ev.slo_pass is not None:
+        annotations[f"{LABEL_PREFIX}/slo"] = (
+            f"{'met' if ev.slo_pass else 'missed'} at configuration {ev.config_hash}")
     if switches:
         annotations[f"{LABEL_PREFIX}/engine-switches"] = "; ".join(
             f"{' '.join([*(f'{k}={v}' for k, v in sorted(s.env.items())), *s.args])}: {s.why}"
             for s in switches)
+    if ri.config.notes:
+        annotations[f"{LABEL_PREFIX}/configuration-notes"] = "; ".join(ri.config.notes)
     return annotations
 
 
 def render(ri: RenderInputs) -> Rendered:
-    """ServingRuntime + InferenceService for one model on one node type (a feasible plan)."""
-    spec, cfg, stack, node_t = ri.spec, ri.deploy, ri.stack, ri.node
+    """ServingRuntime + InferenceService for one model on one node type: exactly `ri.config`."""
+    spec, cfg, stack, node_t, c = ri.spec, ri.deploy, ri.stack, ri.node, ri.config
     node = ri.plan.node(ri.node_type)
     if not node.feasible or node.tensor_parallel is None or node.precision is None:
         raise ConfigError(
@@ -580,8 +560,7 @@ def render(ri: RenderInputs) -> Rendered:
             f"Add the {stack.engine} image built for {node_t.arch} ({ri.node_type} nodes).",
         )
     name = service_name(spec.id, ri.node_type)
-    startup = startup_probe_plan(ri.plan.inputs.measured.cold_start_p95_s, cfg.probes)
-    uri = storage_uri(spec, node.precision, ri.source_precision, cfg)
+    startup = startup_probe_plan(ri.evidence.cold_start_p95_s, cfg.probes, ri.storage.pull_s)
     switches = stack.switches_for(node.precision, ri.plan.inputs.shape.moe, node_t.arch)
     predictor: dict[str, Any] = {
         "minReplicas": cfg.replicas.min,
@@ -591,7 +570,7 @@ def render(ri: RenderInputs) -> Rendered:
                         str(cfg.container_port), "prometheus.io/path": cfg.metrics_path},
         "nodeSelector": {"nvidia.com/gpu.product": node_t.gpu_product},
         "tolerations": _tolerations(node_t),
-        "model": _model(ri, node, uri, startup, switches),
+        "model": _model(ri, startup),
     }
     if "volumeMounts" in predictor["model"]:
         predictor["volumes"] = [{"name": SHM_VOLUME, "emptyDir": {
@@ -609,6 +588,9 @@ def render(ri: RenderInputs) -> Rendered:
         f"{LABEL_PREFIX}/precision": node.precision,
         f"{LABEL_PREFIX}/tensor-parallel": str(node.tensor_parallel),
         f"{LABEL_PREFIX}/stack-fingerprint": stack.fingerprint,
+        f"{LABEL_PREFIX}/config-hash": c.hash,
+        f"{LABEL_PREFIX}/measured": "true" if ri.evidence.measured else "false",
+        f"{LABEL_PREFIX}/published": "true" if ri.storage.published else "false",
         f"{LABEL_PREFIX}/weights-basis": node.weight_basis or "estimate",
         f"{LABEL_PREFIX}/probe-basis": startup.basis,
         f"{LABEL_PREFIX}/qos-class": qos[0],
@@ -616,24 +598,10 @@ def render(ri: RenderInputs) -> Rendered:
     isvc["metadata"]["annotations"] = _annotations(ri, node, startup, switches, qos)
     route = Route(spec.served_name, name, cfg.namespace, ri.node_type, node.precision,
                   node.tensor_parallel)
-    return Rendered(ri.node_type, name, runtime_name(stack, node_t.arch),
-                    (render_servingruntime(stack, node_t.arch, cfg), isvc), startup, route,
-                    tuple(f"{s.why}" for s in switches), qos[0])
-
-
-def render_targets(spec: ModelSpec, plan: DeploymentPlan, nodes: NodesConfig, stack: Stack,
-                   deploy: DeployConfig, config_dtype: str | None
-                   ) -> tuple[list[Rendered], dict[str, str]]:
-    """Every target node type of deploy.yaml: rendered where the plan is feasible, else why not."""
-    rendered, skipped = [], {}
-    for nt in deploy.target_node_types:
-        node_plan = plan.node(nt)
-        if not node_plan.feasible:
-            skipped[nt] = node_plan.reason
-            continue
-        rendered.append(render(RenderInputs(spec, plan, nt, nodes.node_types[nt], stack,
-                                            deploy, source_precision(config_dtype))))
-    return rendered, skipped
+    return Rendered(ri.node_type, name, runtime_name(c),
+                    (render_servingruntime(c, stack, cfg), isvc), startup, route,
+                    tuple(s.why for s in switches), qos[0], c.hash, ri.evidence.measured,
+                    ri.storage.published)
 
 
 def _tolerations(node: NodeType) -> list[dict[str, str]]:

@@ -265,6 +265,9 @@ class Measured:
     """What upstream assets recorded for this model; None where nothing was materialized."""
 
     variant_precision: str | None = None
+    # Precisions whose accuracy gate passed (bf16, the baseline, always may be served); None
+    # when no gate ran (plan-only): the ladder is then taken as declared.
+    passed_precisions: tuple[str, ...] | None = None
     variant_weight_bytes: int | None = None
     benchmark_node_type: str | None = None
     benchmark_gpus: int | None = None
@@ -372,11 +375,17 @@ def _precision_for(inputs: PlanInputs, node: NodeType) -> tuple[str | None, str]
     m = inputs.measured
     if m.variant_precision is not None and m.variant_precision in ladder:
         ladder = ladder[ladder.index(m.variant_precision):]
+    if m.passed_precisions is not None:
+        failed = [p for p in ladder if p != "bf16" and p not in m.passed_precisions]
+        ladder = [p for p in ladder if p not in failed]
+    else:
+        failed = []
     for p in ladder:
         if p in node.native_precisions:
             return p, ""
+    gate = f"; {', '.join(failed)} failed the accuracy gate" if failed else ""
     return None, (f"no precision in {ladder} is native here (native: "
-                  f"{', '.join(node.native_precisions)})")
+                  f"{', '.join(node.native_precisions)}){gate}")
 
 
 def _weights(inputs: PlanInputs, precision: str, nodes: NodesConfig) -> tuple[int | None, Basis]:
@@ -514,7 +523,8 @@ def plan_rows(p: DeploymentPlan) -> list[dict[str, Any]]:
 
 
 def measured_from_results(variant: VariantRef | None, timing: LoadTimingResult | None,
-                          bench: ServingBenchmarkResult | None) -> Measured:
+                          bench: ServingBenchmarkResult | None,
+                          passed_precisions: tuple[str, ...] | None = None) -> Measured:
     """What upstream assets stored for this model (each None when never materialized).
 
     Absent results stay None: they are reported as absent, never filled in. A benchmark that
@@ -522,6 +532,7 @@ def measured_from_results(variant: VariantRef | None, timing: LoadTimingResult |
     """
     measured_bench = bench is not None and bench.tokens_per_s_per_gpu > 0
     return Measured(
+        passed_precisions=passed_precisions,
         variant_precision=variant.precision if variant else None,
         variant_weight_bytes=(variant.weight_bytes or None) if variant else None,
         benchmark_node_type=bench.node_type if bench else None,

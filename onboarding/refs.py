@@ -32,3 +32,32 @@ class VariantRef:
     total_bytes: int
     content_hash: str
     weight_bytes: int = 0  # bytes of *.safetensors: what the GPU holds, for the plan
+
+
+@dataclass(frozen=True)
+class PublishedVariant:
+    """One precision of a model published to the serving bucket and verified there."""
+
+    model: str
+    precision: str
+    uri: str  # s3://<bucket>/<prefix><content-hash>/
+    content_hash: str
+    total_bytes: int
+    files: int
+    skipped: bool  # already published with this content: nothing uploaded
+    bytes_uploaded: int = 0
+    read_back_bytes: int = 0
+    read_back_s: float = 0.0
+
+    @property
+    def read_gbps(self) -> float | None:
+        """The serving bucket's GET throughput measured reading back part of the variant."""
+        if self.read_back_bytes <= 0 or self.read_back_s <= 0:
+            return None
+        return self.read_back_bytes / self.read_back_s / 1e9
+
+    @property
+    def pull_s(self) -> float | None:
+        """Derived: seconds the storage initializer needs to pull it at that throughput."""
+        gbps = self.read_gbps
+        return self.total_bytes / 1e9 / gbps if gbps else None

@@ -39,7 +39,15 @@ class MetricNames(StrictConfig):
 
 
 class EngineTemplate(StrictConfig):
-    command: list[str] = Field(min_length=1)
+    """How to start one engine: the executable (locally and in the serving image), how it takes
+    the model, host, port and served name, its flags, log line, metrics and kernels."""
+
+    command: list[str] = Field(min_length=1, description="local executable; {bin_dir} filled")
+    container_command: list[str] = Field(min_length=1, description="the serving image's")
+    model_arg: str = Field(default="", description="'' = the model path is positional")
+    host_flag: str = "--host"
+    port_flag: str = "--port"
+    served_name_flag: str = "--served-model-name"
     weights_loaded_pattern: str
     health_path: str = "/health"
     metrics: MetricNames
@@ -47,6 +55,9 @@ class EngineTemplate(StrictConfig):
     args: dict[str, ArgFlag] = Field(default_factory=dict)
     serves: dict[str, list[str]]
     hardware: dict[str, HardwareProfile] = Field(default_factory=dict)
+    # Directories the engine compiles and caches kernels into (env variable -> subdirectory):
+    # a fully cold start points them at an empty directory.
+    cache_env: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("weights_loaded_pattern")
     @classmethod
@@ -55,15 +66,6 @@ class EngineTemplate(StrictConfig):
             re.compile(v)
         except re.error as exc:
             raise ValueError(f"not a valid regular expression ({exc})") from None
-        return v
-
-    @field_validator("command")
-    @classmethod
-    def _placeholders(cls, v: list[str]) -> list[str]:
-        joined = " ".join(v)
-        for needed in ("{model_path}", "{port}"):
-            if needed not in joined:
-                raise ValueError(f"the command must contain {needed}")
         return v
 
 
@@ -103,39 +105,6 @@ def servable(template: EngineTemplate, engine: str, hardware: str, precision: st
         return False, (f"{engine} on {hardware} serves {', '.join(serves)}, not {precision}; "
                        f"{precision} needs {', '.join(needs) or 'hardware not listed'}")
     return True, ""
-
-
-def render_command(
-    template: EngineTemplate, *, hardware: str, bin_dir: str, model_path: str,
-    served_name: str, port: int, engine_args: dict[str, Any], precision: str,
-) -> tuple[list[str], dict[str, str], list[str]]:
-    """argv, extra env, and the engine args dropped because they do not apply to `hardware`.
-
-    Args are the hardware profile's defaults overlaid by the model's production `engine_args`.
-    """
-    profile = template.hardware.get(hardware_class(hardware), HardwareProfile())
-    merged = {**profile.defaults, **engine_args}
-    dropped = sorted(k for k in merged if k in profile.unsupported_args)
-    argv = [part.format(bin_dir=bin_dir, model_path=model_path, served_name=served_name,
-                        port=port) for part in template.command]
-    for key, value in merged.items():
-        if key in dropped:
-            continue
-        spec = template.args.get(key)
-        if spec is None:
-            known = ", ".join(sorted(template.args))
-            raise ConfigError(f"engine_args.{key}", f"the engine template has no flag for it "
-                              f"(known: {known})",
-                              "Use one of the known names, or add it to the template's 'args' "
-                              "in configs/stack.yaml.")
-        if isinstance(value, bool):
-            flag = spec.flag if value else spec.off_flag
-            if flag:
-                argv.append(flag)
-        elif spec.flag:
-            argv += [spec.flag, str(value)]
-    env = {**template.env, **profile.env}
-    return argv, env, dropped
 
 
 def effective_max_model_len(template: EngineTemplate, hardware: str,
@@ -183,13 +152,17 @@ class Sweep(StrictConfig):
 
 
 class LoadTimingDefaults(StrictConfig):
-    cold_repeats: int = Field(ge=1)
+    cold_repeats: int = Field(ge=1, description="fully cold starts (weights and caches)")
+    cold_weights_repeats: int = Field(default=1, ge=0, description="weights cold, caches warm")
     warm_repeats: int = Field(ge=0)
     start_timeout_s: float = Field(gt=0)
 
 
 class Profile(StrictConfig):
     substitute_baseline: bool = False
+    # error: the SLO check at the target concurrency blocks what follows (a model that misses
+    # its SLOs is not ready); warn: it is reported only (a profile that measures a stand-in).
+    slo_severity: Literal["warn", "error"] = "error"
     scenarios: dict[str, Scenario] = Field(min_length=1)
     sweep: Sweep
     load_timing: LoadTimingDefaults
@@ -255,7 +228,6 @@ class SloFields(StrictConfig):
 
 
 class SloSection(StrictConfig):
-    severity: Literal["warn", "error"] = "warn"
     defaults: SloFields
     node_types: dict[str, SloFields] = Field(default_factory=dict)
 

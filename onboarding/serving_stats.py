@@ -244,18 +244,28 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 # ---- Results the plan stage reads (also emitted as metadata with these names) ----
 
+START_KINDS = ("fully_cold", "cold_weights", "warm")
+"""fully_cold: weights evicted and the engine's compile/kernel caches empty (a new pod on a
+node that never ran this configuration); cold_weights: weights evicted, caches warm (a restart
+after the page cache was dropped); warm: weights in the page cache."""
+
+
 @dataclass(frozen=True)
 class LoadTimingResult:
     model: str
     precision: str  # the precision measured (the baseline's when it stood in)
     servable: bool
     reason: str  # why the serving variant is not servable here; "" when it is
-    cold_start_p50_s: float | None = None
-    cold_start_p95_s: float | None = None
+    cold_start_p50_s: float | None = None  # fully cold
+    cold_start_p95_s: float | None = None  # fully cold: what a new pod waits (probe basis)
     warm_start_p50_s: float | None = None
     weight_bytes: int = 0
     weights_load_gbps: float | None = None
     raw_read_gbps: float | None = None
+    cold_weights_p50_s: float | None = None
+    cold_weights_p95_s: float | None = None
+    node_type: str = ""
+    config_hash: str = ""
 
 
 @dataclass(frozen=True)
@@ -269,13 +279,15 @@ class ServingBenchmarkResult:
     saturation_concurrency: int
     slo_pass: bool
     slo_violations: tuple[str, ...] = ()
+    config_hash: str = ""
+    slo_blocking: bool = False  # judged as a blocking gate (gpu profile) or a warning (cpu)
 
 
 @dataclass(frozen=True)
 class StartSample:
-    """One engine start: cold (page cache evicted first) or warm (files pre-read)."""
+    """One engine start of a kind in START_KINDS."""
 
-    kind: str  # "cold" | "warm"
+    kind: str  # fully_cold | cold_weights | warm
     resident_fraction: float  # of the weight files, just before the start
     weights_loaded_s: float | None
     engine_weights_load_s: float | None
@@ -285,15 +297,17 @@ class StartSample:
 
 def summarize_load_timing(model: str, precision: str, samples: Sequence[StartSample],
                           weight_bytes: int, raw_read_gbps: float | None) -> LoadTimingResult:
-    """p50/p95 of cold and warm starts; weight GB/s from the cold starts' load phase.
+    """p50/p95 per kind of start; weight GB/s from the weight-cold starts' load phase.
 
     The load phase is the engine's own "weights took X s" when it logs one, else process start
     to that log line (which then includes interpreter and framework import time).
     """
-    cold = [s.first_token_s for s in samples if s.kind == "cold"]
-    warm = [s.first_token_s for s in samples if s.kind == "warm"]
+    def firsts(kind: str) -> list[float]:
+        return [s.first_token_s for s in samples if s.kind == kind]
+
+    cold, cold_w, warm = firsts("fully_cold"), firsts("cold_weights"), firsts("warm")
     loads = [s.engine_weights_load_s if s.engine_weights_load_s else s.weights_loaded_s
-             for s in samples if s.kind == "cold"]
+             for s in samples if s.kind in ("fully_cold", "cold_weights")]
     loads = [x for x in loads if x]
     load_s = percentile(loads, 50) if loads else None
     return LoadTimingResult(
@@ -304,4 +318,6 @@ def summarize_load_timing(model: str, precision: str, samples: Sequence[StartSam
         weight_bytes=weight_bytes,
         weights_load_gbps=weight_bytes / load_s / 1e9 if load_s else None,
         raw_read_gbps=raw_read_gbps,
+        cold_weights_p50_s=percentile(cold_w, 50) if cold_w else None,
+        cold_weights_p95_s=percentile(cold_w, 95) if cold_w else None,
     )

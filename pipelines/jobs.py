@@ -7,7 +7,7 @@ import dagster as dg
 from assets.stack import SERVING_STACK
 from pipelines.executors import onboarding_executor
 
-PLAN_ASSETS = ("deployment_plan", "kserve_manifest", "gateway_routes")
+PLAN_ASSETS = ("serving_config", "kserve_manifest", "gateway_routes")
 
 # serving_stack is observed first in every onboarding run, so each result records the stack it
 # was measured on (its input data version), never Dagster's INITIAL marker.

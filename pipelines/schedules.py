@@ -53,6 +53,13 @@ def measured_on(mat: dg.AssetMaterialization) -> str:
     return str(recorded.value) if recorded is not None else UNKNOWN_STACK
 
 
+def readiness_verdict(instance: dg.DagsterInstance, model: str) -> str:
+    """The latest `readiness` verdict of a model (assets/readiness.py), in words."""
+    mat = latest_materialization(instance, "readiness", model)
+    verdict = mat.metadata.get("verdict") if mat is not None else None
+    return str(verdict.value) if verdict is not None else "not judged yet"
+
+
 def stale_ready_models(instance: dg.DagsterInstance, fingerprint: str,
                        ready_assets: list[str], dependent: list[str]
                        ) -> dict[str, dict[str, Any]]:
@@ -91,14 +98,17 @@ def revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: Config
     if not stale:
         return dg.SkipReason(f"every ready model is current with stack {fp[:16]}")
     for model, assets in stale.items():
-        context.log.info(f"{model}: stale against stack {fp[:16]}: "
-                         + ", ".join(f"{a} (measured on {v[:16]})" for a, v in assets.items()))
+        context.log.info(f"{model} ({readiness_verdict(context.instance, model)}): stale against "
+                         f"stack {fp[:16]}: " + ", ".join(
+                             f"{a} (measured on {v[:16]})" for a, v in assets.items()))
     stages = job_stages(context.repository_def, REVALIDATE_JOB)
     return [
         dg.RunRequest(partition_key=model, run_key=f"revalidate-{model}@{fp[:16]}",
                       run_config=cfg.launch.run_config(cfg.launch.automatic_sweep, stages),
                       tags={"onboarding/trigger": "revalidation",
                             "onboarding/stack_fingerprint": fp,
+                            "onboarding/ready_before": str(readiness_verdict(
+                                context.instance, model).startswith("ready")).lower(),
                             "onboarding/stale_assets": ",".join(sorted(assets))})
         for model, assets in stale.items()
     ]
@@ -169,6 +179,7 @@ def report_revalidation(context: dg.RunStatusSensorContext) -> dg.SkipReason | N
                 "stack_fingerprint": run.tags.get("onboarding/stack_fingerprint", "unknown"),
                 "verdict_changed": bool(changed),
                 "verdict_change": summary,
+                "readiness": readiness_verdict(context.instance, model),
                 "verdicts": dg.MetadataValue.md(md_table(
                     {"check": c["check"], "before": _verdict(c["before"]),
                      "after": _verdict(c["after"])} for c in checks)),

@@ -33,15 +33,14 @@ import dagster as dg
 from pydantic import Field
 
 from onboarding import page_cache
+from onboarding.catalog import ModelSpec
+from onboarding.engine_config import ServingConfig
 from onboarding.errors import OnboardingError
 from onboarding.paths import PROJECT_ROOT
 from onboarding.processes import free_port, log_tail, port_is_free, reap_group
 from onboarding.refs import VariantRef
-from onboarding.serving_config import (
-    EngineTemplate,
-    render_command,
-    servable,
-)
+from onboarding.serving_config import EngineTemplate, servable
+from onboarding.serving_plan import local_config
 from onboarding.serving_stats import StartSample
 from resources.config_files import ConfigFiles
 
@@ -95,6 +94,7 @@ class RunningEngine:
     dropped_args: list[str]
     phases: StartPhases = field(default_factory=StartPhases)
     process: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+    config_hash: str = ""
 
     def exit_code(self) -> int | None:
         """None while the engine process runs; its exit status once it has exited."""
@@ -195,8 +195,42 @@ class Engine(dg.ConfigurableResource):
     start_timeout_s: float = Field(default=300.0, gt=0, description="ENGINE_START_TIMEOUT_S")
     log_dir: str = Field(default="", description="engine logs; empty = a temp directory "
                          "(ENGINE_LOG_DIR)")
+    engine_version: str = Field(default="", description="the installed engine's version; empty "
+                                "= read from the engine's virtualenv (bin_dir/python)")
     configs: ConfigFiles | None = Field(default=None, description="where stack.yaml (the engine "
                                         "templates) lives; default: the repository's configs/")
+
+    def installed_version(self) -> str:
+        """The engine's version as installed next to `bin_dir` (pip metadata of the engine's
+        distribution), or `engine_version` when set."""
+        if self.engine_version:
+            return self.engine_version
+        python = Path(self.bin_dir) / "python"
+        if not python.is_file():
+            return "unknown"
+        code = ("import importlib.metadata as m, sys\n"
+                "for d in sys.argv[1:]:\n"
+                "    try:\n        print(m.version(d)); break\n"
+                "    except m.PackageNotFoundError:\n        pass\n")
+        dists = [self.engine, f"{self.engine}-cpu"]
+        proc = subprocess.run([str(python), "-c", code, *dists], capture_output=True, text=True,
+                              timeout=60, check=False)
+        return proc.stdout.strip() or "unknown"
+
+    def local(self, precision: str) -> dict[str, str]:
+        """What `serving_plan` needs to know of the engine at hand."""
+        return {"node_type": self.node_type, "hardware": self.resolved_hardware(),
+                "engine": self.engine, "engine_version": self.installed_version(),
+                "precision": precision}
+
+    def adhoc_config(self, variant: VariantRef, served_name: str,
+                     engine_args: dict[str, Any] | None = None) -> ServingConfig:
+        """A configuration for this engine outside any plan (client tests, evaluation runs):
+        the hardware defaults and `engine_args`."""
+        spec = ModelSpec(id=variant.model, source=f"s3://local/{variant.model}/",
+                         served_name=served_name, engine_args=engine_args or {})
+        return local_config(spec, self.template(), self.engine, self.installed_version(),
+                            self.resolved_hardware(), self.node_type, variant.precision)
 
     # ---- what this engine can serve ----
 
@@ -234,41 +268,66 @@ class Engine(dg.ConfigurableResource):
 
     # ---- load timing ----
 
-    def time_starts(self, variant: VariantRef, served_name: str, engine_args: dict[str, Any],
-                    cold_repeats: int, warm_repeats: int, start_timeout_s: float | None = None,
+    def time_starts(self, variant: VariantRef, config: ServingConfig,
+                    repeats: Mapping[str, int], start_timeout_s: float | None = None,
                     log: Any = None) -> tuple[list[StartSample], page_cache.RawRead]:
-        """Cold starts (weights evicted, verified by residency) then warm ones (pre-read).
+        """Starts of each kind (serving_stats.START_KINDS), in that order.
 
-        "Cold" is about the weights: the engine's own code and libraries stay cached, as they
-        do on a node whose image is already pulled. The raw sequential read of the same files,
-        from a cold cache, is measured first as the physical reference.
+        fully_cold: weights evicted (verified by residency) and the engine's compile/kernel
+        caches pointed at an empty directory, as a new pod on a fresh node sees them. The last
+        fully cold start's caches then serve the cold_weights starts (weights evicted again) and
+        the warm ones (weights pre-read). The engine's own code and libraries stay cached, as on
+        a node whose image is already pulled. The raw sequential read of the same files, from a
+        cold cache, is measured first as the physical reference.
         """
         files = weight_files(Path(variant.path))
         gc.collect()  # an earlier step in this process may still hold the weights mmapped
         page_cache.make_cold(files)
         raw = page_cache.sequential_read(files)
+        caches = Path(tempfile.mkdtemp(prefix="engine-caches-"))
         samples = []
-        for kind, repeats in (("cold", cold_repeats), ("warm", warm_repeats)):
-            for i in range(repeats):
-                res = page_cache.make_cold(files) if kind == "cold" else page_cache.make_warm(files)
-                with self.serve(variant, served_name, engine_args, start_timeout_s) as running:
-                    ph = running.phases
-                    samples.append(StartSample(
-                        kind=kind, resident_fraction=res.fraction,
-                        weights_loaded_s=ph.weights_loaded_s,
-                        engine_weights_load_s=ph.engine_weights_load_s,
-                        health_ready_s=ph.health_ready_s, first_token_s=ph.first_token_s))
-                if log is not None:
-                    log.info(f"{kind} start {i + 1}/{repeats}: {samples[-1]}")
+        try:
+            warm_caches = caches / "fully_cold-0"
+            for kind in ("fully_cold", "cold_weights", "warm"):
+                for i in range(repeats.get(kind, 0)):
+                    cache_dir = caches / f"fully_cold-{i}" if kind == "fully_cold" \
+                        else warm_caches
+                    if kind == "fully_cold":
+                        warm_caches = cache_dir
+                    res = page_cache.make_warm(files) if kind == "warm" \
+                        else page_cache.make_cold(files)
+                    with self.serve(variant, config, start_timeout_s=start_timeout_s,
+                                    cache_dir=cache_dir) as running:
+                        ph = running.phases
+                        samples.append(StartSample(
+                            kind=kind, resident_fraction=res.fraction,
+                            weights_loaded_s=ph.weights_loaded_s,
+                            engine_weights_load_s=ph.engine_weights_load_s,
+                            health_ready_s=ph.health_ready_s, first_token_s=ph.first_token_s))
+                    if log is not None:
+                        log.info(f"{kind} start {i + 1}/{repeats[kind]}: {samples[-1]}")
+        finally:
+            shutil.rmtree(caches, ignore_errors=True)
         return samples, raw
+
+    def cache_env(self, cache_dir: Path | None) -> dict[str, str]:
+        """The engine's compile/kernel cache variables pointed under `cache_dir` (None: the
+        engine's own defaults)."""
+        if cache_dir is None:
+            return {}
+        return {name: str(cache_dir / sub) for name, sub in self.template().cache_env.items()}
 
     # ---- starting ----
 
     @contextlib.contextmanager
-    def serve(self, variant: VariantRef, served_name: str,
+    def serve(self, variant: VariantRef, config: ServingConfig | str,
               engine_args: dict[str, Any] | None = None,
-              start_timeout_s: float | None = None) -> Iterator[RunningEngine]:
-        """Start, wait until a real completion succeeds, yield, and always reap."""
+              start_timeout_s: float | None = None,
+              cache_dir: Path | None = None) -> Iterator[RunningEngine]:
+        """Start `config` (a served name instead: an ad-hoc configuration of `engine_args`),
+        wait until a real completion succeeds, yield, and always reap."""
+        if isinstance(config, str):
+            config = self.adhoc_config(variant, config, engine_args)
         ok, reason = self.can_serve(variant.precision)
         if not ok:
             raise EngineError(f"{variant.model} ({variant.precision})", reason,
@@ -276,20 +335,23 @@ class Engine(dg.ConfigurableResource):
                               "type that has the kernels.")
         template = self.template()
         hw = self.resolved_hardware()
+        if config.hardware != hw:
+            raise EngineError(f"configuration {config.hash} of {config.model}",
+                              f"is for hardware {config.hardware}, this engine runs on {hw}",
+                              "Start the configuration of the node type at hand (the engine "
+                              "resource's node_type and hardware).")
         port = self.port or free_port()
         if not port_is_free(port):
             raise EngineError(f"port {port} on 127.0.0.1", "already in use by another process",
                               "Stop that process, or set ENGINE_PORT=0 to pick a free port.")
-        argv, env_extra, dropped = render_command(
-            template, hardware=hw, bin_dir=self.bin_dir, model_path=variant.path,
-            served_name=served_name, port=port, engine_args=engine_args or {},
-            precision=variant.precision)
+        argv = [part.format(bin_dir=self.bin_dir) for part in template.command] + \
+            config.args(variant.path, port, "127.0.0.1")
         exe = argv[0]
         if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
             raise EngineError(f"engine executable {exe}", "missing or not executable",
                               "Run scripts/setup.sh to build the engine virtualenv, or set "
                               "ENGINE_BIN_DIR to the directory that holds it.")
-        env = {**os.environ, **env_extra}
+        env = {**os.environ, **config.env, **self.cache_env(cache_dir)}
         if hw == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cpu_kvcache_space_gib)
         if self.gpus:
@@ -306,8 +368,9 @@ class Engine(dg.ConfigurableResource):
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True,
                                     preexec_fn=_die_with_parent)  # noqa: PLW1509
         running = RunningEngine(base_url=f"http://127.0.0.1:{port}", port=port, pid=proc.pid,
-                                served_name=served_name, log_path=log_path, argv=argv,
-                                dropped_args=dropped, process=proc)
+                                served_name=config.served_name, log_path=log_path, argv=argv,
+                                dropped_args=list(config.dropped), process=proc,
+                                config_hash=config.hash)
         ready = False
         try:
             self._wait_ready(proc, running, template, t0, timeout_s)

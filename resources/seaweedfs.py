@@ -45,7 +45,7 @@ class LocalS3Server:
     data_dir: Path
     access_key: str
     secret_key: str
-    buckets: tuple[str, ...] = ("models",)
+    buckets: tuple[str, ...] = ("models", "model-serving")  # sources, published variants
     process: subprocess.Popen | None = None
     s3_port: int = 0
     log_path: Path | None = None

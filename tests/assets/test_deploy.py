@@ -1,4 +1,4 @@
-"""deployment_plan -> kserve_manifest -> gateway_routes in a real Dagster instance.
+"""serving_config -> kserve_manifest -> gateway_routes in a real Dagster instance.
 
 Upstream stages are stand-ins that store the typed results the real stages store
 (`CheckpointRef`, `VariantRef`, `LoadTimingResult`, `ServingBenchmarkResult`); the deploy assets
@@ -17,12 +17,13 @@ import dagster as dg
 import pytest
 import yaml
 
-from assets.deploy import deployment_plan, gateway_routes, kserve_manifest
+from assets.deploy import gateway_routes, kserve_manifest, serving_config
 from assets.partitions import models_partitions
 from assets.stack import current_stack
 from onboarding.paths import PROJECT_ROOT
 from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
+from onboarding.variants import AccuracyReport, GateOutcome
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.huggingface import HuggingFaceStore
 from resources.manifest_validator import DEFAULT_CRD_DIR, ManifestValidator
@@ -32,8 +33,9 @@ from tests.conftest import write_spec
 
 # The upstream stages exist in this graph only as what they stored (external asset specs).
 UPSTREAM = [dg.AssetSpec(n, partitions_def=models_partitions)
-            for n in ("checkpoint", "serving_variant", "load_timing", "serving_benchmark")]
-ASSETS = [deployment_plan, kserve_manifest, gateway_routes, *UPSTREAM]
+            for n in ("checkpoint", "serving_variant", "accuracy", "load_timing",
+                      "serving_benchmark", "published_variant")]
+ASSETS = [serving_config, kserve_manifest, gateway_routes, *UPSTREAM]
 PLAN_ONLY = ("llama-3-1-70b-instruct", "qwen3-235b-a22b-instruct")
 SMOLLM2 = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 SECRET = "plan-only-secret-value-42"
@@ -100,10 +102,10 @@ def test_plan_only_models_render_valid_manifests_marked_as_estimates(
         assert {n: c.passed for n, c in checks(result).items()} == {
             "plan_fits_a_target_node_type": True, "manifests_valid": True,
             "no_inline_secrets": True}
-        plan_md = metadata(result, "deployment_plan")
+        plan_md = metadata(result, "serving_config")
         assert plan_md["weights_basis"].startswith("estimate")
-        assert plan_md["tokens_per_s_per_gpu"] == "absent (never benchmarked)"
         assert plan_md["upstream_present"] == "none"
+        assert set(plan_md["config_hashes"]) >= {"b300", "h200"}
         manifest_md = metadata(result, "kserve_manifest")
         assert manifest_md["schema_valid"] is True
         for node_type in ("b300", "h200"):
@@ -116,8 +118,15 @@ def test_plan_only_models_render_valid_manifests_marked_as_estimates(
             labels = isvc["metadata"]["labels"]
             assert labels["model-onboarding.io/weights-basis"] == "estimate"
             assert labels["model-onboarding.io/probe-basis"] == "default"
-            assert "absent" in isvc["metadata"]["annotations"]["model-onboarding.io/throughput"]
-        assert json.loads((env / model / "plan.json").read_text())["inputs"]["model"] == model
+            assert labels["model-onboarding.io/measured"] == "false"
+            assert labels["model-onboarding.io/published"] == "false"
+            assert labels["model-onboarding.io/config-hash"] == plan_md["config_hashes"][
+                node_type]
+            notes = isvc["metadata"]["annotations"]
+            assert "absent" in notes["model-onboarding.io/throughput"]
+            assert notes["model-onboarding.io/configuration"].startswith("unmeasured")
+        stored = json.loads((env / model / "serving_config.json").read_text())
+        assert stored["plan"]["inputs"]["model"] == model
     gateway = yaml.safe_load((env / "gateway" / "litellm-config.yaml").read_text())
     names = {m["model_name"] for m in gateway["model_list"]}
     assert names == {"llama-3.1-70b-instruct", "qwen3-235b-a22b-instruct"}
@@ -127,8 +136,10 @@ def test_plan_only_models_render_valid_manifests_marked_as_estimates(
 @pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(),
                     reason="SmolLM2 not built: python scripts/build_smollm2.py "
                     ".cache/smollm2-135m-instruct")
-def test_small_real_model_carries_its_measurements(env: Path, config_dir: Path, instance,
-                                                   configs, outputs):
+def test_small_real_model_carries_what_was_measured_at_its_configuration(
+        env: Path, config_dir: Path, instance, configs, outputs):
+    """Measurements count for a manifest only at exactly its configuration's hash on its node
+    type; one at another hash leaves the manifest "unmeasured", and says where it was."""
     key = "smollm2-135m-instruct"
     write_spec(config_dir, key, "s3://models/smollm2-135m-instruct/",
                precision_ladder=["fp8", "bf16"], engine_args={"max_model_len": 2048})
@@ -140,41 +151,68 @@ def test_small_real_model_carries_its_measurements(env: Path, config_dir: Path, 
                                  "base", weight_bytes),
         serving_variant=VariantRef(key, "bf16", str(SMOLLM2), weight_bytes, "base",
                                    weight_bytes),
+        accuracy=AccuracyReport(key, (), (GateOutcome("fp8", False, "drop too large"),)))
+    planned = dg.materialize([serving_config, *UPSTREAM], instance=instance, partition_key=key,
+                             resources=resources(configs, outputs))
+    hashes = metadata(planned, "serving_config")["config_hashes"]
+    plan_rows = {r["node_type"]: r for r in json.loads(
+        (env / key / "serving_config.json").read_text())["plan"]["nodes"]}
+    # The gate failed fp8, so no node is planned at fp8 even where fp8 is native.
+    assert {r["precision"] for r in plan_rows.values()} == {"bf16"}
+    assert plan_rows["b300"]["weight_bytes"] == weight_bytes
+    store_upstream(
+        instance, key,
         load_timing=LoadTimingResult(key, "bf16", True, "", cold_start_p50_s=70.0,
                                      cold_start_p95_s=75.0, warm_start_p50_s=9.0,
-                                     weight_bytes=weight_bytes),
-        serving_benchmark=ServingBenchmarkResult(key, "bf16", "h200", 1, True, 321.5, 16, True))
+                                     weight_bytes=weight_bytes, node_type="h200",
+                                     config_hash=hashes["h200"]),
+        serving_benchmark=ServingBenchmarkResult(key, "bf16", "h200", 1, True, 321.5, 16, True,
+                                                 config_hash="ffffffffffff"))
 
     result = materialize(instance, key, configs, outputs)
     assert result.success, [c.metadata for c in checks(result).values()]
-    plan_md = metadata(result, "deployment_plan")
+    plan_md = metadata(result, "serving_config")
     assert plan_md["weights_basis"] == "measured"
     assert plan_md["model_config_origin"] == str(SMOLLM2 / "config.json")
-    assert plan_md["tokens_per_s_per_gpu"] == 321.5
     assert plan_md["context_tokens"] == 2048
-    plan_rows = {r["node_type"]: r for r in json.loads(
-        (env / key / "plan.json").read_text())["nodes"]}
-    # The gate passed bf16 only, so no node is planned at fp8 even where fp8 is native.
-    assert {r["precision"] for r in plan_rows.values()} == {"bf16"}
-    assert plan_rows["h200"]["throughput_basis"] == "measured"
-    assert plan_rows["b300"]["throughput_basis"] == "absent"
-    assert plan_rows["b300"]["weight_bytes"] == weight_bytes
-
     manifest_md = metadata(result, "kserve_manifest")
     assert plan_md["serving_stack_fingerprint"] == manifest_md["serving_stack_fingerprint"] \
         == current_stack(configs)[0]  # what the re-validation schedule compares
+    assert manifest_md["config_hashes"] == {nt: hashes[nt] for nt in ("b300", "h200")}
+    assert manifest_md["measured_at_config"] == {"b300": False, "h200": True}
     docs = list(yaml.safe_load_all(Path(manifest_md["path_h200"]).read_text()))
     isvc = next(d for d in docs if d["kind"] == "InferenceService")
-    model = isvc["spec"]["predictor"]["model"]
+    model, notes = isvc["spec"]["predictor"]["model"], isvc["metadata"]["annotations"]
     window_s = max(120, math.ceil(2.0 * 75.0))  # deploy.yaml: floor 120 s, safety factor 2
     assert model["startupProbe"]["failureThreshold"] == math.ceil(window_s / 10)
     assert isvc["metadata"]["labels"]["model-onboarding.io/probe-basis"] == "measured"
-    assert "321.5 tokens/s/GPU" in isvc["metadata"]["annotations"][
-        "model-onboarding.io/throughput"]
-    assert model["storageUri"] == "s3://models/smollm2-135m-instruct/"  # bf16 == the source
+    assert notes["model-onboarding.io/configuration"].startswith(
+        f"measured on h200 at configuration {hashes['h200']}")
+    # The benchmark ran another configuration: its throughput is not this manifest's.
+    assert notes["model-onboarding.io/throughput"].startswith("absent")
+    assert model["storageUri"] == "s3://models/smollm2-135m-instruct/"  # unpublished: source
+    assert notes["model-onboarding.io/storage"].startswith("unpublished")
     assert "--max-model-len=2048" in model["args"]
-    assert metadata(result, "deployment_plan")["upstream_present"] == \
-        "checkpoint, serving_variant, load_timing, serving_benchmark"
+    b300 = next(d for d in yaml.safe_load_all(Path(manifest_md["path_b300"]).read_text())
+                if d["kind"] == "InferenceService")
+    assert "unmeasured: configuration" in b300["metadata"]["annotations"][
+        "model-onboarding.io/configuration"]
+    assert "(measured: h200 at " in b300["metadata"]["annotations"][
+        "model-onboarding.io/configuration"]
+
+
+def test_unmeasured_configurations_can_be_kept_out_of_the_manifests(env: Path, config_dir: Path,
+                                                                    instance, configs,
+                                                                    outputs):
+    deploy = yaml.safe_load((config_dir / "deploy.yaml").read_text())
+    deploy["render_unmeasured"] = False
+    (config_dir / "deploy.yaml").write_text(yaml.safe_dump(deploy))
+    instance.add_dynamic_partitions("models", [PLAN_ONLY[0]])
+    result = materialize(instance, PLAN_ONLY[0], configs, outputs)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    message = failure.event_specific_data.error.to_string()
+    assert "render_unmeasured: false" in message and "never measured on b300" in message
 
 
 def test_infeasible_everywhere_fails_the_plan_gate_with_the_shortfall(env: Path,
@@ -195,7 +233,7 @@ def test_infeasible_everywhere_fails_the_plan_gate_with_the_shortfall(env: Path,
     assert not gate.passed
     assert "short by" in gate.metadata["why"].value
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
-    assert materialized == {"deployment_plan"}
+    assert materialized == {"serving_config"}
     assert not (env / key / "h100.yaml").exists()
 
 
@@ -228,14 +266,16 @@ def test_plan_model_job_runs_the_deploy_stage_for_a_plan_only_model(env: Path, i
     from assets.deploy import defs as deploy_defs
     from pipelines.jobs import plan_model
 
+    upstream = [a for a in UPSTREAM if a.key != dg.AssetKey("published_variant")]
     defs = dg.Definitions.merge(deploy_defs, dg.Definitions(
-        assets=UPSTREAM, jobs=[plan_model], resources=resources(configs, outputs)))
+        assets=[*upstream, dg.AssetSpec("quantized", partitions_def=models_partitions)],
+        jobs=[plan_model], resources=resources(configs, outputs)))
     instance.add_dynamic_partitions("models", [PLAN_ONLY[1]])
     result = defs.resolve_job_def("plan_model").execute_in_process(
         partition_key=PLAN_ONLY[1], instance=instance)
     assert result.success
     assert {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()} == {
-        "deployment_plan", "kserve_manifest", "gateway_routes"}
+        "serving_config", "kserve_manifest", "gateway_routes"}
     assert all(c.passed for c in result.get_asset_check_evaluations())
 
 

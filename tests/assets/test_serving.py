@@ -16,7 +16,9 @@ from assets.serving import COLD_START_CHECK, SLO_CHECK, load_timing, serving_ben
 from assets.stack import current_stack
 from onboarding.paths import PROJECT_ROOT
 from onboarding.refs import CheckpointRef, VariantRef
+from onboarding.serving_plan import ServingPlan
 from onboarding.serving_stats import LoadTimingResult
+from onboarding.variants import QuantizedSet
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator
@@ -65,11 +67,20 @@ def stub_variant(path: Path, precision: str = "bf16"):
         return VariantRef(model=KEY, precision=precision, path=str(path), total_bytes=1,
                           content_hash="stub")
 
-    return [_checkpoint, _variant]
+    @dg.asset(name="quantized", partitions_def=models_partitions)
+    def _quantized() -> QuantizedSet:
+        return QuantizedSet(KEY, str(path), 1, ())
+
+    @dg.asset(name="serving_config", partitions_def=models_partitions)
+    def _serving_config() -> ServingPlan:
+        # No node type of nodes.yaml is "cpu": the engine at hand runs its own configuration.
+        return ServingPlan(plan=None, configs={})
+
+    return [_checkpoint, _variant, _quantized, _serving_config]
 
 
 RUN_CONFIG = {"ops": {
-    "load_timing": {"config": {"cold_repeats": 2, "warm_repeats": 1}},
+    "load_timing": {"config": {"cold_repeats": 2, "cold_weights_repeats": 1, "warm_repeats": 1}},
     "serving_benchmark": {"config": {"concurrency": [1, 2, 4], "requests_per_point": 8}},
 }}
 
@@ -90,6 +101,10 @@ def metadata(result, asset: str) -> dict:
     return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
 
 
+def b_hash(result) -> str:
+    return metadata(result, "serving_benchmark")["config_hash"]
+
+
 def check_result(result, name: str = SLO_CHECK) -> dg.AssetCheckEvaluation:
     return next(e.event_specific_data for e in result.all_events
                 if e.event_type_value == "ASSET_CHECK_EVALUATION"
@@ -106,7 +121,9 @@ def test_timing_and_benchmark_emit_what_the_plan_reads(config_dir, model_dir, fa
                 "weights_load_gbps", "raw_read_gbps"):
         assert isinstance(t[key], int | float) and t[key] > 0, key
     assert t["weight_bytes"] == sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
-    assert "cold" in t["starts"] and "warm" in t["starts"]
+    assert all(k in t["starts"] for k in ("fully_cold", "cold_weights", "warm"))
+    assert t["cold_weights_p50_s"] > 0 and "empty" in t["which_caches_were_cold"]
+    assert t["config_hash"] == b_hash(result) and len(t["config_hash"]) == 12
     assert t["servable"] is True and t["substituted"] == "no"
     cold_check = check_result(result, COLD_START_CHECK)
     assert cold_check.passed and cold_check.metadata["expected_max_s"].value == 120
@@ -129,9 +146,9 @@ def test_timing_and_benchmark_emit_what_the_plan_reads(config_dir, model_dir, fa
 def test_slo_miss_fails_the_check_with_the_numbers(config_dir, model_dir, fake_engine):
     write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"],
                slo={"itl_mean_ms": 0.5})
-    gates = yaml.safe_load((config_dir / "gates.yaml").read_text())
-    gates["slo"]["severity"] = "error"
-    (config_dir / "gates.yaml").write_text(yaml.safe_dump(gates))
+    scenarios = yaml.safe_load((config_dir / "scenarios.yaml").read_text())
+    scenarios["profiles"]["cpu"]["slo_severity"] = "error"
+    (config_dir / "scenarios.yaml").write_text(yaml.safe_dump(scenarios))
     result = materialize(stub_variant(model_dir), fake_engine)
     b = metadata(result, "serving_benchmark")
     assert b["slo_pass"] is False and b["saturation_concurrency"] == 0
@@ -179,7 +196,8 @@ def test_scenario_longer_than_max_model_len_fails_before_the_engine_starts(
     write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["rag"],
                engine_args={"max_model_len": 256})
     cfg = {"ops": {**RUN_CONFIG["ops"],
-                   "load_timing": {"config": {"cold_repeats": 1, "warm_repeats": 0}}}}
+                   "load_timing": {"config": {"cold_repeats": 1, "cold_weights_repeats": 0,
+                                              "warm_repeats": 0}}}}
     result = materialize(stub_variant(model_dir), fake_engine, cfg)
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")

@@ -15,11 +15,13 @@ from functools import cache
 
 import pytest
 
-from onboarding.catalog import load_catalog
-from onboarding.kserve import RenderInputs, load_deploy, load_stack, render
+from onboarding.catalog import ModelSpec, load_catalog
+from onboarding.engine_config import evidence
+from onboarding.kserve import RenderInputs, load_deploy, load_stack, render, storage_for
 from onboarding.paths import PROJECT_ROOT
 from onboarding.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
-from onboarding.serving_config import load_engine_templates, render_command
+from onboarding.serving_config import load_engine_templates
+from onboarding.serving_plan import local_config, serving_plan
 
 CONFIGS = PROJECT_ROOT / "configs"
 ENGINE_PY = PROJECT_ROOT / ".venv-engine" / "bin" / "python"
@@ -48,6 +50,18 @@ def engine_registry() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _render(spec, nt, stack, nodes, deploy):
+    p = plan(plan_inputs(spec, nodes, shape_from_hint(spec.architecture, spec.id), Measured()),
+             nodes)
+    if not p.node(nt).feasible:
+        return None
+    config = serving_plan(spec, p, nodes, stack,
+                          load_engine_templates(CONFIGS / "stack.yaml")["vllm"]).config(nt)
+    return render(RenderInputs(spec, p, nt, nodes.node_types[nt], stack, deploy, config,
+                               evidence(config, None, None),
+                               storage_for(spec, config.precision, "bf16", deploy, None)))
+
+
 def _every_vllm_manifest():
     """Every catalog model on every node type of nodes.yaml, at every precision it could be
     planned at, so every switch whose conditions can hold is rendered at least once."""
@@ -58,11 +72,10 @@ def _every_vllm_manifest():
             continue
         for precision in spec.precision_ladder:
             s = spec.model_copy(update={"precision_ladder": [precision]})
-            p = plan(plan_inputs(s, nodes, shape_from_hint(spec.architecture, spec.id),
-                                 Measured()), nodes)
-            for nt, node in nodes.node_types.items():
-                if p.node(nt).feasible:
-                    yield render(RenderInputs(s, p, nt, node, stack, deploy))
+            for nt in nodes.node_types:
+                r = _render(s, nt, stack, nodes, deploy)
+                if r is not None:
+                    yield r
 
 
 def _flag_name(arg: str) -> str | None:
@@ -96,12 +109,12 @@ def test_rendered_env_and_flags_are_known_to_the_engine():
 def test_the_local_engine_command_is_known_to_the_engine():
     reg = engine_registry()
     template = load_engine_templates(CONFIGS / "stack.yaml")["vllm"]
+    spec = ModelSpec(id="m", source="s3://models/m/", served_name="s", engine_args={
+        "max_model_len": 2048, "max_num_seqs": 8, "kv_cache_dtype": "fp8"})
     for hardware in ("cpu", "sm90", "sm100"):
-        argv, env, _ = render_command(
-            template, hardware=hardware, bin_dir="/b", model_path="/m", served_name="s", port=1,
-            engine_args={"max_model_len": 2048, "max_num_seqs": 8, "kv_cache_dtype": "fp8",
-                         "tensor_parallel_size": 2}, precision="bf16")
-        for arg in argv[2:]:
+        config = local_config(spec, template, "vllm", "0.32.0", hardware, "x", "bf16")
+        argv, env = config.args("/m", 1, "127.0.0.1"), config.env
+        for arg in argv:
             flag = _flag_name(arg)
             assert flag is None or flag in set(reg["flags"]), f"{hardware}: unknown {flag}"
         for name in env:
@@ -115,9 +128,8 @@ def test_the_check_catches_a_stale_switch():
     stack = dataclasses.replace(load_stack(CONFIGS / "stack.yaml"), engine_version="0.20.0")
     nodes, deploy = load_nodes(CONFIGS / "nodes.yaml"), load_deploy(CONFIGS / "deploy.yaml")
     spec = load_catalog(CONFIGS / "models")["qwen3-235b-a22b-instruct"]
-    p = plan(plan_inputs(spec, nodes, shape_from_hint(spec.architecture, spec.id),
-                         Measured()), nodes)
-    r = render(RenderInputs(spec, p, "b300", nodes.node_types["b300"], stack, deploy))
+    r = _render(spec, "b300", stack, nodes, deploy)
     env = next(d for d in r.docs if d["kind"] == "InferenceService")["spec"]["predictor"][
         "model"]["env"]
-    assert {e["name"] for e in env} - set(reg["env"]) == {"VLLM_USE_FLASHINFER_MOE_FP4"}
+    unknown = {e["name"] for e in env if e["name"].startswith("VLLM_")} - set(reg["env"])
+    assert unknown == {"VLLM_USE_FLASHINFER_MOE_FP4"}

@@ -118,7 +118,7 @@ def test_partitioned_run_on_multiprocess_executor(pg_instance):
 
 
 def test_checkpoint_stage_against_s3_into_postgres(
-        pg_instance, config_dir, s3_store, tiny_checkpoint, unique_prefix, tmp_path):
+        pg_instance, config_dir, configs, s3_store, tiny_checkpoint, unique_prefix, tmp_path):
     from assets.checkpoint import COMPLETE, INTACT, checkpoint
     from resources.huggingface import HuggingFaceStore
     from resources.nvme_cache import NvmeCache
@@ -127,7 +127,7 @@ def test_checkpoint_stage_against_s3_into_postgres(
     s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
     write_spec(config_dir, "tiny", f"s3://models/{unique_prefix}")
     pg_instance.add_dynamic_partitions("models", ["tiny"])
-    resources = {"s3": s3_store, "hf": HuggingFaceStore(),
+    resources = {"s3": s3_store, "hf": HuggingFaceStore(), "configs": configs,
                  "nvme_cache": NvmeCache(root=str(tmp_path / "nvme"), reserve_gb=0)}
     result = dg.materialize([checkpoint], partition_key="tiny", instance=pg_instance,
                             resources=resources)

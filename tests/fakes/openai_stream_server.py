@@ -22,7 +22,9 @@ Two modes:
   FAKE_ENGINE_* env vars: STARTUP_S (delay before listening), EXIT_CODE (die during start),
   NEVER_READY (/health answers 503), HANG_COMPLETIONS (/health answers 200, completions never
   answer), IGNORE_SIGTERM (as a busy vLLM may), CHILD (spawn a child like vLLM's EngineCore),
-  RECORD (write argv, env and pid as JSON to that path); and FAKE_FAULT, FAKE_FAULT_EVERY,
+  RECORD (write argv, env and pid as JSON to that path), STARTS (append one JSON line per start:
+  its VLLM_CACHE_ROOT and whether that cache already held what a start compiles into it, which
+  the fake leaves behind like an engine's compile cache); and FAKE_FAULT, FAKE_FAULT_EVERY,
   FAKE_FAULT_AFTER_TOKENS, FAKE_METRICS_FAULT, FAKE_EXIT_CODE as the server mode's flags.
 """
 
@@ -277,6 +279,15 @@ def _engine_main(argv: list[str]) -> None:
     if record := env.get("FAKE_ENGINE_RECORD"):
         Path(record).write_text(json.dumps({"argv": sys.argv, "env": dict(env),
                                             "pid": os.getpid()}))
+    if starts := env.get("FAKE_ENGINE_STARTS"):
+        root = env.get("VLLM_CACHE_ROOT")
+        compiled = Path(root) / "compiled" if root else None
+        with open(starts, "a") as f:
+            f.write(json.dumps({"cache_root": root, "cache_was_warm": bool(
+                compiled and compiled.exists())}) + "\n")
+        if compiled:
+            compiled.parent.mkdir(parents=True, exist_ok=True)
+            compiled.write_text("kernels")
     print("INFO fake engine starting", flush=True)
     if env.get("FAKE_ENGINE_IGNORE_SIGTERM"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

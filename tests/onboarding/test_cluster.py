@@ -90,7 +90,7 @@ def test_without_nodes_yaml_placement_names_the_file(configs, config_dir):
 
 def test_cpu_assets_cannot_take_gpu_tags():
     with pytest.raises(ValueError, match="not a GPU-bound asset"):
-        gpu_step_tags("deployment_plan")
+        gpu_step_tags("serving_config")
     with pytest.raises(ValueError, match="GPU-bound assets call gpu_step_tags"):
         cache_step_tags("quantized")
 

@@ -8,6 +8,7 @@ and review the diff.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from onboarding.catalog import load_catalog
+from onboarding.engine_config import evidence
 from onboarding.errors import ConfigError
 from onboarding.kserve import (
     ISVC_NAME_MAX,
@@ -29,11 +31,15 @@ from onboarding.kserve import (
     route_table,
     service_name,
     startup_probe_plan,
-    storage_uri,
+    storage_for,
     to_yaml,
 )
 from onboarding.paths import PROJECT_ROOT
 from onboarding.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
+from onboarding.refs import PublishedVariant
+from onboarding.serving_config import load_engine_templates
+from onboarding.serving_plan import serving_plan
+from onboarding.serving_stats import LoadTimingResult
 
 CONFIGS = PROJECT_ROOT / "configs"
 GOLDEN = PROJECT_ROOT / "tests" / "golden"
@@ -42,17 +48,33 @@ DEPLOY = load_deploy(CONFIGS / "deploy.yaml")
 # A fixed fingerprint: goldens pin the rendering, not the current versions: section.
 STACK = dataclasses.replace(load_stack(CONFIGS / "stack.yaml"), fingerprint="0123456789ab")
 CATALOG = load_catalog(CONFIGS / "models")
+TEMPLATES = load_engine_templates(CONFIGS / "stack.yaml")
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 NOTHING_MEASURED = Measured()
 
 
-def rendered(model_id: str, node_type: str, measured: Measured = NOTHING_MEASURED, spec=None,
-             deploy=DEPLOY, stack=STACK):
+def configured(model_id: str, node_type: str, spec=None, stack=STACK,
+               measured: Measured = NOTHING_MEASURED):
     spec = spec or CATALOG[model_id]
     shape = shape_from_hint(spec.architecture, f"catalog {spec.id}")
     p = plan(plan_inputs(spec, NODES, shape, measured), NODES)
-    return render(RenderInputs(spec, p, node_type, NODES.node_types[node_type], stack, deploy))
+    splan = serving_plan(spec, p, NODES, stack, TEMPLATES[stack.engine])
+    return spec, p, splan.config(node_type)
+
+
+def rendered(model_id: str, node_type: str, measured: Measured = NOTHING_MEASURED, spec=None,
+             deploy=DEPLOY, stack=STACK, cold_p95_s: float | None = None,
+             published: dict | None = None):
+    """The manifest of one model on one node type; `cold_p95_s`: a load timing measured at
+    exactly this configuration (its hash, this node type)."""
+    spec, p, config = configured(model_id, node_type, spec, stack, measured)
+    timing = None if cold_p95_s is None else LoadTimingResult(
+        spec.id, config.precision, True, "", cold_start_p50_s=cold_p95_s,
+        cold_start_p95_s=cold_p95_s, node_type=node_type, config_hash=config.hash)
+    return render(RenderInputs(spec, p, node_type, NODES.node_types[node_type], stack, deploy,
+                               config, evidence(config, timing, None),
+                               storage_for(spec, config.precision, "bf16", deploy, published)))
 
 
 def isvc(r):
@@ -214,7 +236,7 @@ def test_probes_from_measured_cold_start_and_a_labelled_default():
     assert default.basis == "default" and default.window_s >= cfg.unmeasured_startup_s
     assert "never load-timed" in default.explanation
 
-    r = rendered("llama-3-1-70b-instruct", "h200", Measured(cold_start_p95_s=300.0))
+    r = rendered("llama-3-1-70b-instruct", "h200", cold_p95_s=300.0)
     probe = isvc(r)["spec"]["predictor"]["model"]["startupProbe"]
     assert probe["failureThreshold"] == measured.failure_threshold
     assert isvc(r)["metadata"]["labels"]["model-onboarding.io/probe-basis"] == "measured"
@@ -236,14 +258,37 @@ def test_long_ids_sharing_a_prefix_do_not_collide():
     assert service_name(a, "b300") != service_name(b, "b300")
 
 
-def test_storage_uri_source_or_published_variant():
+def test_storage_is_the_published_variant_or_says_unpublished():
     spec = CATALOG["llama-3-1-70b-instruct"].model_copy(
         update={"source": "hf://meta-llama/Llama-3.1-70B-Instruct@abc123"})
-    assert storage_uri(spec, "bf16", "bf16", DEPLOY) == "hf://meta-llama/Llama-3.1-70B-Instruct:abc123"
-    assert storage_uri(spec, "nvfp4", "bf16", DEPLOY) == DEPLOY.storage.variants_uri.format(
-        model=spec.id, precision="nvfp4")
+    src = storage_for(spec, "bf16", "bf16", DEPLOY, None)
+    assert src.uri == "hf://meta-llama/Llama-3.1-70B-Instruct:abc123" and not src.published
+    nvfp4 = storage_for(spec, "nvfp4", "bf16", DEPLOY, None)
+    assert nvfp4.uri == DEPLOY.storage.variants_uri.format(model=spec.id, precision="nvfp4")
+    assert not nvfp4.published and "unpublished" in nvfp4.why
+    pub = PublishedVariant(spec.id, "nvfp4", "s3://model-serving/m/nvfp4/0123456789abcdef/",
+                           "0123456789abcdef" * 4, 40 * 10**9, 12, False,
+                           read_back_bytes=2 * 10**9, read_back_s=1.0)
+    chosen = storage_for(spec, "nvfp4", "bf16", DEPLOY, {"nvfp4": pub})
+    assert chosen.uri == pub.uri and chosen.published
+    assert chosen.pull_s == pytest.approx(20.0)  # 40 GB at the 2 GB/s measured reading back
     s3 = spec.model_copy(update={"source": "s3://models/llama/"})
-    assert storage_uri(s3, "bf16", "bf16", DEPLOY) == "s3://models/llama/"
+    assert storage_for(s3, "bf16", "bf16", DEPLOY, None).uri == "s3://models/llama/"
+
+
+def test_the_startup_probe_counts_the_derived_pull_of_the_published_variant():
+    spec, _, config = configured("llama-3-1-70b-instruct", "h200")
+    pub = PublishedVariant(spec.id, config.precision, "s3://model-serving/x/fp8/0123/", "0123",
+                           70 * 10**9, 20, False, read_back_bytes=10**9, read_back_s=1.0)
+    r = rendered("llama-3-1-70b-instruct", "h200", cold_p95_s=100.0,
+                 published={config.precision: pub})
+    cfg = DEPLOY.probes
+    window = max(cfg.min_startup_s, math.ceil(cfg.safety_factor * (100.0 + 70.0)))
+    assert r.startup.window_s == -(-window // cfg.period_s) * cfg.period_s
+    assert "derived pull 70.0 s" in r.startup.explanation
+    labels = isvc(r)["metadata"]["labels"]
+    assert labels["model-onboarding.io/published"] == "true"
+    assert labels["model-onboarding.io/measured"] == "true"
 
 
 def test_credentials_only_by_reference(monkeypatch):
@@ -283,7 +328,7 @@ def test_credential_in_engine_args_is_refused():
 def test_plan_owned_engine_args_are_refused():
     spec = CATALOG["llama-3-1-70b-instruct"]
     bad = spec.model_copy(update={"engine_args": {"tensor_parallel_size": 8}})
-    with pytest.raises(ConfigError, match="set by the deployment plan"):
+    with pytest.raises(ConfigError, match="set by the deployment plan and the launcher"):
         rendered(spec.id, "b300", spec=bad)
 
 
@@ -306,8 +351,8 @@ def test_infeasible_node_type_is_not_rendered():
     base = CATALOG["llama-3-1-70b-instruct"]
     spec = base.model_copy(update={"precision_ladder": ["bf16"], "slo": base.slo.model_copy(
         update={"target_concurrency": 100000})})
-    with pytest.raises(ConfigError, match="no feasible plan"):
-        rendered(spec.id, "h200", spec=spec)
+    _, p, config = configured(spec.id, "h200", spec=spec)
+    assert config is None and not p.node("h200").feasible  # no configuration, no manifest
 
 
 def test_image_tag_must_carry_the_engine_version(tmp_path: Path):

@@ -94,11 +94,13 @@ def test_histogram_delta_from_prometheus_text():
 
 
 def test_load_timing_summary_prefers_the_engines_own_load_time():
-    s = [StartSample("cold", 0.0, 10.0, 2.0, 20.0, 21.0),
-         StartSample("cold", 0.0, 12.0, 4.0, 22.0, 25.0),
+    s = [StartSample("fully_cold", 0.0, 10.0, 2.0, 20.0, 21.0),
+         StartSample("fully_cold", 0.0, 12.0, 4.0, 22.0, 25.0),
+         StartSample("cold_weights", 0.0, 9.0, 3.0, 17.0, 18.0),
          StartSample("warm", 1.0, 8.0, 1.0, 15.0, 16.0)]
     r = summarize_load_timing("m", "bf16", s, weight_bytes=3_000_000_000, raw_read_gbps=2.0)
-    assert r.cold_start_p50_s == pytest.approx(23.0)
+    assert r.cold_start_p50_s == pytest.approx(23.0)  # fully cold: what a new pod waits
     assert 23.0 < r.cold_start_p95_s <= 25.0
+    assert r.cold_weights_p50_s == pytest.approx(18.0)
     assert r.warm_start_p50_s == pytest.approx(16.0)
-    assert r.weights_load_gbps == pytest.approx(1.0)  # 3 GB / median(2, 4) s
+    assert r.weights_load_gbps == pytest.approx(1.0)  # 3 GB / median(2, 4, 3) s

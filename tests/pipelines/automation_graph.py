@@ -66,17 +66,17 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
 
 
 @dg.asset(partitions_def=P, deps=["checkpoint", "serving_benchmark", SERVING_STACK])
-def deployment_plan(configs: ConfigFiles):
+def serving_config(configs: ConfigFiles):
     return dg.Output("plan", metadata=stack_metadata(configs))
 
 
 @dg.asset(partitions_def=P, deps=[SERVING_STACK])
-def kserve_manifest(deployment_plan: str, configs: ConfigFiles):
-    return dg.Output(deployment_plan + "+yaml", metadata=stack_metadata(configs))
+def kserve_manifest(serving_config: str, configs: ConfigFiles):
+    return dg.Output(serving_config + "+yaml", metadata=stack_metadata(configs))
 
 
 STAGES = [checkpoint, quantized, accuracy, serving_variant, load_timing, serving_benchmark,
-          deployment_plan, kserve_manifest]
+          serving_config, kserve_manifest]
 
 
 def build_defs(resources: dict | None = None, configs: ConfigFiles | None = None

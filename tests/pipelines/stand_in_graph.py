@@ -9,7 +9,7 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.partitions import models_partitions
-from assets.step_tags import GPU_BOUND_ASSETS, cache_step_tags, gpu_step_tags
+from assets.step_tags import CACHE_ASSETS, GPU_BOUND_ASSETS, cache_step_tags, gpu_step_tags
 from pipelines.executors import onboarding_executor
 
 EDGES = {
@@ -19,14 +19,16 @@ EDGES = {
     "serving_variant": ["accuracy"],
     "load_timing": ["serving_variant"],
     "serving_benchmark": ["load_timing"],
-    "deployment_plan": ["serving_benchmark"],
-    "kserve_manifest": ["deployment_plan"],
+    "serving_config": ["serving_variant"],
+    "published_variant": ["serving_config"],
+    "kserve_manifest": ["serving_config", "published_variant", "serving_benchmark"],
 }
 
 
 def _stage(name: str, deps: list[str]) -> dg.AssetsDefinition:
     gpu = name in GPU_BOUND_ASSETS
-    tags = gpu_step_tags(name) if gpu else cache_step_tags(name) if name == "checkpoint" else None
+    tags = gpu_step_tags(name) if gpu else cache_step_tags(name) if name in CACHE_ASSETS \
+        else None
 
     @dg.asset(
         name=name,

@@ -14,14 +14,14 @@ import pytest
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.test_utils import instance_for_test
 
-from assets.step_tags import GPU_BOUND_ASSETS, cache_step_tags, gpu_step_tags
+from assets.step_tags import CACHE_ASSETS, GPU_BOUND_ASSETS, cache_step_tags, gpu_step_tags
 from onboarding.cluster import load_cluster_config, load_node_type
 from onboarding.paths import DEFAULT_CONFIG_DIR, PROJECT_ROOT
 from pipelines.executors import step_placements, step_run_config
 from tests.pipelines.k8s_render import KUBECONFIG, k8s_run_launcher_overrides, render_step_job
 from tests.pipelines.stand_in_graph import EDGES
 
-CPU_STAGES = [s for s in EDGES if s not in GPU_BOUND_ASSETS and s != "checkpoint"]
+CPU_STAGES = [s for s in EDGES if s not in CACHE_ASSETS]
 K8S_CONFIG_TAG = "dagster-k8s/config"
 
 
@@ -148,13 +148,13 @@ def test_checkpoint_pod_has_the_cache_on_the_gpu_node_type_but_no_gpu(stand_in, 
 
 def test_node_pin_reaches_every_cache_step_and_no_other(stand_in, k8s_instance):
     executor_config = step_run_config(node_name="gpu-node-3")["execution"]["config"]
-    for stage in ("checkpoint", *GPU_BOUND_ASSETS):
+    for stage in CACHE_ASSETS:
         rendered = render_step_job(stand_in, stage, k8s_instance, executor_config)
         _validate(rendered)
         selector = _pod(rendered)["nodeSelector"]
         assert selector["kubernetes.io/hostname"] == "gpu-node-3", stage
         assert "nvidia.com/gpu.product" in selector, stage
-    plan = render_step_job(stand_in, "deployment_plan", k8s_instance, executor_config)
+    plan = render_step_job(stand_in, "serving_config", k8s_instance, executor_config)
     assert not _pod(plan).get("nodeSelector")
 
 
@@ -180,7 +180,7 @@ def test_merge_order_per_step_config_beats_op_tag_beats_step_k8s_config(stand_in
     quant = render_step_job(stand_in, "quantized", k8s_instance, executor_config)
     assert _container(quant)["resources"]["limits"]["nvidia.com/gpu"] == "1"
     # ...and a CPU step gets the executor-wide setting as is: why GPUs never go there.
-    plan = render_step_job(stand_in, "deployment_plan", k8s_instance, executor_config)
+    plan = render_step_job(stand_in, "serving_config", k8s_instance, executor_config)
     assert _container(plan)["resources"]["limits"]["nvidia.com/gpu"] == "7"
 
 

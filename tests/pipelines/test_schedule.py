@@ -94,14 +94,14 @@ def test_fingerprint_ignores_comments_and_order_but_not_versions():
 
 
 def test_stack_dependent_assets_depend_on_serving_stack(defs, STACK_DEPENDENT):
-    assert STACK_DEPENDENT == ["accuracy", "deployment_plan", "kserve_manifest", "load_timing",
-                               "quantized", "serving_benchmark"]
+    assert STACK_DEPENDENT == ["accuracy", "kserve_manifest", "load_timing", "quantized",
+                               "serving_benchmark", "serving_config"]
     graph = defs.resolve_asset_graph()
     for name in STACK_DEPENDENT:
         assert STACK in graph.get(dg.AssetKey(name)).parent_keys, name
     assert STACK not in graph.get(dg.AssetKey("checkpoint")).parent_keys
     # argument inputs live beside the dependency declared in the decorator
-    assert "deployment_plan" in defs.resolve_assets_def("kserve_manifest").op.ins
+    assert "serving_config" in defs.resolve_assets_def("kserve_manifest").op.ins
 
 
 def test_stack_edit_marks_dependents_stale_and_revalidates_exactly_the_ready_models(
@@ -180,7 +180,7 @@ def test_a_revalidation_that_flips_the_gate_is_visible_in_metadata(instance, def
 
 
 ALL_STAGES = ["checkpoint", "quantized", "accuracy", "serving_variant", "load_timing",
-              "serving_benchmark", "deployment_plan", "kserve_manifest"]
+              "serving_benchmark", "serving_config", "kserve_manifest"]
 
 
 def test_every_onboarding_run_observes_the_stack_first(instance, defs, configs):

@@ -75,8 +75,8 @@ def test_ready_phases_env_and_the_whole_group_is_reaped(fake_bin, tmp_path, vari
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
     argv = rec["argv"]
-    assert "--enforce-eager" in argv and argv[argv.index("--max-num-seqs") + 1] == "4"
-    assert argv[argv.index("--served-model-name") + 1] == "tiny-served"
+    assert "--enforce-eager" in argv and "--max-num-seqs=4" in argv
+    assert "--served-model-name=tiny-served" in argv
     assert e.gpu_count() == 2
 
 
@@ -158,12 +158,22 @@ def test_unservable_precision_is_refused_with_the_reason(fake_bin, tmp_path, var
         start_once(e, fp4)
 
 
-def test_time_starts_cold_is_evicted_and_warm_is_resident(fake_bin, tmp_path, variant):
-    samples, raw = engine(fake_bin, tmp_path).time_starts(variant, "x", {}, cold_repeats=2,
-                                                          warm_repeats=1)
-    assert [s.kind for s in samples] == ["cold", "cold", "warm"]
-    assert all(s.resident_fraction < 0.05 for s in samples if s.kind == "cold")
+def test_three_kinds_of_start_weights_and_caches(fake_bin, tmp_path, variant, monkeypatch):
+    """fully_cold: weights evicted and an empty compile cache each time; cold_weights: weights
+    evicted, the last fully cold start's cache; warm: weights resident, same cache."""
+    starts = tmp_path / "starts.jsonl"
+    monkeypatch.setenv("FAKE_ENGINE_STARTS", str(starts))
+    e = engine(fake_bin, tmp_path)
+    samples, raw = e.time_starts(variant, e.adhoc_config(variant, "x"),
+                                 {"fully_cold": 2, "cold_weights": 1, "warm": 1})
+    assert [s.kind for s in samples] == ["fully_cold", "fully_cold", "cold_weights", "warm"]
+    assert all(s.resident_fraction < 0.05 for s in samples if s.kind != "warm")
     assert samples[-1].resident_fraction > 0.95
+    seen = [json.loads(line) for line in starts.read_text().splitlines()]
+    assert [s["cache_was_warm"] for s in seen] == [False, False, True, True]
+    roots = [s["cache_root"] for s in seen]
+    assert roots[0] != roots[1] and roots[1] == roots[2] == roots[3]
+    assert not Path(roots[0]).exists()  # the scratch caches are removed afterwards
     assert raw.total_bytes == sum(p.stat().st_size for p in Path(variant.path).glob(
         "*.safetensors"))
 

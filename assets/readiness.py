@@ -1,0 +1,45 @@
+"""`readiness`: ready or not, and why, per model and target node type (onboarding/readiness.py).
+
+Fed by the stored results (None where an upstream never ran for the model), so it says exactly
+which gate is missing: accuracy, the SLOs at the deployed configuration, publication, or the
+manifest. The re-validation schedule and the verdict sensors report the same verdict.
+"""
+
+import dagster as dg
+
+from assets.deploy import ManifestSet
+from assets.partitions import models_partitions
+from onboarding.readiness import ManifestFacts, Readiness, judge
+from onboarding.refs import VariantRef
+from onboarding.serving_stats import ServingBenchmarkResult
+from onboarding.tables import md_table
+from resources.config_files import ConfigFiles
+
+OPTIONAL = "optional_upstream"
+
+
+@dg.asset(
+    partitions_def=models_partitions,
+    ins={n: dg.AssetIn(input_manager_key=OPTIONAL)
+         for n in ("serving_variant", "serving_benchmark", "kserve_manifest")},
+    group_name="report",
+    description="Ready / not ready (why) per target node type: accuracy gate passed, SLOs met "
+    "at the deployed configuration, weights published and verified, manifest valid.",
+)
+def readiness(context: dg.AssetExecutionContext, configs: ConfigFiles,
+              serving_variant: VariantRef | None,
+              serving_benchmark: ServingBenchmarkResult | None,
+              kserve_manifest: ManifestSet | None) -> dg.Output[Readiness]:
+    facts = None if kserve_manifest is None else ManifestFacts(
+        kserve_manifest.valid, kserve_manifest.config_hashes, kserve_manifest.published)
+    verdict = judge(context.partition_key, configs.deploy().target_node_types, serving_variant,
+                    serving_benchmark, facts)
+    context.log.info(f"{context.partition_key}: {verdict.summary()}")
+    return dg.Output(verdict, metadata={
+        "ready": verdict.ready,
+        "verdict": verdict.summary(),
+        "per_node_type": dg.MetadataValue.md(md_table(verdict.rows(), empty="(no node type)")),
+    })
+
+
+defs = dg.Definitions(assets=[readiness])

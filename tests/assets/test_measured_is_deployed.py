@@ -1,0 +1,174 @@
+"""What is deployed is what was measured, through the real assets in a real instance.
+
+The engine is the fake engine fixture posing as vLLM on an H200 (no GPU here); everything else
+is real: the serving plan, the published variant on the local S3 server, the load timing and
+benchmark that start the planned configuration, and the manifest that renders it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from assets.deploy import kserve_manifest, published_variant, serving_config
+from assets.partitions import models_partitions
+from assets.serving import SLO_CHECK, load_timing, serving_benchmark
+from onboarding.paths import PROJECT_ROOT
+from onboarding.refs import CheckpointRef, VariantRef
+from onboarding.variants import AccuracyReport, QuantizedSet, write_manifest
+from resources.engine import Engine
+from resources.huggingface import HuggingFaceStore
+from resources.loadgen import LoadGenerator
+from resources.manifest_validator import ManifestValidator
+from resources.upstream import optional_upstream
+from tests.conftest import write_spec
+from tests.fakes.openai_stream_server import THIS_FILE
+
+SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+KEY = "tiny-model"
+RUN = {"ops": {
+    "load_timing": {"config": {"cold_repeats": 1, "cold_weights_repeats": 0,
+                               "warm_repeats": 0}},
+    "serving_benchmark": {"config": {"concurrency": [1, 2], "requests_per_point": 4,
+                                     "scenarios": ["chat"]}}}}
+
+
+@pytest.fixture
+def model_dir(tiny_checkpoint, tmp_path) -> Path:
+    """The tiny random Llama with SmolLM2's tokenizer and a cache manifest, as `checkpoint`
+    leaves a verified entry."""
+    if not (SMOL / "tokenizer.json").is_file():
+        pytest.skip(f"{SMOL} not built; scripts/build_smollm2.py builds it offline")
+    d = tmp_path / "cache" / KEY / "r1"
+    shutil.copytree(tiny_checkpoint, d)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(SMOL / name, d / name)
+    write_manifest(d, "s3://models/tiny/", "r1")
+    return d
+
+
+@pytest.fixture
+def h200_engine(tmp_path, monkeypatch, configs) -> Engine:
+    """The fake engine as vLLM on an H200: hardware sm90, the pinned engine version."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    exe = d / "vllm"
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {THIS_FILE} "$@"\n')
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("FAKE_TTFT_MS", "5")
+    monkeypatch.setenv("FAKE_ITL_MS", "1")
+    monkeypatch.setenv("FAKE_ENGINE_RECORD", str(tmp_path / "record.json"))
+    return Engine(bin_dir=str(d), hardware="sm90", node_type="h200", start_timeout_s=30,
+                  log_dir=str(tmp_path / "logs"), configs=configs,
+                  engine_version=configs.stack().engine_version)
+
+
+def stand_ins(path: Path):
+    manifest = json.loads((path / "onboarding-manifest.json").read_text())
+
+    @dg.asset(name="checkpoint", partitions_def=models_partitions)
+    def _checkpoint() -> CheckpointRef:
+        return CheckpointRef(KEY, "s3://models/tiny/", "r1", str(path),
+                             manifest["content_hash"], sum(f["size"] for f in manifest["files"]))
+
+    @dg.asset(name="serving_variant", partitions_def=models_partitions)
+    def _variant() -> VariantRef:
+        size = sum(p.stat().st_size for p in path.glob("*.safetensors"))
+        return VariantRef(KEY, "bf16", str(path), size, manifest["content_hash"], size)
+
+    @dg.asset(name="quantized", partitions_def=models_partitions)
+    def _quantized() -> QuantizedSet:
+        return QuantizedSet(KEY, str(path), 1, ())
+
+    @dg.asset(name="accuracy", partitions_def=models_partitions)
+    def _accuracy() -> AccuracyReport:
+        return AccuracyReport(KEY, (), ())
+
+    return [_checkpoint, _variant, _quantized, _accuracy]
+
+
+def run(instance, model_dir, engine, configs, outputs, s3_store):
+    return dg.materialize(
+        [*stand_ins(model_dir), serving_config, published_variant, load_timing,
+         serving_benchmark, kserve_manifest],
+        partition_key=KEY, instance=instance, run_config=RUN, raise_on_error=False,
+        resources={"configs": configs, "outputs": outputs, "engine": engine,
+                   "loadgen": LoadGenerator(), "s3": s3_store, "hf": HuggingFaceStore(),
+                   "manifest_validator": ManifestValidator(),
+                   "optional_upstream": optional_upstream})
+
+
+def md(result, asset: str) -> dict:
+    mat = next(iter(result.asset_materializations_for_node(asset)))
+    return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+
+
+def _normalized(args: list[str], model_path: str, port: int) -> list[str]:
+    """The parts that must differ between a test node and a pod: where the model is, which
+    port, which bind address."""
+    out = ["<model>" if a == model_path else a for a in args]
+    out = [a for a in out if not a.startswith("--host=")]
+    return [a.replace(f"--port={port}", "--port=<port>") for a in out]
+
+
+def test_the_benchmarked_engine_command_is_the_rendered_container_args(
+        config_dir, configs, outputs, model_dir, h200_engine, s3_store, tmp_path):
+    write_spec(config_dir, KEY, "s3://models/tiny/", precision_ladder=["bf16"],
+               scenarios=["chat"], engine_args={"max_model_len": 2048})
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [KEY])
+    result = run(instance, model_dir, h200_engine, configs, outputs, s3_store)
+    assert result.success
+    plan_hash = md(result, "serving_config")["config_hashes"]["h200"]
+    timed, bench = md(result, "load_timing"), md(result, "serving_benchmark")
+    assert timed["config_hash"] == bench["config_hash"] == plan_hash  # the planned one
+
+    record = json.loads((tmp_path / "record.json").read_text())  # the benchmark's start
+    started = record["argv"][record["argv"].index("serve") + 1:]
+    manifest = md(result, "kserve_manifest")
+    docs = list(yaml.safe_load_all(Path(manifest["path_h200"]).read_text()))
+    isvc = next(d for d in docs if d["kind"] == "InferenceService")
+    model = isvc["spec"]["predictor"]["model"]
+    port = int(next(a for a in started if a.startswith("--port=")).split("=")[1])
+    assert _normalized(started, str(model_dir), port) == _normalized(
+        model["args"], "/mnt/models", 8080)
+    assert "--max-num-seqs=32" in model["args"]  # the plan's, benchmarked too
+    assert {k: record["env"][k] for k in ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")} == {
+        e["name"]: e["value"] for e in model["env"] if e["name"] in
+        ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")}
+
+    labels, notes = isvc["metadata"]["labels"], isvc["metadata"]["annotations"]
+    assert labels["model-onboarding.io/config-hash"] == plan_hash
+    assert labels["model-onboarding.io/measured"] == "true"
+    assert labels["model-onboarding.io/published"] == "true"
+    published = md(result, "published_variant")
+    assert model["storageUri"] == published["uri_bf16"]
+    assert model["storageUri"].startswith("s3://model-serving/tiny-model/bf16/")
+    assert "derived pull" in notes["model-onboarding.io/startup-probe"]
+    assert f"at configuration {plan_hash}" in notes["model-onboarding.io/throughput"]
+    slo = next(e for e in result.get_asset_check_evaluations() if e.check_name == SLO_CHECK)
+    assert slo.passed and slo.severity == dg.AssetCheckSeverity.ERROR  # gpu: blocking
+    assert slo.metadata["gate"].value.startswith("blocking (gpu profile")
+
+
+def test_a_missed_slo_in_the_gpu_profile_blocks_the_manifest(
+        config_dir, configs, outputs, model_dir, h200_engine, s3_store):
+    write_spec(config_dir, KEY, "s3://models/tiny/", precision_ladder=["bf16"],
+               scenarios=["chat"], engine_args={"max_model_len": 2048},
+               slo={"itl_mean_ms": 0.01})
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [KEY])
+    result = run(instance, model_dir, h200_engine, configs, outputs, s3_store)
+    slo = next(e for e in result.get_asset_check_evaluations() if e.check_name == SLO_CHECK)
+    assert not slo.passed and slo.severity == dg.AssetCheckSeverity.ERROR
+    assert not result.success
+    materialized = {e.asset_key.to_user_string()
+                    for e in result.get_asset_materialization_events()}
+    assert "serving_benchmark" in materialized and "kserve_manifest" not in materialized
