@@ -40,7 +40,7 @@ from onboarding.tables import md_table
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.manifest_validator import ManifestValidator
 
-GROUP = "deploy"
+GROUP = "layout"  # its own group: the jobs select it (or leave it out) by group
 FITS_CHECK = "every_model_fits_its_slo"
 VALID_CHECK = "layout_outputs_valid"
 UPSTREAM = ("checkpoint", "serving_variant", "load_timing", "serving_benchmark")

@@ -10,7 +10,7 @@ from pipelines.executors import onboarding_executor
 PLAN_ASSETS = ("deployment_plan", "kserve_manifest", "gateway_routes")
 # Layouts span models: planned by their own job, never inside one model's onboarding or
 # revalidation run (one infeasible layout must not fail a model's run).
-LAYOUT_ASSETS = dg.AssetSelection.assets("node_layout")
+LAYOUT_ASSETS = dg.AssetSelection.groups("layout")  # node_layout (assets/layout.py)
 
 # serving_stack is observed first in every onboarding run, so each result records the stack it
 # was measured on (its input data version), never Dagster's INITIAL marker.

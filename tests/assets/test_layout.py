@@ -115,3 +115,21 @@ def test_an_infeasible_layout_fails_the_blocking_check_with_its_reason(env, inst
     reason = fits.metadata["infeasible"].value["too-much"]
     assert reason.startswith("qwen3-32b fp8 needs TP >= 1 on h200; only 0 GPUs left")
     assert not (outputs.manifests / "layouts" / "too-much").exists()
+
+
+def test_plan_layouts_job_runs_it_and_onboarding_leaves_it_out(env, instance, configs, outputs):
+    """Layouts span models: their own job plans them; one model's onboarding run never does
+    (an infeasible layout must not fail it)."""
+    from pipelines.definitions import defs as real_defs
+    from pipelines.jobs import plan_layouts
+
+    onboarding = real_defs.resolve_job_def("onboard_model").asset_layer.executable_asset_keys
+    assert dg.AssetKey("node_layout") not in onboarding
+    revalidation = real_defs.resolve_job_def("revalidate_model").asset_layer.executable_asset_keys
+    assert dg.AssetKey("node_layout") not in revalidation
+    defs = dg.Definitions(assets=[node_layout, *UPSTREAM], jobs=[plan_layouts], resources={
+        "configs": configs, "outputs": outputs, "manifest_validator": ManifestValidator()})
+    result = defs.resolve_job_def("plan_layouts").execute_in_process(instance=instance)
+    assert result.success
+    assert sorted(result.output_for_node("node_layout").directories) == [
+        "b300-deepseek", "b300-mixed", "h200-deepseek", "h200-mixed"]
