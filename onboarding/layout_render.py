@@ -136,7 +136,8 @@ def launcher_script(plan: LayoutPlan, p: Placement, spec: ModelSpec, inputs: Pla
 
     `VLLM` (default `vllm`) may be a command with arguments, e.g. `python3 -m
     vllm.entrypoints.cli.main`; `NUMACTL` set to empty runs without binding (a machine without
-    numactl); `MODEL_PATH` points at the weights."""
+    numactl); `MODEL_PATH` points at the weights; `ENGINE_EXTRA_ARGS` are appended (e.g.
+    `--load-format dummy` for a performance twin)."""
     node = nodes.node_types[plan.node_type]
     served = layout_spec(spec, p)
     switches = stack.switches_for(p.precision, inputs.shape.moe, node.arch)
@@ -171,13 +172,14 @@ def launcher_script(plan: LayoutPlan, p: Placement, spec: ModelSpec, inputs: Pla
         f'MODEL_PATH="${{MODEL_PATH:-{model_path}}}"',
         runner,
         f'NUMACTL="${{NUMACTL-{numa}}}"',
+        'ENGINE_EXTRA_ARGS="${ENGINE_EXTRA_ARGS:-}"',
         f"export CUDA_VISIBLE_DEVICES={_gpus(p.gpu_ids)}",
         *(f"export {k}={shlex.quote(v)}" for k, v in env.items()),
-        "# $NUMACTL and $" + ("VLLM" if stack.engine == "vllm" else "SGLANG")
-        + " are split into words on purpose.",
+        "# $NUMACTL, $" + ("VLLM" if stack.engine == "vllm" else "SGLANG")
+        + " and $ENGINE_EXTRA_ARGS are split into words on purpose.",
         f"exec $NUMACTL {command} \\",
-        *(f"  {shlex.quote(a)} \\" for a in args[:-1]),
-        f"  {shlex.quote(args[-1])}" if args else "",
+        *(f"  {shlex.quote(a)} \\" for a in args),
+        "  $ENGINE_EXTRA_ARGS",
     ]
     return "\n".join(lines).rstrip() + "\n"
 

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,24 @@ def test_files_of_a_layout():
         ("model-batch", 1000, "Never"), ("model-latency-critical", 100000,
                                           "PreemptLowerPriority")]
     assert "--port 4000" in files["launchers/gateway.sh"]
+
+
+SMOLLM2 = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+
+
+@pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(), reason="the SmolLM2 checkpoint is "
+                    "built by `bash scripts/dev.sh setup`")
+def test_noisy_neighbour_script_plans_one_engine_per_gpu_dry_run(tmp_path):
+    """The GPU script (not run here: it needs a 2-GPU H200) plans and renders through the
+    project's code; its dry run is what can be checked without GPUs."""
+    proc = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "scripts" / "gpu_noisy_neighbour.py"),
+         "--model-dir", str(SMOLLM2), "--params-billion", "0.135", "--out", str(tmp_path),
+         "--dry-run"], capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert {m: p["gpus"] for m, p in summary["placements"].items()} == {
+        "twin-a": [0], "twin-b": [1]}
+    script = (tmp_path / "layout" / "launchers" / "twin-b.sh").read_text()
+    assert "export CUDA_VISIBLE_DEVICES=1" in script and "--port=8002" in script
