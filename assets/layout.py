@@ -66,7 +66,7 @@ def _by_model(value: Any) -> dict[str, Any]:
     return {v.model: v for v in items if v is not None}
 
 
-def plan_layouts(configs: ConfigFiles, upstream: dict[str, dict[str, Any]]
+def plan_and_render(configs: ConfigFiles, upstream: dict[str, dict[str, Any]]
                  ) -> tuple[dict[str, LayoutPlan], dict[str, RenderedLayout]]:
     """Plan every layout from each model's plan inputs, and render the feasible ones."""
     cfg, nodes = configs.layouts(), configs.nodes()
@@ -150,7 +150,7 @@ def node_layout(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs
     upstream = {"checkpoint": _by_model(checkpoint), "serving_variant": _by_model(serving_variant),
                 "load_timing": _by_model(load_timing),
                 "serving_benchmark": _by_model(serving_benchmark)}
-    plans, rendered = plan_layouts(configs, upstream)
+    plans, rendered = plan_and_render(configs, upstream)
     pngs = {name: layout_png(plans[name]) for name in rendered}
     directories = {name: str(write_layout(outputs.manifests, plans[name], r, pngs[name]))
                    for name, r in rendered.items()}

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from onboarding.catalog import ModelSpec, format_validation_error
 from onboarding.kserve import (
+    ISVC_NAME_MAX,
     LABEL_PREFIX,
     MODEL_DIR,
     DeployConfig,
@@ -31,10 +32,10 @@ from onboarding.kserve import (
     engine_args,
     label_value,
     render,
-    service_name,
     to_yaml,
 )
 from onboarding.layout import LayoutPlan, LayoutsConfig, Placement, QosClass
+from onboarding.names import to_dns1123_label
 from onboarding.plan import GIB, DeploymentPlan, NodesConfig, PlanInputs
 
 GATEWAY_MODE = {"generate": "chat", "embed": "embedding", "rerank": "rerank"}
@@ -51,6 +52,12 @@ class RenderedLayout:
     gateway: dict[str, Any]
     prometheus: dict[str, Any]
     launchers: dict[str, str]  # file name -> script
+
+
+def layout_service_name(model_id: str, layout: str) -> str:
+    """`<model>-<layout>`: a DNS-1035 label within kserve.py's limit, cut with a hash if long."""
+    name = to_dns1123_label(f"{model_id}-{layout}", ISVC_NAME_MAX)
+    return name if name[0].isalpha() else to_dns1123_label(f"m-{name}", ISVC_NAME_MAX)
 
 
 def priority_class_name(qos: str) -> str:
@@ -104,7 +111,7 @@ def render_inference_service(plan: LayoutPlan, p: Placement, spec: ModelSpec,
     r = render(RenderInputs(layout_spec(spec, p), layout_deployment_plan(inputs, p),
                             plan.node_type, nodes.node_types[plan.node_type], stack, deploy))
     runtime, isvc = copy.deepcopy(r.docs[0]), copy.deepcopy(r.docs[1])
-    name = service_name(spec.id, plan.name)
+    name = layout_service_name(spec.id, plan.name)
     isvc["metadata"]["name"] = name
     labels = isvc["metadata"]["labels"]
     labels["app.kubernetes.io/name"] = name

@@ -55,6 +55,7 @@ def isvc_args(r, model: str) -> list[str]:
 
 def test_expert_parallel_only_where_ep_is_above_one():
     _, b = rendered("b300-deepseek")
+    assert b.manifests["deepseek-r1"][1]["metadata"]["name"] == "deepseek-r1-b300-deepseek"
     assert "--enable-expert-parallel" in isvc_args(b, "deepseek-r1")
     assert "--tensor-parallel-size=8" in isvc_args(b, "deepseek-r1")
     assert "'--enable-expert-parallel'" not in b.launchers["deepseek-r1.sh"]
