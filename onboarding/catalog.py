@@ -103,6 +103,9 @@ class ModelSpec(StrictConfig):
         default=False, description="a spec for planning and rendering only: nothing is fetched"
     )
     architecture: ArchitectureHint | None = None
+    task: Literal["generate", "embed", "rerank"] = Field(
+        default="generate", description="what the engine serves: text generation, or a pooling "
+        "model (embeddings, a reranker) that keeps no KV cache for decoding")
 
     @field_validator("id")
     @classmethod

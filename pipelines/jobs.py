@@ -8,12 +8,15 @@ from assets.stack import SERVING_STACK
 from pipelines.executors import onboarding_executor
 
 PLAN_ASSETS = ("serving_config", "kserve_manifest", "gateway_routes")
+# Layouts span models: planned by their own job, never inside one model's onboarding or
+# revalidation run (one infeasible layout must not fail a model's run).
+LAYOUT_ASSETS = dg.AssetSelection.groups("layout")  # node_layout (assets/layout.py)
 
 # serving_stack is observed first in every onboarding run, so each result records the stack it
 # was measured on (its input data version), never Dagster's INITIAL marker.
 onboard_model = dg.define_asset_job(
     "onboard_model",
-    selection=dg.AssetSelection.all() | dg.AssetSelection.assets(SERVING_STACK),
+    selection=(dg.AssetSelection.all() - LAYOUT_ASSETS) | dg.AssetSelection.assets(SERVING_STACK),
     description="Observe the serving stack, then fetch, quantize, evaluate, time, benchmark, "
     "plan and render one model.",
     executor_def=onboarding_executor(),
@@ -27,4 +30,12 @@ plan_model = dg.define_asset_job(
     executor_def=onboarding_executor(),
 )
 
-jobs = [onboard_model, plan_model]
+plan_layouts = dg.define_asset_job(
+    "plan_layouts",
+    selection=LAYOUT_ASSETS,
+    description="Plan and render every node layout of configs/layouts.yaml (several models on "
+    "one GPU node) from whatever measurements of its models exist.",
+    executor_def=onboarding_executor(),
+)
+
+jobs = [onboard_model, plan_model, plan_layouts]

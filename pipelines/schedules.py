@@ -20,6 +20,7 @@ from assets.stack import SERVING_STACK, STACK_FINGERPRINT_KEY, current_stack
 from onboarding.tables import md_table
 from pipelines.automation import AT_LOAD
 from pipelines.executors import onboarding_executor
+from pipelines.jobs import LAYOUT_ASSETS
 from pipelines.launch import job_stages
 from resources.config_files import ConfigFiles
 from resources.upstream import latest_materialization
@@ -116,7 +117,7 @@ def revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: Config
 
 revalidate_job = dg.define_asset_job(
     REVALIDATE_JOB,
-    selection=dg.AssetSelection.assets(SERVING_STACK).downstream(),
+    selection=dg.AssetSelection.assets(SERVING_STACK).downstream() - LAYOUT_ASSETS,
     executor_def=onboarding_executor(),
     description="Observe the serving stack, then re-run the stages whose results depend on it "
     "(and what lies downstream of them), for one model; `checkpoint` is not re-fetched.")

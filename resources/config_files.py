@@ -20,6 +20,7 @@ from onboarding.catalog import Catalog, ModelSpec, format_validation_error, read
 from onboarding.cluster import ClusterConfig, NodeType, load_cluster_config, load_node_type
 from onboarding.errors import ConfigError
 from onboarding.kserve import DeployConfig, Stack, load_deploy, load_stack
+from onboarding.layout import LayoutsConfig, check_references, load_layouts
 from onboarding.paths import DEFAULT_CONFIG_DIR, DEFAULT_DISCOVERED_DIR, PROJECT_ROOT
 from onboarding.plan import NodesConfig, load_nodes
 from onboarding.quantize_config import QuantizationConfig, load_quantization_config
@@ -127,6 +128,14 @@ class ConfigFiles(dg.ConfigurableResource):
 
     def nodes(self) -> NodesConfig:
         return load_nodes(self.path("nodes.yaml"))
+
+    def layouts(self) -> LayoutsConfig:
+        """layouts.yaml, with its node types checked against nodes.yaml and its models against
+        the catalog."""
+        path = self.path("layouts.yaml")
+        cfg = load_layouts(path)
+        check_references(cfg, path, self.nodes(), set(self.catalog().specs))
+        return cfg
 
     def quantization(self) -> QuantizationConfig:
         return load_quantization_config(self.path("quantization.yaml"))

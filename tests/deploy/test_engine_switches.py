@@ -133,3 +133,37 @@ def test_the_check_catches_a_stale_switch():
         "model"]["env"]
     unknown = {e["name"] for e in env if e["name"].startswith("VLLM_")} - set(reg["env"])
     assert unknown == {"VLLM_USE_FLASHINFER_MOE_FP4"}
+
+
+def test_layout_engine_args_are_known_to_the_engine():
+    """Every flag a node layout renders (InferenceService args and bare-metal launchers, e.g.
+    --enable-expert-parallel at EP 8, --runner=pooling) is in the engine's own parser."""
+    from onboarding.layout import layout_entries, load_layouts, plan_layout
+    from onboarding.layout_render import render_layout
+    from onboarding.serving_config import load_slo_section
+
+    reg = engine_registry()
+    flags_known = set(reg["flags"])
+    nodes, deploy = load_nodes(CONFIGS / "nodes.yaml"), load_deploy(CONFIGS / "deploy.yaml")
+    stack, cfg = load_stack(CONFIGS / "stack.yaml"), load_layouts(CONFIGS / "layouts.yaml")
+    catalog = load_catalog(CONFIGS / "models")
+    inputs = {m: plan_inputs(s, nodes, shape_from_hint(s.architecture, m), Measured())
+              for m, s in catalog.items() if s.architecture is not None}
+    seen: set[str] = set()
+    for name, layout in cfg.layouts.items():
+        entries = layout_entries(layout, catalog, inputs, load_slo_section(CONFIGS / "gates.yaml"),
+                                 {})
+        plan_ = plan_layout(name, layout, entries, cfg, nodes)
+        r = render_layout(plan_, catalog, inputs, cfg, nodes, stack, deploy,
+                          load_engine_templates(CONFIGS / "stack.yaml")["vllm"])
+        for model, docs in r.manifests.items():
+            args = docs[1]["spec"]["predictor"]["model"]["args"]
+            script = r.launchers[f"{model}.sh"]
+            exec_line = next(ln for ln in script.splitlines() if ln.startswith("exec "))
+            launcher = [w for w in exec_line.split(" serve ", 1)[1].split() if w[:2] == "--"]
+            launcher += [ln.strip(" \\'") for ln in script.splitlines() if ln.startswith("  --")]
+            for arg in [*args, *launcher]:
+                flag = _flag_name(arg)
+                assert flag is None or flag in flags_known, f"{name}/{model}: unknown {flag}"
+                seen.add(flag or "")
+    assert {"--enable-expert-parallel", "--runner", "--gpu-memory-utilization"} <= seen

@@ -1,0 +1,172 @@
+"""`node_layout`: several catalog models on one 8-GPU node, for every layout of layouts.yaml.
+
+Not partitioned by model, and not by layout either: one materialization plans every named
+layout. Static partitions would have to read layouts.yaml at import (the house reads config when
+a step runs, never at import); dynamic ones would need a sensor to register each layout a person
+adds to a file, for a plan that takes milliseconds and reads the same inputs (every model's
+latest measurements) for all layouts. The cost: one infeasible layout fails the asset's check for
+all of them, and the check names which.
+
+Upstream results of every model partition arrive as the values their assets stored (a missing
+partition is skipped): checkpoint (shape, parameter count), serving_variant (precision and
+weight bytes that passed the gate), load_timing (startup probe), serving_benchmark (measured
+tokens/s/GPU and SLO verdict on a node type, precision and GPU count).
+"""
+
+
+import base64
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from assets.deploy import build_plan
+from assets.stack import stack_metadata
+from onboarding.kserve import inline_secret_findings, write_atomic
+from onboarding.layout import LayoutPlan, layout_entries, placement_rows, plan_layout
+from onboarding.layout_plot import layout_png
+from onboarding.layout_render import (
+    RenderedLayout,
+    check_gateway,
+    check_priority_class,
+    check_prometheus,
+    layout_files,
+    render_layout,
+)
+from onboarding.tables import md_table
+from resources.config_files import ConfigFiles, OutputDirs
+from resources.manifest_validator import ManifestValidator
+
+GROUP = "layout"  # its own group: the jobs select it (or leave it out) by group
+FITS_CHECK = "every_model_fits_its_slo"
+VALID_CHECK = "layout_outputs_valid"
+UPSTREAM = ("checkpoint", "serving_variant", "serving_benchmark")
+
+
+@dataclass(frozen=True)
+class NodeLayouts:
+    """Every layout's plan, and where the feasible ones were rendered."""
+
+    plans: dict[str, LayoutPlan]
+    directories: dict[str, str]  # layout -> its output directory
+
+    @property
+    def infeasible(self) -> dict[str, str]:
+        return {n: p.reason for n, p in self.plans.items() if not p.feasible}
+
+
+def _by_model(value: Any) -> dict[str, Any]:
+    """partition -> stored value; the IO manager hands over the bare value for one partition."""
+    if value is None:
+        return {}
+    items = value.values() if isinstance(value, dict) else [value]
+    return {v.model: v for v in items if v is not None}
+
+
+def plan_and_render(configs: ConfigFiles, upstream: dict[str, dict[str, Any]]
+                 ) -> tuple[dict[str, LayoutPlan], dict[str, RenderedLayout]]:
+    """Plan every layout from each model's plan inputs, and render the feasible ones."""
+    cfg, nodes = configs.layouts(), configs.nodes()
+    ids = sorted({m.model for layout in cfg.layouts.values() for m in layout.models})
+    specs = {m: configs.spec(m) for m in ids}
+    inputs = {m: build_plan(specs[m], nodes, upstream["checkpoint"].get(m),
+                            upstream["serving_variant"].get(m)).inputs for m in ids}
+    slos, stack, deploy = configs.slo_section(), configs.stack(), configs.deploy()
+    plans = {name: plan_layout(name, layout, layout_entries(
+        layout, specs, inputs, slos, upstream["serving_benchmark"]), cfg, nodes)
+        for name, layout in cfg.layouts.items()}
+    rendered = {name: render_layout(p, specs, inputs, cfg, nodes, stack, deploy,
+                                    configs.engine_templates()[stack.engine])
+                for name, p in plans.items() if p.feasible}
+    return plans, rendered
+
+
+def write_layout(root: Path, plan: LayoutPlan, rendered: RenderedLayout, png: bytes) -> Path:
+    directory = root / "layouts" / plan.name
+    for rel, text in layout_files(plan, rendered).items():
+        path = write_atomic(directory / rel, text)
+        path.chmod(0o755 if rel.endswith(".sh") else 0o644)
+    (directory / "layout.png").write_bytes(png)
+    return directory
+
+
+def validate_outputs(validator: ManifestValidator, rendered: dict[str, RenderedLayout]
+                     ) -> dict[str, list[str]]:
+    """Errors per object: KServe documents against the CRDs, the rest structurally."""
+    errors: dict[str, list[str]] = {}
+    for name, r in rendered.items():
+        for docs in r.manifests.values():
+            for doc in docs:
+                errors[f"{name} {doc['kind']}/{doc['metadata']['name']}"] = validator.validate(doc)
+        for doc in r.priority_classes:
+            errors[f"{name} PriorityClass/{doc['metadata']['name']}"] = check_priority_class(doc)
+        errors[f"{name} litellm-config.yaml"] = check_gateway(r.gateway)
+        errors[f"{name} prometheus.yml"] = check_prometheus(r.prometheus)
+        docs = [d for ds in r.manifests.values() for d in ds]
+        errors[f"{name} inline secrets"] = inline_secret_findings(
+            [*docs, r.gateway, r.prometheus, list(r.launchers.values())])
+    return {k: v for k, v in errors.items() if v}
+
+
+def _metadata(plans: dict[str, LayoutPlan], pngs: dict[str, bytes],
+              directories: dict[str, str]) -> dict[str, Any]:
+    rows = [{"layout": n, "node_type": p.node_type, "feasible": p.feasible,
+             "engines": len(p.placements), "free_gpus": len(p.free_gpus) if p.feasible else None,
+             "mix_tokens_per_s": round(p.mix_tokens_per_s), "reason": p.reason}
+            for n, p in plans.items()]
+    md: dict[str, Any] = {"layouts": dg.MetadataValue.md(md_table(rows)),
+                          "throughput_basis": dg.MetadataValue.json(
+                              {n: {x.model: x.throughput_detail for x in p.placements}
+                               for n, p in plans.items()})}
+    for name, png in pngs.items():
+        md[f"{name}_placement"] = dg.MetadataValue.md(
+            md_table(placement_rows(plans[name])) + "\n\n"
+            f"![{name}](data:image/png;base64,{base64.b64encode(png).decode()})")
+        md[f"{name}_path"] = dg.MetadataValue.path(directories[name])
+    return md
+
+
+@dg.asset(
+    ins={name: dg.AssetIn(partition_mapping=dg.AllPartitionMapping(),
+                          metadata={"allow_missing_partitions": True}) for name in UPSTREAM},
+    group_name=GROUP,
+    check_specs=[
+        dg.AssetCheckSpec(FITS_CHECK, asset="node_layout", blocking=True,
+                          description="Every layout places every one of its models within its "
+                          "memory budget and SLO."),
+        dg.AssetCheckSpec(VALID_CHECK, asset="node_layout", blocking=True,
+                          description="InferenceServices validate against the KServe CRDs; "
+                          "PriorityClasses, the LiteLLM and Prometheus configs structurally; no "
+                          "credential inline."),
+    ],
+    description="Several catalog models on one GPU node per layout of layouts.yaml: GPU sets, "
+    "memory budgets, QoS, launchers, gateway and scrape configs, a picture.",
+)
+def node_layout(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
+                manifest_validator: ManifestValidator, checkpoint, serving_variant,
+                serving_benchmark):
+    upstream = {"checkpoint": _by_model(checkpoint), "serving_variant": _by_model(serving_variant),
+                "serving_benchmark": _by_model(serving_benchmark)}
+    plans, rendered = plan_and_render(configs, upstream)
+    pngs = {name: layout_png(plans[name]) for name in rendered}
+    directories = {name: str(write_layout(outputs.manifests, plans[name], r, pngs[name]))
+                   for name, r in rendered.items()}
+    value = NodeLayouts(plans, directories)
+    errors = validate_outputs(manifest_validator, rendered)
+    digest = hashlib.sha256(json.dumps({n: asdict(p) for n, p in plans.items()}, sort_keys=True,
+                                       default=str).encode()).hexdigest()[:16]
+    yield dg.Output(value, data_version=dg.DataVersion(digest), metadata={
+        **_metadata(plans, pngs, directories), **stack_metadata(configs),
+        "upstream_present": dg.MetadataValue.json({k: sorted(v) for k, v in upstream.items()})})
+    yield dg.AssetCheckResult(check_name=FITS_CHECK, passed=not value.infeasible, metadata={
+        "infeasible": dg.MetadataValue.json(value.infeasible),
+        "why": dg.MetadataValue.md("\n".join(f"- **{n}**: {p.reason}" for n, p in plans.items()))})
+    yield dg.AssetCheckResult(check_name=VALID_CHECK, passed=not errors, metadata={
+        "errors": dg.MetadataValue.json(errors),
+        "crd_paths": dg.MetadataValue.json(manifest_validator.resolved_crd_paths())})
+
+
+defs = dg.Definitions(assets=[node_layout])
