@@ -839,12 +839,14 @@ def predict_model(cfg: PredictConfig, spec: ModelSpec, model_config: dict[str, A
             for tp, at in memory_feasible_tps(_ladder_inputs(inputs, precision), node_type,
                                               nodes):
                 memory[(node_type, precision, tp)] = at
-                if at.tensor_parallel != tp:  # heads do not split, or NUMA: no such config
+                if at.precision is not None and at.tensor_parallel != tp:
+                    # heads do not split over TP, or NUMA: no such configuration to ask about
                     req = make_request(cfg, spec.id, model_config, node_type, precision, tp,
                                        inputs.target_concurrency, kv_cache_dtype=kv,
                                        expert_parallel=ep)
                     predictions.append(Prediction(req, "not_applicable", "", "",
-                                                  notes=(at.rejected[-1],)))
+                                                  notes=(at.rejected[-1] if at.rejected
+                                                         else at.reason,)))
                     continue
                 predictions.append(run(node_type, precision, tp, inputs.target_concurrency))
     choices = []

@@ -8,12 +8,14 @@ from assets.stack import SERVING_STACK
 from pipelines.executors import onboarding_executor
 
 PLAN_ASSETS = ("deployment_plan", "kserve_manifest", "gateway_routes")
+PREDICT_GROUP = "predict"  # assets/predict.py: AIConfigurator predictions and their calibration
 
 # serving_stack is observed first in every onboarding run, so each result records the stack it
 # was measured on (its input data version), never Dagster's INITIAL marker.
 onboard_model = dg.define_asset_job(
     "onboard_model",
-    selection=dg.AssetSelection.all() | dg.AssetSelection.assets(SERVING_STACK),
+    selection=(dg.AssetSelection.all() - dg.AssetSelection.groups(PREDICT_GROUP))
+    | dg.AssetSelection.assets(SERVING_STACK),
     description="Observe the serving stack, then fetch, quantize, evaluate, time, benchmark, "
     "plan and render one model.",
     executor_def=onboarding_executor(),
@@ -27,4 +29,12 @@ plan_model = dg.define_asset_job(
     executor_def=onboarding_executor(),
 )
 
-jobs = [onboard_model, plan_model]
+predict_model = dg.define_asset_job(
+    "predict_model",
+    selection=dg.AssetSelection.groups(PREDICT_GROUP),
+    description="Predict one model's serving performance per node type x precision x TP with "
+    "AIConfigurator, corrected by the H200 calibration (no GPU, no weights needed).",
+    executor_def=onboarding_executor(),
+)
+
+jobs = [onboard_model, plan_model, predict_model]
