@@ -661,17 +661,13 @@ def choose_by_sla(inputs: PlanInputs, node_type: str, nodes: NodesConfig, slo: S
                           f"({p.tokens_per_s_per_gpu:.0f} tokens/s/GPU)")
         if ok:
             passing.append((tp, at_tp, p))
-    if not passing:
-        fitting = [(tp, n) for tp, n in memory_feasible_tps(inputs, node_type, nodes)
-                   if n.feasible]
-        tp, at_tp = fitting[0]
+    if not passing:  # the memory rule's plan (it sizes KV for the target concurrency) stands
         why = ("no TP meets the SLO by prediction; the smallest that fits memory stands"
                if covered_any else "SLO not checked: no covered prediction; the smallest TP "
                "that fits memory stands")
-        return SlaChoice(node_type, base.precision, tp, min(target, at_tp.max_sequences_at_context
-                                                            or target),
+        return SlaChoice(node_type, base.precision, base.tensor_parallel, target,
                          "sla" if covered_any else "memory", False if covered_any else None,
-                         why, at_tp, None, tuple(considered))
+                         why, base, None, tuple(considered))
     tp, at_tp, best = max(passing, key=lambda x: (x[2].tokens_per_s_per_gpu or 0.0, -x[0]))
     seqs, seq_notes = target, []
     limit = at_tp.max_sequences_at_context or target
@@ -851,9 +847,10 @@ def predict_model(cfg: PredictConfig, spec: ModelSpec, model_config: dict[str, A
                 predictions.append(run(node_type, precision, tp, inputs.target_concurrency))
     choices = []
     for node_type in cfg.node_types:
+        # choose_by_sla predicts only at the precision the plan found (never when it found none)
         precision = plan_node(inputs, node_type, nodes.node_types[node_type], nodes).precision
         choices.append(choose_by_sla(
             inputs, node_type, nodes, slo_for(node_type),
-            lambda tp, batch, nt=node_type, pr=precision: run(nt, pr or "bf16", tp, batch),
+            lambda tp, batch, nt=node_type, pr=precision: run(nt, str(pr), tp, batch),
             calibration, cfg.max_num_seqs_candidates))
     return tabulate(spec.id, predictions, calibration, slo_for, choices, memory)
