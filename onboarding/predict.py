@@ -854,3 +854,52 @@ def predict_model(cfg: PredictConfig, spec: ModelSpec, model_config: dict[str, A
             lambda tp, batch, nt=node_type, pr=precision: run(nt, str(pr), tp, batch),
             calibration, cfg.max_num_seqs_candidates))
     return tabulate(spec.id, predictions, calibration, slo_for, choices, memory)
+
+
+def points_from_sweep_rows(rows: Iterable[dict[str, Any]], scenarios: dict[str, Scenario],
+                           *, model: str, config: str, precision: str, node_type: str,
+                           tensor_parallel: int, gpus: int, engine: str, source: str,
+                           measured_on: str = "", expert_parallel: int = 1,
+                           kv_cache_dtype: str | None = None) -> list[MeasuredPoint]:
+    """Measured points from the serving benchmark's sweep table (`serving_benchmark.csv`: one
+    row per scenario x concurrency, the columns of `PointStats.row()`); rows of a failed or
+    errored point, or of a request-rate sweep, are left out: they measure no steady load."""
+    out = []
+    for row in rows:
+        def num(key: str, row: dict[str, Any] = row) -> float | None:
+            value = row.get(key)
+            return None if value in (None, "") or math.isnan(float(value)) else float(value)
+
+        scenario = scenarios.get(str(row["scenario"]))
+        if scenario is None:
+            raise ConfigError(f"sweep row {row['scenario']!r}", "a scenario not in the profile "
+                              f"({', '.join(scenarios)})", "Pass the profile the sweep ran.")
+        load = float(row["load"])
+        if not load.is_integer() or not num("completed") or (num("failed") or 0) > 0 \
+                or str(row.get("engine_exited", "")).lower() in ("true", "yes", "1"):
+            continue
+        out.append(MeasuredPoint(
+            model=model, config=config, precision=precision, node_type=node_type,
+            tensor_parallel=tensor_parallel, expert_parallel=expert_parallel,
+            scenario=str(row["scenario"]), input_tokens=scenario.input_tokens,
+            output_tokens=scenario.output_tokens, concurrency=int(load), gpus=gpus,
+            kv_cache_dtype=kv_cache_dtype,
+            ttft_p50_ms=_ms(num("ttft_p50_s")), ttft_p95_ms=_ms(num("ttft_p95_s")),
+            tpot_mean_ms=num("tpot_mean_ms"), itl_mean_ms=num("itl_mean_ms"),
+            output_tokens_per_s=float(row["output_tokens_per_s"]), engine=engine,
+            measured_on=measured_on, source=source))
+    return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return seconds * 1e3 if seconds is not None else None
+
+
+def add_points(points: PointsFile, new: Sequence[MeasuredPoint], config_key: str,
+               model_config: dict[str, Any]) -> PointsFile:
+    """The file with `new` appended (a point of the same configuration replaced)."""
+    keys = {(p.key, p.node_type, p.engine) for p in new}
+    kept = [p for p in points.points if (p.key, p.node_type, p.engine) not in keys]
+    return PointsFile(format=points.format, description=points.description,
+                      model_configs={**points.model_configs, config_key: model_config},
+                      points=[*kept, *new])

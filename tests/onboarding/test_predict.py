@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import yaml
@@ -331,7 +332,10 @@ def replay(recorded: list[dict]):
 
 
 def test_recorded_points_give_the_documented_calibration():
-    points = load_points(CONFIGS / "predict" / "h200_points.json")
+    """The three twin points of ../shared/gpu/README.md (points added later leave this as is)."""
+    shipped = load_points(CONFIGS / "predict" / "h200_points.json")
+    twins = [p for p in shipped.points if "shared/gpu/README.md" in p.source]
+    points = shipped.model_copy(update={"points": twins})
     cal, preds = calibrate_points(CFG, points, replay(RECORDED["points"]))
     assert [p.status for p in preds] == ["covered"] * 3
     assert cal.points == 3 and cal.data_set == "h200_sxm/vllm/0.24.0"
@@ -378,3 +382,64 @@ def test_heads_that_do_not_split_are_not_applicable_and_never_asked():
     assert statuses == {1: "not_covered", 2: "not_applicable", 4: "not_applicable",
                         8: "not_applicable"}
     assert set(asked) == {1}
+
+
+# ---- a GPU sweep into the points file ----
+
+def sweep_csv(tmp_path: Path) -> Path:
+    """The serving benchmark's table as the asset writes it (PointStats.row() per point)."""
+    from onboarding.tables import write_csv
+
+    def stats(ttft_s, failed=0):
+        d = Dist(ttft_s, ttft_s, ttft_s * 1.5, ttft_s * 2, ttft_s * 3)
+        return PointStats(requests=100, completed=100 - failed, failed=failed,
+                          errors_by_cause={"timeout": failed} if failed else {},
+                          duration_s=10, request_throughput_rps=10, input_tokens_per_s=1,
+                          output_tokens_per_s=5000, ttft_s=d, itl_ms=Dist(*[5.0] * 5),
+                          tpot_ms=Dist(*[6.0] * 5), e2e_s=d)
+    rows = [{"scenario": "chat", "load": 8, **stats(0.1).row(), "engine_exited": False},
+            {"scenario": "chat", "load": 32, **stats(0.2).row(), "engine_exited": False},
+            {"scenario": "rag", "load": 32, **stats(0.9, failed=3).row(), "engine_exited": False}]
+    return write_csv(tmp_path / "serving_benchmark.csv", rows)
+
+
+def test_a_sweep_table_becomes_measured_points_without_its_failed_points(tmp_path):
+    import csv
+
+    from onboarding.predict import Scenario, add_points, points_from_sweep_rows
+
+    with sweep_csv(tmp_path).open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    scenarios = {"chat": Scenario(input_tokens=512, output_tokens=256),
+                 "rag": Scenario(input_tokens=4096, output_tokens=512)}
+    new = points_from_sweep_rows(rows, scenarios, model="m", config="m", precision="fp8",
+                                 node_type="h200", tensor_parallel=2, gpus=2,
+                                 engine="vllm 0.22.0", source="test sweep")
+    assert [(p.scenario, p.concurrency) for p in new] == [("chat", 8), ("chat", 32)]
+    assert (new[1].ttft_p50_ms, new[1].ttft_p95_ms, new[1].tpot_mean_ms) == \
+        pytest.approx((200.0, 400.0, 6.0))
+    assert new[1].measured("tokens_per_s_per_gpu")[0] == pytest.approx(2500.0)
+    shipped = load_points(CONFIGS / "predict" / "h200_points.json")
+    merged = add_points(shipped, new, "m", DENSE)
+    assert len(merged.points) == len(shipped.points) + 2 and merged.model_configs["m"] == DENSE
+    again = add_points(merged, new[:1], "m", DENSE)  # the same configuration replaces, not adds
+    assert len(again.points) == len(merged.points)
+
+
+def test_the_add_points_script_writes_a_file_the_loader_reads(tmp_path, config_dir):
+    import subprocess
+    import sys
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(DENSE))
+    proc = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "scripts" / "add_measured_points.py"),
+         "--csv", str(sweep_csv(tmp_path)), "--model", "m-twin", "--config-json", str(config),
+         "--config-key", "m", "--precision", "fp8", "--tp", "1", "--gpus", "1",
+         "--engine", "vllm 0.22.0", "--source", "test", "--config-dir", str(config_dir)],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 of 3 sweep rows added" in proc.stdout
+    points = load_points(config_dir / "predict" / "h200_points.json")
+    assert [p.model for p in points.points][-2:] == ["m-twin", "m-twin"]
+    assert load_points(CONFIGS / "predict" / "h200_points.json").points[-1].model != "m-twin"
