@@ -19,7 +19,7 @@ from assets.partitions import models_partitions
 from onboarding.kserve import write_atomic
 from onboarding.predict import Calibration, PredictionTable, calibrate_points, predict_model
 from onboarding.predict import model_config_for as config_for
-from onboarding.refs import CheckpointRef
+from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.serving_config import resolve_slo
 from onboarding.serving_plots import calibration_png
 from onboarding.tables import md_table
@@ -62,17 +62,20 @@ def _checkpoint_config(checkpoint: CheckpointRef | None) -> dict | None:
 
 @dg.asset(partitions_def=models_partitions, group_name=GROUP,
           ins={"checkpoint": dg.AssetIn(input_manager_key=OPTIONAL),
+               "serving_variant": dg.AssetIn(input_manager_key=OPTIONAL),
                "calibration": dg.AssetIn(input_manager_key=OPTIONAL)},
           description="Predicted TTFT, TPOT and tokens/s/GPU per node type x precision x TP "
           "(b300 above all), corrected by the H200 calibration, with SLO verdicts, coverage "
           "and the TP/max-num-seqs the SLA would choose.")
 def predictions(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                 predictor: AIConfiguratorPredictor, checkpoint: CheckpointRef | None,
-                calibration: Calibration | None) -> dg.Output[PredictionTable]:
+                serving_variant: VariantRef | None, calibration: Calibration | None
+                ) -> dg.Output[PredictionTable]:
     spec, nodes, section = configs.spec(context.partition_key), configs.nodes(), \
         configs.slo_section()
     model_config, origin = config_for(spec, _checkpoint_config(checkpoint))
-    inputs = build_plan(spec, nodes, checkpoint, None, None, None).inputs
+    # the SLA choice starts at the precision that passed the accuracy gate, as the plan does
+    inputs = build_plan(spec, nodes, checkpoint, serving_variant, None, None).inputs
     table = predict_model(configs.predict(), spec, model_config, inputs, nodes,
                           lambda nt: resolve_slo(section, nt, spec), predictor.predict,
                           calibration)

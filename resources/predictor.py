@@ -27,6 +27,7 @@ import dagster as dg
 from pydantic import Field
 
 from onboarding.errors import OnboardingError
+from onboarding.kserve import write_atomic
 from onboarding.predict import Prediction, PredictionRequest, classify_coverage
 
 DISTRIBUTION = "aiconfigurator"
@@ -90,10 +91,7 @@ class AIConfiguratorPredictor(dg.ConfigurableResource):
         path = root / request.config_digest
         config = path / "config.json"
         if not config.is_file():
-            path.mkdir(parents=True, exist_ok=True)
-            tmp = path / f".config.json.{id(request)}"
-            tmp.write_text(json.dumps(request.model_config, indent=1))
-            tmp.replace(config)
+            write_atomic(config, json.dumps(request.model_config, indent=1))
         return path
 
     def _data_version(self, request: PredictionRequest) -> str:

@@ -27,7 +27,9 @@ pytestmark = pytest.mark.skipif(
     reason="AIConfigurator is not installed: `.venv/bin/pip install -e '.[predict]'`")
 
 MODEL = "llama-3-1-70b-instruct"
-ASSETS = [calibration, predictions, dg.AssetSpec("checkpoint", partitions_def=models_partitions)]
+ASSETS = [calibration, predictions,
+          *(dg.AssetSpec(n, partitions_def=models_partitions)
+            for n in ("checkpoint", "serving_variant"))]
 
 
 def _edit(path: Path, change) -> None:
