@@ -42,8 +42,9 @@ from onboarding.plan import (
     shape_from_checkpoint,
     shape_from_hint,
 )
+from onboarding.predict import PredictionTable
 from onboarding.refs import CheckpointRef, PublishedVariant, VariantRef
-from onboarding.serving_plan import ServingPlan, render_targets, serving_plan
+from onboarding.serving_plan import ServingPlan, render_targets, serving_plan, with_sla_choices
 from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
 from onboarding.tables import md_table
 from onboarding.variants import AccuracyReport, QuantizedSet
@@ -103,7 +104,7 @@ def _version(payload: Any) -> dg.DataVersion:
 
 @dg.asset(
     partitions_def=models_partitions,
-    ins=_optional("checkpoint", "serving_variant", "accuracy"),
+    ins=_optional("checkpoint", "serving_variant", "accuracy", "predictions"),
     deps=[SERVING_STACK],
     group_name=GROUP,
     check_specs=[dg.AssetCheckSpec(PLAN_CHECK, asset="serving_config", blocking=True,
@@ -115,11 +116,14 @@ def _version(payload: Any) -> dg.DataVersion:
 )
 def serving_config(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                    checkpoint: CheckpointRef | None, serving_variant: VariantRef | None,
-                   accuracy: AccuracyReport | None):
+                   accuracy: AccuracyReport | None, predictions: PredictionTable | None):
     spec = configs.spec(context.partition_key)
     nodes, stack = configs.nodes(), configs.stack()
     template = configs.engine_templates()[stack.engine]
     result = build_plan(spec, nodes, checkpoint, serving_variant, _passed(accuracy))
+    if predictions is not None:
+        result = with_sla_choices(result, list(predictions.choices),
+                                  configs.predict().plan_node_types)
     splan = serving_plan(spec, result, nodes, stack, template)
     body = {"plan": result.to_dict(),
             "configs": {nt: {**c.content(), "hash": c.hash} for nt, c in splan.configs.items()}}
@@ -132,6 +136,8 @@ def serving_config(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
         "plan": dg.MetadataValue.md(md_table(plan_rows(result))),
         "path": dg.MetadataValue.path(str(path)),
         "config_hashes": dg.MetadataValue.json({nt: c.hash for nt, c in splan.configs.items()}),
+        "tp_basis": dg.MetadataValue.json({n.node_type: n.tp_basis for n in result.nodes
+                                           if n.feasible}),
         "weights_basis": "measured" if inputs.measured.variant_weight_bytes
         else f"estimate ({inputs.param_count_origin})",
         "model_config_origin": inputs.shape.origin,

@@ -59,6 +59,13 @@ class ArchitectureHint(StrictConfig):
     # Multi-head latent attention (DeepSeek-V3/R1): the KV cache holds this latent + rope dims.
     kv_lora_rank: int | None = Field(default=None, gt=0)
     qk_rope_head_dim: int | None = Field(default=None, gt=0)
+    # What a performance model (AIConfigurator, onboarding/predict.py) needs beyond the memory
+    # plan: the config.json `architectures[0]` and the MLP widths it times GEMMs with.
+    hf_architecture: str | None = Field(default=None, min_length=1)
+    intermediate_size: int | None = Field(default=None, gt=0)
+    moe_intermediate_size: int | None = Field(default=None, gt=0)
+    num_experts_per_tok: int | None = Field(default=None, gt=0)
+    max_position_embeddings: int | None = Field(default=None, gt=0)
 
 
 class SourceRef(StrictConfig):

@@ -313,6 +313,8 @@ class NodePlan:
     tokens_per_s_per_gpu: float | None
     throughput_basis: Literal["measured", "absent"]
     rejected: tuple[str, ...] = ()
+    max_num_seqs: int | None = None  # set when chosen by the SLA; else the target concurrency
+    tp_basis: str = "memory: the smallest TP that fits"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ configuration hash, where, or "unmeasured".
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +48,7 @@ def planned_config(spec: ModelSpec, plan: DeploymentPlan, node_type: str, nodes:
     node, node_t, inputs = plan.node(node_type), nodes.node_types[node_type], plan.inputs
     switches = stack.switches_for(node.precision, inputs.shape.moe, node_t.arch)
     planned: dict[str, Any] = {"max_model_len": inputs.context_tokens,
-                               "max_num_seqs": inputs.target_concurrency,
+                               "max_num_seqs": node.max_num_seqs or inputs.target_concurrency,
                                "gpu_memory_utilization": inputs.gpu_memory_utilization}
     if inputs.kv_cache_dtype:
         planned["kv_cache_dtype"] = inputs.kv_cache_dtype
@@ -66,6 +67,25 @@ def local_config(spec: ModelSpec, template: EngineTemplate, engine: str, engine_
     return build_config(template, ConfigInputs(
         spec=spec, node_type=node_type, hardware=hardware, engine=engine,
         engine_version=engine_version, image=LOCAL_IMAGE, precision=precision))
+
+
+def with_sla_choices(plan: DeploymentPlan, choices: list[Any], node_types: list[str]
+                     ) -> DeploymentPlan:
+    """The plan with TP and --max-num-seqs from the SLA choice (onboarding/predict.py) for the
+    node types not at hand, where the choice is covered by the prediction data, feasible in
+    memory and at the precision the plan serves there. Other node types keep the memory rule."""
+    chosen = {c.node_type: c for c in choices if c.node_type in node_types}
+    nodes = []
+    for n in plan.nodes:
+        c = chosen.get(n.node_type)
+        if (c is None or c.basis != "sla" or not c.sla_pass or c.node_plan is None
+                or not c.node_plan.feasible or c.precision != n.precision):
+            nodes.append(n)
+            continue
+        nodes.append(dataclasses.replace(
+            c.node_plan, max_num_seqs=c.max_num_seqs,
+            tp_basis=f"SLA (predicted): {c.reason}"))
+    return dataclasses.replace(plan, nodes=tuple(nodes))
 
 
 def serving_plan(spec: ModelSpec, plan: DeploymentPlan, nodes: NodesConfig, stack: Stack,

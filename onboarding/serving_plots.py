@@ -44,3 +44,28 @@ def sweep_png(rows: Sequence[dict], title: str, ttft_slo_s: float | None = None,
     fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
     return buf.getvalue()
+
+
+def calibration_png(pairs: Sequence[dict], title: str) -> bytes:
+    """Predicted vs measured, one point per configuration and metric panel, with the identity
+    line: `pairs` carry metric, point, predicted, measured (CalibrationPair rows)."""
+    metrics = [m for m in ("ttft_p50_ms", "ttft_p95_ms", "tpot_ms", "tokens_per_s_per_gpu")
+               if any(p["metric"] == m for p in pairs)] or ["tpot_ms"]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        pts = [p for p in pairs if p["metric"] == metric]
+        xs, ys = [p["predicted"] for p in pts], [p["measured"] for p in pts]
+        for p in pts:
+            ax.scatter(p["predicted"], p["measured"], label=p["point"], s=30)
+        hi = max(xs + ys, default=1.0) * 1.15
+        ax.plot([0, hi], [0, hi], color="grey", linestyle="--", linewidth=1, label="identity")
+        ax.set(xlim=(0, hi), ylim=(0, hi), xlabel=f"predicted {metric}",
+               ylabel=f"measured {metric}", title=metric)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return buf.getvalue()

@@ -11,12 +11,14 @@ PLAN_ASSETS = ("serving_config", "kserve_manifest", "gateway_routes")
 # Layouts span models: planned by their own job, never inside one model's onboarding or
 # revalidation run (one infeasible layout must not fail a model's run).
 LAYOUT_ASSETS = dg.AssetSelection.groups("layout")  # node_layout (assets/layout.py)
+PREDICT_GROUP = "predict"  # assets/predict.py: AIConfigurator predictions and their calibration
 
 # serving_stack is observed first in every onboarding run, so each result records the stack it
 # was measured on (its input data version), never Dagster's INITIAL marker.
 onboard_model = dg.define_asset_job(
     "onboard_model",
-    selection=(dg.AssetSelection.all() - LAYOUT_ASSETS) | dg.AssetSelection.assets(SERVING_STACK),
+    selection=(dg.AssetSelection.all() - LAYOUT_ASSETS - dg.AssetSelection.groups(PREDICT_GROUP))
+    | dg.AssetSelection.assets(SERVING_STACK),
     description="Observe the serving stack, then fetch, quantize, evaluate, time, benchmark, "
     "plan and render one model.",
     executor_def=onboarding_executor(),
@@ -38,4 +40,12 @@ plan_layouts = dg.define_asset_job(
     executor_def=onboarding_executor(),
 )
 
-jobs = [onboard_model, plan_model, plan_layouts]
+predict_model = dg.define_asset_job(
+    "predict_model",
+    selection=dg.AssetSelection.groups(PREDICT_GROUP),
+    description="Predict one model's serving performance per node type x precision x TP with "
+    "AIConfigurator, corrected by the H200 calibration (no GPU, no weights needed).",
+    executor_def=onboarding_executor(),
+)
+
+jobs = [onboard_model, plan_model, plan_layouts, predict_model]

@@ -18,6 +18,7 @@ from resources.huggingface import HuggingFaceStore
 from resources.loadgen import LoadGenerator
 from resources.manifest_validator import ManifestValidator
 from resources.nvme_cache import NvmeCache
+from resources.predictor import AIConfiguratorPredictor
 from resources.quantizer import ModelOptQuantizer
 from resources.s3 import S3ObjectStore
 from resources.upstream import optional_upstream
@@ -71,4 +72,5 @@ def build_resources() -> dict[str, object]:
         # 100, the gates' min_items)
         "evaluator": LmEvalEvaluator(configs=configs, **_env_int(limit="ONBOARDING_EVAL_LIMIT")),
         "optional_upstream": optional_upstream,
+        "predictor": AIConfiguratorPredictor(**_env(work_dir="ONBOARDING_PREDICT_WORK_DIR")),
     }

