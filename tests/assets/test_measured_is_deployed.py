@@ -97,7 +97,8 @@ def stand_ins(path: Path):
 def run(instance, model_dir, engine, configs, outputs, s3_store):
     return dg.materialize(
         [*stand_ins(model_dir), serving_config, published_variant, load_timing,
-         serving_benchmark, kserve_manifest],
+         serving_benchmark, kserve_manifest,
+         dg.AssetSpec("predictions", partitions_def=models_partitions)],
         partition_key=KEY, instance=instance, run_config=RUN, raise_on_error=False,
         resources={"configs": configs, "outputs": outputs, "engine": engine,
                    "loadgen": LoadGenerator(), "s3": s3_store, "hf": HuggingFaceStore(),
