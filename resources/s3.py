@@ -2,12 +2,14 @@
 
 Why not `download_file`: s3transfer cannot resume a killed transfer and works file by file. Here
 every object is split into fixed chunks that a pool of workers fetches with ranged GETs across
-all files at once; each finished chunk is recorded beside the `.part` file, so a killed run
-resumes where it stopped. Memory stays at `max_concurrency x read_block` whatever the size.
+all files at once; each chunk is recorded beside the `.part` file once its bytes are on disk and
+synced, so a killed or failed run resumes where it stopped and never trusts a chunk it did not
+receive. Memory stays at `max_concurrency x read_block` whatever the size.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import random
@@ -44,6 +46,10 @@ from resources.object_store import (
 
 _READ_BLOCK = 1 << 20
 _AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"}
+
+
+class _Cancelled(Exception):
+    """Raised in a worker whose run was given up by another range: nothing is journaled."""
 
 
 class S3ObjectStore(ObjectStore):
@@ -184,9 +190,9 @@ class S3ObjectStore(ObjectStore):
 
         def run(part: _PartFile, index: int) -> None:
             if stop.is_set():
-                return
+                raise _Cancelled
             self._get_range(source, part, index, on_progress, stop)
-            last = part.mark_done(index)
+            last = part.commit(index)  # synced, then journaled
             part.hash_ready(wait=last)
             if last:
                 on_file_done(part.obj, part.final, part.finish())
@@ -195,12 +201,12 @@ class S3ObjectStore(ObjectStore):
             with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="s3-get") as pool:
                 futures = [pool.submit(run, p, i) for p, i in jobs]
                 done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-                for f in done:
-                    if f.exception() is not None:
-                        stop.set()
-                        for other in futures:
-                            other.cancel()
-                        raise f.exception()
+                failures = [f.exception() for f in done if f.exception() is not None]
+                if failures:
+                    stop.set()  # every other range raises _Cancelled: nothing more is journaled
+                    for other in futures:
+                        other.cancel()
+                    raise next(e for e in failures if not isinstance(e, _Cancelled))
             for part in parts:  # zero-length objects have no chunks to complete them
                 if part.n_chunks == 0:
                     on_file_done(part.obj, part.final, part.finish())
@@ -211,19 +217,23 @@ class S3ObjectStore(ObjectStore):
 
     def _get_range(self, source: SourceRef, part: _PartFile, index: int,
                    on_progress: ProgressFn, stop: threading.Event) -> None:
+        """Write one chunk into the part file; returns only when every byte of it is written,
+        raises _Cancelled when another range failed the run."""
         start = index * part.chunk
         end = min(start + part.chunk, part.obj.size)  # exclusive
         what = f"s3://{source.location}/{part.obj.key}"
         last: Exception | None = None
         for attempt in range(self.max_attempts):
             if stop.is_set():
-                return
+                raise _Cancelled
             pos, received = start, 0
             try:
                 body = self.client().get_object(Bucket=source.location, Key=part.obj.key,
                                                  Range=f"bytes={start}-{end - 1}")["Body"]
                 while pos < end and (data := body.read(min(_READ_BLOCK, end - pos))):
-                    os.pwrite(part.fd, data, pos)
+                    if stop.is_set():
+                        raise _Cancelled
+                    _pwrite_all(part.fd, data, pos, part.part)
                     pos += len(data)
                     received += len(data)
                     on_progress(len(data))
@@ -270,8 +280,27 @@ class S3ObjectStore(ObjectStore):
         return keys
 
 
+def _pwrite_all(fd: int, data: bytes, offset: int, path: Path) -> None:
+    """pwrite may write less than asked (a filesystem nearly full): write the rest or raise
+    the OSError, named after the file, for the cache to report as a disk problem."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.pwrite(fd, view, offset)
+        except OSError as exc:
+            exc.filename = exc.filename or str(path)
+            raise
+        if n <= 0:
+            raise OSError(errno.EIO, "pwrite wrote nothing", str(path))
+        view, offset = view[n:], offset + n
+
+
 class _PartFile:
     """One object being fetched: `<name>.part` plus `<name>.part.chunks` (finished chunk ids).
+
+    A chunk id enters the journal only after all its bytes were written and fdatasync'd, so a
+    resumed run never trusts bytes that never arrived. Workers finishing chunks at the same
+    time share one fdatasync (group commit) instead of queueing one each.
 
     The sha256 is computed in order as chunks land, by whichever worker finds the next chunk
     done, reading it back while its pages are still hot; so hashing overlaps the transfer
@@ -284,8 +313,11 @@ class _PartFile:
         self.journal = final.with_name(final.name + ".part.chunks")
         self.n_chunks = -(-obj.size // chunk)
         self.fd = -1
-        self._done: set[int] = set()
+        self._done: set[int] = set()  # durable and journaled
+        self._written: set[int] = set()  # every byte written, maybe not yet durable
+        self._completed = False
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
         self._journal_fh = None
         self._sha = hashlib.sha256()
         self._next_hash = 0  # the first chunk not yet hashed
@@ -310,16 +342,27 @@ class _PartFile:
         self.fd = os.open(self.part, flags, 0o644)
         os.ftruncate(self.fd, self.obj.size)
         self._journal_fh = open(self.journal, "a")  # noqa: SIM115 - held until close()
-        self._done = done
+        self._done, self._written = set(done), set(done)
         return set(done)
 
-    def mark_done(self, i: int) -> bool:
-        """Record chunk i; True when it was the last one."""
+    def commit(self, i: int) -> bool:
+        """Make chunk i durable, then journal it; True for the one call that completes the file."""
         with self._lock:
-            self._done.add(i)
-            self._journal_fh.write(f"{i}\n")
-            self._journal_fh.flush()
-            return len(self._done) == self.n_chunks
+            self._written.add(i)
+        with self._sync_lock:  # whoever holds it syncs and journals every chunk written so far
+            with self._lock:
+                batch = sorted(self._written - self._done)
+            if batch:
+                os.fdatasync(self.fd)
+                self._journal_fh.write("".join(f"{j}\n" for j in batch))
+                self._journal_fh.flush()
+                with self._lock:
+                    self._done.update(batch)
+        with self._lock:
+            if len(self._done) == self.n_chunks and not self._completed:
+                self._completed = True
+                return True
+            return False
 
     def hash_ready(self, wait: bool) -> None:
         """Hash every contiguous finished chunk; `wait` blocks until no one else is hashing."""

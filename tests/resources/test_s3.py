@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from onboarding.errors import FetchError
 from onboarding.processes import free_port
 from resources.nvme_cache import NvmeCache
 from resources.s3 import S3ObjectStore
-from tests.conftest import ACCESS_KEY
+from tests.conftest import ACCESS_KEY, SECRET_KEY, upload_like_a_tool
 
 
 def test_describe_lists_checkpoint_files_with_recorded_sha256(s3_store, tiny_checkpoint,
@@ -92,3 +93,59 @@ def test_fetch_refuses_when_disk_too_small(s3_store, tiny_checkpoint, unique_pre
     with pytest.raises(FetchError, match=r"GiB free, the fetch needs .* reserve"):
         cache.fetch("tiny", s3_store, parse_source(f"s3://models/{unique_prefix}"))
     assert not any(Path(tmp_path / "cache" / "tiny").glob("s3-*"))
+
+
+# -- faults: an S3 endpoint that misbehaves on demand (tests/fakes/faulty_s3_proxy.py) ----------
+
+MIB = 1 << 20
+
+
+def _safetensors(path: Path, n_bytes: int) -> bytes:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.frombuffer(os.urandom(n_bytes), dtype=np.uint8)}, str(path))
+    return path.read_bytes()
+
+
+def test_a_failed_run_never_journals_chunks_it_did_not_receive(
+        s3_server, s3_store, s3_proxy, tmp_path, unique_prefix):
+    """Issue 10, item 1. One shard answers 503 to every GET; the other shard's ranges are
+    between retries when the run gives up. The re-run, against a healthy endpoint and with no
+    sha256 recorded at the source (a multipart upload by an ordinary tool), must commit every
+    byte as uploaded: a chunk is journaled only once all its bytes are on disk."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    slow, failing = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    originals = {"config.json": b"{}", slow: _safetensors(src / slow, 6 * MIB),
+                 failing: _safetensors(src / failing, MIB)}
+    heads = {name: upload_like_a_tool(s3_server, src / name, unique_prefix + name,
+                                      part_bytes=5 * MIB) for name in originals}
+    assert not any("sha256" in h["Metadata"] for h in heads.values())
+    assert heads[slow]["ETag"].endswith('-2"')  # a multipart ETag: not an MD5 of the bytes
+    s3_proxy.fail(unique_prefix + failing)  # every GET: 503 SlowDown
+    # Ranges after the first chunk of the other shard wait, then fail: they are mid-retry
+    # when the failing shard runs out of attempts.
+    s3_proxy.fail(unique_prefix + slow, from_byte=MIB, delay_s=4)
+    faulty = S3ObjectStore(endpoint_url=s3_proxy.endpoint_url, access_key_id=ACCESS_KEY,
+                           secret_access_key=SECRET_KEY, chunk_size_mb=1, max_concurrency=16,
+                           max_attempts=2)
+    cache = NvmeCache(root=str(tmp_path / "cache"), reserve_gb=0)
+    source = parse_source(f"s3://models/{unique_prefix}")
+    with pytest.raises(FetchError, match=failing):
+        cache.fetch("m", faulty, source)
+
+    staging = next((tmp_path / "cache" / "m").glob(".staging-*"))
+    if (staging / slow).exists():  # every chunk journaled: the file was even finished
+        assert (staging / slow).read_bytes() == originals[slow], "finished with unreceived bytes"
+    else:
+        part = (staging / f"{slow}.part").read_bytes()
+        for index in {int(x) for x in (staging / f"{slow}.part.chunks").read_text().split()}:
+            chunk = slice(index * MIB, (index + 1) * MIB)
+            assert part[chunk] == originals[slow][chunk], f"chunk {index} journaled, not received"
+
+    result = cache.fetch("m", s3_store, source)  # the same objects, straight from SeaweedFS
+    for name, data in originals.items():
+        assert (result.path / name).read_bytes() == data, f"{name} committed with wrong bytes"
+
