@@ -25,10 +25,12 @@ from onboarding.checkpoint_manifest import (
 from onboarding.errors import FetchError
 from resources.object_store import (
     FileDoneFn,
+    LogFn,
     ObjectStore,
     ProgressFn,
     RemoteCheckpoint,
     RemoteObject,
+    log_to_python,
 )
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -72,7 +74,7 @@ class HuggingFaceStore(ObjectStore):
             raise FetchError(source.uri, f"revision {revision!r} does not exist",
                              "Pin an existing commit, branch or tag after '@'.") from None
 
-    def describe(self, source: SourceRef) -> RemoteCheckpoint:
+    def describe(self, source: SourceRef, log: LogFn = log_to_python) -> RemoteCheckpoint:
         if _offline():
             snap = self._snapshot(source, source.revision, list(CHECKPOINT_PATTERNS), True)
             objects = []
@@ -104,7 +106,8 @@ class HuggingFaceStore(ObjectStore):
                                 ignored=ignored)
 
     def fetch(self, remote: RemoteCheckpoint, source: SourceRef, staging: Path,
-              on_progress: ProgressFn, on_file_done: FileDoneFn) -> int:
+              on_progress: ProgressFn, on_file_done: FileDoneFn,
+              log: LogFn = log_to_python) -> int:
         snap = self._snapshot(source, remote.revision, [o.path for o in remote.objects], _offline())
         for obj in remote.objects:
             src, dst = snap / obj.path, staging / obj.path
@@ -133,6 +136,7 @@ class HuggingFaceStore(ObjectStore):
                              "Delete that hub cache entry and fetch again; links are refused.")
         return real
 
-    def read_small(self, source: SourceRef, obj: RemoteObject) -> bytes:
+    def read_small(self, source: SourceRef, obj: RemoteObject,
+                   log: LogFn = log_to_python) -> bytes:
         snap = self._snapshot(source, source.revision, [obj.path], _offline())
         return (snap / obj.path).read_bytes()

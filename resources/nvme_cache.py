@@ -14,7 +14,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,9 +36,8 @@ from onboarding.checkpoint_manifest import (
     verify_entry,
 )
 from onboarding.errors import FetchError, IntegrityError
-from resources.object_store import ObjectStore, RemoteCheckpoint, RemoteObject
+from resources.object_store import LogFn, ObjectStore, RemoteCheckpoint, RemoteObject
 
-LogFn = Callable[[str], None]
 GIB = 1 << 30
 
 
@@ -118,8 +117,8 @@ class NvmeCache(dg.ConfigurableResource):
     # -- fetch --------------------------------------------------------------------------------
     def fetch(self, model: str, store: ObjectStore, source: SourceRef,
               log: LogFn = lambda _: None) -> FetchResult:
-        remote = store.describe(source)
-        self._check_index(store, source, remote)
+        remote = store.describe(source, log=log)
+        self._check_index(store, source, remote, log)
         with self.lock(model, remote.revision):
             entry = self.entry_dir(model, remote.revision)
             t0 = time.monotonic()
@@ -157,7 +156,8 @@ class NvmeCache(dg.ConfigurableResource):
             return None
         return None if verify_entry(entry, manifest, self.warm_verify == "full") else manifest
 
-    def _check_index(self, store: ObjectStore, source: SourceRef, remote: RemoteCheckpoint):
+    def _check_index(self, store: ObjectStore, source: SourceRef, remote: RemoteCheckpoint,
+                     log: LogFn):
         """A shard the index names but the source lacks fails before any weight is fetched."""
         present = {o.path for o in remote.objects}
         for obj in remote.objects:
@@ -165,7 +165,7 @@ class NvmeCache(dg.ConfigurableResource):
                 continue
             base = obj.path.rsplit("/", 1)[0] + "/" if "/" in obj.path else ""
             try:
-                named = index_shards(store.read_small(source, obj))
+                named = index_shards(store.read_small(source, obj, log=log))
             except ValueError:
                 raise IntegrityError(f"{source.uri}{obj.path}", "the shard index is not valid JSON",
                                      "Re-upload the index file.") from None
@@ -201,7 +201,7 @@ class NvmeCache(dg.ConfigurableResource):
                 hashes[obj.path] = hasher.submit(_digest, obj, path, sha256)
 
             try:
-                resumed = store.fetch(remote, source, staging, progress.add, file_done)
+                resumed = store.fetch(remote, source, staging, progress.add, file_done, log=log)
                 if resumed:
                     log(f"resumed: {resumed / GIB:.2f} GiB were already received by an "
                         "interrupted run")

@@ -7,6 +7,7 @@ small object (an index) without staging it.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,22 +40,32 @@ class RemoteCheckpoint:
 
 
 ProgressFn = Callable[[int], None]  # bytes just received
+LogFn = Callable[[str], None]  # one line for the operator (the run's log in Dagster)
 # An object is complete in staging; the digest is its sha256 when the store computed it while
 # writing (hashing hot pages as chunks land), else None and the cache hashes the file itself.
 FileDoneFn = Callable[[RemoteObject, Path, str | None], None]
 
 
+def log_to_python(line: str) -> None:
+    """The default `log`: Python's logging, for callers outside a Dagster run."""
+    logging.getLogger("resources.object_store").info(line)
+
+
 class ObjectStore(dg.ConfigurableResource, ABC):
     @abstractmethod
-    def describe(self, source: SourceRef) -> RemoteCheckpoint: ...
+    def describe(self, source: SourceRef, log: LogFn = log_to_python) -> RemoteCheckpoint: ...
 
     @abstractmethod
     def fetch(self, remote: RemoteCheckpoint, source: SourceRef, staging: Path,
-              on_progress: ProgressFn, on_file_done: FileDoneFn) -> int:
+              on_progress: ProgressFn, on_file_done: FileDoneFn,
+              log: LogFn = log_to_python) -> int:
         """Bring every object into `staging/<path>`, resuming partial work found there.
 
-        Returns the bytes found already received by an earlier, interrupted run.
+        Returns the bytes found already received by an earlier, interrupted run. A write that
+        fails (a full disk) raises its OSError unchanged: it is the cache's problem, not the
+        source's, and retrying cannot help.
         """
 
     @abstractmethod
-    def read_small(self, source: SourceRef, obj: RemoteObject) -> bytes: ...
+    def read_small(self, source: SourceRef, obj: RemoteObject,
+                   log: LogFn = log_to_python) -> bytes: ...

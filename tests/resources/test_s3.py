@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from onboarding.processes import free_port
 from resources.nvme_cache import NvmeCache
 from resources.s3 import S3ObjectStore
 from tests.conftest import ACCESS_KEY, SECRET_KEY, upload_like_a_tool
+from tests.fakes.faulty_s3_proxy import Blackhole
 
 
 def test_describe_lists_checkpoint_files_with_recorded_sha256(s3_store, tiny_checkpoint,
@@ -148,4 +151,103 @@ def test_a_failed_run_never_journals_chunks_it_did_not_receive(
     result = cache.fetch("m", s3_store, source)  # the same objects, straight from SeaweedFS
     for name, data in originals.items():
         assert (result.path / name).read_bytes() == data, f"{name} committed with wrong bytes"
+
+
+def _via(proxy, **overrides) -> S3ObjectStore:
+    """A store that talks to SeaweedFS through the fault proxy."""
+    return S3ObjectStore(**{"endpoint_url": proxy.endpoint_url, "access_key_id": ACCESS_KEY,
+                            "secret_access_key": SECRET_KEY, "chunk_size_mb": 1,
+                            "max_concurrency": 8, "max_attempts": 3, **overrides})
+
+
+def test_a_range_that_keeps_failing_names_the_true_attempt_count_and_logs_each_retry(
+        s3_store, s3_proxy, tiny_checkpoint, unique_prefix, tmp_path):
+    s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
+    key = unique_prefix + "config.json"
+    s3_proxy.fail(key)
+    logs: list[str] = []
+    with pytest.raises(FetchError) as info:
+        NvmeCache(root=str(tmp_path / "cache"), reserve_gb=0).fetch(
+            "tiny", _via(s3_proxy), parse_source(f"s3://models/{unique_prefix}"), log=logs.append)
+    assert s3_proxy.count("GET", key) == 3  # boto3's own retries do not multiply ours
+    message = str(info.value)
+    assert "config.json" in message and "3 attempts" in message and "503 SlowDown" in message
+    retries = [line for line in logs if line.startswith("retry ")]
+    assert [line.split(" for ")[0] for line in retries] == ["retry 2/3", "retry 3/3"], logs
+    assert all(re.match(r"retry ./3 for range bytes=0-\d+ of s3://models/\S+/config\.json: "
+                        r"503 SlowDown", line) for line in retries), retries
+
+
+@pytest.mark.parametrize("fault", ["503", "dropped connection"])
+def test_a_transient_fault_that_recovers_is_logged(
+        fault, s3_store, s3_proxy, tiny_checkpoint, unique_prefix, tmp_path):
+    from tests.tiny_models import shard_names
+
+    s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
+    shard = shard_names(tiny_checkpoint)[0]
+    if fault == "503":
+        s3_proxy.fail(unique_prefix + shard, times=1)
+    else:
+        s3_proxy.drop(unique_prefix + shard, after_bytes=1000, times=1)
+    logs: list[str] = []
+    result = NvmeCache(root=str(tmp_path / "cache"), reserve_gb=0).fetch(
+        "tiny", _via(s3_proxy), parse_source(f"s3://models/{unique_prefix}"), log=logs.append)
+    assert (result.path / shard).read_bytes() == (tiny_checkpoint / shard).read_bytes()
+    assert s3_proxy.count("GET", unique_prefix + shard) == 2
+    recovered = [line for line in logs if "succeeded on attempt 2/3" in line]
+    assert len(recovered) == 1 and shard in recovered[0], logs
+    if fault == "503":
+        assert recovered[0].endswith("after 503 SlowDown")
+    else:
+        assert "connection" in recovered[0]
+
+
+def test_a_hung_endpoint_fails_within_its_timeouts_and_says_it_timed_out():
+    """The endpoint accepts the TCP connection and never answers (a blackhole port)."""
+    logs: list[str] = []
+    with Blackhole() as hole:
+        store = S3ObjectStore(endpoint_url=hole.endpoint_url, access_key_id="a",
+                              secret_access_key="b", max_attempts=3, connect_timeout_s=1,
+                              list_read_timeout_s=1, backoff_base_s=0.05)
+        started = time.monotonic()
+        with pytest.raises(FetchError) as info:
+            store.describe(parse_source("s3://models/x/"), log=logs.append)
+        elapsed_s = time.monotonic() - started
+        assert hole.connections == 3  # one connection per attempt, no hidden boto3 retries
+    message = str(info.value)
+    assert "timed out" in message and "3 attempts" in message
+    assert "list_read_timeout_s" in message  # the fix names the knob
+    assert elapsed_s < 3 * 1 + 10  # three read timeouts of 1 s, plus generous slack
+    assert len([line for line in logs if line.startswith("retry ")]) == 2
+
+
+def test_the_listing_deadline_bounds_every_attempt_together():
+    with Blackhole() as hole:
+        store = S3ObjectStore(endpoint_url=hole.endpoint_url, access_key_id="a",
+                              secret_access_key="b", max_attempts=50, connect_timeout_s=1,
+                              list_read_timeout_s=1, list_deadline_s=2.5, backoff_base_s=0.05)
+        started = time.monotonic()
+        with pytest.raises(FetchError, match="list_deadline_s") as info:
+            store.describe(parse_source("s3://models/x/"))
+        elapsed_s = time.monotonic() - started
+        assert 2 <= hole.connections < 50
+    assert "timed out" in str(info.value)
+    assert elapsed_s < 2.5 + 1 + 10  # the deadline, one read timeout in flight, slack
+
+
+def test_a_stalled_range_times_out_and_says_so(s3_store, s3_proxy, tiny_checkpoint,
+                                               unique_prefix, tmp_path):
+    from tests.tiny_models import shard_names
+
+    s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
+    key = unique_prefix + shard_names(tiny_checkpoint)[0]
+    s3_proxy.stall(key)
+    with pytest.raises(FetchError) as info:
+        NvmeCache(root=str(tmp_path / "cache"), reserve_gb=0).fetch(
+            "tiny", _via(s3_proxy, max_attempts=2, range_read_timeout_s=1, backoff_base_s=0.05),
+            parse_source(f"s3://models/{unique_prefix}"))
+    message = str(info.value)
+    assert "timed out" in message and "2 attempts" in message
+    assert "range_read_timeout_s" in message
+    assert s3_proxy.count("GET", key) == 2
 
