@@ -34,6 +34,7 @@ from resources.object_store import (
 )
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
 
 
 def _offline() -> bool:
@@ -82,9 +83,10 @@ class HuggingFaceStore(ObjectStore):
                 rel = safe_relative_path(f.relative_to(snap).as_posix(), source.uri)
                 if not is_checkpoint_file(rel):
                     continue
-                blob = Path(os.path.realpath(f)).name
+                blob = Path(os.path.realpath(f)).name  # LFS: its sha256; git: its blob sha1
                 objects.append(RemoteObject(path=rel, size=f.stat().st_size, key=rel,
-                                            sha256=blob if _SHA256.match(blob) else None))
+                                            sha256=blob if _SHA256.match(blob) else None,
+                                            git_sha1=blob if _SHA1.match(blob) else None))
             return RemoteCheckpoint(source=source.uri, revision=snap.name, objects=objects)
         from huggingface_hub import HfApi
 
@@ -101,7 +103,8 @@ class HuggingFaceStore(ObjectStore):
                 ignored.append(rel)
                 continue
             objects.append(RemoteObject(path=rel, size=s.size or 0, key=rel,
-                                        sha256=s.lfs.sha256 if s.lfs else None))
+                                        sha256=s.lfs.sha256 if s.lfs else None,
+                                        git_sha1=None if s.lfs else s.blob_id))
         return RemoteCheckpoint(source=source.uri, revision=info.sha, objects=objects,
                                 ignored=ignored)
 

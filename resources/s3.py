@@ -14,6 +14,7 @@ were really made and whether they timed out.
 
 from __future__ import annotations
 
+import base64
 import errno
 import hashlib
 import os
@@ -46,6 +47,7 @@ from botocore.exceptions import (
 )
 from pydantic import Field, PrivateAttr
 
+from onboarding import checksums
 from onboarding.catalog import SourceRef
 from onboarding.checkpoint_manifest import is_checkpoint_file, safe_relative_path
 from onboarding.errors import FetchError
@@ -256,11 +258,49 @@ class S3ObjectStore(ObjectStore):
                                 objects=sorted(objects, key=lambda o: o.path), ignored=ignored)
 
     def _evidence(self, bucket: str, obj: RemoteObject, log: LogFn) -> RemoteObject:
-        """HEAD for `x-amz-meta-sha256` (our uploader and `aws s3 cp --metadata`)."""
+        """What the source recorded about an object: `x-amz-meta-sha256` (our uploader, `aws s3
+        cp --metadata`), an S3 additional checksum, whether the ETag is a digest, part sizes."""
         where = f"s3://{bucket}/{obj.key}"
         head = self._call(where, "HEAD", lambda: self._list_client().head_object(
-            Bucket=bucket, Key=obj.key), log)
-        return replace(obj, sha256=head.get("Metadata", {}).get("sha256"))
+            Bucket=bucket, Key=obj.key, ChecksumMode="ENABLED"), log)
+        sha256 = head.get("Metadata", {}).get("sha256")
+        algorithm = value = None
+        for name in checksums.S3_CHECKSUMS:
+            if found := head.get(f"Checksum{name.upper()}"):
+                algorithm, value = name, found
+                break
+        if algorithm == "sha256" and not sha256 and checksums.parts_of(value) is None:
+            sha256 = base64.b64decode(value).hex()  # a whole-object SHA256: what we stream
+        etag_is_digest = (head.get("ServerSideEncryption") not in ("aws:kms", "aws:kms:dsse")
+                          and not head.get("SSECustomerAlgorithm"))
+        obj = replace(obj, sha256=sha256, checksum_algorithm=algorithm, checksum=value,
+                      etag_is_digest=etag_is_digest)
+        n_parts = checksums.parts_of(obj.etag) or checksums.parts_of(value)
+        if n_parts and not sha256:
+            part_bytes, note = self._part_layout(bucket, obj, n_parts, log)
+            obj = replace(obj, part_bytes=part_bytes, evidence_note=note)
+        return obj
+
+    def _part_layout(self, bucket: str, obj: RemoteObject, n_parts: int,
+                     log: LogFn) -> tuple[int | None, str]:
+        """The part size of a multipart upload, if every part but the last has it: that is
+        what recomputing a multipart ETag or a composite checksum needs."""
+        where = f"s3://{bucket}/{obj.key}"
+
+        def part(number: int) -> int | None:
+            got = self._call(where, f"HEAD part {number}", lambda: self._list_client().head_object(
+                Bucket=bucket, Key=obj.key, PartNumber=number), log, probe=True)
+            return None if got is None else got["ContentLength"]
+
+        first = part(1)
+        last = first if n_parts == 1 else part(n_parts)
+        if first is None or last is None:
+            return None, ("the server does not answer HeadObject with a PartNumber, so the "
+                          "multipart upload's ETag cannot be recomputed")
+        if first * (n_parts - 1) + last == obj.size and 0 < last <= first:
+            return first, ""
+        return None, (f"the multipart upload's {n_parts} parts differ in size, so its ETag "
+                      "cannot be recomputed")
 
     def read_small(self, source: SourceRef, obj: RemoteObject, log: LogFn = log_to_python) -> bytes:
         where = f"s3://{source.location}/{obj.key}"

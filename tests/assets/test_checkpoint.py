@@ -111,3 +111,25 @@ def test_missing_shard_fails_completeness(instance, resources, config_dir, s3_st
     write_spec(config_dir, "tiny", f"s3://models/{unique_prefix}")
     result = _run(instance, resources)
     assert not result.success and _checks(result) == {COMPLETE: False}
+
+
+def test_the_integrity_check_says_which_evidence_verified_each_file(
+        instance, resources, config_dir, s3_server, s3_store, tiny_checkpoint, unique_prefix):
+    from tests.conftest import upload_like_a_tool
+
+    s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)  # sha256 metadata on each
+    plain = shard_names(tiny_checkpoint)[0]  # re-uploaded by another tool: no sha256, no CRC
+    upload_like_a_tool(s3_server, tiny_checkpoint / plain, unique_prefix + plain)
+    write_spec(config_dir, "tiny", f"s3://models/{unique_prefix}")
+    result = _run(instance, resources)
+    assert result.success
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == INTACT)
+    meta = {k: v.value for k, v in check.metadata.items()}
+    assert meta["files_checked_by_etag_md5"] == 1
+    assert meta["files_checked_by_sha256"] == len(ref_files(result)) - 1
+    assert meta["files_checked_by_size_only"] == 0
+    assert f"{plain}: etag_md5" in meta["files_checked_by_per_file"]
+
+
+def ref_files(result) -> tuple[str, ...]:
+    return result.output_for_node("checkpoint").files

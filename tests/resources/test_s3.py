@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from onboarding.catalog import parse_source
-from onboarding.errors import FetchError
+from onboarding.errors import FetchError, IntegrityError
 from onboarding.processes import free_port
 from resources.nvme_cache import NvmeCache
 from resources.s3 import S3ObjectStore
-from tests.conftest import ACCESS_KEY, SECRET_KEY, upload_like_a_tool
+from tests.conftest import ACCESS_KEY, SECRET_KEY, tool_client, upload_like_a_tool
 from tests.fakes.faulty_s3_proxy import Blackhole
 
 
@@ -251,3 +251,82 @@ def test_a_stalled_range_times_out_and_says_so(s3_store, s3_proxy, tiny_checkpoi
     assert "range_read_timeout_s" in message
     assert s3_proxy.count("GET", key) == 2
 
+
+# -- what verified each file: the source's sha256, S3 checksums, ETags, or size alone ---------
+
+def _upload_with_every_kind_of_evidence(s3_server, s3_store, tmp_path, prefix) -> dict:
+    """One checkpoint whose files carry each kind of evidence S3 can give; name -> (bytes, kind)."""
+    src = tmp_path / "evidence-src"
+    src.mkdir()
+    files = {"config.json": b'{"a": 1}', "tokenizer.json": b'{"t": 2}',
+             "generation_config.json": b'{"g": 3}'}
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    for name, n_bytes in (("model-00001-of-00003.safetensors", 6 * MIB),
+                          ("model-00002-of-00003.safetensors", 6 * MIB),
+                          ("model-00003-of-00003.safetensors", 12 * MIB)):
+        files[name] = _safetensors(src / name, n_bytes)
+    upload_like_a_tool(s3_server, src / "config.json", prefix + "config.json", checksum="SHA256")
+    upload_like_a_tool(s3_server, src / "tokenizer.json", prefix + "tokenizer.json")
+    upload_like_a_tool(s3_server, src / "generation_config.json",
+                       prefix + "generation_config.json", checksum="CRC32")
+    upload_like_a_tool(s3_server, src / "model-00001-of-00003.safetensors",
+                       prefix + "model-00001-of-00003.safetensors", part_bytes=5 * MIB)
+    upload_like_a_tool(s3_server, src / "model-00002-of-00003.safetensors",
+                       prefix + "model-00002-of-00003.safetensors", part_bytes=5 * MIB,
+                       checksum="CRC32")
+    # Parts of 5, 6 and 1 MiB: legal S3, but no single part size reproduces the ETag.
+    client, key = tool_client(s3_server), prefix + "model-00003-of-00003.safetensors"
+    data = files["model-00003-of-00003.safetensors"]
+    upload_id = client.create_multipart_upload(Bucket="models", Key=key)["UploadId"]
+    parts, offset = [], 0
+    for number, n_bytes in enumerate((5 * MIB, 6 * MIB, len(data) - 11 * MIB), start=1):
+        etag = client.upload_part(Bucket="models", Key=key, UploadId=upload_id, PartNumber=number,
+                                  Body=data[offset:offset + n_bytes])["ETag"]
+        parts.append({"PartNumber": number, "ETag": etag})
+        offset += n_bytes
+    client.complete_multipart_upload(Bucket="models", Key=key, UploadId=upload_id,
+                                     MultipartUpload={"Parts": parts})
+    kinds = {"config.json": "sha256", "tokenizer.json": "etag_md5",
+             "generation_config.json": "crc32", "model-00001-of-00003.safetensors": "etag_multipart",
+             "model-00002-of-00003.safetensors": "crc32",
+             "model-00003-of-00003.safetensors": "size_only"}
+    return {name: (data, kinds[name]) for name, data in files.items()}
+
+
+def test_each_file_says_which_evidence_verified_it(s3_server, s3_store, tmp_path, unique_prefix):
+    files = _upload_with_every_kind_of_evidence(s3_server, s3_store, tmp_path, unique_prefix)
+    result = NvmeCache(root=str(tmp_path / "cache"), reserve_gb=0).fetch(
+        "ev", s3_store, parse_source(f"s3://models/{unique_prefix}"))
+    for name, (data, _) in files.items():
+        assert (result.path / name).read_bytes() == data
+    assert {name: kind.split()[0] for name, kind in result.evidence.items()} == \
+        {name: kind for name, (_, kind) in files.items()}
+    assert "parts" in result.evidence["model-00003-of-00003.safetensors"]  # says why
+    counts = {k: v for k, v in result.checked_by.items() if isinstance(v, int)}
+    assert counts == {"sha256": 1, "etag_md5": 1, "crc32": 2, "etag_multipart": 1, "size_only": 1}
+    assert "model-00003-of-00003.safetensors: size_only" in result.checked_by["per_file"]
+
+
+@pytest.mark.parametrize(("name", "at_byte"), [
+    ("config.json", 3), ("tokenizer.json", 3), ("generation_config.json", 3),
+    ("model-00001-of-00003.safetensors", 5 * MIB + 10),
+    ("model-00002-of-00003.safetensors", 5 * MIB + 10),
+])
+def test_a_byte_flipped_in_transit_is_caught_by_the_files_evidence(
+        name, at_byte, s3_server, s3_store, s3_proxy, tmp_path, unique_prefix):
+    files = _upload_with_every_kind_of_evidence(s3_server, s3_store, tmp_path, unique_prefix)
+    s3_proxy.corrupt(unique_prefix + name, at_byte)
+    with pytest.raises(IntegrityError, match=rf"{re.escape(name)}: {files[name][1]} .* but the "
+                                             "source recorded"):
+        NvmeCache(root=str(tmp_path / "cache"), reserve_gb=0).fetch(
+            "ev", _via(s3_proxy), parse_source(f"s3://models/{unique_prefix}"))
+
+
+def test_files_verified_by_size_alone_can_be_refused(s3_server, s3_store, s3_proxy, tmp_path,
+                                                     unique_prefix):
+    files = _upload_with_every_kind_of_evidence(s3_server, s3_store, tmp_path, unique_prefix)
+    strict = NvmeCache(root=str(tmp_path / "cache"), reserve_gb=0, refuse_size_only=True)
+    with pytest.raises(IntegrityError, match="size alone: model-00003-of-00003.safetensors"):
+        strict.fetch("ev", _via(s3_proxy), parse_source(f"s3://models/{unique_prefix}"))
+    assert not any(s3_proxy.count("GET", unique_prefix + name) for name in files)  # no byte read
