@@ -145,10 +145,11 @@ class NvmeCache(dg.ConfigurableResource):
             staging = entry.parent / f".staging-{remote.revision}"
             staging.mkdir(parents=True, exist_ok=True)
             self._check_free_space(remote, staging)
-            manifest, resumed, evidence = self._download_and_verify(model, store, source, remote,
-                                                                    staging, log)
-            (staging / MANIFEST_NAME).write_text(manifest.to_json())
-            dir_fsync(staging)
+            with self._disk_errors():
+                manifest, resumed, evidence = self._download_and_verify(
+                    model, store, source, remote, staging, log)
+                (staging / MANIFEST_NAME).write_text(manifest.to_json())
+                dir_fsync(staging)
             if entry.exists():  # present but failed verification: keep it for inspection
                 self._quarantine(model, remote.revision, entry, "entry failed re-verification")
             os.replace(staging, entry)
@@ -172,6 +173,21 @@ class NvmeCache(dg.ConfigurableResource):
                 "Re-upload them with a checksum (our uploader and `aws s3 cp --metadata "
                 "sha256=<hex>` record a sha256; `--checksum-algorithm CRC32` an S3 checksum), or "
                 "set nvme_cache.refuse_size_only to false to accept size-only files.")
+
+    @contextmanager
+    def _disk_errors(self) -> Iterator[None]:
+        """A full disk or quota is the cache volume's problem: say so at once, never retry."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise FetchError(
+                f"cache {self.root}", f"the disk filled up during the fetch "
+                f"({os.strerror(exc.errno)}: {exc.filename or 'a staging file'})",
+                "Free space on the cache volume (old revisions under the cache root can go) and "
+                "re-run: the chunks already received are kept and the next run fetches only "
+                "the rest.") from None
 
     def _verified(self, entry: Path, remote: RemoteCheckpoint) -> CheckpointManifest | None:
         manifest = self.read_manifest(entry)
@@ -203,11 +219,15 @@ class NvmeCache(dg.ConfigurableResource):
                                  "Upload the missing shards (or wait for the upload to finish).")
 
     def _check_free_space(self, remote: RemoteCheckpoint, staging: Path) -> None:
+        """Bytes still to land must fit: finished files and the blocks a `.part` file already
+        holds (a resumed run rewrites those in place) take no new space."""
         have = 0
         for o in remote.objects:
-            p = staging / o.path
+            p, part = staging / o.path, staging / f"{o.path}.part"
             if p.is_file():
                 have += min(p.stat().st_size, o.size)
+            elif part.is_file():
+                have += min(part.stat().st_blocks * 512, o.size)
         needed = remote.total_bytes - have
         free = shutil.disk_usage(staging).free
         reserve = int(self.reserve_gb * GIB)
@@ -226,16 +246,10 @@ class NvmeCache(dg.ConfigurableResource):
             def file_done(obj: RemoteObject, path: Path, sha256: str | None) -> None:
                 hashes[obj.path] = hasher.submit(_digest, obj, path, sha256)
 
-            try:
-                resumed = store.fetch(remote, source, staging, progress.add, file_done, log=log)
-                if resumed:
-                    log(f"resumed: {resumed / GIB:.2f} GiB were already received by an "
-                        "interrupted run")
-            except OSError as exc:
-                if exc.errno == errno.ENOSPC:
-                    raise FetchError(f"cache {self.root}", "the disk filled up during the fetch",
-                                     "Free space and re-run; received chunks are kept.") from None
-                raise
+            resumed = store.fetch(remote, source, staging, progress.add, file_done, log=log)
+            if resumed:
+                log(f"resumed: {resumed / GIB:.2f} GiB were already received by an "
+                    "interrupted run")
             results = {p: f.result() for p, f in hashes.items()}
         progress.finish()
         files, problems, evidence = [], [], {}
