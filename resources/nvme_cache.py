@@ -315,11 +315,31 @@ class NvmeCache(dg.ConfigurableResource):
                 shutil.rmtree(d, ignore_errors=True)
 
     def verify(self, entry: Path, full: bool = True) -> list[str]:
-        """Problems in a committed entry (for the integrity check); empty means intact."""
+        """Problems in a committed entry (for the integrity check); empty means intact.
+
+        A full check that finds problems moves the entry to quarantine, as a failed fetch does,
+        so the next run fetches it again instead of failing the same way on the same bytes.
+        """
         manifest = self.read_manifest(entry)
         if manifest is None:
             return [f"{entry}: no readable {MANIFEST_NAME}"]
-        return verify_entry(entry, manifest, full, workers=self.hash_workers)
+        problems = verify_entry(entry, manifest, full, workers=self.hash_workers)
+        if problems and full:
+            problems.append(self._quarantine_bad_entry(entry, problems))
+        return problems
+
+    def _quarantine_bad_entry(self, entry: Path, problems: list[str]) -> str:
+        model, revision = entry.parent.name, entry.name
+        try:
+            with self.lock(model, revision):
+                if not entry.is_dir():
+                    return f"{entry} was already moved away; the next run fetches it again"
+                target = self._quarantine(model, revision, entry,
+                                          "failed its integrity check: " + "; ".join(problems))
+        except FetchError as exc:  # another run holds the entry: leave it, say what to do
+            return (f"{entry} was not quarantined ({exc.cause}); delete it and re-run to "
+                    "fetch it again")
+        return f"the entry was moved to {target}; the next run fetches it again"
 
 
 def _digest(obj: RemoteObject, path: Path, sha256: str | None) -> tuple[int, str, str | None]:

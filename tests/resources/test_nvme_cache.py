@@ -217,3 +217,22 @@ def test_a_full_disk_is_a_disk_error_at_once_and_the_resume_counts_what_is_on_di
     assert result.bytes_resumed > 0
     assert (result.path / "model.safetensors").read_bytes() == data
 
+
+def test_bit_rot_in_a_warm_entry_is_quarantined_and_the_next_run_fetches_again(
+        cache, s3_store, tiny_checkpoint, unique_prefix):
+    src = _upload(s3_store, tiny_checkpoint, unique_prefix)
+    first = cache.fetch("tiny", s3_store, src)
+    shard = shard_names(tiny_checkpoint)[0]
+    rotten = bytearray((first.path / shard).read_bytes())
+    rotten[-5] ^= 0x01  # one bit flips on the NVMe; the size stays
+    (first.path / shard).write_bytes(bytes(rotten))
+    warm = cache.fetch("tiny", s3_store, src)
+    assert warm.warm  # sizes match, so the entry is served; its integrity check re-hashes it
+    problems = cache.verify(warm.path, full=True)  # what the checkpoint_integrity check runs
+    assert any(f"{shard}: sha256 differs" in p for p in problems), problems
+    assert any(".quarantine" in p and "next run" in p for p in problems), problems
+    assert not warm.path.exists()
+    assert list((Path(cache.root) / ".quarantine" / "tiny").rglob(shard))
+    again = cache.fetch("tiny", s3_store, src)
+    assert not again.warm
+    assert sha256_file(again.path / shard) == sha256_file(tiny_checkpoint / shard)
