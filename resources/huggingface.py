@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from onboarding.catalog import SourceRef
+from onboarding.catalog import SourceRef, check_revision
 from onboarding.checkpoint_manifest import (
     CHECKPOINT_PATTERNS,
     is_checkpoint_file,
@@ -58,6 +58,11 @@ class HuggingFaceStore(ObjectStore):
             RevisionNotFoundError,
         )
 
+        if revision is not None:
+            try:
+                check_revision(revision)  # the catalog checks it too; a SourceRef can be built
+            except ValueError as exc:
+                raise FetchError(source.uri, str(exc), "Fix the revision after '@'.") from None
         try:
             return Path(snapshot_download(
                 source.location, revision=revision, allow_patterns=patterns,
