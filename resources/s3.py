@@ -156,8 +156,8 @@ class S3ObjectStore(ObjectStore):
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
             code = exc.response.get("Error", {}).get("Code", "")
             if status >= 500 or status == 429 or code in _TRANSIENT_CODES:
-                if not code or code == str(status):
-                    code = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+                if not code or code == str(status):  # a HEAD has no body to name the error
+                    code = _status_phrase(status)
                 return "server", f"{status} {code}".strip()
             return None
         if isinstance(exc, ConnectTimeoutError):
@@ -478,6 +478,13 @@ class _Retry:
         return True
 
 
+def _status_phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
 def _pwrite_all(fd: int, data: bytes, offset: int, path: Path) -> None:
     """pwrite may write less than asked (a filesystem nearly full): write the rest or raise
     the OSError, named after the file, for the cache to report as a disk problem."""
@@ -497,8 +504,8 @@ class _PartFile:
     """One object being fetched: `<name>.part` plus `<name>.part.chunks` (finished chunk ids).
 
     A chunk id enters the journal only after all its bytes were written and fdatasync'd, so a
-    resumed run never trusts bytes that never arrived. Workers finishing chunks at the same
-    time share one fdatasync (group commit) instead of queueing one each.
+    resumed run never trusts bytes that never arrived. Chunks written while one worker syncs
+    are synced together by it in its next round (group commit); nobody waits for a sync.
 
     The sha256 is computed in order as chunks land, by whichever worker finds the next chunk
     done, reading it back while its pages are still hot; so hashing overlaps the transfer
@@ -544,23 +551,30 @@ class _PartFile:
         return set(done)
 
     def commit(self, i: int) -> bool:
-        """Make chunk i durable, then journal it; True for the one call that completes the file."""
+        """Chunk i is written: make it durable, then journal it. One worker at a time syncs
+        every chunk written so far; the others go on fetching instead of queueing for a sync.
+        True for the one call that saw the whole file durable (it then finishes the file)."""
         with self._lock:
             self._written.add(i)
-        with self._sync_lock:  # whoever holds it syncs and journals every chunk written so far
-            with self._lock:
-                batch = sorted(self._written - self._done)
-            if batch:
-                os.fdatasync(self.fd)
-                self._journal_fh.write("".join(f"{j}\n" for j in batch))
-                self._journal_fh.flush()
+        completed = False
+        while self._sync_lock.acquire(blocking=False):
+            try:
+                with self._lock:
+                    batch = sorted(self._written - self._done)
+                if batch:
+                    os.fdatasync(self.fd)
+                    self._journal_fh.write("".join(f"{j}\n" for j in batch))
+                    self._journal_fh.flush()
                 with self._lock:
                     self._done.update(batch)
-        with self._lock:
-            if len(self._done) == self.n_chunks and not self._completed:
-                self._completed = True
-                return True
-            return False
+                    if len(self._done) == self.n_chunks and not self._completed:
+                        self._completed = completed = True
+            finally:
+                self._sync_lock.release()
+            with self._lock:  # a chunk may have been written while we synced: go round again
+                if not self._written - self._done:
+                    break
+        return completed
 
     def hash_ready(self, wait: bool) -> None:
         """Hash every contiguous finished chunk; `wait` blocks until no one else is hashing."""
