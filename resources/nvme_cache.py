@@ -265,7 +265,8 @@ class NvmeCache(dg.ConfigurableResource):
                 problems.append((obj, (f"{obj.path}: sha256 {sha[:12]}… but the source "
                                        f"recorded {expected[:12]}…")))
             elif kind not in ("sha256", "size_only") and computed != expected:
-                parts = f" (parts of {obj.part_bytes} bytes)" if obj.part_bytes else ""
+                composite = checksums.parts_of(expected) is not None
+                parts = f" (parts of {obj.part_bytes} bytes)" if composite else ""
                 problems.append((obj, (f"{obj.path}: {kind} {computed} but the source "
                                        f"recorded {expected}{parts}")))
             elif obj.path.endswith(".safetensors"):

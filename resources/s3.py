@@ -276,7 +276,9 @@ class S3ObjectStore(ObjectStore):
         obj = replace(obj, sha256=sha256, checksum_algorithm=algorithm, checksum=value,
                       etag_is_digest=etag_is_digest)
         n_parts = checksums.parts_of(obj.etag) or checksums.parts_of(value)
-        if n_parts and not sha256:
+        whole = bool(algorithm and checksums.can_compute(algorithm)
+                     and checksums.parts_of(value) is None)
+        if n_parts and not sha256 and not whole:  # only a composite form needs the part size
             part_bytes, note = self._part_layout(bucket, obj, n_parts, log)
             obj = replace(obj, part_bytes=part_bytes, evidence_note=note)
         return obj

@@ -259,7 +259,7 @@ def _upload_with_every_kind_of_evidence(s3_server, s3_store, tmp_path, prefix) -
     src = tmp_path / "evidence-src"
     src.mkdir()
     files = {"config.json": b'{"a": 1}', "tokenizer.json": b'{"t": 2}',
-             "generation_config.json": b'{"g": 3}'}
+             "generation_config.json": b'{"g": 3}', "special_tokens_map.json": b'{"s": 4}'}
     for name, data in files.items():
         (src / name).write_bytes(data)
     for name, n_bytes in (("model-00001-of-00003.safetensors", 6 * MIB),
@@ -270,6 +270,8 @@ def _upload_with_every_kind_of_evidence(s3_server, s3_store, tmp_path, prefix) -
     upload_like_a_tool(s3_server, src / "tokenizer.json", prefix + "tokenizer.json")
     upload_like_a_tool(s3_server, src / "generation_config.json",
                        prefix + "generation_config.json", checksum="CRC32")
+    upload_like_a_tool(s3_server, src / "special_tokens_map.json",
+                       prefix + "special_tokens_map.json", checksum="SHA1")
     upload_like_a_tool(s3_server, src / "model-00001-of-00003.safetensors",
                        prefix + "model-00001-of-00003.safetensors", part_bytes=5 * MIB)
     upload_like_a_tool(s3_server, src / "model-00002-of-00003.safetensors",
@@ -288,7 +290,8 @@ def _upload_with_every_kind_of_evidence(s3_server, s3_store, tmp_path, prefix) -
     client.complete_multipart_upload(Bucket="models", Key=key, UploadId=upload_id,
                                      MultipartUpload={"Parts": parts})
     kinds = {"config.json": "sha256", "tokenizer.json": "etag_md5",
-             "generation_config.json": "crc32", "model-00001-of-00003.safetensors": "etag_multipart",
+             "generation_config.json": "crc32", "special_tokens_map.json": "sha1",
+             "model-00001-of-00003.safetensors": "etag_multipart",
              "model-00002-of-00003.safetensors": "crc32",
              "model-00003-of-00003.safetensors": "size_only"}
     return {name: (data, kinds[name]) for name, data in files.items()}
@@ -304,12 +307,14 @@ def test_each_file_says_which_evidence_verified_it(s3_server, s3_store, tmp_path
         {name: kind for name, (_, kind) in files.items()}
     assert "parts" in result.evidence["model-00003-of-00003.safetensors"]  # says why
     counts = {k: v for k, v in result.checked_by.items() if isinstance(v, int)}
-    assert counts == {"sha256": 1, "etag_md5": 1, "crc32": 2, "etag_multipart": 1, "size_only": 1}
+    assert counts == {"sha256": 1, "etag_md5": 1, "crc32": 2, "sha1": 1, "etag_multipart": 1,
+                      "size_only": 1}
     assert "model-00003-of-00003.safetensors: size_only" in result.checked_by["per_file"]
 
 
 @pytest.mark.parametrize(("name", "at_byte"), [
     ("config.json", 3), ("tokenizer.json", 3), ("generation_config.json", 3),
+    ("special_tokens_map.json", 3),
     ("model-00001-of-00003.safetensors", 5 * MIB + 10),
     ("model-00002-of-00003.safetensors", 5 * MIB + 10),
 ])
