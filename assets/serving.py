@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from assets.node_gate import node_acceptance_check, node_check_spec
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
@@ -128,9 +129,18 @@ def _unservable_check(name: str, reason: str) -> dg.AssetCheckResult:
                                severity=dg.AssetCheckSeverity.WARN, metadata={"reason": reason})
 
 
+def _node_check(context: dg.AssetExecutionContext, engine: Engine, setup: Setup
+                ) -> dg.AssetCheckResult:
+    """Whether the node this runs on is qualified (assets/node_gate.py), read before measuring
+    so the result says which node's acceptance it relied on."""
+    return node_acceptance_check(context.instance, engine.resolved_node_name(),
+                                 setup.profile.require_node_acceptance, setup.profile_name)
+
+
 def _unservable_metadata(engine: Engine, reason: str, configs: ConfigFiles) -> dict:
     return {
         "servable": False,
+        "node": engine.resolved_node_name(),
         "reason": dg.MetadataValue.text(reason),
         "hardware": engine.resolved_hardware(),
         "engine": engine.engine,
@@ -149,6 +159,7 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
         "hardware": engine.resolved_hardware(),
         "engine": engine.engine,
         "node_type": engine.node_type,
+        "node": engine.resolved_node_name(),
         "profile": setup.profile_name,
     }
 
@@ -161,7 +172,8 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(COLD_START_CHECK, asset="load_timing",
                                    description="cold start p95 within configs/gates.yaml "
-                                   "`slo.cold_start_p95_max_s` for this node type")],
+                                   "`slo.cold_start_p95_max_s` for this node type"),
+                 node_check_spec("load_timing")],
     description="Cold (page cache evicted) and warm engine starts of the serving variant: "
     "phases, p50/p95, weight-load GB/s next to the raw sequential read GB/s of the same files.",
 )
@@ -170,10 +182,12 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
     setup = _setup(context, configs, engine, config.profile, config.substitute_baseline,
                    serving_variant, checkpoint)
     spec, variant = setup.spec, setup.variant
+    node_check = _node_check(context, engine, setup)
     if variant is None:
         yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, setup.reason),
                         metadata=_unservable_metadata(engine, setup.reason, configs))
         yield _unservable_check(COLD_START_CHECK, setup.reason)
+        yield node_check
         return
     d = setup.profile.load_timing
     samples, raw = engine.time_starts(
@@ -198,6 +212,7 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
                   "expected_max_s": dg.MetadataValue.float(budget) if budget is not None
                   else dg.MetadataValue.null(),
                   "node_type": engine.node_type, "measured_precision": variant.precision})
+    yield node_check
 
 
 def _float_or_null(value: float | None) -> dg.MetadataValue:
@@ -254,7 +269,8 @@ def _load_tokenizer(path: str):
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(SLO_CHECK, asset="serving_benchmark", blocking=True,
                                    description="TTFT p95, mean ITL and error rate within "
-                                   "configs/gates.yaml `slo` at the target concurrency")],
+                                   "configs/gates.yaml `slo` at the target concurrency"),
+                 node_check_spec("serving_benchmark", blocking=True)],
     description="Traffic profiles x concurrency sweep against the real engine: TTFT, ITL, "
     "TPOT, E2E, throughputs, errors by cause, /metrics cross-check, goodput, saturation point.",
 )
@@ -265,6 +281,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     setup = _setup(context, configs, engine, config.profile, config.substitute_baseline,
                    serving_variant, checkpoint)
     spec, variant, gpus = setup.spec, setup.variant, engine.gpu_count()
+    node_check = _node_check(context, engine, setup)
     if variant is None:
         result = ServingBenchmarkResult(spec.id, serving_variant.precision, engine.node_type,
                                         gpus, False, 0.0, 0, False, (setup.reason,))
@@ -272,6 +289,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
                                           "node_type": engine.node_type, "gpus": gpus,
                                           "slo_pass": False})
         yield _unservable_check(SLO_CHECK, setup.reason)
+        yield node_check
         return
     sweep = setup.profile.sweep.model_copy(update={k: v for k, v in {
         "concurrency": config.concurrency, "mode": config.mode,
@@ -313,6 +331,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
                   "expected": dg.MetadataValue.json(setup.slo.__dict__),
                   "violations": dg.MetadataValue.json(list(violations)),
                   "saturation_concurrency": result.saturation_concurrency})
+    yield node_check
 
 
 def _sweep_report(outputs: OutputDirs, title: str, model: str, rows: list[dict], slo: Slo

@@ -190,6 +190,8 @@ class LoadTimingDefaults(StrictConfig):
 
 class Profile(StrictConfig):
     substitute_baseline: bool = False
+    # Results count only on a node whose node_acceptance passed (assets/node_gate.py).
+    require_node_acceptance: bool = False
     scenarios: dict[str, Scenario] = Field(min_length=1)
     sweep: Sweep
     load_timing: LoadTimingDefaults
