@@ -45,8 +45,11 @@ def acceptance_problem(instance: dg.DagsterInstance, node: str,
                 "accepted_at": _value(mat, "accepted_at"),
                 "node_stack": _value(mat, "node_stack") or {}}
     if not recorded["qualified"]:
-        reasons = _value(mat, "reasons") or "see its report"
-        return f"node {node!r} is not qualified: {reasons}", recorded
+        reasons = [r.removeprefix("- ") for r in str(_value(mat, "reasons") or "").splitlines()
+                   if r.strip()]
+        more = f" (+{len(reasons) - 3} more in its report)" if len(reasons) > 3 else ""
+        return (f"node {node!r} is not qualified: {'; '.join(reasons[:3]) or 'see its report'}"
+                f"{more}"), recorded
     now = nvidia_facts() if current_facts is None else current_facts
     changed = stale_reasons(recorded["node_stack"], now)
     if changed:

@@ -8,7 +8,8 @@ for it. The verdict (docs/acceptance.md):
 
 - qualified: no check failed, and every required check passed;
 - not qualified: any check failed, or a required check could not be made; a node on which
-  nothing at all could be checked (no GPU) is not qualified, with that as its first reason.
+  nothing at all could be checked (no GPU, no disk to read) is not qualified, with "nothing
+  could be checked (<why>)" as its first reason.
 """
 
 from __future__ import annotations
@@ -865,7 +866,7 @@ def verdict(checks: Sequence[Check]) -> tuple[bool, list[str], list[dict]]:
     failed = [c for c in checks if c.status == FAIL]
     unmade = [c for c in checks if c.status == NOT_CHECKED and c.required]
     reasons = [f"phase {c.phase} {c.name}: {c.reason}" for c in failed + unmade]
-    if not any(c.status == PASS for c in checks):
+    if all(c.status == NOT_CHECKED for c in checks):
         why = next((c.reason for c in checks if c.status == NOT_CHECKED), "no check ran")
         reasons.insert(0, f"nothing could be checked ({why.removeprefix('not checked: ')})")
     phases = []

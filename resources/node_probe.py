@@ -292,8 +292,11 @@ class NodeProbe(dg.ConfigurableResource):
             args_path.write_text(json.dumps(args))
             log_path = (keep or Path(tmp)) / f"gpu-job-{job}.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                [str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+            # GPU indices are nvidia-smi's (PCI bus order, every GPU the node shows): CUDA must
+            # number them the same way and see them all.
+            env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+            env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", PYTHONPATH=os.pathsep.join(
+                [str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
             log(f"{job}: starting on GPU(s) {args['gpus']} (log {log_path})")
             with open(log_path, "wb") as out:
                 proc = subprocess.Popen(

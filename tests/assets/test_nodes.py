@@ -95,7 +95,8 @@ def test_on_this_machine_no_gpu_is_not_checked_and_the_node_not_qualified(
     assert mat.asset_materialization.metadata["qualified"].value is False
     # a model benchmarked on this node does not count where the profile requires acceptance
     problem, _ = acceptance_problem(instance, NODE, {})
-    assert problem.startswith(f"node {NODE!r} is not qualified")
+    assert problem.startswith(f"node {NODE!r} is not qualified: phase 1 pcie_link: not "
+                              "checked: no GPU") and "more in its report" in problem
 
 
 def recorded_parts(s: acc.NodeSetting, inv: acc.NodeInventory) -> dict:

@@ -176,7 +176,7 @@ def test_a_profile_requiring_acceptance_counts_results_only_on_an_accepted_node(
     assert metadata(result, "load_timing")["node"] == "gpu-node-07"  # measured, not counted
     accept(instance, "gpu-node-07", False, nvidia_facts())
     checks = node_check_results(materialize(stub_variant(model_dir), engine, cfg, instance))
-    assert "is not qualified: - phase 2 burn_xid: XID 79" in checks["load_timing"].metadata[
+    assert "is not qualified: phase 2 burn_xid: XID 79" in checks["load_timing"].metadata[
         "acceptance"].value
     accept(instance, "gpu-node-07", True, nvidia_facts())
     checks = node_check_results(materialize(stub_variant(model_dir), engine, cfg, instance))
