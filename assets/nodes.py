@@ -166,7 +166,7 @@ def _write_report(outputs: OutputDirs, result: acc.NodeAcceptance, parts: dict
     out.mkdir(parents=True, exist_ok=True)
     health = parts.get("gpu_health")
     png = burn_png(health.samples if health else (), f"{result.node}: burn",
-                   parts.get("_limits"))
+                   parts.get("_limits"), health.burn.get("window_s") if health else None)
     if png:
         (out / "burn.png").write_bytes(png)
     page = report_markdown(result, report_sections(parts), "burn.png" if png else None)

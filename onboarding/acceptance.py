@@ -616,10 +616,14 @@ def burn_checks(s: NodeSetting, gpus: Sequence[GpuFacts], burn: Mapping[str, Any
         for name in ("burn_ecc", "burn_temperature", "burn_clocks", "burn_power"):
             c.skip(2, name, f"no telemetry: {telemetry_why}")
         return []
-    end = max((float(x["t_s"]) for x in samples), default=0.0)
-    steady = tm.summarize(samples, start_s=b.warmup_s)
+    # The burn's own span on the samples' clock (the job starts CUDA before it computes and the
+    # sampler runs a little past its end): judged from `warmup_s` into it, to its end.
+    start, end = burn.get("window_s") or (0.0, max((float(x["t_s"]) for x in samples),
+                                                   default=0.0))
+    burning = tm.window(samples, start, end)
+    steady = tm.summarize(burning, start_s=start + b.warmup_s)
     _ecc_delta(c, samples)
-    _temperature(c, b, samples, steady, end)
+    _temperature(c, b, burning, steady, end - start)
     _clocks(c, b, gpus, steady)
     _power(c, b, gpus, steady)
     return [w.row() for w in steady.values()]
@@ -641,7 +645,7 @@ def _ecc_delta(c: Checker, samples: Sequence[Mapping[str, Any]]) -> None:
 
 
 def _temperature(c: Checker, b: BurnLimits, samples, steady: dict[int, tm.GpuWindow],
-                 end: float) -> None:
+                 span_s: float) -> None:
     temps = {g: w for g, w in steady.items() if w.temp_max_c is not None}
     if not temps:
         c.skip(2, "burn_temperature", "GPU temperature not read")
@@ -654,7 +658,7 @@ def _temperature(c: Checker, b: BurnLimits, samples, steady: dict[int, tm.GpuWin
     if hot:
         c.add(2, "burn_temperature", False, "; ".join(hot), f"<= {b.temperature_max_c:.0f} C",
               "over the temperature limit (check airflow/cooling): " + "; ".join(hot))
-    elif rising or end < b.plateau_window_s:
+    elif rising or span_s < b.plateau_window_s:
         c.skip(2, "burn_temperature", f"no plateau yet ({measured}; rising "
                + (", ".join(f"GPU{g} {r:.1f} C/min" for g, r in rising.items()) or
                   f"unknown: burn shorter than the {b.plateau_window_s:.0f} s window")

@@ -23,9 +23,11 @@ _TRACES = ((tm.POWER_W, "power (W)"), (tm.GPU_TEMP_C, "GPU temperature (C)"),
 
 
 def burn_png(samples: Sequence[Mapping[str, Any]], title: str,
-             limits: Mapping[str, float | None] | None = None) -> bytes | None:
+             limits: Mapping[str, float | None] | None = None,
+             window_s: Sequence[float] | None = None) -> bytes | None:
     """Power, temperature and SM clock against time, one line per GPU; None without samples.
-    `limits` draws a dashed line per field (the power limit, the temperature limit...)."""
+    `limits` draws a dashed line per field (the power limit, the temperature limit...);
+    `window_s` shades the span the burn computed (what was judged)."""
     if not samples:
         return None
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
@@ -35,6 +37,8 @@ def burn_png(samples: Sequence[Mapping[str, Any]], title: str,
                          if int(s["gpu"]) == gpu and name in s)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"GPU{gpu}", lw=1)
+        if window_s:
+            ax.axvspan(window_s[0], window_s[1], color="grey", alpha=0.1, lw=0)
         limit = (limits or {}).get(name)
         if limit:
             ax.axhline(limit, color="red", linestyle="--", lw=1, label="limit")

@@ -55,7 +55,7 @@ def burn(args: dict[str, Any]) -> dict[str, Any]:
                       "reference_max_rel_err": rel, "reference_ok": rel < 2e-2})
     torch.cuda.synchronize()
     _log(f"burn: {len(gpus)} GPU(s), {n}x{n} bf16, {duration_s:.0f} s")
-    t0 = time.perf_counter()
+    started_at, t0 = time.time(), time.perf_counter()
     rounds = 0
     while time.perf_counter() - t0 < duration_s:
         for _ in range(rounds_per_sync):
@@ -68,7 +68,7 @@ def burn(args: dict[str, Any]) -> dict[str, Any]:
                 _compare(s, tol)
         for g in gpus:
             torch.cuda.synchronize(g)
-    elapsed = time.perf_counter() - t0
+    elapsed, ended_at = time.perf_counter() - t0, time.time()
     for s in state:  # one final comparison, so a short burn is still checked
         _compare(s, tol)
     per_gpu = [{"gpu": s["gpu"], "name": torch.cuda.get_device_name(s["gpu"]),
@@ -77,7 +77,8 @@ def burn(args: dict[str, Any]) -> dict[str, Any]:
                 "tflops": 2 * n ** 3 * s["iterations"] / elapsed / 1e12,
                 "reference_ok": s["reference_ok"],
                 "reference_max_rel_err": s["reference_max_rel_err"]} for s in state]
-    return {"duration_s": elapsed, "matmul_size": n, "dtype": "bfloat16", "per_gpu": per_gpu}
+    return {"duration_s": elapsed, "matmul_size": n, "dtype": "bfloat16", "per_gpu": per_gpu,
+            "started_at": started_at, "ended_at": ended_at}
 
 
 def _compare(s: dict[str, Any], tol: float) -> None:

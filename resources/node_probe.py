@@ -252,6 +252,8 @@ class NodeProbe(dg.ConfigurableResource):
                 "tolerance": tolerance}, duration_s + probe.gpu_job_timeout_s, keep, log)
         finally:
             samples = sampler.stop()
+        if "started_at" in result:  # where the burn computed, on the samples' clock
+            result["window_s"] = [sampler.at(result["started_at"]), sampler.at(result["ended_at"])]
         run = BurnRun(result, samples, sampler.xids, sampler.unavailable or (
             "" if samples else "the sampler read nothing"), sampler.xid_watch or
             sampler.unavailable)

@@ -174,13 +174,14 @@ class TelemetrySampler:
         self._thread: threading.Thread | None = None
         self._source: Any = None
         self._t0 = time.monotonic()
+        self.started_at = time.time()  # wall clock of t_s = 0, to place other processes' times
 
     def elapsed_s(self) -> float:
         """Seconds since `start()`, on the samples' clock (for windows)."""
         return time.monotonic() - self._t0
 
     def start(self) -> TelemetrySampler:
-        self._t0 = time.monotonic()
+        self._t0, self.started_at = time.monotonic(), time.time()
         try:
             self._source = self._open()
         except RuntimeError as exc:
@@ -200,6 +201,10 @@ class TelemetrySampler:
                 self.read_errors.append(str(exc))
             next_t += self.interval_s
             self._stop.wait(max(0.0, next_t - time.monotonic()))
+
+    def at(self, wall_time: float) -> float:
+        """A wall-clock time (`time.time()`, e.g. from another process) on the samples' clock."""
+        return wall_time - self.started_at
 
     def stop(self) -> list[Sample]:
         self._stop.set()

@@ -242,3 +242,31 @@ def test_stale_reasons_name_what_changed():
     assert acc.stale_reasons(before, dict(before)) == []
     after = {**before, "nvidia_driver": "590.44.01"}
     assert acc.stale_reasons(before, after) == ["nvidia_driver: 580.95.05 -> 590.44.01"]
+
+
+def test_only_the_burns_own_span_is_judged(configs):
+    """The job starts CUDA before it computes and the sampler outlives it: idle samples before
+    `window_s` (345 MHz, 70 W) and after it are not a clock collapse."""
+    s = setting(configs, gpus=1)
+    inv = inventory(s)
+    samples = []
+    for t in range(0, 3700, 5):
+        busy = 15 <= t <= 3630
+        samples += [{"t_s": float(t), "gpu": g, tm.POWER_W: 650.0 if busy else 70.0,
+                     tm.GPU_TEMP_C: 70.0 if busy else 35.0,
+                     tm.SM_CLOCK_MHZ: 1800.0 if busy else 345.0,
+                     tm.CLOCK_REASONS: 4.0 if busy else 1.0} for g in (0, 1)]
+    burn = {"duration_s": 3615.0, "window_s": [15.0, 3630.0],
+            "per_gpu": [{"gpu": g, "iterations": 10, "errors": 0, "checks": 3,
+                         "tflops": 700.0} for g in (0, 1)]}
+
+    def judged(b):
+        return by_name(acc.build_health(s, inv, diag=None, diag_why="x", level=3, burn=b,
+                                        samples=samples, xids=(), telemetry_why="",
+                                        xid_why="").checks)
+
+    within = judged(burn)
+    assert within["burn_clocks"].status == acc.PASS and within["burn_power"].status == acc.PASS
+    assert within["burn_temperature"].status == acc.PASS
+    whole = judged({k: v for k, v in burn.items() if k != "window_s"})
+    assert whole["burn_clocks"].status == acc.FAIL  # what the idle lead-in would have said

@@ -427,7 +427,8 @@ def burn(faulty: bool) -> dict:
                 "tflops": 786.4 if g == 0 or not faulty else 422.5, "reference_ok": True,
                 "reference_max_rel_err": 0.0031} for g in (0, 1)]
     return {"result": {"duration_s": duration, "matmul_size": 8192, "dtype": "bfloat16",
-                       "per_gpu": per_gpu},
+                       "per_gpu": per_gpu, "started_at": 1764670447.25,
+                       "ended_at": 1764670447.25 + duration, "window_s": [0.0, duration]},
             "xids": [{"t_s": 1432.6, "gpu": 1, "xid": 79}] if faulty else [],
             "telemetry_unavailable": "", "xid_watch": "", "unreadable_fields": {},
             "samples": burn_samples(duration, 10.0, faulty)}
