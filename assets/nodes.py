@@ -159,14 +159,14 @@ def storage_read(context: dg.AssetExecutionContext, configs: ConfigFiles,
                                        "s3_get": dg.MetadataValue.json(s3_get)})
 
 
-def _write_report(outputs: OutputDirs, result: acc.NodeAcceptance, parts: dict
+def _write_report(outputs: OutputDirs, result: acc.NodeAcceptance, parts: dict, limits: dict
                   ) -> tuple[str, bytes | None, Path]:
     """The page and the burn traces under <reports>/nodes/<node>/ (and the checks as CSV)."""
     out = node_dir(outputs, result.node)
     out.mkdir(parents=True, exist_ok=True)
     health = parts.get("gpu_health")
     png = burn_png(health.samples if health else (), f"{result.node}: burn",
-                   parts.get("_limits"), health.burn.get("window_s") if health else None)
+                   limits, health.burn.get("window_s") if health else None)
     if png:
         (out / "burn.png").write_bytes(png)
     page = report_markdown(result, report_sections(parts), "burn.png" if png else None)
@@ -191,7 +191,7 @@ def node_acceptance(context: dg.AssetExecutionContext, configs: ConfigFiles,
              "interconnect": interconnect, "memory_bandwidth": memory_bandwidth,
              "storage_read": storage_read}
     result = acc.build_acceptance(s, parts, time.time())
-    page, png, path = _write_report(outputs, result, {**parts, "_limits": _limits(s, parts)})
+    page, png, path = _write_report(outputs, result, parts, _limits(s, parts))
     plot = (f"![burn](data:image/png;base64,{base64.b64encode(png).decode()})" if png
             else "no burn samples")
     yield dg.Output(result, metadata={
