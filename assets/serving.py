@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from assets.node_gate import node_acceptance_check, node_check_spec
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
@@ -155,9 +156,18 @@ def _unservable_check(name: str, reason: str) -> dg.AssetCheckResult:
                                severity=dg.AssetCheckSeverity.WARN, metadata={"reason": reason})
 
 
+def _node_check(context: dg.AssetExecutionContext, engine: Engine, setup: Setup
+                ) -> dg.AssetCheckResult:
+    """Whether the node this runs on is qualified (assets/node_gate.py), read before measuring
+    so the result says which node's acceptance it relied on."""
+    return node_acceptance_check(context.instance, engine.resolved_node_name(),
+                                 setup.profile.require_node_acceptance, setup.profile_name)
+
+
 def _unservable_metadata(engine: Engine, reason: str, configs: ConfigFiles) -> dict:
     return {
         "servable": False,
+        "node": engine.resolved_node_name(),
         "reason": dg.MetadataValue.text(reason),
         "hardware": engine.resolved_hardware(),
         "engine": engine.engine,
@@ -177,6 +187,7 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
         "hardware": engine.resolved_hardware(),
         "engine": f"{engine.engine} {c.engine_version}",
         "node_type": engine.node_type,
+        "node": engine.resolved_node_name(),
         "profile": setup.profile_name,
         "config_hash": c.hash,
         "configuration": dg.MetadataValue.json({**c.content(), "hash": c.hash}),
@@ -193,7 +204,8 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(COLD_START_CHECK, asset="load_timing",
                                    description="cold start p95 within configs/gates.yaml "
-                                   "`slo.cold_start_p95_max_s` for this node type")],
+                                   "`slo.cold_start_p95_max_s` for this node type"),
+                 node_check_spec("load_timing")],
     description="Cold (page cache evicted) and warm engine starts of the serving variant: "
     "phases, p50/p95, weight-load GB/s next to the raw sequential read GB/s of the same files.",
 )
@@ -203,11 +215,13 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
     setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
                    serving_config)
     spec, variant = setup.spec, setup.variant
+    node_check = _node_check(context, engine, setup)
     if variant is None:
         yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, setup.reason,
                                          node_type=engine.node_type),
                         metadata=_unservable_metadata(engine, setup.reason, configs))
         yield _unservable_check(COLD_START_CHECK, setup.reason)
+        yield node_check
         return
     d = setup.profile.load_timing
 
@@ -239,6 +253,7 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
                   "expected_max_s": dg.MetadataValue.float(budget) if budget is not None
                   else dg.MetadataValue.null(),
                   "node_type": engine.node_type, "measured_precision": variant.precision})
+    yield node_check
 
 
 def _float_or_null(value: float | None) -> dg.MetadataValue:
@@ -304,7 +319,8 @@ def _load_tokenizer(path: str):
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(SLO_CHECK, asset="serving_benchmark", blocking=True,
                                    description="TTFT p95, mean ITL and error rate within "
-                                   "configs/gates.yaml `slo` at the target concurrency")],
+                                   "configs/gates.yaml `slo` at the target concurrency"),
+                 node_check_spec("serving_benchmark", blocking=True)],
     description="Traffic profiles x concurrency sweep against the real engine: TTFT, ITL, "
     "TPOT, E2E, throughputs, errors by cause, /metrics cross-check, goodput, saturation point.",
 )
@@ -316,6 +332,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
                    serving_config)
     spec, variant, gpus = setup.spec, setup.variant, engine.gpu_count()
+    node_check = _node_check(context, engine, setup)
     if variant is None:
         result = ServingBenchmarkResult(spec.id, serving_variant.precision, engine.node_type,
                                         gpus, False, 0.0, 0, False, (setup.reason,))
@@ -323,6 +340,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
                                           "node_type": engine.node_type, "gpus": gpus,
                                           "slo_pass": False})
         yield _unservable_check(SLO_CHECK, setup.reason)
+        yield node_check
         return
     sweep = setup.profile.sweep.model_copy(update={k: v for k, v in {
         "concurrency": config.concurrency, "mode": config.mode,
@@ -357,6 +375,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
         **stack_metadata(configs),
     })
     yield _slo_check(setup, result, violations)
+    yield node_check
 
 
 def _slo_check(setup: Setup, result: ServingBenchmarkResult, violations: list[str]

@@ -333,6 +333,39 @@ class S3ObjectStore(ObjectStore):
         except (ClientError, BotoCoreError) as exc:
             raise self._explain(exc, f"s3://{bucket}/{key}") from None
 
+    def read_throughput(self, bucket: str, key: str, max_bytes: int) -> tuple[int, float]:
+        """(bytes, seconds) to GET the first `max_bytes` of one object the way `fetch` does:
+        `chunk_size_mb` ranges on `max_concurrency` workers, the bytes read and dropped. Node
+        acceptance's S3 GET throughput to the configured endpoint."""
+        what = f"s3://{bucket}/{key}"
+        try:
+            size = self.client().head_object(Bucket=bucket, Key=key)["ContentLength"]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._explain(exc, what) from None
+        total = min(size, max_bytes)
+        chunk = self.chunk_size_mb << 20
+        ranges = [(s, min(s + chunk, total) - 1) for s in range(0, total, chunk)]
+
+        def get(r: tuple[int, int]) -> int:
+            try:
+                body = self.client().get_object(Bucket=bucket, Key=key,
+                                                 Range=f"bytes={r[0]}-{r[1]}")["Body"]
+                n = 0
+                while data := body.read(_READ_BLOCK):
+                    n += len(data)
+                return n
+            except (ClientError, BotoCoreError) as exc:
+                raise self._explain(exc, what) from None
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="s3-get") as pool:
+            received = sum(pool.map(get, ranges))
+        seconds = time.perf_counter() - t0
+        if received != total:
+            raise FetchError(what, f"received {received} of {total} bytes",
+                             "Check the S3 endpoint's logs.")
+        return total, seconds
+
     # -- fetch --------------------------------------------------------------------------------
     def fetch(self, remote: RemoteCheckpoint, source: SourceRef, staging: Path,
               on_progress: ProgressFn, on_file_done: FileDoneFn,
