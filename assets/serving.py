@@ -41,10 +41,12 @@ from onboarding.serving_stats import (
     summarize_load_timing,
 )
 from onboarding.tables import md_table, write_csv
+from onboarding.telemetry import point_columns
 from onboarding.variants import QuantizedSet
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator, PointRun, completion_bodies
+from resources.telemetry import GpuTelemetry
 
 GROUP = "serving"
 SLO_CHECK = "slo_at_target_concurrency"
@@ -326,9 +328,10 @@ def _load_tokenizer(path: str):
 )
 def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmarkConfig,
                       configs: ConfigFiles, outputs: OutputDirs, engine: Engine,
-                      loadgen: LoadGenerator, serving_variant: VariantRef,
-                      checkpoint: CheckpointRef, quantized: QuantizedSet,
-                      serving_config: ServingPlan, load_timing: LoadTimingResult):
+                      loadgen: LoadGenerator, telemetry: GpuTelemetry,
+                      serving_variant: VariantRef, checkpoint: CheckpointRef,
+                      quantized: QuantizedSet, serving_config: ServingPlan,
+                      load_timing: LoadTimingResult):
     setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
                    serving_config)
     spec, variant, gpus = setup.spec, setup.variant, engine.gpu_count()
@@ -352,9 +355,11 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     template = engine.template()
     check_fits(scenarios, setup.config.max_model_len)
     tokenizer = _load_tokenizer(variant.path)
-    with engine.serve(variant, setup.config) as running:
+    gpu_ids = [int(g) for g in engine.gpus.split(",") if g.strip().isdigit()] or None
+    with engine.serve(variant, setup.config) as running, \
+            telemetry.sampler(gpu_ids) as sampler:
         rows, points = _sweep(context, outputs, loadgen, running, template, spec.served_name,
-                              scenarios, sweep, setup.slo, tokenizer)
+                              scenarios, sweep, setup.slo, tokenizer, sampler)
     result, basis, violations = _headline(spec, variant, engine, gpus, setup.slo, points,
                                           sweep.mode == "concurrency")
     result = dataclasses.replace(result, config_hash=setup.config.hash,
@@ -413,9 +418,11 @@ def _sweep_report(outputs: OutputDirs, title: str, model: str, rows: list[dict],
 
 
 def _sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, template,
-           served_name: str, scenarios: dict, sweep, slo: Slo, tokenizer
+           served_name: str, scenarios: dict, sweep, slo: Slo, tokenizer, sampler
            ) -> tuple[list[dict], dict[str, list[tuple[int, PointStats]]]]:
-    """Every scenario x load point against the running engine: table rows and stats."""
+    """Every scenario x load point against the running engine: table rows and stats, with the
+    GPUs' power, energy, tokens per joule and clock events over each point's measured window
+    (DCGM field names; "not checked: <why>" where no GPU can be read)."""
     loads = sweep.concurrency if sweep.mode == "concurrency" else sweep.rates
     rows: list[dict] = []
     points: dict[str, list[tuple[int, PointStats]]] = {}
@@ -433,12 +440,16 @@ def _sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, templa
                 max_seconds=sweep.max_seconds_per_point,
                 request_timeout_s=sweep.request_timeout_s, warmup_bodies=warm,
                 scrape_interval_s=sweep.scrape_interval_s, **kw)
+            end_s = sampler.elapsed_s()
             stats = summarize(run.records, run.duration_s, slo)
+            gpu = point_columns(list(sampler.samples), end_s - run.duration_s, end_s,
+                                stats.output_tokens_per_s * run.duration_s, sampler.unavailable)
             points.setdefault(name, []).append((int(load), stats))
             exited = running.exited(stats.errors_by_cause)
             rows.append({"scenario": name, "load": load, **stats.row(),
                          **_server_side(run, template.metrics), **run.scrape_columns(),
-                         "engine_exited": exited, "meets_slo": not slo_violations(stats, slo)})
+                         **gpu, "engine_exited": exited,
+                         "meets_slo": not slo_violations(stats, slo)})
             context.log.info(f"{name} @ {load}: {stats.request_throughput_rps:.2f} req/s, "
                              f"TTFT p95 {stats.ttft_s.p95:.3f} s, ITL {stats.itl_ms.mean:.1f} "
                              f"ms, errors {stats.errors_by_cause} {stats.error_examples or ''}"

@@ -206,3 +206,30 @@ def parse_dcgm_exporter(text: str, t_s: float) -> list[Sample]:
                 continue
             per_gpu.setdefault(gpu, {"t_s": t_s, "gpu": gpu})[name] = float(s.value)
     return [per_gpu[g] for g in sorted(per_gpu)]
+
+
+def point_columns(samples: Sequence[Mapping[str, Any]], start_s: float, end_s: float,
+                  output_tokens: float, unavailable: str = "") -> dict[str, Any]:
+    """A serving benchmark point's GPU columns over its measured window [start_s, end_s]:
+    power (summed over GPUs), energy, output tokens per joule, hottest GPU, median SM clock and
+    the clock-event reasons other than idle. Without samples every column says why."""
+    if unavailable or not window(samples, start_s, end_s):
+        why = unavailable or "no GPU sample fell inside this point's window"
+        return {"gpu_telemetry": f"not checked: {why}"}
+    per_gpu = summarize(samples, start_s, end_s)
+    power = [w.power_mean_w for w in per_gpu.values()]
+    temps = [w.temp_max_c for w in per_gpu.values() if w.temp_max_c is not None]
+    clocks = [w.sm_clock_median_mhz for w in per_gpu.values() if w.sm_clock_median_mhz]
+    reasons = sorted({r for w in per_gpu.values() for r in w.clock_reasons if r != "gpu_idle"})
+    energy = total_energy_j(samples, start_s, end_s)
+    return {
+        "gpu_telemetry": f"{len(per_gpu)} GPU(s), {sum(w.samples for w in per_gpu.values())} "
+                         "samples",
+        "gpu_power_w": None if None in power else round(float(sum(power)), 1),  # type: ignore
+        "gpu_energy_j": None if energy is None else round(energy, 1),
+        "tokens_per_joule": (None if (tpj := tokens_per_joule(output_tokens, energy)) is None
+                             else round(tpj, 3)),
+        "gpu_temp_max_c": max(temps) if temps else None,
+        "sm_clock_median_mhz": statistics.median(clocks) if clocks else None,
+        "clock_events": ", ".join(reasons) or "none",
+    }

@@ -24,6 +24,7 @@ from onboarding.variants import QuantizedSet
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator
+from resources.telemetry import GpuTelemetry
 from tests.conftest import write_spec
 from tests.fakes.openai_stream_server import THIS_FILE
 
@@ -94,7 +95,8 @@ def materialize(upstream, engine: Engine, run_config=RUN_CONFIG, instance=None):
     outputs = OutputDirs(reports_dir=str(Path(engine.log_dir).parent / "reports"))
     return dg.materialize(
         [*upstream, load_timing, serving_benchmark], partition_key=KEY, instance=instance,
-        resources={"engine": engine, "loadgen": LoadGenerator(), "configs": engine.configs,
+        resources={"engine": engine, "loadgen": LoadGenerator(),
+                                     "telemetry": GpuTelemetry(), "configs": engine.configs,
                    "outputs": outputs}, run_config=run_config, raise_on_error=False)
 
 
@@ -286,7 +288,8 @@ def test_an_engine_that_dies_mid_sweep_fails_the_step_with_its_exit_code_and_kee
     result = dg.materialize(
         [*stub_variant(model_dir), stub_load_timing(), serving_benchmark], partition_key=KEY,
         instance=instance, resources={
-            "engine": fake_engine, "loadgen": LoadGenerator(), "configs": fake_engine.configs,
+            "engine": fake_engine, "loadgen": LoadGenerator(),
+                                   "telemetry": GpuTelemetry(), "configs": fake_engine.configs,
             "outputs": OutputDirs(reports_dir=str(tmp_path / "reports"))},
         run_config={"ops": {"serving_benchmark": {"config": {
             "concurrency": [1, 2, 4], "requests_per_point": 8}}}}, raise_on_error=False)

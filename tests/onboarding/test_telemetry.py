@@ -79,3 +79,21 @@ def test_dcgm_exporter_page_to_samples_per_gpu():
     assert s0 == {"t_s": 3.5, "gpu": 0, tm.SM_CLOCK_MHZ: 1755.0, tm.POWER_W: 671.234,
                   tm.CLOCK_REASONS: 4.0}  # the 4.x name maps onto the field; others dropped
     assert s1["gpu"] == 1 and s1[tm.POWER_W] == 668.5 and tm.CLOCK_REASONS not in s1
+
+
+def test_benchmark_point_columns_over_its_window():
+    cols = tm.point_columns(trace(), start_s=2, end_s=8, output_tokens=3300)
+    assert cols["gpu_power_w"] == 1100  # 500 W + 600 W, summed over the engine's GPUs
+    assert cols["gpu_energy_j"] == pytest.approx(1100 * 6)
+    assert cols["tokens_per_joule"] == pytest.approx(3300 / 6600, abs=1e-3)
+    assert cols["gpu_temp_max_c"] == 48 and cols["sm_clock_median_mhz"] == 1850
+    assert cols["clock_events"] == "sw_power_cap"
+    assert cols["gpu_telemetry"].startswith("2 GPU(s)")
+
+
+def test_benchmark_point_columns_say_why_when_nothing_was_read():
+    assert tm.point_columns([], 0, 1, 10, unavailable="NVML did not initialise") == {
+        "gpu_telemetry": "not checked: NVML did not initialise"}
+    outside = tm.point_columns(trace(seconds=2), start_s=5, end_s=6, output_tokens=10)
+    assert outside == {"gpu_telemetry": "not checked: no GPU sample fell inside this point's "
+                       "window"}
