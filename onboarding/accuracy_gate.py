@@ -358,6 +358,7 @@ def decide(precision: str, baseline: ScoreBook, variant: ScoreBook, gates: Accur
            log: Callable[[str], None] | None = None) -> GateResult:
     """Judge; while inconclusive, re-evaluate the inconclusive tasks (baseline and variant) on
     more items, up to each task's cap; then apply the inconclusive policy."""
+    asked: dict[str, int] = {}
     for _ in range(MAX_ROUNDS):
         gate = judge_variant(precision, baseline.scores, variant.scores, gates)
         if gate.verdict != "inconclusive":
@@ -365,8 +366,10 @@ def decide(precision: str, baseline: ScoreBook, variant: ScoreBook, gates: Accur
         plan: dict[int, list[str]] = {}
         for v in gate.verdicts:
             cap = item_cap(v.size, gates)
-            if v.verdict == "inconclusive" and v.n < cap:
-                plan.setdefault(next_items(v, gates, cap), []).append(v.task)
+            items = next_items(v, gates, cap)
+            if v.verdict == "inconclusive" and v.n < cap and items > asked.get(v.task, 0):
+                plan.setdefault(items, []).append(v.task)
+                asked[v.task] = items
         if not plan:
             break
         for items, tasks in sorted(plan.items()):
