@@ -3,7 +3,8 @@
 Gates vs fallback: a failing NVFP4 variant must not stop the FP8 fallback, so the per-variant
 checks (export validity on `quantized`, the accuracy gate on `accuracy`) are non-blocking WARN
 checks that carry the numbers; `serving_variant` takes the first precision of the ladder that
-passed both, and records why each earlier one was skipped. When none passed, `serving_variant`
+passed both (the accuracy gate on served scores where `served_accuracy` judged the variant,
+in process otherwise), and records why each earlier one was skipped and which gate decided. When none passed, `serving_variant`
 fails (nothing downstream runs, and its previous good materialization stays as it was); its
 blocking check re-verifies the chosen variant's bytes on disk before anything consumes it.
 """
