@@ -127,6 +127,40 @@ def version(dist: str) -> str | None:
         return None
 
 
+def serve_all(engine, evaluator, spec, checkpoint, qset, accuracy, gates, report: dict):
+    """`served_report` (the asset's code), all-or-nothing like the asset; on this one-off run an
+    engine that fails to start for one precision is recorded and the others are served again
+    without it, so one broken kernel path does not cost the other results."""
+    from dataclasses import replace
+
+    from resources.accuracy_runs import served_report
+    from resources.engine import EngineError
+
+    failed: dict[str, str] = report.setdefault("serve_errors", {})
+    serving: list[str] = []
+
+    def track(msg: str) -> None:
+        if ": serving " in msg:
+            serving.append(msg.split(":", 1)[0])
+        log(msg)
+
+    while True:
+        serving.clear()
+        try:
+            served = served_report(engine, evaluator, spec, checkpoint, qset, accuracy, gates,
+                                   log=track)
+            served.not_served.update({p: "the engine did not start (serve_errors)"
+                                      for p in failed})
+            return served
+        except EngineError as exc:
+            if not serving or serving[-1] == "bf16" or serving[-1] in failed:
+                raise
+            failed[serving[-1]] = str(exc)[-2000:]
+            log(f"{serving[-1]}: the engine did not start; serving the others without it")
+            accuracy = replace(accuracy, records=tuple(
+                r for r in accuracy.records if r.precision not in failed))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -166,7 +200,7 @@ def main() -> None:
         deciding_gate,
         variant_dir,
     )
-    from resources.accuracy_runs import in_process_scorer, served_report
+    from resources.accuracy_runs import in_process_scorer
     from resources.config_files import ConfigFiles
     from resources.engine import Engine
     from resources.evaluator import LmEvalEvaluator
@@ -278,7 +312,7 @@ def main() -> None:
 
     t = time.perf_counter()
     checkpoint = CheckpointRef(args.name, str(source), "r0", str(ckpt), "r0", qset.baseline_bytes)
-    served = served_report(engine, evaluator, spec, checkpoint, qset, accuracy, gates, log=log)
+    served = serve_all(engine, evaluator, spec, checkpoint, qset, accuracy, gates, report)
     report["served"] = {r.precision: {"seconds": r.seconds, "tasks": scores_json(r.scores)}
                         for r in served.records}
     report["served_gates"] = {o.precision: asdict(o) for o in served.gates}

@@ -74,6 +74,9 @@ def score_served(engine: Engine, evaluator: Evaluator, spec: ModelSpec, ref: Var
     """One engine start for `ref`, then each group of tasks on its item count (`plan`)."""
     t0 = time.perf_counter()
     scores: dict[str, TaskScore] = {}
+    if log:
+        items = ", ".join(f"{t} ({n or 'default'} items)" for n, ts in plan.items() for t in ts)
+        log(f"{ref.precision}: serving {ref.path} for {items}")
     with serve_for_eval(engine, ref, spec) as (running, max_len):
         if log:
             log(f"{ref.precision}: engine ready in {running.phases.first_token_s:.1f} s")
@@ -117,9 +120,6 @@ def served_report(engine: Engine, evaluator: Evaluator, spec: ModelSpec,
         plan: dict[int | None, list[str]] = {}
         for task, score in record.scores.items():
             plan.setdefault(score.n, []).append(task)
-        if log:
-            items = ", ".join(f"{t} ({n} items)" for n, ts in plan.items() for t in ts)
-            log(f"{p}: serving {refs[p].path} for {items}")
         books[p] = ScoreBook(served_scorer(engine, evaluator, spec, refs[p], gates, eval_s, log),
                              score_served(engine, evaluator, spec, refs[p], gates, plan, eval_s,
                                           log))
