@@ -2,9 +2,9 @@
 through vLLM's CPU build (lm-eval's local-completions on its OpenAI endpoint), in a real Dagster
 instance: accuracy -> served_accuracy -> serving_variant.
 
-Slow (94-143 s here): one engine start (25-50 s) and 30 items per task through it. The CPU build serves
-bf16 only, so the quantized precisions are recorded as not served and the in-process gate
-decides for them; the served gate on FP8/NVFP4 is exercised on the H200
+Slow (94-143 s here): one engine start (25-50 s) and 30 items per task through it. The CPU
+build serves bf16 only, so the quantized precisions are recorded as not served and the in-process
+gate decides for them; the served gate on FP8/NVFP4 is exercised on the H200
 (bench/served_accuracy_gpu.py) and, on recorded results, in tests/resources/.
 """
 
