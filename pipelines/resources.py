@@ -79,6 +79,10 @@ def build_resources() -> dict[str, object]:
         # all items per task unless ONBOARDING_EVAL_LIMIT caps them (the demo's quick pass uses
         # 100, the gates' min_items)
         "evaluator": LmEvalEvaluator(configs=configs, **_env_int(limit="ONBOARDING_EVAL_LIMIT")),
+        # Bound by name (not left to Dagster's implicit default) because `optional_upstream`
+        # reads through it, and the sensor daemon resolves resources from these bindings only.
+        # No base_dir: the instance's storage directory ($DAGSTER_HOME/storage; docs/cluster.md).
+        "io_manager": dg.FilesystemIOManager(),
         "optional_upstream": optional_upstream,
         "predictor": AIConfiguratorPredictor(**_env(work_dir="ONBOARDING_PREDICT_WORK_DIR")),
     }
