@@ -24,12 +24,14 @@ from onboarding.paths import PROJECT_ROOT
 from onboarding.processes import free_port
 from onboarding.prompts import synthetic_prompts
 from onboarding.refs import CheckpointRef, VariantRef
+from onboarding.serving_plan import ServingPlan
 from onboarding.serving_stats import (
     LoadTimingResult,
     histogram_mean_delta,
     parse_metrics,
     summarize,
 )
+from onboarding.variants import QuantizedSet
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator, completion_bodies
 from resources.telemetry import GpuTelemetry
@@ -62,6 +64,17 @@ def smol(model_dir: Path, precision: str = "bf16") -> VariantRef:
                       content_hash="e2e")
 
 
+@dg.asset(name="quantized", partitions_def=models_partitions)
+def stub_quantized() -> QuantizedSet:
+    return QuantizedSet(KEY, "", 1, ())  # nothing quantized: the bf16 checkpoint is served
+
+
+@dg.asset(name="serving_config", partitions_def=models_partitions)
+def stub_serving_config() -> ServingPlan:
+    # No node type of nodes.yaml is "cpu": the engine at hand runs its own configuration.
+    return ServingPlan(plan=None, configs={})
+
+
 def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, outputs,
                                                           tmp_path, model_dir):
     """Load timing (1 cold, 1 warm) and a reduced chat sweep, in a real instance.
@@ -86,10 +99,11 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, o
     engine = Engine(hardware="cpu", log_dir=str(tmp_path / "logs"), start_timeout_s=300,
                     configs=configs)
     result = dg.materialize(
-        [stub_checkpoint, stub_variant, load_timing, serving_benchmark], partition_key=KEY,
+        [stub_checkpoint, stub_variant, stub_quantized, stub_serving_config, load_timing,
+         serving_benchmark], partition_key=KEY,
         instance=instance, resources={"engine": engine, "loadgen": LoadGenerator(),
-                                                        "telemetry": GpuTelemetry(),
-                                      "configs": configs, "outputs": outputs},
+                                      "telemetry": GpuTelemetry(), "configs": configs,
+                                      "outputs": outputs},
         run_config={"ops": {
             "load_timing": {"config": {"cold_repeats": 1, "warm_repeats": 1}},
             "serving_benchmark": {"config": {"concurrency": [1, 4],
@@ -123,7 +137,8 @@ def _group_leader(port: int) -> int | None:
         except OSError:
             continue
         pgrp = int(stat[stat.rfind(")") + 2:].split()[2])
-        if b"serve" in argv and str(port).encode() in argv and pgrp == int(d.name):
+        on_port = str(port).encode() in argv or f"--port={port}".encode() in argv
+        if b"serve" in argv and on_port and pgrp == int(d.name):
             return int(d.name)
     return None
 
@@ -191,17 +206,19 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
                     port=port, configs=configs)
     try:
         result = dg.materialize(
-            [stub_checkpoint, stub_variant, stub_load_timing, serving_benchmark],
+            [stub_checkpoint, stub_variant, stub_quantized, stub_serving_config, stub_load_timing,
+             serving_benchmark],
             partition_key=KEY, instance=instance,
             resources={"engine": engine, "loadgen": LoadGenerator(),
-                                         "telemetry": GpuTelemetry(), "configs": configs,
-                       "outputs": outputs},
+                       "telemetry": GpuTelemetry(), "configs": configs, "outputs": outputs},
             run_config={"ops": {"serving_benchmark": {"config": {
                 "concurrency": [1, 4, 8], "requests_per_point": 8}}}}, raise_on_error=False)
     finally:
         stop.set()
         killer.join()
-    assert "pid" in killed, "the engine was never killed: the point finished first"
+    failures = [e.event_specific_data.error.to_string()[-1500:] for e in result.all_events
+                if e.event_type_value == "STEP_FAILURE"]
+    assert "pid" in killed, f"the engine was never killed (step failures: {failures})"
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     message = failure.event_specific_data.error.to_string()
