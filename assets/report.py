@@ -156,9 +156,11 @@ def node_acceptances(io_manager: dg.IOManager, instance: dg.DagsterInstance
 def fleet_report(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                  io_manager: dg.ResourceParam[dg.IOManager], readiness_report
                  ) -> dg.Output[FleetReport]:
-    # partition -> ModelReport; the IO manager hands over the bare value when one exists
-    reports: dict[str, ModelReport] = (readiness_report if isinstance(readiness_report, dict)
-                                       else {readiness_report.model: readiness_report})
+    # partition -> ModelReport; the IO manager hands over the bare value when one partition
+    # exists, and None when that one was never materialized
+    reports: dict[str, ModelReport] = (
+        readiness_report if isinstance(readiness_report, dict) else {}
+        if readiness_report is None else {readiness_report.model: readiness_report})
     specs = configs.catalog().specs
     targets = configs.deploy().target_node_types
     entries = [FleetEntry(m, bool(specs[m].plan_only) if m in specs else False, reports.get(m),

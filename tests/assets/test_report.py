@@ -186,6 +186,21 @@ def test_no_verdict_no_report(instance, configs, outputs):
     assert "`readiness` was never materialized" in (error.cause or error).message
 
 
+def test_a_fleet_without_any_report_lists_every_model_as_never_judged(instance, configs,
+                                                                      outputs):
+    from assets.partitions import models_partitions
+
+    shutil.copy(PROJECT_ROOT / "configs" / "models" / f"{SMALL}.yaml", configs.models_path)
+    instance.add_dynamic_partitions("models", [SMALL])  # registered, never reported
+    result = dg.materialize(
+        [fleet_report, dg.AssetSpec("readiness_report", partitions_def=models_partitions)],
+        instance=instance, resources={"configs": configs, "outputs": outputs})
+    fleet = output(result, "fleet_report")
+    assert [(r.model, r.ready) for r in fleet.rows] == [(SMALL, False), (SMALL, False)]
+    assert all(r.why.startswith("never judged") and not r.href for r in fleet.rows)
+    assert "0 of 1 catalogued models ready" in Path(fleet.html_path).read_text()
+
+
 def test_onboarding_and_revalidation_runs_write_the_reports():
     from pipelines.definitions import defs
 
