@@ -56,6 +56,12 @@ NODE_ACCEPTANCE = dg.AssetKey("node_acceptance")
 NODES_PARTITIONS = dg.DynamicPartitionsDefinition(name="nodes")
 
 
+def _publish(path: Path, text: str) -> Path:
+    """Written atomically, readable by whoever serves or reads the reports directory."""
+    write_atomic(path, text).chmod(0o644)
+    return path
+
+
 def _manifest_rows(m: ManifestSet | None) -> tuple[ManifestRow, ...] | None:
     if m is None:
         return None
@@ -114,13 +120,13 @@ def readiness_report(context: dg.AssetExecutionContext, configs: ConfigFiles,
     verdict = carry_since(previous, readiness,
                           materialized_at(context.instance, "readiness", model) or 0.0)
     page = model_page(model_facts(configs, outputs, verdict, upstream))
-    path = write_atomic(outputs.reports / model / MODEL_PAGE, to_html(page))
+    path = _publish(outputs.reports / model / MODEL_PAGE, to_html(page))
     value = dataclasses.replace(verdict, html_path=str(path))
     context.log.info(f"{model}: {verdict.summary} (since {verdict.since:.0f}); report {path}")
     return dg.Output(value, metadata={
         "ready": verdict.ready, "verdict": verdict.summary,
         "since": dg.MetadataValue.timestamp(verdict.since),
-        "path": dg.MetadataValue.path(str(path)),
+        "page": dg.MetadataValue.path(str(path)),
         "plots": len(page.figures()),
         "report": dg.MetadataValue.md(to_markdown(page))})
 
@@ -170,10 +176,10 @@ def fleet_report(context: dg.AssetExecutionContext, configs: ConfigFiles, output
     value = FleetReport(fleet_rows(entries, targets), str(path),
                         node_acceptances(io_manager, context.instance))
     page = fleet_page(value, targets)
-    write_atomic(path, to_html(page))
+    _publish(path, to_html(page))
     return dg.Output(value, metadata={
         "models": len(entries), "ready_models": dg.MetadataValue.json(value.ready_models()),
-        "path": dg.MetadataValue.path(str(path)),
+        "page": dg.MetadataValue.path(str(path)),
         "node_section": "absent (no node partitions)" if value.nodes is None
         else f"{len(value.nodes)} nodes",
         "report": dg.MetadataValue.md(to_markdown(page))})

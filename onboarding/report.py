@@ -111,7 +111,7 @@ h1{font-size:24px;margin:8px 0 12px}h2{font-size:19px;margin:32px 0 8px;border-b
 table{border-collapse:collapse;margin:8px 0 14px;font-size:12.5px;display:block;
 overflow-x:auto;max-width:100%}
 th,td{border:1px solid #dde1e7;padding:3px 7px;vertical-align:top;text-align:left}
-td{max-width:460px}td.long{min-width:280px}
+td{max-width:460px;overflow-wrap:anywhere}td.long{min-width:280px}
 th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 code{background:#eef1f5;padding:0 3px;border-radius:3px;font-size:12px}
 figure{margin:10px 0 18px}figure img{max-width:100%;border:1px solid #dde1e7}
@@ -519,10 +519,13 @@ def _measured_blocks(f: ModelFacts) -> list[Block]:
                                     else "")))
             blocks.append(Table(tuple({"start": k, "p50_s": p50, "p95_s": p95, "source": where}
                                       for k, p50, p95 in phases)))
+            def gbps(v: float | None) -> str:
+                return "(not measured)" if v is None else f"{v:.3g} GB/s"
+
             blocks.append(Text(f"Weights {_gb(t.weight_bytes)} loaded at "
-                               f"{_cell_text(t.weights_load_gbps)} GB/s (raw sequential read "
-                               f"{_cell_text(t.raw_read_gbps)} GB/s), precision measured "
-                               f"{t.precision}" + (f"; {t.reason}" if t.reason else "") + "."))
+                               f"{gbps(t.weights_load_gbps)} (raw sequential read "
+                               f"{gbps(t.raw_read_gbps)}), precision measured {t.precision}"
+                               + (f"; {t.reason}" if t.reason else "") + "."))
     if b is not None:
         blocks += _benchmark_blocks(f, b)
     return blocks
@@ -689,8 +692,10 @@ def _plan_section(f: ModelFacts) -> Section:
         return Section("Plan", (Text("No plan: `serving_config` was never materialized."),),
                        "plan")
     i = f.serving_plan.plan.inputs
+    rows = plan_rows(f.serving_plan.plan)
     return Section("Plan (every node type)", (
-        Table(tuple(plan_rows(f.serving_plan.plan))),
+        Table(tuple({k: v for k, v in r.items() if k != "reason"} for r in rows)),
+        Bullets(tuple(f"{r['node_type']}: {r['reason']}" for r in rows)),
         Text(f"From `serving_config`: weights + KV cache ({i.target_concurrency} sequences x "
              f"{i.context_tokens} tokens) + reserve against each GPU's memory at "
              f"{i.gpu_memory_utilization:.2f} utilization; model shape from {i.shape.origin}; "

@@ -45,7 +45,7 @@ def accuracy_png(points: Sequence[DropPoint], title: str) -> bytes:
     drop as a dashed line across the task's group and the region beyond it shaded."""
     tasks = list(dict.fromkeys(p.task for p in points))
     precisions = list(dict.fromkeys(p.precision for p in points))
-    fig, ax = plt.subplots(figsize=(max(5.5, 2.6 * len(tasks)), 3.8))
+    fig, ax = plt.subplots(figsize=(max(5.5, 2.6 * len(tasks)) + 1.6, 3.8))
     width = 0.7 / max(len(precisions), 1)
     top = max([p.high_pts for p in points] + [p.allowed_pts for p in points] + [1.0]) * 1.25
     bottom = min([p.low_pts for p in points] + [0.0]) * 1.25 - 0.5
@@ -70,7 +70,7 @@ def accuracy_png(points: Sequence[DropPoint], title: str) -> bytes:
     handles = [plt.Line2D([], [], marker="o", linestyle="", color=c, label=v)
                for v, c in VERDICT_COLOURS.items() if any(p.verdict == v for p in points)]
     handles.append(plt.Line2D([], [], color="tab:red", linestyle="--", label="allowed drop"))
-    ax.legend(handles=handles, fontsize=8, loc="upper left")
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3, axis="y")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()

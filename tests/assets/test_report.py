@@ -66,8 +66,10 @@ def test_model_and_fleet_pages_from_the_stored_values(instance, configs, outputs
     text = page.read_text()
     assert f'<span id="verdict">{verdict.summary()}</span>' in text
     assert text.count('<img class="plot"') == 3
+    assert page.stat().st_mode & 0o777 == 0o644
     md = metadata(result, "readiness_report")
     assert md["verdict"] == verdict.summary() and md["plots"] == 3
+    assert md["page"] == str(page)  # not "path": the IO manager writes its own there
     for heading in ("## Verdict", "## What was fetched", "## Variants and accuracy",
                     "## Which precision serves, and why", "## b300", "## h200",
                     "### h200: measured at configuration", "## Plan (every node type)",
