@@ -102,14 +102,16 @@ def _integrity(cache: NvmeCache, result: FetchResult) -> dg.AssetCheckResult:
     check before any output). Warm cache: every byte re-hashed, so bit rot on the NVMe shows."""
     if not result.warm:
         return dg.AssetCheckResult(check_name=INTACT, passed=True, metadata={
-            "verified": "while fetching: sha256 of the bytes written, against the source",
+            "verified": "while fetching: each file against the strongest evidence its source "
+            "recorded (files_checked_by_*; size only is named as such)",
             **{f"files_checked_by_{k}": v for k, v in result.checked_by.items()}})
     problems = cache.verify(result.path, full=True)
     return dg.AssetCheckResult(check_name=INTACT, passed=not problems, metadata={
         "verified": "re-hashed on disk against the manifest",
         "files_hashed": len(result.manifest.files), "problems": "\n".join(problems) or "none",
         "what_to_do": "none" if not problems else
-        "The cached bytes changed on disk. Delete the entry (cache_path) and re-run to re-fetch."})
+        "The cached bytes changed on disk: the entry was moved to quarantine (see problems); "
+        "re-run to fetch it again."})
 
 
 defs = dg.Definitions(assets=[checkpoint])

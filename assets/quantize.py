@@ -3,7 +3,8 @@
 Gates vs fallback: a failing NVFP4 variant must not stop the FP8 fallback, so the per-variant
 checks (export validity on `quantized`, the accuracy gate on `accuracy`) are non-blocking WARN
 checks that carry the numbers; `serving_variant` takes the first precision of the ladder that
-passed both, and records why each earlier one was skipped. When none passed, `serving_variant`
+passed both (the accuracy gate on served scores where `served_accuracy` judged the variant,
+in process otherwise), and records why each earlier one was skipped and which gate decided. When none passed, `serving_variant`
 fails (nothing downstream runs, and its previous good materialization stays as it was); its
 blocking check re-verifies the chosen variant's bytes on disk before anything consumes it.
 """
@@ -21,24 +22,31 @@ from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding.accuracy_gate import (
     AccuracyGates,
-    TaskScore,
+    GateResult,
+    ScoreBook,
+    baseline_rows,
+    decide,
     gate_rows,
-    judge_variant,
-    scores_from_lm_eval,
 )
 from onboarding.errors import OnboardingError
 from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.tables import md_table
 from onboarding.variants import (
+    IN_PROCESS,
+    AccuracyRecord,
     AccuracyReport,
     GateOutcome,
     QuantizationError,
     QuantizedSet,
     QuantizedVariant,
+    ServedAccuracyReport,
     choose_precision,
+    deciding_gate,
     dir_manifest,
     variant_dir,
+    variant_ref,
 )
+from resources.accuracy_runs import in_process_scorer
 from resources.config_files import ConfigFiles
 from resources.evaluator import Evaluator
 from resources.quantizer import Quantizer
@@ -144,28 +152,33 @@ def _export_check(v: QuantizedVariant | None, precision: str) -> dg.AssetCheckRe
     check_specs=[
         dg.AssetCheckSpec(gate_check_name(p), asset="accuracy", blocking=False,
                           description=f"{p} keeps every eval task within the tolerances of "
-                                      "configs/gates.yaml, judged with the drop's stderr")
+                                      "configs/gates.yaml: the drop's interval (paired per "
+                                      "item) lies within the allowed drop")
         for p in QUANTIZED_PRECISIONS
     ],
 )
 def accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoint: CheckpointRef,
              quantized: QuantizedSet, quantizer: Quantizer, evaluator: Evaluator):
-    """lm-eval scores of the bf16 baseline and of each usable variant, and the gate verdicts."""
+    """lm-eval scores of the bf16 baseline and of each usable variant (in process), per item,
+    and the three-way gate verdicts; inconclusive variants are re-evaluated on more items."""
     spec = configs.spec(context.partition_key)
     gates = configs.accuracy_gates()
     ckpt = Path(checkpoint.path)
-    base_run = evaluator.evaluate(ckpt, None, spec.eval_tasks)
-    baseline = scores_from_lm_eval(base_run.results, base_run.samples, gates)
-    eval_s = {"bf16": round(base_run.seconds, 2)}
-    rows, outcomes = gate_rows("bf16", baseline, None), []
+    eval_s: dict[str, float] = {}
+    baseline = ScoreBook.first(
+        in_process_scorer(evaluator, gates, eval_s, "bf16", ckpt, None), spec.eval_tasks)
+    rows, outcomes, records = [], [], []
     for v in quantized.variants:
-        outcome, v_rows, seconds = _judge(context, v, ckpt, baseline, gates, spec.eval_tasks,
-                                          quantizer, evaluator)
+        outcome, gate, record = _judge(context, v, ckpt, baseline, gates, spec.eval_tasks,
+                                       quantizer, evaluator, eval_s)
         outcomes.append(outcome)
-        rows += v_rows
-        if seconds is not None:
-            eval_s[v.precision] = seconds
-    report = AccuracyReport(spec.id, tuple(rows), tuple(outcomes), eval_s)
+        rows += gate_rows(v.precision, gate) if gate else []
+        records += [record] if record else []
+    records.insert(0, AccuracyRecord("bf16", IN_PROCESS, checkpoint.content_hash,
+                                     baseline.scores, eval_s["bf16"]))
+    rows = baseline_rows("bf16", baseline.scores) + rows
+    eval_s = {p: round(sec, 2) for p, sec in eval_s.items()}
+    report = AccuracyReport(spec.id, tuple(rows), tuple(outcomes), eval_s, tuple(records))
     yield dg.Output(report, metadata={
         "accuracy_table": dg.MetadataValue.md(md_table(rows)),
         "eval_seconds": dg.MetadataValue.json(eval_s),
@@ -174,57 +187,75 @@ def accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoint
         **stack_metadata(configs),
     })
     for precision in QUANTIZED_PRECISIONS:
-        yield _gate_check(report, precision, gates)
+        yield gate_check(gate_check_name(precision), report.gate(precision), report.rows,
+                         precision, gates)
 
 
-def _judge(context, v: QuantizedVariant, ckpt: Path, baseline: dict[str, TaskScore],
-           gates: AccuracyGates, tasks: list[str], quantizer: Quantizer, evaluator: Evaluator
-           ) -> tuple[GateOutcome, list[dict], float | None]:
-    """One variant: evaluated in process (fake-quantized as exported) and gated."""
+def _judge(context, v: QuantizedVariant, ckpt: Path, baseline: ScoreBook, gates: AccuracyGates,
+           tasks: list[str], quantizer: Quantizer, evaluator: Evaluator, eval_s: dict
+           ) -> tuple[GateOutcome, GateResult | None, AccuracyRecord | None]:
+    """One variant: evaluated in process (fake-quantized as exported), gated, and re-evaluated
+    on more items while inconclusive."""
     if not v.usable:
         return (GateOutcome(v.precision, False,
-                            f"not evaluated: {v.error or 'export check failed'}"), [], None)
+                            f"not evaluated: {v.error or 'export check failed'}"), None, None)
     model, tokenizer = quantizer.load_for_eval(ckpt, v)
-    run = evaluator.evaluate(model, tokenizer, tasks)
-    del model
-    gate = judge_variant(v.precision, baseline,
-                         scores_from_lm_eval(run.results, run.samples, gates), gates)
-    context.log.info(f"{v.precision}: {'pass' if gate.passed else 'FAIL'}: {gate.reason}")
-    return (GateOutcome(v.precision, gate.passed, gate.reason), gate_rows(v.precision, None, gate),
-            round(run.seconds, 2))
+    book = ScoreBook.first(
+        in_process_scorer(evaluator, gates, eval_s, v.precision, model, tokenizer), tasks)
+    gate = decide(v.precision, baseline, book, gates, log=context.log.info)
+    context.log.info(f"{v.precision}: {gate.verdict}"
+                     f"{'' if gate.passed else ' (FAIL)'}: {gate.reason}")
+    return (GateOutcome.of(gate, IN_PROCESS), gate,
+            AccuracyRecord(v.precision, IN_PROCESS, v.content_hash, book.scores,
+                           eval_s[v.precision]))
 
 
-def _gate_check(report: AccuracyReport, precision: str, gates: AccuracyGates
-                ) -> dg.AssetCheckResult:
-    outcome = report.gate(precision)
+def gate_check(name: str, outcome: GateOutcome | None, rows: tuple[dict, ...], precision: str,
+               gates: AccuracyGates, not_checked: str = "not in this model's precision ladder"
+               ) -> dg.AssetCheckResult:
+    """A gate's check: the verdict, the items it used, and per task the drop's interval against
+    the allowed drop, so a red check explains itself."""
     if outcome is None:
-        return dg.AssetCheckResult(check_name=gate_check_name(precision), passed=True,
-                                   metadata={"status": "not in this model's precision ladder"})
-    meta: dict = {"reason": outcome.reason}
-    for r in report.rows:
+        return dg.AssetCheckResult(check_name=name, passed=True,
+                                   metadata={"status": not_checked})
+    meta: dict = {"verdict": outcome.verdict, "reason": outcome.reason,
+                  "source": outcome.source, "items_used": outcome.items,
+                  "inconclusive_policy": gates.inconclusive.policy,
+                  "interval": f"drop ± {gates.z:g} se ({gates.confidence:.0%} two-sided)"}
+    for r in rows:
         if r["precision"] == precision:
-            meta[f"{r['task']}_actual"] = float(r["variant"])
-            meta[f"{r['task']}_expected"] = float(r["baseline"])
-            meta[f"{r['task']}_delta"] = float(r["delta"])
-            meta[f"{r['task']}_se_delta"] = float(r["se_delta"])
-    meta["tolerance"] = dg.MetadataValue.json(gates.tolerance.model_dump())
-    return dg.AssetCheckResult(check_name=gate_check_name(precision), passed=outcome.passed,
-                               metadata=meta, severity=dg.AssetCheckSeverity.WARN)
+            t = r["task"]
+            meta[f"{t}_actual"] = float(r["variant"])
+            meta[f"{t}_expected"] = float(r["baseline"])
+            meta[f"{t}_delta"] = float(r["delta"])
+            meta[f"{t}_se_delta"] = float(r["se_delta"])
+            meta[f"{t}_drop_interval"] = f"[{r['drop_low']:.4f}, {r['drop_high']:.4f}]"
+            meta[f"{t}_allowed_drop"] = float(r["allowed_drop"])
+            meta[f"{t}_tolerance"] = gates.tolerance_for(t).describe(float(r["baseline"]))
+            meta[f"{t}_verdict"] = r["verdict"]
+            meta[f"{t}_items"] = int(r["n"])
+    meta["tolerance"] = dg.MetadataValue.json(gates.tolerance.model_dump(exclude_none=True))
+    return dg.AssetCheckResult(check_name=name, passed=outcome.passed, metadata=meta,
+                               severity=dg.AssetCheckSeverity.WARN)
 
 
 @dg.asset(
     partitions_def=models_partitions,
     group_name="quantize",
+    ins={"served_accuracy": dg.AssetIn(input_manager_key="optional_upstream")},
     check_specs=[dg.AssetCheckSpec(
         SERVING_CHECK, asset="serving_variant", blocking=True,
         description="the chosen variant passed its gates and its bytes on disk match the hash "
                     "that was evaluated")],
 )
 def serving_variant(context: dg.AssetExecutionContext, configs: ConfigFiles,
-                    checkpoint: CheckpointRef, quantized: QuantizedSet, accuracy: AccuracyReport):
-    """The first precision of the ladder whose export is valid and whose accuracy gate passed."""
+                    checkpoint: CheckpointRef, quantized: QuantizedSet, accuracy: AccuracyReport,
+                    served_accuracy: ServedAccuracyReport | None):
+    """The first precision of the ladder whose export is valid and whose accuracy gate passed:
+    the served gate where the variant was served here, else the in-process one."""
     spec = configs.spec(context.partition_key)
-    precision, skipped = choose_precision(spec.precision_ladder, quantized, accuracy)
+    precision, skipped = choose_precision(spec.precision_ladder, quantized, accuracy,
+                                          served_accuracy)
     if precision is None:
         raise OnboardingError(
             f"model {spec.id!r}", "no precision of the ladder "
@@ -232,20 +263,16 @@ def serving_variant(context: dg.AssetExecutionContext, configs: ConfigFiles,
             + "; ".join(f"{p}: {why}" for p, why in skipped.items()),
             "Add bf16 to the precision ladder, try an MLP-only NVFP4 preset under "
             "configs/quantization.yaml `models`, or review the tolerances in configs/gates.yaml.")
-    if precision == "bf16":
-        weight_bytes = sum(p.stat().st_size for p in Path(checkpoint.path).glob("*.safetensors"))
-        ref = VariantRef(spec.id, "bf16", checkpoint.path, checkpoint.total_bytes,
-                         checkpoint.content_hash, weight_bytes)
-    else:
-        v = quantized.get(precision)
-        ref = VariantRef(spec.id, precision, v.path, v.total_bytes, v.content_hash,
-                         int(v.stats.get("weight_bytes", v.total_bytes)))
-        weight_bytes = ref.weight_bytes
-    meta = {"precision": precision, "weight_bytes": weight_bytes, "total_bytes": ref.total_bytes,
-            "variant_path": dg.MetadataValue.path(ref.path), "content_hash": ref.content_hash,
-            "ladder": " → ".join(spec.precision_ladder)}
+    ref = variant_ref(spec.id, precision, checkpoint, quantized)
+    meta = {"precision": precision, "weight_bytes": ref.weight_bytes,
+            "total_bytes": ref.total_bytes, "variant_path": dg.MetadataValue.path(ref.path),
+            "content_hash": ref.content_hash, "ladder": " → ".join(spec.precision_ladder)}
     for p, why in skipped.items():
         meta[f"skipped_{p}"] = why
+    for v in quantized.variants:
+        gate, source = deciding_gate(v.precision, v, accuracy, served_accuracy)
+        if gate is not None:
+            meta[f"gate_{v.precision}"] = f"{gate.verdict}, decided {source}"
     yield dg.Output(ref, metadata=meta, data_version=dg.DataVersion(ref.content_hash))
     yield _verify_serving(ref, checkpoint)
 

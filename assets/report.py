@@ -19,7 +19,7 @@ from typing import Any
 import dagster as dg
 
 from assets.deploy import ManifestSet
-from assets.partitions import models_partitions
+from assets.partitions import models_partitions, nodes_partitions
 from onboarding.errors import OnboardingError
 from onboarding.kserve import write_atomic
 from onboarding.readiness import Readiness
@@ -53,7 +53,6 @@ MODEL_PAGE = "readiness.html"
 FLEET_PAGE = "fleet.html"
 # issue 15's node assets: partitioned by GPU node (assets/partitions.py `nodes_partitions` there)
 NODE_ACCEPTANCE = dg.AssetKey("node_acceptance")
-NODES_PARTITIONS = dg.DynamicPartitionsDefinition(name="nodes")
 
 
 def _publish(path: Path, text: str) -> Path:
@@ -135,12 +134,12 @@ def node_acceptances(io_manager: dg.IOManager, instance: dg.DagsterInstance
                      ) -> tuple[NodeAcceptanceRow, ...] | None:
     """Every registered node's stored `node_acceptance` value; None when no node partition
     exists (the asset is not in this code location, or no node was ever registered)."""
-    nodes = instance.get_dynamic_partitions(NODES_PARTITIONS.name)
+    nodes = instance.get_dynamic_partitions(nodes_partitions.name)
     if not nodes:
         return None
     rows = []
     for node in sorted(nodes):
-        value = stored_value(io_manager, instance, NODE_ACCEPTANCE, node, NODES_PARTITIONS)
+        value = stored_value(io_manager, instance, NODE_ACCEPTANCE, node, nodes_partitions)
         if value is None:
             rows.append(NodeAcceptanceRow(node, "", False, ("never accepted",), None))
             continue

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from assets.node_gate import node_acceptance_check, node_check_spec
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
@@ -40,10 +41,12 @@ from onboarding.serving_stats import (
     summarize_load_timing,
 )
 from onboarding.tables import md_table, write_csv
+from onboarding.telemetry import point_columns
 from onboarding.variants import QuantizedSet
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator, PointRun, completion_bodies
+from resources.telemetry import GpuTelemetry
 
 GROUP = "serving"
 SLO_CHECK = "slo_at_target_concurrency"
@@ -155,9 +158,18 @@ def _unservable_check(name: str, reason: str) -> dg.AssetCheckResult:
                                severity=dg.AssetCheckSeverity.WARN, metadata={"reason": reason})
 
 
+def _node_check(context: dg.AssetExecutionContext, engine: Engine, setup: Setup
+                ) -> dg.AssetCheckResult:
+    """Whether the node this runs on is qualified (assets/node_gate.py), read before measuring
+    so the result says which node's acceptance it relied on."""
+    return node_acceptance_check(context.instance, engine.resolved_node_name(),
+                                 setup.profile.require_node_acceptance, setup.profile_name)
+
+
 def _unservable_metadata(engine: Engine, reason: str, configs: ConfigFiles) -> dict:
     return {
         "servable": False,
+        "node": engine.resolved_node_name(),
         "reason": dg.MetadataValue.text(reason),
         "hardware": engine.resolved_hardware(),
         "engine": engine.engine,
@@ -177,6 +189,7 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
         "hardware": engine.resolved_hardware(),
         "engine": f"{engine.engine} {c.engine_version}",
         "node_type": engine.node_type,
+        "node": engine.resolved_node_name(),
         "profile": setup.profile_name,
         "config_hash": c.hash,
         "configuration": dg.MetadataValue.json({**c.content(), "hash": c.hash}),
@@ -193,7 +206,8 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(COLD_START_CHECK, asset="load_timing",
                                    description="cold start p95 within configs/gates.yaml "
-                                   "`slo.cold_start_p95_max_s` for this node type")],
+                                   "`slo.cold_start_p95_max_s` for this node type"),
+                 node_check_spec("load_timing")],
     description="Cold (page cache evicted) and warm engine starts of the serving variant: "
     "phases, p50/p95, weight-load GB/s next to the raw sequential read GB/s of the same files.",
 )
@@ -203,11 +217,13 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
     setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
                    serving_config)
     spec, variant = setup.spec, setup.variant
+    node_check = _node_check(context, engine, setup)
     if variant is None:
         yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, setup.reason,
                                          node_type=engine.node_type),
                         metadata=_unservable_metadata(engine, setup.reason, configs))
         yield _unservable_check(COLD_START_CHECK, setup.reason)
+        yield node_check
         return
     d = setup.profile.load_timing
 
@@ -239,6 +255,7 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
                   "expected_max_s": dg.MetadataValue.float(budget) if budget is not None
                   else dg.MetadataValue.null(),
                   "node_type": engine.node_type, "measured_precision": variant.precision})
+    yield node_check
 
 
 def _float_or_null(value: float | None) -> dg.MetadataValue:
@@ -304,18 +321,21 @@ def _load_tokenizer(path: str):
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(SLO_CHECK, asset="serving_benchmark", blocking=True,
                                    description="TTFT p95, mean ITL and error rate within "
-                                   "configs/gates.yaml `slo` at the target concurrency")],
+                                   "configs/gates.yaml `slo` at the target concurrency"),
+                 node_check_spec("serving_benchmark", blocking=True)],
     description="Traffic profiles x concurrency sweep against the real engine: TTFT, ITL, "
     "TPOT, E2E, throughputs, errors by cause, /metrics cross-check, goodput, saturation point.",
 )
 def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmarkConfig,
                       configs: ConfigFiles, outputs: OutputDirs, engine: Engine,
-                      loadgen: LoadGenerator, serving_variant: VariantRef,
-                      checkpoint: CheckpointRef, quantized: QuantizedSet,
-                      serving_config: ServingPlan, load_timing: LoadTimingResult):
+                      loadgen: LoadGenerator, telemetry: GpuTelemetry,
+                      serving_variant: VariantRef, checkpoint: CheckpointRef,
+                      quantized: QuantizedSet, serving_config: ServingPlan,
+                      load_timing: LoadTimingResult):
     setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
                    serving_config)
     spec, variant, gpus = setup.spec, setup.variant, engine.gpu_count()
+    node_check = _node_check(context, engine, setup)
     if variant is None:
         result = ServingBenchmarkResult(spec.id, serving_variant.precision, engine.node_type,
                                         gpus, False, 0.0, 0, False, (setup.reason,))
@@ -323,6 +343,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
                                           "node_type": engine.node_type, "gpus": gpus,
                                           "slo_pass": False})
         yield _unservable_check(SLO_CHECK, setup.reason)
+        yield node_check
         return
     sweep = setup.profile.sweep.model_copy(update={k: v for k, v in {
         "concurrency": config.concurrency, "mode": config.mode,
@@ -334,9 +355,11 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     template = engine.template()
     check_fits(scenarios, setup.config.max_model_len)
     tokenizer = _load_tokenizer(variant.path)
-    with engine.serve(variant, setup.config) as running:
+    gpu_ids = [int(g) for g in engine.gpus.split(",") if g.strip().isdigit()] or None
+    with engine.serve(variant, setup.config) as running, \
+            telemetry.sampler(gpu_ids) as sampler:
         rows, points = _sweep(context, outputs, loadgen, running, template, spec.served_name,
-                              scenarios, sweep, setup.slo, tokenizer)
+                              scenarios, sweep, setup.slo, tokenizer, sampler)
     result, basis, violations = _headline(spec, variant, engine, gpus, setup.slo, points,
                                           sweep.mode == "concurrency")
     result = dataclasses.replace(result, config_hash=setup.config.hash,
@@ -357,6 +380,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
         **stack_metadata(configs),
     })
     yield _slo_check(setup, result, violations)
+    yield node_check
 
 
 def _slo_check(setup: Setup, result: ServingBenchmarkResult, violations: list[str]
@@ -394,9 +418,11 @@ def _sweep_report(outputs: OutputDirs, title: str, model: str, rows: list[dict],
 
 
 def _sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, template,
-           served_name: str, scenarios: dict, sweep, slo: Slo, tokenizer
+           served_name: str, scenarios: dict, sweep, slo: Slo, tokenizer, sampler
            ) -> tuple[list[dict], dict[str, list[tuple[int, PointStats]]]]:
-    """Every scenario x load point against the running engine: table rows and stats."""
+    """Every scenario x load point against the running engine: table rows and stats, with the
+    GPUs' power, energy, tokens per joule and clock events over each point's measured window
+    (DCGM field names; "not checked: <why>" where no GPU can be read)."""
     loads = sweep.concurrency if sweep.mode == "concurrency" else sweep.rates
     rows: list[dict] = []
     points: dict[str, list[tuple[int, PointStats]]] = {}
@@ -414,12 +440,16 @@ def _sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, templa
                 max_seconds=sweep.max_seconds_per_point,
                 request_timeout_s=sweep.request_timeout_s, warmup_bodies=warm,
                 scrape_interval_s=sweep.scrape_interval_s, **kw)
+            end_s = sampler.elapsed_s()
             stats = summarize(run.records, run.duration_s, slo)
+            gpu = point_columns(list(sampler.samples), end_s - run.duration_s, end_s,
+                                stats.output_tokens_per_s * run.duration_s, sampler.unavailable)
             points.setdefault(name, []).append((int(load), stats))
             exited = running.exited(stats.errors_by_cause)
             rows.append({"scenario": name, "load": load, **stats.row(),
                          **_server_side(run, template.metrics), **run.scrape_columns(),
-                         "engine_exited": exited, "meets_slo": not slo_violations(stats, slo)})
+                         **gpu, "engine_exited": exited,
+                         "meets_slo": not slo_violations(stats, slo)})
             context.log.info(f"{name} @ {load}: {stats.request_throughput_rps:.2f} req/s, "
                              f"TTFT p95 {stats.ttft_s.p95:.3f} s, ITL {stats.itl_ms.mean:.1f} "
                              f"ms, errors {stats.errors_by_cause} {stats.error_examples or ''}"

@@ -1,49 +1,129 @@
 """The accuracy gate: does a quantized variant keep each task's score within tolerance?
 
-Decided on evidence, not noise. Baseline and variant answer the same items, so the drop's
-standard error is taken from the per-item differences (paired) when lm-eval's samples are there,
-and from lm-eval's two stderrs otherwise. A variant fails a task only when its drop exceeds the
-allowed drop by more than `z` standard errors, or when too few items were scored to tell.
+Three-way, so that nothing passes on noise. Baseline and variant answer the same items, so the
+drop's standard error comes from the per-item differences (paired) when lm-eval's samples are
+there, and from lm-eval's two stderrs otherwise. The drop is reported with the interval
+`drop ± z·se`; a task **passes** when the interval's upper end (the worst plausible drop) is
+within the allowed drop, **fails** when its lower end is beyond it, and is **inconclusive**
+otherwise. An inconclusive variant is re-evaluated on more items (`decide`) up to the task's
+size or the configured cap, then the configured policy applies (default: fail closed).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from onboarding.catalog import StrictConfig, load_yaml, validate_config
 from onboarding.errors import ConfigError
 
+Verdict = Literal["pass", "fail", "inconclusive"]
+MAX_ROUNDS = 8  # re-evaluation rounds per variant; each round at least doubles the items
+
 
 class Tolerance(StrictConfig):
-    max_abs_drop: float = Field(ge=0, description="allowed drop in the metric, absolute")
-    max_rel_drop: float = Field(ge=0, description="allowed drop relative to the baseline")
+    """How much a task may lose: `min(max_abs_drop, max_rel_drop × baseline)` (either bound
+    alone is fine), or MLPerf's form `min_ratio`: the variant keeps at least that fraction of
+    the baseline's score (0.99: "≥ 99 % of the reference")."""
+
+    max_abs_drop: float | None = Field(default=None, ge=0, description="allowed drop, absolute")
+    max_rel_drop: float | None = Field(default=None, ge=0, le=1,
+                                       description="allowed drop relative to the baseline")
+    min_ratio: float | None = Field(default=None, gt=0, le=1,
+                                    description="MLPerf form: variant >= min_ratio x baseline")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Tolerance:
+        drops = self.max_abs_drop is not None or self.max_rel_drop is not None
+        if self.min_ratio is not None and drops:
+            raise ValueError("give either min_ratio (MLPerf form) or max_abs_drop/max_rel_drop, "
+                             "not both")
+        if self.min_ratio is None and not drops:
+            raise ValueError("give max_abs_drop and/or max_rel_drop, or min_ratio")
+        return self
+
+    def allowed_drop(self, baseline: float) -> float:
+        if self.min_ratio is not None:
+            return (1.0 - self.min_ratio) * abs(baseline)
+        bounds = [b for b in (self.max_abs_drop, None if self.max_rel_drop is None
+                              else self.max_rel_drop * abs(baseline)) if b is not None]
+        return min(bounds)
+
+    def describe(self, baseline: float) -> str:
+        """The rule in words, for reasons and check metadata."""
+        if self.min_ratio is not None:
+            return f">= {self.min_ratio:.1%} of the baseline {baseline:.4f}"
+        parts = ([f"{self.max_abs_drop:g} absolute"] if self.max_abs_drop is not None else []) + \
+            ([f"{self.max_rel_drop:.1%} of {baseline:.4f}"] if self.max_rel_drop is not None
+             else [])
+        return parts[0] if len(parts) == 1 else f"min({', '.join(parts)})"
 
 
 class TaskGate(StrictConfig):
+    """Per-task overrides: the metric, and a tolerance (either form)."""
+
     metric: str | None = None
     max_abs_drop: float | None = Field(default=None, ge=0)
-    max_rel_drop: float | None = Field(default=None, ge=0)
+    max_rel_drop: float | None = Field(default=None, ge=0, le=1)
+    min_ratio: float | None = Field(default=None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> TaskGate:
+        if self.min_ratio is not None and (self.max_abs_drop is not None
+                                           or self.max_rel_drop is not None):
+            raise ValueError("give either min_ratio or max_abs_drop/max_rel_drop, not both")
+        return self
+
+
+class Inconclusive(StrictConfig):
+    """What an inconclusive verdict does: more items, then the policy."""
+
+    max_items: int | None = Field(default=None, ge=1, description="re-evaluate up to this many "
+                                  "items per task; null: up to the task's size")
+    policy: Literal["fail", "pass"] = Field(default="fail", description="after the last items: "
+                                            "fail (closed) or pass (open, still reported "
+                                            "inconclusive)")
+
+
+class ServedAgreement(StrictConfig):
+    """How far the served score of a variant may sit from its in-process score."""
+
+    max_abs_diff: float = Field(default=0.02, ge=0, description="the served − in-process "
+                                "interval must reach inside ± this for the two to agree")
 
 
 class AccuracyGates(StrictConfig):
     tolerance: Tolerance
-    z: float = Field(gt=0, description="standard errors of slack before a drop counts")
-    min_items: int = Field(ge=1, description="fewer scored items than this fail the gate")
+    z: float = Field(gt=0, description="half-width of the drop's interval in standard errors")
+    min_items: int = Field(ge=1, description="fewer scored items than this are inconclusive")
     metric_preference: list[str] = Field(min_length=1)
     tasks: dict[str, TaskGate] = Field(default_factory=dict)
+    inconclusive: Inconclusive = Field(default_factory=Inconclusive)
+    served_agreement: ServedAgreement = Field(default_factory=ServedAgreement)
 
     def tolerance_for(self, task: str) -> Tolerance:
         t = self.tasks.get(task)
-        if t is None:
+        if t is None or (t.min_ratio is None and t.max_abs_drop is None
+                         and t.max_rel_drop is None):
             return self.tolerance
+        if t.min_ratio is not None:
+            return Tolerance(min_ratio=t.min_ratio)
+        if self.tolerance.min_ratio is not None:
+            return Tolerance(max_abs_drop=t.max_abs_drop, max_rel_drop=t.max_rel_drop)
         return Tolerance(
             max_abs_drop=self.tolerance.max_abs_drop if t.max_abs_drop is None else t.max_abs_drop,
             max_rel_drop=self.tolerance.max_rel_drop if t.max_rel_drop is None else t.max_rel_drop,
         )
+
+    @property
+    def confidence(self) -> float:
+        """Two-sided coverage of `drop ± z·se` (z 1.645: 0.90, so a pass is one-sided 95 %)."""
+        return math.erf(self.z / math.sqrt(2))
 
 
 def load_accuracy_gates(path: Path) -> AccuracyGates:
@@ -67,6 +147,7 @@ class TaskScore:
     stderr: float | None
     n: int
     per_item: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
+    size: int = 0  # items the task has in all (lm-eval's n-samples original); 0: unknown
 
 
 def pick_metric(result: dict, preference: list[str], forced: str | None = None
@@ -80,8 +161,8 @@ def pick_metric(result: dict, preference: list[str], forced: str | None = None
     return None
 
 
-def scores_from_lm_eval(results: dict, samples: dict | None, gates: AccuracyGates
-                        ) -> dict[str, TaskScore]:
+def scores_from_lm_eval(results: dict, samples: dict | None, gates: AccuracyGates,
+                        sizes: dict[str, int] | None = None) -> dict[str, TaskScore]:
     """lm-eval's `results` (and `samples` when logged) -> one TaskScore per task."""
     out = {}
     for task, result in results.items():
@@ -100,8 +181,37 @@ def scores_from_lm_eval(results: dict, samples: dict | None, gates: AccuracyGate
         per_item = {int(s["doc_id"]): float(s[metric]) for s in (samples or {}).get(task, [])
                     if metric in s}
         n = len(per_item) or int(result.get("sample_len") or 0)
-        out[task] = TaskScore(task, metric, float(result[key]), stderr, n, per_item)
+        out[task] = TaskScore(task, metric, float(result[key]), stderr, n, per_item,
+                              int((sizes or {}).get(task) or 0))
     return out
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """b − a over the items both answered (paired), or from the two stderrs (unpaired)."""
+
+    mean_a: float
+    mean_b: float
+    diff: float
+    se: float
+    paired: bool
+    n: int
+
+
+def paired_difference(a: TaskScore, b: TaskScore) -> PairedDifference:
+    """Paired when both logged the same items: the means are over those items only, so a
+    baseline scored on more items than the variant is compared on the variant's items."""
+    common = sorted(set(a.per_item) & set(b.per_item))
+    if len(common) >= 2:
+        diffs = [b.per_item[i] - a.per_item[i] for i in common]
+        mean = sum(diffs) / len(diffs)
+        var_d = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+        mean_a = sum(a.per_item[i] for i in common) / len(common)
+        mean_b = sum(b.per_item[i] for i in common) / len(common)
+        return PairedDifference(mean_a, mean_b, mean, math.sqrt(var_d / len(diffs)), True,
+                                len(common))
+    se = math.sqrt((a.stderr or 0.0) ** 2 + (b.stderr or 0.0) ** 2)
+    return PairedDifference(a.value, b.value, b.value - a.value, se, False, min(a.n, b.n))
 
 
 @dataclass(frozen=True)
@@ -117,70 +227,172 @@ class TaskVerdict:
     paired: bool
     n: int
     allowed_drop: float
-    passed: bool
+    verdict: Verdict
     reason: str
+    drop_low: float = 0.0  # the drop's interval: drop ± z·se
+    drop_high: float = 0.0
+    tolerance: str = ""  # the rule in words
+    size: int = 0  # the task's items in all (0: unknown)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def drop(self) -> float:
+        return -self.delta
 
 
 def judge_task(base: TaskScore, var: TaskScore, gates: AccuracyGates) -> TaskVerdict:
     tol = gates.tolerance_for(base.task)
-    allowed = min(tol.max_abs_drop, tol.max_rel_drop * abs(base.value))
-    drop = base.value - var.value
-    common = sorted(set(base.per_item) & set(var.per_item))
-    if len(common) >= 2:
-        diffs = [var.per_item[i] - base.per_item[i] for i in common]
-        mean = sum(diffs) / len(diffs)
-        var_d = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
-        se, paired, n = math.sqrt(var_d / len(diffs)), True, len(common)
+    d = paired_difference(base, var)
+    allowed = tol.allowed_drop(d.mean_a)
+    drop = -d.diff
+    low, high = drop - gates.z * d.se, drop + gates.z * d.se
+    interval = f"drop {drop:.4f} [{low:.4f}, {high:.4f}]"
+    if d.n < gates.min_items:
+        verdict: Verdict = "inconclusive"
+        reason = (f"only {d.n} items scored, the gate needs {gates.min_items} to tell a drop "
+                  "from noise")
+    elif high <= allowed + 1e-12:
+        verdict, reason = "pass", f"{interval} within allowed {allowed:.4f}"
+    elif low > allowed + 1e-12:
+        verdict, reason = "fail", f"{interval} entirely beyond allowed {allowed:.4f}"
     else:
-        se = math.sqrt((base.stderr or 0.0) ** 2 + (var.stderr or 0.0) ** 2)
-        paired, n = False, min(base.n, var.n)
-    if n < gates.min_items:
-        passed = False
-        reason = (f"only {n} items scored, gate needs {gates.min_items}: too few to tell a drop "
-                  "from noise (raise the evaluator's limit)")
-    elif drop > allowed + gates.z * se:
-        passed = False
-        reason = (f"drop {drop:.4f} exceeds allowed {allowed:.4f} by more than "
-                  f"{gates.z}x stderr {se:.4f}")
-    elif drop > allowed:
-        passed = True
-        reason = (f"drop {drop:.4f} above allowed {allowed:.4f} but within {gates.z}x "
-                  f"stderr {se:.4f} (noise)")
-    else:
-        passed = True
-        reason = f"drop {drop:.4f} within allowed {allowed:.4f}"
-    return TaskVerdict(base.task, base.metric, base.value, var.value, var.value - base.value,
-                       base.stderr, var.stderr, se, paired, n, allowed, passed, reason)
+        verdict, reason = "inconclusive", f"{interval} straddles allowed {allowed:.4f}"
+    return TaskVerdict(base.task, base.metric, d.mean_a, d.mean_b, d.diff, base.stderr,
+                       var.stderr, d.se, d.paired, d.n, allowed, verdict, reason, low, high,
+                       tol.describe(d.mean_a), max(base.size, var.size))
 
 
 @dataclass(frozen=True)
 class GateResult:
     precision: str
-    passed: bool
+    verdict: Verdict  # what the evidence says
     verdicts: tuple[TaskVerdict, ...]
     reason: str
+    passed: bool  # the decision: a pass, or an inconclusive verdict under policy `pass`
+
+    @property
+    def items(self) -> int:
+        """The most items any task was judged on."""
+        return max((v.n for v in self.verdicts), default=0)
 
 
 def judge_variant(precision: str, baseline: dict[str, TaskScore], variant: dict[str, TaskScore],
                   gates: AccuracyGates) -> GateResult:
+    """The evidence as it stands: fail if a task fails, inconclusive if one is, else pass."""
     missing = sorted(set(baseline) - set(variant))
     if missing or not baseline:
-        return GateResult(precision, False, (), "no scores for tasks: "
-                          + (", ".join(missing) or "(no tasks evaluated)"))
+        return GateResult(precision, "fail", (), "no scores for tasks: "
+                          + (", ".join(missing) or "(no tasks evaluated)"), False)
     verdicts = tuple(judge_task(baseline[t], variant[t], gates) for t in sorted(baseline))
-    failed = [v for v in verdicts if not v.passed]
-    reason = ("; ".join(f"{v.task}: {v.reason}" for v in failed) if failed
-              else f"all {len(verdicts)} tasks within tolerance")
-    return GateResult(precision, not failed, verdicts, reason)
+    for verdict in ("fail", "inconclusive"):
+        hit = [v for v in verdicts if v.verdict == verdict]
+        if hit:
+            return GateResult(precision, verdict, verdicts,
+                              "; ".join(f"{v.task}: {v.reason}" for v in hit), False)
+    return GateResult(precision, "pass", verdicts,
+                      f"all {len(verdicts)} tasks within tolerance", True)
 
 
-def gate_rows(precision: str, baseline: dict[str, TaskScore] | None,
-              gate: GateResult | None) -> list[dict]:
-    """Rows of the accuracy table: the baseline's scores (`gate` None) or a variant's verdicts."""
-    if gate is None:
-        return [{"task": s.task, "metric": s.metric, "precision": precision,
-                 "baseline": s.value, "variant": s.value, "delta": 0.0, "stderr": s.stderr,
-                 "se_delta": 0.0, "n": s.n, "passed": True} for s in (baseline or {}).values()]
+def apply_policy(gate: GateResult, gates: AccuracyGates) -> GateResult:
+    """An inconclusive verdict with no items left to add: the configured policy decides."""
+    if gate.verdict != "inconclusive":
+        return gate
+    policy = gates.inconclusive.policy
+    how = "passes open" if policy == "pass" else "fails closed"
+    return replace(gate, passed=policy == "pass",
+                   reason=f"inconclusive after {gate.items} items ({how} by the inconclusive "
+                          f"policy): {gate.reason}")
+
+
+def item_cap(size: int, gates: AccuracyGates) -> int:
+    """Most items a task may be re-evaluated on: its size, or the configured cap below it."""
+    cap = gates.inconclusive.max_items
+    if size <= 0:
+        return cap or 0
+    return min(size, cap) if cap else size
+
+
+def next_items(v: TaskVerdict, gates: AccuracyGates, cap: int) -> int:
+    """Items for an inconclusive task's next evaluation: as many as the interval needs to clear
+    the allowed drop if the drop and its spread stay as measured (se shrinks as 1/sqrt(n)), at
+    least twice as many as now and `min_items`, at most `cap`."""
+    margin = abs(v.drop - v.allowed_drop)
+    if v.se_delta > 0 and margin > 0:
+        needed = math.ceil(v.n * (gates.z * v.se_delta / margin) ** 2)
+    elif margin == 0:
+        needed = cap
+    else:
+        needed = gates.min_items
+    return min(cap, max(needed, 2 * v.n, gates.min_items))
+
+
+Evaluate = Callable[[list[str], int | None], dict[str, TaskScore]]
+
+
+class ScoreBook:
+    """One model's latest scores per task; `ensure` re-evaluates tasks on more items.
+
+    lm-eval's `limit` takes a task's first items, so a larger limit scores a superset and the
+    baseline, grown for one variant, still pairs with another variant's fewer items.
+    """
+
+    def __init__(self, evaluate: Evaluate, scores: dict[str, TaskScore]):
+        self._evaluate = evaluate
+        self.scores: dict[str, TaskScore] = dict(scores)
+
+    @classmethod
+    def first(cls, evaluate: Evaluate, tasks: list[str]) -> ScoreBook:
+        """Scored on the evaluator's own item count (`limit` None)."""
+        return cls(evaluate, evaluate(tasks, None))
+
+    def ensure(self, tasks: list[str], items: int) -> None:
+        short = [t for t in tasks if t not in self.scores or self.scores[t].n < items]
+        if short:
+            self.scores.update(self._evaluate(short, items))
+
+
+def decide(precision: str, baseline: ScoreBook, variant: ScoreBook, gates: AccuracyGates,
+           log: Callable[[str], None] | None = None) -> GateResult:
+    """Judge; while inconclusive, re-evaluate the inconclusive tasks (baseline and variant) on
+    more items, up to each task's cap; then apply the inconclusive policy."""
+    asked: dict[str, int] = {}
+    for _ in range(MAX_ROUNDS):
+        gate = judge_variant(precision, baseline.scores, variant.scores, gates)
+        if gate.verdict != "inconclusive":
+            return gate
+        plan: dict[int, list[str]] = {}
+        for v in gate.verdicts:
+            cap = item_cap(v.size, gates)
+            items = next_items(v, gates, cap)
+            if v.verdict == "inconclusive" and v.n < cap and items > asked.get(v.task, 0):
+                plan.setdefault(items, []).append(v.task)
+                asked[v.task] = items
+        if not plan:
+            break
+        for items, tasks in sorted(plan.items()):
+            if log:
+                log(f"{precision}: inconclusive on {', '.join(tasks)}; re-evaluating on "
+                    f"{items} items")
+            baseline.ensure(tasks, items)
+            variant.ensure(tasks, items)
+    return apply_policy(judge_variant(precision, baseline.scores, variant.scores, gates), gates)
+
+
+def baseline_rows(precision: str, scores: dict[str, TaskScore]) -> list[dict]:
+    """Rows of the accuracy table for the baseline itself (the reference of every verdict)."""
+    return [{"task": s.task, "metric": s.metric, "precision": precision, "baseline": s.value,
+             "variant": s.value, "delta": 0.0, "drop_low": None, "drop_high": None,
+             "allowed_drop": None, "stderr": s.stderr, "se_delta": 0.0, "n": s.n,
+             "verdict": "reference", "passed": True} for s in scores.values()]
+
+
+def gate_rows(precision: str, gate: GateResult) -> list[dict]:
+    """Rows of the accuracy table for one variant's verdicts."""
     return [{"task": t.task, "metric": t.metric, "precision": precision, "baseline": t.baseline,
-             "variant": t.variant, "delta": t.delta, "stderr": t.stderr_variant,
-             "se_delta": t.se_delta, "n": t.n, "passed": t.passed} for t in gate.verdicts]
+             "variant": t.variant, "delta": t.delta, "drop_low": t.drop_low,
+             "drop_high": t.drop_high, "allowed_drop": t.allowed_drop,
+             "stderr": t.stderr_variant, "se_delta": t.se_delta, "n": t.n,
+             "verdict": t.verdict, "passed": t.passed} for t in gate.verdicts]

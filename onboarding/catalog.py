@@ -22,7 +22,10 @@ Precision = Literal["nvfp4", "fp8", "bf16"]
 M = TypeVar("M", bound=BaseModel)
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<prefix>.*)$")
-_HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(@(?P<revision>[\w.\-/]+))?$")
+_HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(@(?P<revision>[^@]*))?$")
+# A branch, a tag or a commit: one git ref name component, no path (huggingface_hub joins the
+# revision into paths of its cache, so '/' or '..' would reach outside it).
+_REVISION = re.compile(r"^[A-Za-z0-9_][\w.\-]*$")
 
 
 class StrictConfig(BaseModel):
@@ -81,14 +84,31 @@ class SourceRef(StrictConfig):
         return f"hf://{self.location}" + (f"@{self.revision}" if self.revision else "")
 
 
+def check_revision(revision: str) -> str:
+    """A Hugging Face revision must be a branch, tag or commit: no path, no '..'."""
+    if not _REVISION.match(revision) or ".." in revision or revision.endswith((".", ".lock")):
+        raise ValueError(
+            f"revision {revision!r} is not a branch, tag or commit (letters, digits, '_', '-' "
+            "and '.'; no '/', no '..'); pin the 40-hex commit for anything else")
+    return revision
+
+
 def parse_source(uri: str) -> SourceRef:
     if m := _S3_URI.match(uri):
         prefix = m["prefix"]
+        if bad := {".", ".."} & set(prefix.rstrip("/").split("/")):
+            raise ValueError(f"the prefix of {uri!r} has a {max(bad)!r} segment; S3 would "
+                             "take it literally, so it names no checkpoint: write the prefix "
+                             "without it")
         if prefix and not prefix.endswith("/"):
             prefix += "/"
         return SourceRef(kind="s3", location=m["bucket"], path=prefix)
     if m := _HF_URI.match(uri):
-        return SourceRef(kind="hf", location=m["repo"], path="", revision=m["revision"])
+        if ".." in m["repo"].split("/"):
+            raise ValueError(f"the repository of {uri!r} has a '..' segment: write org/name")
+        revision = m["revision"]
+        return SourceRef(kind="hf", location=m["repo"], path="",
+                         revision=check_revision(revision) if revision is not None else None)
     raise ValueError(
         "expected 's3://<bucket>/<prefix>/' or 'hf://<org>/<name>@<revision>', got " + repr(uri)
     )

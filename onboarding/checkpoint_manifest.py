@@ -95,14 +95,6 @@ def sha256_file(path: Path, block: int = HASH_BLOCK_BYTES) -> str:
     return h.hexdigest()
 
 
-def md5_file(path: Path, block: int = HASH_BLOCK_BYTES) -> str:
-    h = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def read_safetensors_header(path: Path) -> dict:
     """Parse the JSON header and check every tensor's byte range lies inside the file."""
     size = path.stat().st_size

@@ -163,6 +163,8 @@ class Profile(StrictConfig):
     # error: the SLO check at the target concurrency blocks what follows (a model that misses
     # its SLOs is not ready); warn: it is reported only (a profile that measures a stand-in).
     slo_severity: Literal["warn", "error"] = "error"
+    # Results count only on a node whose node_acceptance passed (assets/node_gate.py).
+    require_node_acceptance: bool = False
     scenarios: dict[str, Scenario] = Field(min_length=1)
     sweep: Sweep
     load_timing: LoadTimingDefaults

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from onboarding.accuracy_gate import GateResult
 from onboarding.checkpoint_manifest import (
     MANIFEST_NAME,
     CheckpointManifest,
@@ -17,6 +18,9 @@ from onboarding.checkpoint_manifest import (
     sha256_file,
 )
 from onboarding.errors import ConfigError, OnboardingError
+from onboarding.refs import CheckpointRef, VariantRef
+
+IN_PROCESS, SERVED = "in_process", "served"
 
 
 class QuantizationError(OnboardingError):
@@ -52,20 +56,93 @@ class QuantizedSet:
 
 @dataclass(frozen=True)
 class GateOutcome:
+    """One precision's accuracy decision, and the evidence's own verdict beside it: an
+    inconclusive verdict is `passed` only under the `pass` policy (configs/gates.yaml)."""
+
     precision: str
     passed: bool
     reason: str
+    verdict: str = ""  # pass | fail | inconclusive (empty: taken from `passed`)
+    source: str = IN_PROCESS  # which score decided: in_process | served
+    items: int = 0  # the most items a task was judged on
+
+    def __post_init__(self) -> None:
+        if not self.verdict:
+            object.__setattr__(self, "verdict", "pass" if self.passed else "fail")
+
+    @classmethod
+    def of(cls, gate: GateResult, source: str) -> GateOutcome:
+        return cls(gate.precision, gate.passed, gate.reason, gate.verdict, source, gate.items)
+
+
+@dataclass(frozen=True)
+class AccuracyRecord:
+    """One precision scored by one source, with lm-eval's per-item results per task."""
+
+    precision: str
+    source: str  # in_process | served
+    content_hash: str  # of the checkpoint that was scored
+    scores: dict = field(default_factory=dict)  # task -> accuracy_gate.TaskScore
+    seconds: float = 0.0
+
+    def rows(self) -> list[dict]:
+        return [{"precision": self.precision, "source": self.source, "task": s.task,
+                 "metric": s.metric, "value": s.value, "n": s.n, "size": s.size or None}
+                for s in self.scores.values()]
 
 
 @dataclass(frozen=True)
 class AccuracyReport:
     model: str
-    rows: tuple[dict, ...]  # task, metric, baseline, variant, precision, delta, stderr, n
+    rows: tuple[dict, ...]  # task, metric, baseline, variant, precision, delta, interval, n
     gates: tuple[GateOutcome, ...]
     eval_s: dict = field(default_factory=dict)  # precision -> seconds
+    records: tuple[AccuracyRecord, ...] = ()  # in process, one per precision evaluated
 
     def gate(self, precision: str) -> GateOutcome | None:
         return next((g for g in self.gates if g.precision == precision), None)
+
+    def record(self, precision: str) -> AccuracyRecord | None:
+        return next((r for r in self.records if r.precision == precision), None)
+
+
+@dataclass(frozen=True)
+class ServedAccuracyReport:
+    """The same tasks scored through the engine that serves each variant (`served_accuracy`)."""
+
+    model: str
+    records: tuple[AccuracyRecord, ...]  # served, one per precision this engine served
+    agreements: tuple = ()  # served_accuracy.Agreement per served precision
+    gates: tuple[GateOutcome, ...] = ()  # source "served", quantized precisions
+    rows: tuple[dict, ...] = ()  # the served gates' table, as AccuracyReport.rows
+    not_served: dict = field(default_factory=dict)  # precision -> why not served here
+    eval_s: dict = field(default_factory=dict)  # precision -> seconds (start + evaluation)
+
+    def gate(self, precision: str) -> GateOutcome | None:
+        return next((g for g in self.gates if g.precision == precision), None)
+
+    def record(self, precision: str) -> AccuracyRecord | None:
+        return next((r for r in self.records if r.precision == precision), None)
+
+    def agreement(self, precision: str):
+        return next((a for a in self.agreements if a.precision == precision), None)
+
+
+def deciding_gate(precision: str, variant: QuantizedVariant, report: AccuracyReport | None,
+                  served: ServedAccuracyReport | None) -> tuple[GateOutcome | None, str]:
+    """The gate that decides: the served score's when this variant's bytes were served and
+    judged, else the in-process one; and why that source."""
+    record = served.record(precision) if served else None
+    gate = served.gate(precision) if served else None
+    if gate is not None and record is not None and record.content_hash == variant.content_hash:
+        return gate, "served: scored through the engine that serves it"
+    if served is None:
+        why = "in process: served_accuracy was not materialized for this model"
+    elif record is not None and record.content_hash != variant.content_hash:
+        why = "in process: the served record is of other bytes (an older variant)"
+    else:
+        why = f"in process: not served here ({served.not_served.get(precision, 'no served gate')})"
+    return (report.gate(precision) if report else None), why
 
 
 def variant_dir(checkpoint_path: str | Path, precision: str) -> Path:
@@ -87,10 +164,12 @@ def write_manifest(root: Path, source: str, revision: str) -> CheckpointManifest
 
 
 def choose_precision(ladder: list[str], quantized: QuantizedSet | None,
-                     report: AccuracyReport | None) -> tuple[str | None, dict[str, str]]:
+                     report: AccuracyReport | None, served: ServedAccuracyReport | None = None
+                     ) -> tuple[str | None, dict[str, str]]:
     """First precision of the ladder that may be served, and why each one before it was not.
 
     bf16 is the baseline itself: always exportable and the gate's reference, so it passes.
+    A quantized precision is judged by its served gate when there is one (`deciding_gate`).
     """
     skipped: dict[str, str] = {}
     for precision in ladder:
@@ -103,14 +182,30 @@ def choose_precision(ladder: list[str], quantized: QuantizedSet | None,
         if not variant.usable:
             skipped[precision] = variant.error or "export check failed"
             continue
-        gate = report.gate(precision) if report else None
+        gate, _ = deciding_gate(precision, variant, report, served)
         if gate is None:
             skipped[precision] = "no accuracy result"
         elif not gate.passed:
-            skipped[precision] = f"accuracy gate failed: {gate.reason}"
+            skipped[precision] = (f"accuracy gate failed ({gate.source.replace('_', ' ')}): "
+                                  f"{gate.reason}")
         else:
             return precision, skipped
     return None, skipped
+
+
+def variant_ref(model: str, precision: str, checkpoint: CheckpointRef,
+                quantized: QuantizedSet | None) -> VariantRef:
+    """The bytes of one precision: the baseline checkpoint (bf16) or its exported variant."""
+    if precision == "bf16":
+        weight_bytes = sum(p.stat().st_size for p in Path(checkpoint.path).glob("*.safetensors"))
+        return VariantRef(model, "bf16", checkpoint.path, checkpoint.total_bytes,
+                          checkpoint.content_hash, weight_bytes)
+    v = quantized.get(precision) if quantized else None
+    if v is None or v.path is None:
+        raise OnboardingError(f"{model} ({precision})", "no exported variant of this precision",
+                              "Materialize `quantized` for this model first.")
+    return VariantRef(model, precision, v.path, v.total_bytes, v.content_hash,
+                      int(v.stats.get("weight_bytes", v.total_bytes)))
 
 
 def read_jsonl_texts(path: Path, field_name: str = "text") -> list[str]:

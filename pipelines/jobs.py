@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from assets.nodes import GROUP as NODES_GROUP
 from assets.stack import SERVING_STACK
 from pipelines.executors import onboarding_executor
 
@@ -15,9 +16,11 @@ PREDICT_GROUP = "predict"  # assets/predict.py: AIConfigurator predictions and t
 
 # serving_stack is observed first in every onboarding run, so each result records the stack it
 # was measured on (its input data version), never Dagster's INITIAL marker.
+MODEL_ASSETS = dg.AssetSelection.all() - dg.AssetSelection.groups(NODES_GROUP)
+
 onboard_model = dg.define_asset_job(
     "onboard_model",
-    selection=(dg.AssetSelection.all() - LAYOUT_ASSETS - dg.AssetSelection.groups(PREDICT_GROUP))
+    selection=(MODEL_ASSETS - LAYOUT_ASSETS - dg.AssetSelection.groups(PREDICT_GROUP))
     | dg.AssetSelection.assets(SERVING_STACK),
     description="Observe the serving stack, then fetch, quantize, evaluate, time, benchmark, "
     "plan and render one model.",
@@ -48,4 +51,16 @@ predict_model = dg.define_asset_job(
     executor_def=onboarding_executor(),
 )
 
-jobs = [onboard_model, plan_model, plan_layouts, predict_model]
+
+# On the node itself, one step after another: a burn beside a bandwidth test would measure both
+# wrong. In a cluster the run's pod must be pinned to the node (kubernetes.io/hostname = the
+# partition key); the step-pod executor does not place node steps yet (docs/acceptance.md).
+accept_node = dg.define_asset_job(
+    "accept_node",
+    selection=dg.AssetSelection.groups(NODES_GROUP),
+    description="Qualify one GPU node: inventory, GPU health (DCGM or burn), interconnect, "
+    "memory bandwidth, storage read, and the go/no-go verdict with its report.",
+    executor_def=dg.in_process_executor,
+)
+
+jobs = [onboard_model, plan_model, plan_layouts, predict_model, accept_node]

@@ -17,10 +17,12 @@ from resources.evaluator import LmEvalEvaluator
 from resources.huggingface import HuggingFaceStore
 from resources.loadgen import LoadGenerator
 from resources.manifest_validator import ManifestValidator
+from resources.node_probe import NodeProbe
 from resources.nvme_cache import NvmeCache
 from resources.predictor import AIConfiguratorPredictor
 from resources.quantizer import ModelOptQuantizer
 from resources.s3 import S3ObjectStore
+from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 
 
@@ -47,6 +49,7 @@ def config_resources() -> tuple[ConfigFiles, OutputDirs]:
 
 def build_resources() -> dict[str, object]:
     configs, outputs = config_resources()
+    telemetry = GpuTelemetry(**_env(dcgm_exporter_url="ONBOARDING_DCGM_EXPORTER_URL"))
     crd_paths = [p for p in os.environ.get("KSERVE_CRD_PATHS", "").split(os.pathsep) if p]
     return {
         "configs": configs,
@@ -59,11 +62,16 @@ def build_resources() -> dict[str, object]:
         "hf": HuggingFaceStore(**_env(token="HF_TOKEN")),
         "engine": Engine(configs=configs, **_env(
             engine="ENGINE_KIND", bin_dir="ENGINE_BIN_DIR", hardware="ENGINE_HARDWARE",
-            node_type="ONBOARDING_NODE_TYPE", gpus="ENGINE_GPUS", log_dir="ENGINE_LOG_DIR"),
+            node_type="ONBOARDING_NODE_TYPE", node_name="ONBOARDING_NODE_NAME",
+            gpus="ENGINE_GPUS", log_dir="ENGINE_LOG_DIR"),
             **_env_int(cpu_kvcache_space_gib="VLLM_CPU_KVCACHE_SPACE", port="ENGINE_PORT"),
             **({"start_timeout_s": float(os.environ["ENGINE_START_TIMEOUT_S"])}
                if os.environ.get("ENGINE_START_TIMEOUT_S") else {})),
         "loadgen": LoadGenerator(),
+        "telemetry": telemetry,
+        # node acceptance: tools from PATH, GPU jobs in this interpreter unless
+        # ONBOARDING_PROBE_PYTHON names one with CUDA torch
+        "node_probe": NodeProbe(telemetry=telemetry, **_env(python="ONBOARDING_PROBE_PYTHON")),
         "nvme_cache": NvmeCache(root=dg.EnvVar("ONBOARDING_CACHE_ROOT")),
         "manifest_validator": ManifestValidator(
             crd_paths=crd_paths, **_env(kube_context="ONBOARDING_KUBE_CONTEXT")),

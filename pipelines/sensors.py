@@ -9,6 +9,8 @@
   again first; the tick's own record serves runs that select a subset of the assets).
 - `catalog_partitions_sensor` makes every catalogued model launchable from the UI, and reports
   each catalog file that does not validate once (the other models are unaffected).
+- `node_partitions_sensor` registers every GPU node listed in configs/acceptance.yaml `nodes`
+  as a `nodes` partition (node acceptance, docs/acceptance.md).
 - `serving_stack_sensor` records a `serving_stack` observation when the fingerprint changes, so
   the UI marks stack-dependent results stale without waiting for a run.
 """
@@ -18,7 +20,7 @@ import json
 
 import dagster as dg
 
-from assets.partitions import models_partitions
+from assets.partitions import models_partitions, nodes_partitions
 from assets.stack import observation_event
 from onboarding.automation import AutomationConfig
 from onboarding.discovery import (
@@ -180,4 +182,18 @@ def serving_stack_sensor(context: dg.SensorEvaluationContext, configs: ConfigFil
     return dg.SensorResult(asset_events=[event])
 
 
-sensors = [new_checkpoint_sensor, catalog_partitions_sensor, serving_stack_sensor]
+@dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Registers every node of configs/acceptance.yaml `nodes` as a `nodes` "
+           "partition, so node acceptance can be launched for it.")
+def node_partitions_sensor(context: dg.SensorEvaluationContext, configs: ConfigFiles):
+    listed = configs.acceptance().nodes
+    existing = set(context.instance.get_dynamic_partitions(nodes_partitions.name))
+    new = sorted(n for n in listed if n not in existing)
+    if not new:
+        return dg.SkipReason(f"all {len(listed)} node(s) of acceptance.yaml are registered")
+    context.log.info(f"registering node(s) {', '.join(new)}")
+    return dg.SensorResult(dynamic_partitions_requests=[nodes_partitions.build_add_request(new)])
+
+
+sensors = [new_checkpoint_sensor, catalog_partitions_sensor, serving_stack_sensor,
+           node_partitions_sensor]

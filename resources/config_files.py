@@ -14,6 +14,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field, ValidationError
 
+from onboarding.acceptance import AcceptanceConfig, load_acceptance
 from onboarding.accuracy_gate import AccuracyGates, load_accuracy_gates
 from onboarding.automation import AutomationConfig, Discovery, load_automation
 from onboarding.catalog import Catalog, ModelSpec, format_validation_error, read_catalog
@@ -144,6 +145,11 @@ class ConfigFiles(dg.ConfigurableResource):
     def measured_points(self) -> PointsFile:
         """The measured points predict.yaml's calibration names (relative: to this dir)."""
         return load_points(self.data_path(self.predict().calibration.points))
+
+    def acceptance(self) -> AcceptanceConfig:
+        """Node acceptance: probe settings, thresholds per node type, the registered nodes
+        (each node type checked against nodes.yaml)."""
+        return load_acceptance(self.path("acceptance.yaml"), self.nodes())
 
     def quantization(self) -> QuantizationConfig:
         return load_quantization_config(self.path("quantization.yaml"))

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -188,6 +189,9 @@ class Engine(dg.ConfigurableResource):
                           "(ENGINE_HARDWARE)")
     node_type: str = Field(default="cpu", description="entry of configs/nodes.yaml, or 'cpu' "
                            "(ONBOARDING_NODE_TYPE)")
+    node_name: str = Field(default="", description="the node this engine runs on (a `nodes` "
+                           "partition key: its Kubernetes node name); empty = the hostname "
+                           "(ONBOARDING_NODE_NAME)")
     gpus: str = Field(default="", description="CUDA_VISIBLE_DEVICES for the engine, e.g. '0,1' "
                       "(ENGINE_GPUS)")
     cpu_kvcache_space_gib: int = Field(default=2, description="VLLM_CPU_KVCACHE_SPACE")
@@ -243,6 +247,10 @@ class Engine(dg.ConfigurableResource):
                               f"{', '.join(sorted(templates))})",
                               "Set ENGINE_KIND to a known engine or add its template.")
         return templates[self.engine]
+
+    def resolved_node_name(self) -> str:
+        """The node whose acceptance the measurements here rely on."""
+        return self.node_name or socket.gethostname()
 
     def resolved_hardware(self) -> str:
         return detect_hardware() if self.hardware == "auto" else self.hardware

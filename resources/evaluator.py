@@ -1,4 +1,5 @@
-"""The evaluator: lm-eval's `simple_evaluate` on a model object or a checkpoint directory.
+"""The evaluator: lm-eval's `simple_evaluate` on a model object, a checkpoint directory, or the
+OpenAI-compatible endpoint of a running engine (the served mode).
 
 Project tasks (configs/eval_tasks/*.yaml, local JSONL) are passed to lm-eval as config dicts with
 their data paths made absolute, so they work from any working directory and offline. Any other
@@ -8,7 +9,7 @@ name is looked up in lm-eval's own registry (mmlu, gsm8k, ...), which needs hub 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
@@ -25,12 +26,18 @@ class EvalRun:
     samples: dict  # task -> per-item records with doc_id and metric values
     seconds: float
     items: int
+    sizes: dict = field(default_factory=dict)  # task -> items it has in all
 
 
 class Evaluator(dg.ConfigurableResource):
     """Interface: score a model on named tasks."""
 
-    def evaluate(self, model, tokenizer, tasks: list[str]) -> EvalRun:
+    def evaluate(self, model, tokenizer, tasks: list[str], limit: int | None = None) -> EvalRun:
+        raise NotImplementedError
+
+    def evaluate_served(self, base_url: str, served_name: str, tokenizer_dir: str | Path,
+                        tasks: list[str], limit: int | None = None,
+                        max_length: int | None = None) -> EvalRun:
         raise NotImplementedError
 
 
@@ -45,6 +52,10 @@ class LmEvalEvaluator(Evaluator):
                                         "live in its eval_tasks/; default: configs/")
     default_tasks: list[str] = Field(default_factory=lambda: ["onb_facts_mc", "onb_arith_gen"],
                                      description="used when a model spec lists no eval_tasks")
+    served_concurrency: int = Field(default=8, ge=1, description="requests in flight against "
+                                    "the engine in the served mode (lm-eval num_concurrent)")
+    served_max_retries: int = Field(default=3, ge=1, description="attempts per request")
+    served_timeout_s: int = Field(default=300, ge=1, description="per request")
 
     def _task_dir(self) -> Path:
         return (self.configs or ConfigFiles()).eval_tasks_dir()
@@ -83,9 +94,9 @@ class LmEvalEvaluator(Evaluator):
                 resolved.append(name)
         return resolved
 
-    def evaluate(self, model, tokenizer, tasks: list[str]) -> EvalRun:
-        """`model` is an nn.Module (scored as it is in memory) or a checkpoint directory."""
-        import lm_eval
+    def evaluate(self, model, tokenizer, tasks: list[str], limit: int | None = None) -> EvalRun:
+        """`model` is an nn.Module (scored as it is in memory) or a checkpoint directory.
+        `limit`: items per task for this call (None: the resource's `limit`)."""
         import torch
         from lm_eval.models.huggingface import HFLM
 
@@ -95,8 +106,33 @@ class LmEvalEvaluator(Evaluator):
                       device="cuda" if torch.cuda.is_available() else "cpu")
         else:
             lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.batch_size)
+        return self._run(lm, task_cfgs, limit)
+
+    def evaluate_served(self, base_url: str, served_name: str, tokenizer_dir: str | Path,
+                        tasks: list[str], limit: int | None = None,
+                        max_length: int | None = None) -> EvalRun:
+        """The same tasks against a running engine's OpenAI-compatible completions endpoint
+        (lm-eval's `local-completions`): loglikelihoods from the prompt's echoed logprobs for
+        multiple choice, greedy completions for generation. Requests carry token ids from the
+        variant's own tokenizer (read offline from `tokenizer_dir`), so both modes score the
+        same tokens; nothing but `base_url` (the engine on 127.0.0.1) is contacted."""
+        from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+        task_cfgs = self.resolve_tasks(tasks)
+        lm = LocalCompletionsAPI(
+            base_url=base_url.rstrip("/") + "/v1/completions", model=served_name,
+            tokenizer=str(tokenizer_dir), tokenizer_backend="huggingface",
+            tokenized_requests=True, num_concurrent=self.served_concurrency,
+            max_retries=self.served_max_retries, timeout=self.served_timeout_s,
+            max_length=max_length or 2048, batch_size=1)
+        return self._run(lm, task_cfgs, limit)
+
+    def _run(self, lm, task_cfgs: list, limit: int | None) -> EvalRun:
+        import lm_eval
+
         t0 = time.perf_counter()
-        out = lm_eval.simple_evaluate(model=lm, tasks=task_cfgs, limit=self.limit,
+        out = lm_eval.simple_evaluate(model=lm, tasks=task_cfgs,
+                                      limit=self.limit if limit is None else limit,
                                       log_samples=True, bootstrap_iters=1000,
                                       random_seed=0, numpy_random_seed=0, torch_random_seed=0)
         seconds = time.perf_counter() - t0
@@ -106,4 +142,6 @@ class LmEvalEvaluator(Evaluator):
                    for s in rows]
             for task, rows in (out.get("samples") or {}).items()}
         items = sum(len(v) for v in samples.values())
-        return EvalRun(out["results"], samples, seconds, items)
+        sizes = {task: int(c.get("original") or 0)
+                 for task, c in (out.get("n-samples") or {}).items() if isinstance(c, dict)}
+        return EvalRun(out["results"], samples, seconds, items, sizes)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from onboarding.catalog import SourceRef
+from onboarding.catalog import SourceRef, check_revision
 from onboarding.checkpoint_manifest import (
     CHECKPOINT_PATTERNS,
     is_checkpoint_file,
@@ -25,13 +25,16 @@ from onboarding.checkpoint_manifest import (
 from onboarding.errors import FetchError
 from resources.object_store import (
     FileDoneFn,
+    LogFn,
     ObjectStore,
     ProgressFn,
     RemoteCheckpoint,
     RemoteObject,
+    log_to_python,
 )
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
 
 
 def _offline() -> bool:
@@ -55,6 +58,11 @@ class HuggingFaceStore(ObjectStore):
             RevisionNotFoundError,
         )
 
+        if revision is not None:
+            try:
+                check_revision(revision)  # the catalog checks it too; a SourceRef can be built
+            except ValueError as exc:
+                raise FetchError(source.uri, str(exc), "Fix the revision after '@'.") from None
         try:
             return Path(snapshot_download(
                 source.location, revision=revision, allow_patterns=patterns,
@@ -72,7 +80,7 @@ class HuggingFaceStore(ObjectStore):
             raise FetchError(source.uri, f"revision {revision!r} does not exist",
                              "Pin an existing commit, branch or tag after '@'.") from None
 
-    def describe(self, source: SourceRef) -> RemoteCheckpoint:
+    def describe(self, source: SourceRef, log: LogFn = log_to_python) -> RemoteCheckpoint:
         if _offline():
             snap = self._snapshot(source, source.revision, list(CHECKPOINT_PATTERNS), True)
             objects = []
@@ -80,9 +88,10 @@ class HuggingFaceStore(ObjectStore):
                 rel = safe_relative_path(f.relative_to(snap).as_posix(), source.uri)
                 if not is_checkpoint_file(rel):
                     continue
-                blob = Path(os.path.realpath(f)).name
+                blob = Path(os.path.realpath(f)).name  # LFS: its sha256; git: its blob sha1
                 objects.append(RemoteObject(path=rel, size=f.stat().st_size, key=rel,
-                                            sha256=blob if _SHA256.match(blob) else None))
+                                            sha256=blob if _SHA256.match(blob) else None,
+                                            git_sha1=blob if _SHA1.match(blob) else None))
             return RemoteCheckpoint(source=source.uri, revision=snap.name, objects=objects)
         from huggingface_hub import HfApi
 
@@ -99,12 +108,14 @@ class HuggingFaceStore(ObjectStore):
                 ignored.append(rel)
                 continue
             objects.append(RemoteObject(path=rel, size=s.size or 0, key=rel,
-                                        sha256=s.lfs.sha256 if s.lfs else None))
+                                        sha256=s.lfs.sha256 if s.lfs else None,
+                                        git_sha1=None if s.lfs else s.blob_id))
         return RemoteCheckpoint(source=source.uri, revision=info.sha, objects=objects,
                                 ignored=ignored)
 
     def fetch(self, remote: RemoteCheckpoint, source: SourceRef, staging: Path,
-              on_progress: ProgressFn, on_file_done: FileDoneFn) -> int:
+              on_progress: ProgressFn, on_file_done: FileDoneFn,
+              log: LogFn = log_to_python) -> int:
         snap = self._snapshot(source, remote.revision, [o.path for o in remote.objects], _offline())
         for obj in remote.objects:
             src, dst = snap / obj.path, staging / obj.path
@@ -133,6 +144,7 @@ class HuggingFaceStore(ObjectStore):
                              "Delete that hub cache entry and fetch again; links are refused.")
         return real
 
-    def read_small(self, source: SourceRef, obj: RemoteObject) -> bytes:
+    def read_small(self, source: SourceRef, obj: RemoteObject,
+                   log: LogFn = log_to_python) -> bytes:
         snap = self._snapshot(source, source.revision, [obj.path], _offline())
         return (snap / obj.path).read_bytes()

@@ -14,7 +14,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,6 +23,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
+from onboarding import checksums
 from onboarding.catalog import SourceRef
 from onboarding.checkpoint_manifest import (
     MANIFEST_NAME,
@@ -30,15 +31,14 @@ from onboarding.checkpoint_manifest import (
     FileEntry,
     dir_fsync,
     index_shards,
-    md5_file,
     read_safetensors_header,
     sha256_file,
     verify_entry,
 )
+from onboarding.checksums import EVIDENCE_ORDER
 from onboarding.errors import FetchError, IncompleteCheckpointError, IntegrityError
-from resources.object_store import ObjectStore, RemoteCheckpoint, RemoteObject
+from resources.object_store import LogFn, ObjectStore, RemoteCheckpoint, RemoteObject
 
-LogFn = Callable[[str], None]
 GIB = 1 << 30
 
 
@@ -50,9 +50,20 @@ class FetchResult:
     seconds: float
     bytes_fetched: int  # over the wire in this run
     bytes_resumed: int = 0  # found already received by an interrupted earlier run
-    # How each file was checked at fetch time: against a source-recorded sha256, a plain-MD5
-    # ETag, or (nothing recorded at the source) size and safetensors header only.
-    checked_by: dict[str, int] = field(default_factory=dict)
+    # What verified each file at fetch time (`onboarding.checksums.EVIDENCE_ORDER`): path ->
+    # kind, with the reason where it is "size_only" (nothing recorded at the source).
+    evidence: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def checked_by(self) -> dict[str, int | str]:
+        """For the integrity check's metadata: files per kind of evidence (size_only always
+        present), and `per_file`, each file with what verified it."""
+        kinds = [e.split(" ", 1)[0] for e in self.evidence.values()]
+        counts: dict[str, int | str] = {k: kinds.count(k) for k in EVIDENCE_ORDER
+                                        if k in kinds or k == "size_only"}
+        if self.evidence:
+            counts["per_file"] = "; ".join(f"{p}: {e}" for p, e in sorted(self.evidence.items()))
+        return counts
 
     @property
     def mb_per_s(self) -> float:
@@ -67,6 +78,9 @@ class NvmeCache(dg.ConfigurableResource):
     warm_verify: str = Field(default="sizes", pattern="^(sizes|full)$",
                              description="re-verification of a cached entry: sizes or sha256")
     hash_workers: int = Field(default=2, ge=1)
+    refuse_size_only: bool = Field(
+        default=False, description="refuse a checkpoint with files the source recorded no "
+        "checksum for (they could be verified by size alone)")
 
     # -- layout -------------------------------------------------------------------------------
     def root_path(self) -> Path:
@@ -118,8 +132,8 @@ class NvmeCache(dg.ConfigurableResource):
     # -- fetch --------------------------------------------------------------------------------
     def fetch(self, model: str, store: ObjectStore, source: SourceRef,
               log: LogFn = lambda _: None) -> FetchResult:
-        remote = store.describe(source)
-        self._check_index(store, source, remote)
+        remote = store.describe(source, log=log)
+        self._check_index(store, source, remote, log)
         with self.lock(model, remote.revision):
             entry = self.entry_dir(model, remote.revision)
             t0 = time.monotonic()
@@ -127,18 +141,15 @@ class NvmeCache(dg.ConfigurableResource):
             if warm is not None:
                 log(f"warm cache: {entry} already holds {len(warm.files)} verified files")
                 return FetchResult(entry, warm, True, time.monotonic() - t0, 0)
+            self._refuse_size_only(remote)
             staging = entry.parent / f".staging-{remote.revision}"
             staging.mkdir(parents=True, exist_ok=True)
             self._check_free_space(remote, staging)
-            manifest, resumed = self._download_and_verify(model, store, source, remote, staging,
-                                                          log)
-            checked_by = {"sha256": 0, "etag_md5": 0, "size_only": 0}
-            for o in remote.objects:
-                plain_md5 = o.etag and len(o.etag) == 32 and "-" not in o.etag
-                kind = "sha256" if o.sha256 else "etag_md5" if plain_md5 else "size_only"
-                checked_by[kind] += 1
-            (staging / MANIFEST_NAME).write_text(manifest.to_json())
-            dir_fsync(staging)
+            with self._disk_errors():
+                manifest, resumed, evidence = self._download_and_verify(
+                    model, store, source, remote, staging, log)
+                (staging / MANIFEST_NAME).write_text(manifest.to_json())
+                dir_fsync(staging)
             if entry.exists():  # present but failed verification: keep it for inspection
                 self._quarantine(model, remote.revision, entry, "entry failed re-verification")
             os.replace(staging, entry)
@@ -146,7 +157,37 @@ class NvmeCache(dg.ConfigurableResource):
             self._drop_stale_staging(entry.parent, keep=staging.name)
             seconds = time.monotonic() - t0
             return FetchResult(entry, manifest, False, seconds, remote.total_bytes - resumed,
-                               resumed, checked_by)
+                               resumed, evidence)
+
+    def _refuse_size_only(self, remote: RemoteCheckpoint) -> None:
+        """With `refuse_size_only`, a file nothing but its size could verify stops the fetch
+        before a byte is transferred."""
+        if not self.refuse_size_only:
+            return
+        bare = [o for o in remote.objects if o.evidence()[0] == "size_only"]
+        if bare:
+            raise IntegrityError(
+                f"{remote.source} ({remote.revision})",
+                f"{len(bare)} file(s) could be verified by size alone: "
+                + "; ".join(f"{o.path} ({o.size_only_reason()})" for o in bare),
+                "Re-upload them with a checksum (our uploader and `aws s3 cp --metadata "
+                "sha256=<hex>` record a sha256; `--checksum-algorithm CRC32` an S3 checksum), or "
+                "set nvme_cache.refuse_size_only to false to accept size-only files.")
+
+    @contextmanager
+    def _disk_errors(self) -> Iterator[None]:
+        """A full disk or quota is the cache volume's problem: say so at once, never retry."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise FetchError(
+                f"cache {self.root}", f"the disk filled up during the fetch "
+                f"({os.strerror(exc.errno)}: {exc.filename or 'a staging file'})",
+                "Free space on the cache volume (old revisions under the cache root can go) and "
+                "re-run: the chunks already received are kept and the next run fetches only "
+                "the rest.") from None
 
     def _verified(self, entry: Path, remote: RemoteCheckpoint) -> CheckpointManifest | None:
         manifest = self.read_manifest(entry)
@@ -157,7 +198,8 @@ class NvmeCache(dg.ConfigurableResource):
             return None
         return None if verify_entry(entry, manifest, self.warm_verify == "full") else manifest
 
-    def _check_index(self, store: ObjectStore, source: SourceRef, remote: RemoteCheckpoint):
+    def _check_index(self, store: ObjectStore, source: SourceRef, remote: RemoteCheckpoint,
+                     log: LogFn):
         """A shard the index names but the source lacks fails before any weight is fetched."""
         present = {o.path for o in remote.objects}
         for obj in remote.objects:
@@ -165,7 +207,7 @@ class NvmeCache(dg.ConfigurableResource):
                 continue
             base = obj.path.rsplit("/", 1)[0] + "/" if "/" in obj.path else ""
             try:
-                named = index_shards(store.read_small(source, obj))
+                named = index_shards(store.read_small(source, obj, log=log))
             except ValueError:
                 raise IntegrityError(f"{source.uri}{obj.path}", "the shard index is not valid JSON",
                                      "Re-upload the index file.") from None
@@ -178,11 +220,15 @@ class NvmeCache(dg.ConfigurableResource):
                                  "Upload the missing shards (or wait for the upload to finish).")
 
     def _check_free_space(self, remote: RemoteCheckpoint, staging: Path) -> None:
+        """Bytes still to land must fit: finished files and the blocks a `.part` file already
+        holds (a resumed run rewrites those in place) take no new space."""
         have = 0
         for o in remote.objects:
-            p = staging / o.path
+            p, part = staging / o.path, staging / f"{o.path}.part"
             if p.is_file():
                 have += min(p.stat().st_size, o.size)
+            elif part.is_file():
+                have += min(part.stat().st_blocks * 512, o.size)
         needed = remote.total_bytes - have
         free = shutil.disk_usage(staging).free
         reserve = int(self.reserve_gb * GIB)
@@ -201,37 +247,37 @@ class NvmeCache(dg.ConfigurableResource):
             def file_done(obj: RemoteObject, path: Path, sha256: str | None) -> None:
                 hashes[obj.path] = hasher.submit(_digest, obj, path, sha256)
 
-            try:
-                resumed = store.fetch(remote, source, staging, progress.add, file_done)
-                if resumed:
-                    log(f"resumed: {resumed / GIB:.2f} GiB were already received by an "
-                        "interrupted run")
-            except OSError as exc:
-                if exc.errno == errno.ENOSPC:
-                    raise FetchError(f"cache {self.root}", "the disk filled up during the fetch",
-                                     "Free space and re-run; received chunks are kept.") from None
-                raise
+            resumed = store.fetch(remote, source, staging, progress.add, file_done, log=log)
+            if resumed:
+                log(f"resumed: {resumed / GIB:.2f} GiB were already received by an "
+                    "interrupted run")
             results = {p: f.result() for p, f in hashes.items()}
         progress.finish()
-        files, problems = [], []
+        files, problems, evidence = [], [], {}
         for obj in remote.objects:
             if obj.path not in results:
                 problems.append((obj, f"{obj.path}: never completed"))
                 continue
-            size, sha, md5 = results[obj.path]
+            size, sha, computed = results[obj.path]
+            kind, expected = obj.evidence()
             if size != obj.size:
                 problems.append((obj, f"{obj.path}: {size} bytes received, {obj.size} at the source"))
-            elif obj.sha256 and sha != obj.sha256:
+            elif kind == "sha256" and sha != expected:
                 problems.append((obj, (f"{obj.path}: sha256 {sha[:12]}… but the source "
-                                       f"recorded {obj.sha256[:12]}…")))
-            elif md5 and md5 != obj.etag:
-                problems.append((obj, f"{obj.path}: MD5 {md5} but the ETag is {obj.etag}"))
+                                       f"recorded {expected[:12]}…")))
+            elif kind not in ("sha256", "size_only") and computed != expected:
+                composite = checksums.parts_of(expected) is not None
+                parts = f" (parts of {obj.part_bytes} bytes)" if composite else ""
+                problems.append((obj, (f"{obj.path}: {kind} {computed} but the source "
+                                       f"recorded {expected}{parts}")))
             elif obj.path.endswith(".safetensors"):
                 try:
                     read_safetensors_header(staging / obj.path)
                 except IntegrityError as exc:
                     problems.append((obj, f"{obj.path}: {exc.cause}"))
             files.append(FileEntry(obj.path, size, sha))
+            evidence[obj.path] = (kind if kind != "size_only"
+                                  else f"size_only ({obj.size_only_reason()})")
         if problems:
             where = self._quarantine_files(model, remote.revision, staging, [o for o, _ in problems])
             raise IntegrityError(
@@ -241,7 +287,7 @@ class NvmeCache(dg.ConfigurableResource):
                 f"The bad bytes were moved to {where}; the previous good cache entry is untouched. "
                 "Re-upload the object(s) at the source (or fix their recorded checksum), then re-run.")
         return CheckpointManifest(source=remote.source, revision=remote.revision,
-                                  files=files), resumed
+                                  files=files), resumed, evidence
 
     # -- quarantine ---------------------------------------------------------------------------
     def _quarantine_dir(self, model: str, revision: str) -> Path:
@@ -271,21 +317,48 @@ class NvmeCache(dg.ConfigurableResource):
                 shutil.rmtree(d, ignore_errors=True)
 
     def verify(self, entry: Path, full: bool = True) -> list[str]:
-        """Problems in a committed entry (for the integrity check); empty means intact."""
+        """Problems in a committed entry (for the integrity check); empty means intact.
+
+        A full check that finds problems moves the entry to quarantine, as a failed fetch does,
+        so the next run fetches it again instead of failing the same way on the same bytes.
+        """
         manifest = self.read_manifest(entry)
         if manifest is None:
             return [f"{entry}: no readable {MANIFEST_NAME}"]
-        return verify_entry(entry, manifest, full, workers=self.hash_workers)
+        problems = verify_entry(entry, manifest, full, workers=self.hash_workers)
+        if problems and full:
+            problems.append(self._quarantine_bad_entry(entry, problems))
+        return problems
+
+    def _quarantine_bad_entry(self, entry: Path, problems: list[str]) -> str:
+        model, revision = entry.parent.name, entry.name
+        try:
+            with self.lock(model, revision):
+                if not entry.is_dir():
+                    return f"{entry} was already moved away; the next run fetches it again"
+                target = self._quarantine(model, revision, entry,
+                                          "failed its integrity check: " + "; ".join(problems))
+        except FetchError as exc:  # another run holds the entry: leave it, say what to do
+            return (f"{entry} was not quarantined ({exc.cause}); delete it and re-run to "
+                    "fetch it again")
+        return f"the entry was moved to {target}; the next run fetches it again"
 
 
 def _digest(obj: RemoteObject, path: Path, sha256: str | None) -> tuple[int, str, str | None]:
-    """Size, sha256 (unless the store streamed it), and MD5 only where the ETag is a plain MD5
-    and the source recorded no sha256."""
-    md5 = None
-    plain_md5 = obj.etag and len(obj.etag) == 32 and "-" not in obj.etag
-    if plain_md5 and not obj.sha256:
-        md5 = md5_file(path)
-    return path.stat().st_size, sha256 or sha256_file(path), md5
+    """Size, sha256 (unless the store streamed it), and the value of the object's evidence
+    recomputed from the file where that evidence is not the sha256 itself."""
+    kind, _ = obj.evidence()
+    computed = None
+    if kind == "etag_md5":
+        computed = checksums.s3_etag(path)
+    elif kind == "etag_multipart":
+        computed = checksums.s3_etag(path, obj.part_bytes)
+    elif kind in checksums.S3_CHECKSUMS and kind != "sha256":
+        composite = checksums.parts_of(obj.checksum) is not None
+        computed = checksums.s3_checksum(path, kind, obj.part_bytes if composite else None)
+    elif kind == "git_sha1":
+        computed = checksums.git_blob_sha1(path)
+    return path.stat().st_size, sha256 or sha256_file(path), computed
 
 
 class _Progress:

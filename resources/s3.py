@@ -2,49 +2,75 @@
 
 Why not `download_file`: s3transfer cannot resume a killed transfer and works file by file. Here
 every object is split into fixed chunks that a pool of workers fetches with ranged GETs across
-all files at once; each finished chunk is recorded beside the `.part` file, so a killed run
-resumes where it stopped. Memory stays at `max_concurrency x read_block` whatever the size.
+all files at once; each chunk is recorded beside the `.part` file once its bytes are on disk and
+synced, so a killed or failed run resumes where it stopped and never trusts a chunk it did not
+receive. Memory stays at `max_concurrency x read_block` whatever the size.
+
+Retries are ours alone (boto3's are off, so the two never multiply): every request (a listing
+page, a HEAD, a range) gets `max_attempts` with jittered backoff inside a total deadline, each
+retry and each recovery is logged with its cause, and the final error says how many attempts
+were really made and whether they timed out.
 """
 
 from __future__ import annotations
 
+import base64
+import errno
 import hashlib
 import os
 import random
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import replace
+from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import boto3
+from boto3.exceptions import S3UploadFailedError
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    ConnectTimeoutError,
     EndpointConnectionError,
+    HTTPClientError,
+    IncompleteReadError,
     NoCredentialsError,
-    ResponseStreamingError,
+    ReadTimeoutError,
 )
 from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 from pydantic import Field, PrivateAttr
 
+from onboarding import checksums
 from onboarding.catalog import SourceRef
 from onboarding.checkpoint_manifest import is_checkpoint_file, safe_relative_path
 from onboarding.discovery import Listed
 from onboarding.errors import FetchError
 from resources.object_store import (
     FileDoneFn,
+    LogFn,
     ObjectStore,
     ProgressFn,
     RemoteCheckpoint,
     RemoteObject,
+    log_to_python,
 )
 
 _READ_BLOCK = 1 << 20
 _AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"}
+_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                    "InternalError", "ServiceUnavailable"}
+T = TypeVar("T")
+
+
+class _Cancelled(Exception):
+    """Raised in a worker whose run was given up by another range: nothing is journaled."""
 
 
 class S3ObjectStore(ObjectStore):
@@ -56,38 +82,57 @@ class S3ObjectStore(ObjectStore):
     secret_access_key: str | None = None
     max_concurrency: int = Field(default=16, ge=1, le=256, description="parallel ranged GETs")
     chunk_size_mb: int = Field(default=16, ge=1, le=1024, description="bytes per ranged GET")
-    max_attempts: int = Field(default=5, ge=1, description="per request, with backoff")
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 60.0
+    max_attempts: int = Field(default=5, ge=1, description="per request, the first included; "
+                              "the only retries (boto3's own are off)")
+    backoff_base_s: float = Field(default=0.25, ge=0, description="wait before the first retry; "
+                                  "doubles per retry, capped at 8 s, jittered x0.5-1.5")
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    list_read_timeout_s: float = Field(default=10.0, gt=0, description="silence allowed while "
+                                       "waiting for a listing page, a HEAD or a small object")
+    range_read_timeout_s: float = Field(default=30.0, gt=0, description="silence allowed while a "
+                                        "range streams (per read, not for the whole range)")
+    list_deadline_s: float = Field(default=60.0, gt=0, description="every attempt of one listing "
+                                   "page, HEAD or small read together")
+    range_deadline_s: float = Field(default=300.0, gt=0, description="every attempt of one range "
+                                    "together")
 
-    _client: Any = PrivateAttr(default=None)
+    _clients: dict[str, Any] = PrivateAttr(default_factory=dict)
     _client_lock: Any = PrivateAttr(default_factory=threading.Lock)
 
-    # -- client -------------------------------------------------------------------------------
+    # -- clients ------------------------------------------------------------------------------
     def client(self):
-        """One client per resource: connection pools are reused across calls and threads."""
+        """For callers outside the store's own retry loop (the sensor's listing, uploads,
+        tests): boto3's standard retries, `max_attempts` requests in all."""
+        return self._client("general", self.list_read_timeout_s, self.max_attempts)
+
+    def _list_client(self):
+        """Listings, HEADs and small reads under `_call`: no boto3 retries, ours only."""
+        return self._client("list", self.list_read_timeout_s, 1)
+
+    def _ranges_client(self):
+        return self._client("range", self.range_read_timeout_s, 1)
+
+    def _client(self, purpose: str, read_timeout_s: float, total_attempts: int):
+        """One client per purpose and resource: connection pools are reused across calls."""
         with self._client_lock:
-            if self._client is None:
-                self._client = boto3.session.Session().client(
+            if purpose not in self._clients:
+                self._clients[purpose] = boto3.session.Session().client(
                     "s3", endpoint_url=self.endpoint_url or None, region_name=self.region_name,
                     aws_access_key_id=self.access_key_id or None,
                     aws_secret_access_key=self.secret_access_key or None,
                     config=Config(
                         max_pool_connections=self.max_concurrency + 4,
-                        retries={"max_attempts": self.max_attempts, "mode": "standard"},
-                        connect_timeout=self.connect_timeout_s,
-                        read_timeout=self.read_timeout_s,
+                        retries={"total_max_attempts": total_attempts, "mode": "standard"},
+                        connect_timeout=self.connect_timeout_s, read_timeout=read_timeout_s,
                         s3={"addressing_style": "path"}, tcp_keepalive=True,
                     ),
                 )
-            return self._client
+            return self._clients[purpose]
 
+    # -- errors and retries -------------------------------------------------------------------
     def _explain(self, exc: Exception, what: str) -> FetchError:
+        """An error no retry can cure, with its fix."""
         where = self.endpoint_url or "AWS S3"
-        if isinstance(exc, EndpointConnectionError | BotoConnectionError):
-            return FetchError(what, f"cannot reach the S3 endpoint {where} after "
-                              f"{self.max_attempts} attempts ({type(exc).__name__})",
-                              "Start the S3 server or fix S3_ENDPOINT_URL, then re-run.")
         if isinstance(exc, NoCredentialsError):
             return FetchError(what, "no S3 credentials are configured",
                               "Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.")
@@ -106,17 +151,88 @@ class S3ObjectStore(ObjectStore):
             return FetchError(what, f"S3 error {code}: {exc}", "See the S3 server's logs.")
         return FetchError(what, f"{type(exc).__name__}: {exc}", "See the S3 server's logs.")
 
+    def _transient(self, exc: Exception, read_timeout_s: float) -> tuple[str, str] | None:
+        """(kind, cause) of a failure worth retrying; None for one no retry can cure."""
+        if isinstance(exc, ClientError):
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            code = exc.response.get("Error", {}).get("Code", "")
+            if status >= 500 or status == 429 or code in _TRANSIENT_CODES:
+                if not code or code == str(status):  # a HEAD has no body to name the error
+                    code = _status_phrase(status)
+                return "server", f"{status} {code}".strip()
+            return None
+        if isinstance(exc, ConnectTimeoutError):
+            return "timeout", f"connect timed out after {self.connect_timeout_s:g} s"
+        if isinstance(exc, ReadTimeoutError):
+            return "timeout", f"read timed out after {read_timeout_s:g} s"
+        if isinstance(exc, EndpointConnectionError):
+            return "unreachable", "connection refused or unreachable"
+        if isinstance(exc, HTTPClientError | IncompleteReadError | BotoConnectionError):
+            return "dropped", f"the connection dropped ({type(exc).__name__})"
+        return None
+
+    def _give_up(self, what: str, retry: _Retry, scope: str, detail: str = "") -> FetchError:
+        """The error after the last attempt: the true count, the causes, timeouts named."""
+        where = self.endpoint_url or "AWS S3"
+        timeout_knob, deadline_knob = f"{scope}_read_timeout_s", f"{scope}_deadline_s"
+        timeout_s, deadline_s = getattr(self, timeout_knob), getattr(self, deadline_knob)
+        n = retry.attempt
+        attempts = f"{n} attempt{'s' if n != 1 else ''} in {retry.elapsed_s:.1f} s"
+        causes = ", ".join(f"{count}x {cause}" if count > 1 else cause
+                           for cause, count in Counter(retry.causes).items())
+        ran_out = f"; the {deadline_knob} of {deadline_s:g} s ran out" if retry.deadline_hit else ""
+        prefix = f"{detail}: " if detail else ""
+        if retry.last_kind == "unreachable":
+            return FetchError(what, f"{prefix}cannot reach the S3 endpoint {where} after "
+                              f"{attempts} ({causes}){ran_out}",
+                              "Start the S3 server or fix S3_ENDPOINT_URL, then re-run.")
+        resume = (" The chunks already received are kept and the next run resumes from them."
+                  if scope == "range" else "")
+        if retry.last_kind == "timeout":
+            return FetchError(
+                what, f"{prefix}the S3 endpoint {where} timed out: {attempts} ({causes}){ran_out}",
+                "The endpoint accepts connections but does not answer in time: check that "
+                "S3_ENDPOINT_URL is a live S3 server and not a proxy or firewall that swallows "
+                f"requests. If it is only slow, raise {timeout_knob} (now {timeout_s:g} s) or "
+                f"{deadline_knob} (now {deadline_s:g} s)." + resume)
+        return FetchError(what, f"{prefix}{attempts} failed ({causes}){ran_out}",
+                          f"Check the S3 endpoint's logs, or raise max_attempts (now "
+                          f"{self.max_attempts}) or {deadline_knob} (now {deadline_s:g} s)."
+                          + resume)
+
+    def _call(self, what: str, action: str, fn: Callable[[], T], log: LogFn,
+              probe: bool = False) -> T | None:
+        """`fn()` (one small request) with our retries. `probe`: a request the server may not
+        support; a client error then returns None instead of failing the fetch."""
+        retry = _Retry(f"{action} of {what}", self.max_attempts, self.backoff_base_s,
+                       self.list_deadline_s, log)
+        while True:
+            retry.begin()
+            try:
+                result = fn()
+            except (ClientError, BotoCoreError) as exc:
+                found = self._transient(exc, self.list_read_timeout_s)
+                if found is None:
+                    if probe and isinstance(exc, ClientError):
+                        return None
+                    raise self._explain(exc, what) from None
+                if not retry.failed(*found):
+                    raise self._give_up(what, retry, "list") from None
+                continue
+            retry.succeeded()
+            return result
+
     # -- describe -----------------------------------------------------------------------------
-    def describe(self, source: SourceRef) -> RemoteCheckpoint:
+    def describe(self, source: SourceRef, log: LogFn = log_to_python) -> RemoteCheckpoint:
         uri = source.uri
         listed: list[dict] = []
-        try:
-            pages = self.client().get_paginator("list_objects_v2").paginate(
-                Bucket=source.location, Prefix=source.path)
-            for page in pages:
-                listed.extend(page.get("Contents", []))
-        except (ClientError, BotoCoreError) as exc:
-            raise self._explain(exc, uri) from None
+        args: dict[str, str] = {"Bucket": source.location, "Prefix": source.path}
+        while True:
+            page = self._call(uri, "listing", lambda: self._list_client().list_objects_v2(**args), log)
+            listed.extend(page.get("Contents", []))
+            if not page.get("IsTruncated") or not page.get("NextContinuationToken"):
+                break
+            args["ContinuationToken"] = page["NextContinuationToken"]
         if not listed:
             raise FetchError(uri, "no objects under this prefix",
                              "Check the prefix (it must end with '/') or upload the checkpoint.")
@@ -134,30 +250,65 @@ class S3ObjectStore(ObjectStore):
         if not objects:
             raise FetchError(uri, f"{len(ignored)} objects, none of them checkpoint files",
                              "Upload config.json and *.safetensors under this prefix.")
-        objects = self._with_recorded_sha256(source, objects)
+        with ThreadPoolExecutor(min(self.max_concurrency, len(objects))) as pool:
+            objects = list(pool.map(lambda o: self._evidence(source.location, o, log), objects))
         h = hashlib.sha256()
         for o in sorted(objects, key=lambda o: o.path):
             h.update(f"{o.path}\0{o.size}\0{o.etag}\n".encode())
         return RemoteCheckpoint(source=uri, revision="s3-" + h.hexdigest()[:16],
                                 objects=sorted(objects, key=lambda o: o.path), ignored=ignored)
 
-    def _with_recorded_sha256(self, source: SourceRef, objects: list[RemoteObject]):
-        """HEAD each object for `x-amz-meta-sha256` (our uploader and `aws s3 cp --metadata`)."""
-        def head(o: RemoteObject) -> RemoteObject:
-            try:
-                meta = self.client().head_object(Bucket=source.location, Key=o.key)["Metadata"]
-            except (ClientError, BotoCoreError) as exc:
-                raise self._explain(exc, f"s3://{source.location}/{o.key}") from None
-            return RemoteObject(o.path, o.size, o.etag, meta.get("sha256"), o.key)
+    def _evidence(self, bucket: str, obj: RemoteObject, log: LogFn) -> RemoteObject:
+        """What the source recorded about an object: `x-amz-meta-sha256` (our uploader, `aws s3
+        cp --metadata`), an S3 additional checksum, whether the ETag is a digest, part sizes."""
+        where = f"s3://{bucket}/{obj.key}"
+        head = self._call(where, "HEAD", lambda: self._list_client().head_object(
+            Bucket=bucket, Key=obj.key, ChecksumMode="ENABLED"), log)
+        sha256 = head.get("Metadata", {}).get("sha256")
+        algorithm = value = None
+        for name in checksums.S3_CHECKSUMS:
+            if found := head.get(f"Checksum{name.upper()}"):
+                algorithm, value = name, found
+                break
+        if algorithm == "sha256" and not sha256 and checksums.parts_of(value) is None:
+            sha256 = base64.b64decode(value).hex()  # a whole-object SHA256: what we stream
+        etag_is_digest = (head.get("ServerSideEncryption") not in ("aws:kms", "aws:kms:dsse")
+                          and not head.get("SSECustomerAlgorithm"))
+        obj = replace(obj, sha256=sha256, checksum_algorithm=algorithm, checksum=value,
+                      etag_is_digest=etag_is_digest)
+        n_parts = checksums.parts_of(obj.etag) or checksums.parts_of(value)
+        whole = bool(algorithm and checksums.can_compute(algorithm)
+                     and checksums.parts_of(value) is None)
+        if n_parts and not sha256 and not whole:  # only a composite form needs the part size
+            part_bytes, note = self._part_layout(bucket, obj, n_parts, log)
+            obj = replace(obj, part_bytes=part_bytes, evidence_note=note)
+        return obj
 
-        with ThreadPoolExecutor(min(self.max_concurrency, len(objects))) as pool:
-            return list(pool.map(head, objects))
+    def _part_layout(self, bucket: str, obj: RemoteObject, n_parts: int,
+                     log: LogFn) -> tuple[int | None, str]:
+        """The part size of a multipart upload, if every part but the last has it: that is
+        what recomputing a multipart ETag or a composite checksum needs."""
+        where = f"s3://{bucket}/{obj.key}"
 
-    def read_small(self, source: SourceRef, obj: RemoteObject) -> bytes:
-        try:
-            return self.client().get_object(Bucket=source.location, Key=obj.key)["Body"].read()
-        except (ClientError, BotoCoreError) as exc:
-            raise self._explain(exc, f"s3://{source.location}/{obj.key}") from None
+        def part(number: int) -> int | None:
+            got = self._call(where, f"HEAD part {number}", lambda: self._list_client().head_object(
+                Bucket=bucket, Key=obj.key, PartNumber=number), log, probe=True)
+            return None if got is None else got["ContentLength"]
+
+        first = part(1)
+        last = first if n_parts == 1 else part(n_parts)
+        if first is None or last is None:
+            return None, ("the server does not answer HeadObject with a PartNumber, so the "
+                          "multipart upload's ETag cannot be recomputed")
+        if first * (n_parts - 1) + last == obj.size and 0 < last <= first:
+            return first, ""
+        return None, (f"the multipart upload's {n_parts} parts differ in size, so its ETag "
+                      "cannot be recomputed")
+
+    def read_small(self, source: SourceRef, obj: RemoteObject, log: LogFn = log_to_python) -> bytes:
+        where = f"s3://{source.location}/{obj.key}"
+        return self._call(where, "GET", lambda: self._list_client().get_object(
+            Bucket=source.location, Key=obj.key)["Body"].read(), log)
 
     # -- listing for discovery -----------------------------------------------------------------
     def list_page(self, bucket: str, prefix: str, after: str, max_keys: int
@@ -182,9 +333,43 @@ class S3ObjectStore(ObjectStore):
         except (ClientError, BotoCoreError) as exc:
             raise self._explain(exc, f"s3://{bucket}/{key}") from None
 
+    def read_throughput(self, bucket: str, key: str, max_bytes: int) -> tuple[int, float]:
+        """(bytes, seconds) to GET the first `max_bytes` of one object the way `fetch` does:
+        `chunk_size_mb` ranges on `max_concurrency` workers, the bytes read and dropped. Node
+        acceptance's S3 GET throughput to the configured endpoint."""
+        what = f"s3://{bucket}/{key}"
+        try:
+            size = self.client().head_object(Bucket=bucket, Key=key)["ContentLength"]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._explain(exc, what) from None
+        total = min(size, max_bytes)
+        chunk = self.chunk_size_mb << 20
+        ranges = [(s, min(s + chunk, total) - 1) for s in range(0, total, chunk)]
+
+        def get(r: tuple[int, int]) -> int:
+            try:
+                body = self.client().get_object(Bucket=bucket, Key=key,
+                                                 Range=f"bytes={r[0]}-{r[1]}")["Body"]
+                n = 0
+                while data := body.read(_READ_BLOCK):
+                    n += len(data)
+                return n
+            except (ClientError, BotoCoreError) as exc:
+                raise self._explain(exc, what) from None
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="s3-get") as pool:
+            received = sum(pool.map(get, ranges))
+        seconds = time.perf_counter() - t0
+        if received != total:
+            raise FetchError(what, f"received {received} of {total} bytes",
+                             "Check the S3 endpoint's logs.")
+        return total, seconds
+
     # -- fetch --------------------------------------------------------------------------------
     def fetch(self, remote: RemoteCheckpoint, source: SourceRef, staging: Path,
-              on_progress: ProgressFn, on_file_done: FileDoneFn) -> int:
+              on_progress: ProgressFn, on_file_done: FileDoneFn,
+              log: LogFn = log_to_python) -> int:
         chunk = self.chunk_size_mb << 20
         resumed = 0
         jobs: list[tuple[_PartFile, int]] = []
@@ -208,9 +393,9 @@ class S3ObjectStore(ObjectStore):
 
         def run(part: _PartFile, index: int) -> None:
             if stop.is_set():
-                return
-            self._get_range(source, part, index, on_progress, stop)
-            last = part.mark_done(index)
+                raise _Cancelled
+            self._get_range(source, part, index, on_progress, stop, log)
+            last = part.commit(index)  # synced, then journaled
             part.hash_ready(wait=last)
             if last:
                 on_file_done(part.obj, part.final, part.finish())
@@ -219,12 +404,12 @@ class S3ObjectStore(ObjectStore):
             with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="s3-get") as pool:
                 futures = [pool.submit(run, p, i) for p, i in jobs]
                 done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-                for f in done:
-                    if f.exception() is not None:
-                        stop.set()
-                        for other in futures:
-                            other.cancel()
-                        raise f.exception()
+                failures = [f.exception() for f in done if f.exception() is not None]
+                if failures:
+                    stop.set()  # every other range raises _Cancelled: nothing more is journaled
+                    for other in futures:
+                        other.cancel()
+                    raise next(e for e in failures if not isinstance(e, _Cancelled))
             for part in parts:  # zero-length objects have no chunks to complete them
                 if part.n_chunks == 0:
                     on_file_done(part.obj, part.final, part.finish())
@@ -234,41 +419,52 @@ class S3ObjectStore(ObjectStore):
         return resumed
 
     def _get_range(self, source: SourceRef, part: _PartFile, index: int,
-                   on_progress: ProgressFn, stop: threading.Event) -> None:
+                   on_progress: ProgressFn, stop: threading.Event, log: LogFn) -> None:
+        """Write one chunk into the part file; returns only when every byte of it is written.
+
+        Raises _Cancelled when another range failed the run, FetchError when this one gives up,
+        and a write's OSError (a full disk) at once: no retry can fix the cache volume.
+        """
         start = index * part.chunk
         end = min(start + part.chunk, part.obj.size)  # exclusive
-        what = f"s3://{source.location}/{part.obj.key}"
-        last: Exception | None = None
-        for attempt in range(self.max_attempts):
-            if stop.is_set():
-                return
-            pos, received = start, 0
+        where = f"s3://{source.location}/{part.obj.key}"
+        span = f"range bytes={start}-{end - 1}"
+        retry = _Retry(f"{span} of {where}", self.max_attempts, self.backoff_base_s,
+                       self.range_deadline_s, log, stop)
+        while True:
+            retry.begin()
+            pos = start
             try:
-                body = self.client().get_object(Bucket=source.location, Key=part.obj.key,
-                                                 Range=f"bytes={start}-{end - 1}")["Body"]
-                while pos < end and (data := body.read(min(_READ_BLOCK, end - pos))):
-                    os.pwrite(part.fd, data, pos)
-                    pos += len(data)
-                    received += len(data)
-                    on_progress(len(data))
-                body.close()
+                body = self._ranges_client().get_object(Bucket=source.location, Key=part.obj.key,
+                                                        Range=f"bytes={start}-{end - 1}")["Body"]
+                try:
+                    while pos < end and retry.elapsed_s < self.range_deadline_s:
+                        if stop.is_set():
+                            raise _Cancelled
+                        data = body.read(min(_READ_BLOCK, end - pos))
+                        if not data:
+                            break
+                        _pwrite_all(part.fd, data, pos, part.part)
+                        pos += len(data)
+                        on_progress(len(data))
+                finally:
+                    body.close()
+            except (ClientError, BotoCoreError) as exc:
+                found = self._transient(exc, self.range_read_timeout_s)
+                if found is None:
+                    raise self._explain(exc, where) from None
+                kind, cause = found
+            else:
                 if pos == end:
+                    retry.succeeded()
                     return
-                last = FetchError(what, f"range {start}-{end - 1}: the server sent {pos - start} "
-                                  f"of {end - start} bytes", "")
-            except ClientError as exc:
-                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-                if status < 500:
-                    raise self._explain(exc, what) from None
-                last = exc
-            except (BotoConnectionError, ResponseStreamingError, BotoCoreError, OSError) as exc:
-                last = exc
-            on_progress(-received)  # the retry fetches these again
-            time.sleep(min(8.0, 0.25 * 2 ** attempt) * (0.5 + random.random()))
-        raise FetchError(what, f"size {part.obj.size} bytes; range {start}-{end - 1} failed "
-                         f"{self.max_attempts} times, last: {type(last).__name__}: {last}",
-                         "Check the S3 endpoint's logs or raise max_attempts. The chunks "
-                         "already received are kept and the next run resumes from them.")
+                kind, cause = "dropped", f"the server sent {pos - start} of {end - start} bytes"
+                if retry.elapsed_s >= self.range_deadline_s:
+                    kind, cause = "timeout", f"{pos - start} of {end - start} bytes in the deadline"
+            on_progress(-(pos - start))  # the retry fetches these again
+            if not retry.failed(kind, cause):
+                raise self._give_up(where, retry, "range",
+                                    f"{span} (object of {part.obj.size} bytes)") from None
 
     # -- upload (demo, tests, the sensor's users) ---------------------------------------------
     def upload_dir(self, local_dir: Path, bucket: str, prefix: str) -> list[str]:
@@ -288,14 +484,87 @@ class S3ObjectStore(ObjectStore):
             try:
                 self.client().upload_file(str(path), bucket, key, Config=cfg, ExtraArgs={
                     "Metadata": {"sha256": sha256_file(path)}})
-            except (ClientError, BotoCoreError) as exc:
+            except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
                 raise self._explain(exc, f"s3://{bucket}/{key}") from None
             keys.append(key)
         return keys
 
 
+class _Retry:
+    """The attempts of one request: jittered backoff inside a total deadline, a log line for
+    each retry and for a recovery, and the true count for the final error."""
+
+    def __init__(self, what: str, max_attempts: int, base_s: float, deadline_s: float,
+                 log: LogFn, stop: threading.Event | None = None):
+        self.what, self.max_attempts, self.base_s = what, max_attempts, base_s
+        self.deadline_s, self.log, self.stop = deadline_s, log, stop
+        self.t0 = time.monotonic()
+        self.attempt = 0
+        self.causes: list[str] = []
+        self.last_kind = ""
+        self.deadline_hit = False
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.t0
+
+    def begin(self) -> None:
+        if self.stop is not None and self.stop.is_set():
+            raise _Cancelled
+        self.attempt += 1
+
+    def succeeded(self) -> None:
+        if self.causes:
+            self.log(f"{self.what}: succeeded on attempt {self.attempt}/{self.max_attempts} "
+                     f"after {self.causes[-1]}")
+
+    def failed(self, kind: str, cause: str) -> bool:
+        """Record a failed attempt and wait out the backoff; False when none is left."""
+        self.causes.append(cause)
+        self.last_kind = kind
+        if self.attempt >= self.max_attempts:
+            return False
+        delay_s = min(8.0, self.base_s * 2 ** (self.attempt - 1)) * (0.5 + random.random())
+        if self.elapsed_s + delay_s >= self.deadline_s:
+            self.deadline_hit = True
+            return False
+        self.log(f"retry {self.attempt + 1}/{self.max_attempts} for {self.what}: {cause} "
+                 f"(waiting {delay_s:.1f} s)")
+        if self.stop is None:
+            time.sleep(delay_s)
+        elif self.stop.wait(delay_s):
+            raise _Cancelled
+        return True
+
+
+def _status_phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int, path: Path) -> None:
+    """pwrite may write less than asked (a filesystem nearly full): write the rest or raise
+    the OSError, named after the file, for the cache to report as a disk problem."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.pwrite(fd, view, offset)
+        except OSError as exc:
+            exc.filename = exc.filename or str(path)
+            raise
+        if n <= 0:
+            raise OSError(errno.EIO, "pwrite wrote nothing", str(path))
+        view, offset = view[n:], offset + n
+
+
 class _PartFile:
     """One object being fetched: `<name>.part` plus `<name>.part.chunks` (finished chunk ids).
+
+    A chunk id enters the journal only after all its bytes were written and fdatasync'd, so a
+    resumed run never trusts bytes that never arrived. Chunks written while one worker syncs
+    are synced together by it in its next round (group commit); nobody waits for a sync.
 
     The sha256 is computed in order as chunks land, by whichever worker finds the next chunk
     done, reading it back while its pages are still hot; so hashing overlaps the transfer
@@ -308,8 +577,11 @@ class _PartFile:
         self.journal = final.with_name(final.name + ".part.chunks")
         self.n_chunks = -(-obj.size // chunk)
         self.fd = -1
-        self._done: set[int] = set()
+        self._done: set[int] = set()  # durable and journaled
+        self._written: set[int] = set()  # every byte written, maybe not yet durable
+        self._completed = False
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
         self._journal_fh = None
         self._sha = hashlib.sha256()
         self._next_hash = 0  # the first chunk not yet hashed
@@ -334,16 +606,34 @@ class _PartFile:
         self.fd = os.open(self.part, flags, 0o644)
         os.ftruncate(self.fd, self.obj.size)
         self._journal_fh = open(self.journal, "a")  # noqa: SIM115 - held until close()
-        self._done = done
+        self._done, self._written = set(done), set(done)
         return set(done)
 
-    def mark_done(self, i: int) -> bool:
-        """Record chunk i; True when it was the last one."""
+    def commit(self, i: int) -> bool:
+        """Chunk i is written: make it durable, then journal it. One worker at a time syncs
+        every chunk written so far; the others go on fetching instead of queueing for a sync.
+        True for the one call that saw the whole file durable (it then finishes the file)."""
         with self._lock:
-            self._done.add(i)
-            self._journal_fh.write(f"{i}\n")
-            self._journal_fh.flush()
-            return len(self._done) == self.n_chunks
+            self._written.add(i)
+        completed = False
+        while self._sync_lock.acquire(blocking=False):
+            try:
+                with self._lock:
+                    batch = sorted(self._written - self._done)
+                if batch:
+                    os.fdatasync(self.fd)
+                    self._journal_fh.write("".join(f"{j}\n" for j in batch))
+                    self._journal_fh.flush()
+                with self._lock:
+                    self._done.update(batch)
+                    if len(self._done) == self.n_chunks and not self._completed:
+                        self._completed = completed = True
+            finally:
+                self._sync_lock.release()
+            with self._lock:  # a chunk may have been written while we synced: go round again
+                if not self._written - self._done:
+                    break
+        return completed
 
     def hash_ready(self, wait: bool) -> None:
         """Hash every contiguous finished chunk; `wait` blocks until no one else is hashing."""

@@ -19,6 +19,7 @@ from onboarding.paths import PROJECT_ROOT
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.s3 import S3ObjectStore
 from resources.seaweedfs import LocalS3Server
+from tests.fakes.faulty_s3_proxy import FaultyS3Proxy
 from tests.tiny_models import build_tiny_llama
 
 ACCESS_KEY, SECRET_KEY = "onboarding-test", "onboarding-test-secret"
@@ -37,6 +38,41 @@ def s3_store(s3_server) -> S3ObjectStore:
     return S3ObjectStore(endpoint_url=s3_server.endpoint_url, access_key_id=ACCESS_KEY,
                          secret_access_key=SECRET_KEY, chunk_size_mb=1, max_concurrency=8,
                          max_attempts=2)
+
+
+@pytest.fixture
+def s3_proxy(s3_server) -> FaultyS3Proxy:
+    """The real SeaweedFS behind a proxy that misbehaves on demand (tests/fakes/faulty_s3_proxy)."""
+    with FaultyS3Proxy(s3_server.endpoint_url) as proxy:
+        yield proxy
+
+
+def tool_client(s3_server, with_checksums: bool = False):
+    """A plain boto3 client, as another tool would use; no additional checksums unless asked."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3", endpoint_url=s3_server.endpoint_url, aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"},
+                      request_checksum_calculation="when_supported" if with_checksums
+                      else "when_required"))
+
+
+def upload_like_a_tool(s3_server, path: Path, key: str, part_bytes: int | None = None,
+                       checksum: str | None = None) -> dict:
+    """Upload one file as ordinary tools do: no sha256 metadata; a multipart upload (ETag
+    `<md5 of part md5s>-<parts>`) when `part_bytes` is set; an S3 additional checksum only when
+    `checksum` names one (boto3 would add CRC32 by default). Returns the HEAD of the object."""
+    from boto3.s3.transfer import TransferConfig
+
+    client = tool_client(s3_server, with_checksums=bool(checksum))
+    big = 1 << 40
+    cfg = TransferConfig(multipart_threshold=part_bytes or big, multipart_chunksize=part_bytes or big)
+    extra = {"ChecksumAlgorithm": checksum} if checksum else None
+    client.upload_file(str(path), "models", key, Config=cfg, ExtraArgs=extra)
+    return client.head_object(Bucket="models", Key=key, ChecksumMode="ENABLED")
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ def test_broken_config_files_do_not_stop_the_code_location(tmp_path):
     (broken / "models").mkdir()
     for name in ("automation.yaml", "cluster.yaml", "nodes.yaml", "stack.yaml", "deploy.yaml",
                  "gates.yaml", "scenarios.yaml", "quantization.yaml", "layouts.yaml",
-                 "predict.yaml"):
+                 "predict.yaml", "acceptance.yaml"):
         (broken / name).write_text("this: [is not: valid yaml\n")
     (broken / "models" / "typo.yaml").write_text("id: typo\nsorce: s3://models/x/\n")
     code = ("from pipelines.definitions import defs\n"

@@ -111,3 +111,43 @@ def test_missing_shard_fails_completeness(instance, resources, config_dir, s3_st
     write_spec(config_dir, "tiny", f"s3://models/{unique_prefix}")
     result = _run(instance, resources)
     assert not result.success and _checks(result) == {COMPLETE: False}
+
+
+def test_the_run_after_a_bit_rot_failure_fetches_again_and_passes(
+        instance, resources, config_dir, s3_store, tiny_checkpoint, unique_prefix):
+    s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
+    write_spec(config_dir, "tiny", f"s3://models/{unique_prefix}")
+    ref = _run(instance, resources).output_for_node("checkpoint")
+    shard = Path(ref.path) / shard_names(tiny_checkpoint)[1]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    rotten = _run(instance, resources)
+    assert _checks(rotten) == {COMPLETE: True, INTACT: False}
+    healed = _run(instance, resources)
+    assert healed.success and _checks(healed) == {COMPLETE: True, INTACT: True}
+    mat = healed.asset_materializations_for_node("checkpoint")[0]
+    assert mat.metadata["warm_cache"].value is False
+    assert shard.read_bytes() == (tiny_checkpoint / shard.name).read_bytes()
+
+
+def test_the_integrity_check_says_which_evidence_verified_each_file(
+        instance, resources, config_dir, s3_server, s3_store, tiny_checkpoint, unique_prefix):
+    from tests.conftest import upload_like_a_tool
+
+    s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)  # sha256 metadata on each
+    plain = shard_names(tiny_checkpoint)[0]  # re-uploaded by another tool: no sha256, no CRC
+    upload_like_a_tool(s3_server, tiny_checkpoint / plain, unique_prefix + plain)
+    write_spec(config_dir, "tiny", f"s3://models/{unique_prefix}")
+    result = _run(instance, resources)
+    assert result.success
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == INTACT)
+    meta = {k: v.value for k, v in check.metadata.items()}
+    assert meta["files_checked_by_etag_md5"] == 1
+    assert meta["files_checked_by_sha256"] == len(ref_files(result)) - 1
+    assert meta["files_checked_by_size_only"] == 0
+    assert f"{plain}: etag_md5" in meta["files_checked_by_per_file"]
+
+
+def ref_files(result) -> tuple[str, ...]:
+    return result.output_for_node("checkpoint").files

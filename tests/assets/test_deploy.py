@@ -33,7 +33,7 @@ from tests.conftest import write_spec
 
 # The upstream stages exist in this graph only as what they stored (external asset specs).
 UPSTREAM = [dg.AssetSpec(n, partitions_def=models_partitions)
-            for n in ("checkpoint", "serving_variant", "accuracy", "load_timing",
+            for n in ("checkpoint", "serving_variant", "accuracy", "predictions", "load_timing",
                       "serving_benchmark", "published_variant")]
 ASSETS = [serving_config, kserve_manifest, gateway_routes, *UPSTREAM]
 PLAN_ONLY = ("llama-3-1-70b-instruct", "qwen3-235b-a22b-instruct")

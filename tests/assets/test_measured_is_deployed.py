@@ -27,6 +27,7 @@ from resources.engine import Engine
 from resources.huggingface import HuggingFaceStore
 from resources.loadgen import LoadGenerator
 from resources.manifest_validator import ManifestValidator
+from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 from tests.fakes.openai_stream_server import THIS_FILE
@@ -95,12 +96,20 @@ def stand_ins(path: Path):
 
 
 def run(instance, model_dir, engine, configs, outputs, s3_store):
+    # The fake H200 is no accepted node; node qualification has its own tests
+    # (tests/assets/test_serving.py), these are about what is measured and deployed.
+    path = configs.path("scenarios.yaml")
+    scenarios = yaml.safe_load(path.read_text())
+    scenarios["profiles"]["gpu"]["require_node_acceptance"] = False
+    path.write_text(yaml.safe_dump(scenarios))
     return dg.materialize(
         [*stand_ins(model_dir), serving_config, published_variant, load_timing,
-         serving_benchmark, kserve_manifest],
+         serving_benchmark, kserve_manifest,
+         dg.AssetSpec("predictions", partitions_def=models_partitions)],
         partition_key=KEY, instance=instance, run_config=RUN, raise_on_error=False,
         resources={"configs": configs, "outputs": outputs, "engine": engine,
-                   "loadgen": LoadGenerator(), "s3": s3_store, "hf": HuggingFaceStore(),
+                   "loadgen": LoadGenerator(),
+                   "telemetry": GpuTelemetry(), "s3": s3_store, "hf": HuggingFaceStore(),
                    "manifest_validator": ManifestValidator(),
                    "optional_upstream": optional_upstream})
 

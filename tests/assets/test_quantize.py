@@ -24,10 +24,14 @@ from onboarding.refs import CheckpointRef, VariantRef
 from resources.config_files import ConfigFiles
 from resources.evaluator import LmEvalEvaluator
 from resources.quantizer import ModelOptQuantizer
+from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 from tests.quantize_support import build_tiny_causal_lm
 
 KEY = "tiny-lm"
+# served_accuracy never ran for this partition (tests/e2e/test_served_accuracy.py runs it): the
+# in-process gates decide, and serving_variant says so
+NO_SERVED_ACCURACY = dg.AssetSpec("served_accuracy", partitions_def=models_partitions)
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +65,12 @@ def materialize(path: Path, configs: ConfigFiles):
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("models", [KEY])
     result = dg.materialize(
-        [stub_checkpoint(path), quantized, accuracy, serving_variant], partition_key=KEY,
-        instance=instance, raise_on_error=False,
+        [stub_checkpoint(path), quantized, accuracy, serving_variant, NO_SERVED_ACCURACY],
+        partition_key=KEY, instance=instance, raise_on_error=False,
         resources={"configs": configs,
                    "quantizer": ModelOptQuantizer(device="cpu", configs=configs),
-                   "evaluator": LmEvalEvaluator(limit=8, batch_size=8, configs=configs)})
+                   "evaluator": LmEvalEvaluator(limit=8, batch_size=8, configs=configs),
+                   "optional_upstream": optional_upstream})
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
     return result, checks
 
@@ -93,6 +98,18 @@ def test_nvfp4_is_served_when_it_passes(configs, tiny_lm):
     assert "| task" in acc_meta["accuracy_table"].value
     gate_meta = checks[gate_check_name("nvfp4")].metadata
     assert "onb_facts_mc_actual" in gate_meta and "onb_facts_mc_expected" in gate_meta
+    assert gate_meta["verdict"].value == "pass" and gate_meta["source"].value == "in_process"
+    assert gate_meta["items_used"].value == 8 and gate_meta["onb_facts_mc_items"].value == 8
+    low, high = (float(x) for x in gate_meta["onb_facts_mc_drop_interval"].value.strip(
+        "[]").split(","))
+    assert low <= high <= gate_meta["onb_facts_mc_allowed_drop"].value
+    report = result.output_for_node("accuracy")
+    assert [(r.precision, r.source) for r in report.records] == [
+        ("bf16", "in_process"), ("nvfp4", "in_process"), ("fp8", "in_process")]
+    assert len(report.record("fp8").scores["onb_arith_gen"].per_item) == 8
+    assert report.gate("fp8").verdict == "pass"
+    assert meta["gate_nvfp4"].value == ("pass, decided in process: served_accuracy was not "
+                                        "materialized for this model")
     q_meta = materialization(result, "quantized").metadata
     assert q_meta["nvfp4_compression_ratio"].value > 1
     assert q_meta["serving_stack_fingerprint"].value == acc_meta[

@@ -11,17 +11,20 @@ import pandas as pd
 import pytest
 import yaml
 
-from assets.partitions import models_partitions
+from assets.node_gate import NODE_CHECK
+from assets.partitions import models_partitions, nodes_partitions
 from assets.serving import COLD_START_CHECK, SLO_CHECK, load_timing, serving_benchmark
 from assets.stack import current_stack
 from onboarding.paths import PROJECT_ROOT
 from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.serving_plan import ServingPlan
 from onboarding.serving_stats import LoadTimingResult
+from onboarding.stack import nvidia_facts
 from onboarding.variants import QuantizedSet
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator
+from resources.telemetry import GpuTelemetry
 from tests.conftest import write_spec
 from tests.fakes.openai_stream_server import THIS_FILE
 
@@ -85,14 +88,15 @@ RUN_CONFIG = {"ops": {
 }}
 
 
-def materialize(upstream, engine: Engine, run_config=RUN_CONFIG):
+def materialize(upstream, engine: Engine, run_config=RUN_CONFIG, instance=None):
     """The engine's configs are the test's; reports go beside its logs."""
-    instance = dg.DagsterInstance.ephemeral()
+    instance = instance or dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("models", [KEY])
     outputs = OutputDirs(reports_dir=str(Path(engine.log_dir).parent / "reports"))
     return dg.materialize(
         [*upstream, load_timing, serving_benchmark], partition_key=KEY, instance=instance,
-        resources={"engine": engine, "loadgen": LoadGenerator(), "configs": engine.configs,
+        resources={"engine": engine, "loadgen": LoadGenerator(),
+                                     "telemetry": GpuTelemetry(), "configs": engine.configs,
                    "outputs": outputs}, run_config=run_config, raise_on_error=False)
 
 
@@ -141,6 +145,61 @@ def test_timing_and_benchmark_emit_what_the_plan_reads(config_dir, model_dir, fa
     assert t["serving_stack_fingerprint"] == b["serving_stack_fingerprint"] == \
         current_stack(fake_engine.configs)[0]
     assert set(pd.read_csv(Path(b["plot_path"]).with_suffix(".csv"))["engine_exited"]) == {False}
+    # measured on this host, whose acceptance the cpu profile does not require
+    assert t["node"] == b["node"] == fake_engine.resolved_node_name()
+    node_checks = node_check_results(result)
+    assert all(c.passed and c.metadata["required"].value is False
+               for c in node_checks.values()) and set(node_checks) == {
+                   "load_timing", "serving_benchmark"}
+
+
+def node_check_results(result) -> dict[str, dg.AssetCheckEvaluation]:
+    return {e.asset_key.to_user_string(): e for e in result.get_asset_check_evaluations()
+            if e.check_name == NODE_CHECK}
+
+
+def accept(instance: dg.DagsterInstance, node: str, qualified: bool, facts: dict) -> None:
+    """A node_acceptance of `node` as the real asset records it (what the gate reads)."""
+    @dg.asset(name="node_acceptance", partitions_def=nodes_partitions)
+    def _acceptance():
+        return dg.Output(None, metadata={"qualified": qualified,
+                                         "node_stack": dg.MetadataValue.json(facts),
+                                         "reasons": "- phase 2 burn_xid: XID 79",
+                                         "accepted_at": dg.MetadataValue.timestamp(1.7e9)})
+
+    instance.add_dynamic_partitions(nodes_partitions.name, [node])
+    assert dg.materialize([_acceptance], instance=instance, partition_key=node).success
+
+
+def test_a_profile_requiring_acceptance_counts_results_only_on_an_accepted_node(
+        config_dir, model_dir, fake_engine):
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"],
+               engine_args={"max_model_len": 2048})
+    scenarios = yaml.safe_load((config_dir / "scenarios.yaml").read_text())
+    scenarios["profiles"]["cpu"]["require_node_acceptance"] = True
+    (config_dir / "scenarios.yaml").write_text(yaml.safe_dump(scenarios))
+    engine = Engine(bin_dir=fake_engine.bin_dir, hardware="cpu", node_type="cpu",
+                    node_name="gpu-node-07", start_timeout_s=30, log_dir=fake_engine.log_dir,
+                    configs=fake_engine.configs)
+    cfg = {"ops": {"load_timing": {"config": {"cold_repeats": 1, "warm_repeats": 0}},
+                   "serving_benchmark": {"config": {"concurrency": [1], "requests_per_point":
+                                                    2}}}}
+    instance = dg.DagsterInstance.ephemeral()
+    result = materialize(stub_variant(model_dir), engine, cfg, instance)
+    checks = node_check_results(result)
+    for asset in ("load_timing", "serving_benchmark"):
+        assert not checks[asset].passed and checks[asset].severity == \
+            dg.AssetCheckSeverity.ERROR
+        assert "'gpu-node-07' has no node_acceptance" in checks[asset].metadata[
+            "acceptance"].value
+    assert metadata(result, "load_timing")["node"] == "gpu-node-07"  # measured, not counted
+    accept(instance, "gpu-node-07", False, nvidia_facts())
+    checks = node_check_results(materialize(stub_variant(model_dir), engine, cfg, instance))
+    assert "is not qualified: phase 2 burn_xid: XID 79" in checks["load_timing"].metadata[
+        "acceptance"].value
+    accept(instance, "gpu-node-07", True, nvidia_facts())
+    checks = node_check_results(materialize(stub_variant(model_dir), engine, cfg, instance))
+    assert all(c.passed for c in checks.values()) and len(checks) == 2
 
 
 def test_slo_miss_fails_the_check_with_the_numbers(config_dir, model_dir, fake_engine):
@@ -229,7 +288,8 @@ def test_an_engine_that_dies_mid_sweep_fails_the_step_with_its_exit_code_and_kee
     result = dg.materialize(
         [*stub_variant(model_dir), stub_load_timing(), serving_benchmark], partition_key=KEY,
         instance=instance, resources={
-            "engine": fake_engine, "loadgen": LoadGenerator(), "configs": fake_engine.configs,
+            "engine": fake_engine, "loadgen": LoadGenerator(),
+                                   "telemetry": GpuTelemetry(), "configs": fake_engine.configs,
             "outputs": OutputDirs(reports_dir=str(tmp_path / "reports"))},
         run_config={"ops": {"serving_benchmark": {"config": {
             "concurrency": [1, 2, 4], "requests_per_point": 8}}}}, raise_on_error=False)

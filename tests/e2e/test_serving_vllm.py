@@ -32,6 +32,7 @@ from onboarding.serving_stats import (
 )
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator, completion_bodies
+from resources.telemetry import GpuTelemetry
 from tests.conftest import write_spec
 
 pytestmark = pytest.mark.slow
@@ -87,6 +88,7 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, o
     result = dg.materialize(
         [stub_checkpoint, stub_variant, load_timing, serving_benchmark], partition_key=KEY,
         instance=instance, resources={"engine": engine, "loadgen": LoadGenerator(),
+                                                        "telemetry": GpuTelemetry(),
                                       "configs": configs, "outputs": outputs},
         run_config={"ops": {
             "load_timing": {"config": {"cold_repeats": 1, "warm_repeats": 1}},
@@ -191,7 +193,8 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
         result = dg.materialize(
             [stub_checkpoint, stub_variant, stub_load_timing, serving_benchmark],
             partition_key=KEY, instance=instance,
-            resources={"engine": engine, "loadgen": LoadGenerator(), "configs": configs,
+            resources={"engine": engine, "loadgen": LoadGenerator(),
+                                         "telemetry": GpuTelemetry(), "configs": configs,
                        "outputs": outputs},
             run_config={"ops": {"serving_benchmark": {"config": {
                 "concurrency": [1, 4, 8], "requests_per_point": 8}}}}, raise_on_error=False)

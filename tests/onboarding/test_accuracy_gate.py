@@ -1,64 +1,202 @@
-"""Gate arithmetic: tolerances, paired stderr, too-few-items, config validation."""
+"""Gate arithmetic: the three-way verdict, tolerance forms, paired stderr, re-evaluation on more
+items and the inconclusive policy, config validation."""
+
+import math
 
 import pytest
 
 from onboarding.accuracy_gate import (
     AccuracyGates,
+    ScoreBook,
     TaskScore,
+    apply_policy,
+    decide,
+    item_cap,
     judge_task,
     judge_variant,
     load_accuracy_gates,
+    next_items,
     scores_from_lm_eval,
 )
 from onboarding.errors import ConfigError
 
-GATES = AccuracyGates.model_validate({
+BASE_CFG = {
     "tolerance": {"max_abs_drop": 0.03, "max_rel_drop": 0.05}, "z": 1.645, "min_items": 10,
     "metric_preference": ["acc", "exact_match"],
-    "tasks": {"loose": {"max_abs_drop": 0.5, "max_rel_drop": 1.0}}})
+    "tasks": {"loose": {"max_abs_drop": 0.5, "max_rel_drop": 1.0},
+              "mlperf": {"min_ratio": 0.99}}}
+GATES = AccuracyGates.model_validate(BASE_CFG)
 
 
-def score(values: list[float], task="t", stderr=None) -> TaskScore:
+def gates_with(**changes) -> AccuracyGates:
+    return AccuracyGates.model_validate({**BASE_CFG, **changes})
+
+
+def score(values: list[float], task="t", stderr=None, size=0) -> TaskScore:
     mean = sum(values) / len(values)
-    return TaskScore(task, "acc", mean, stderr, len(values), dict(enumerate(values)))
+    return TaskScore(task, "acc", mean, stderr, len(values), dict(enumerate(values)), size)
+
+
+def fp8_smollm2_arithmetic() -> tuple[list[float], list[float]]:
+    """Per-item results shaped as SmolLM2's FP8 run on the H200 (docs/gpu.md): 280 arithmetic
+    items, bf16 right on 122 (0.436), FP8 on 109 (0.389): 24 items flipped right -> wrong and 11
+    wrong -> right, so the paired se of the drop is 0.021. The four kinds of item are spread
+    evenly, so every prefix (lm-eval's `limit`) looks like the whole."""
+    kinds = {"both": 98, "lost": 24, "gained": 11, "neither": 147}
+    order = sorted((((k + 0.5) / count), kind) for kind, count in kinds.items()
+                   for k in range(count))
+    base = [1.0 if kind in ("both", "lost") else 0.0 for _, kind in order]
+    var = [1.0 if kind in ("both", "gained") else 0.0 for _, kind in order]
+    return base, var
 
 
 def test_identical_answers_pass_with_zero_paired_stderr():
     base = score([1, 0] * 50)
     v = judge_task(base, score([1, 0] * 50), GATES)
-    assert v.passed and v.paired and v.se_delta == 0 and v.delta == 0
+    assert v.verdict == "pass" and v.passed and v.paired
+    assert v.se_delta == 0 and v.delta == 0 and v.drop_low == v.drop_high == 0
 
 
-def test_significant_drop_fails_with_numbers_in_the_reason():
+def test_a_drop_whose_whole_interval_is_beyond_tolerance_fails_with_numbers():
     base = score([1] * 80 + [0] * 20)
     var = score([1] * 50 + [0] * 50)
     v = judge_task(base, var, GATES)
-    assert not v.passed
+    assert v.verdict == "fail"
     assert v.delta == pytest.approx(-0.3)
-    assert "exceeds allowed" in v.reason
+    assert v.drop_low == pytest.approx(0.3 - 1.645 * v.se_delta) and v.drop_low > v.allowed_drop
+    assert "entirely beyond allowed 0.0300" in v.reason and "[0.2" in v.reason
 
 
-def test_small_excess_within_noise_passes_and_says_so():
+def test_a_small_excess_within_noise_is_inconclusive_not_a_pass():
     base = score([1] * 50 + [0] * 50)
-    # 4 items flip right->wrong, 1 wrong->right: drop 0.03 vs allowed min(0.03, 0.025)
+    # 4 items flip right->wrong, 1 wrong->right: drop 0.03 against an allowed 0.025
     var_vals = [0] * 4 + [1] * 46 + [1] + [0] * 49
     v = judge_task(base, score(var_vals), GATES)
-    assert v.passed and "noise" in v.reason
+    assert v.verdict == "inconclusive" and not v.passed
+    assert v.drop_low < v.allowed_drop < v.drop_high
+    assert "straddles" in v.reason
+
+
+def test_a_small_drop_passes_only_when_its_worst_plausible_value_is_within_tolerance():
+    base = score([1] * 50 + [0] * 150)
+    var = score([0] + [1] * 49 + [0] * 150)  # one item lost in 200: drop 0.005, se 0.005
+    v = judge_task(base, var, gates_with(tolerance={"max_abs_drop": 0.03}))
+    assert v.verdict == "pass" and v.drop_high <= v.allowed_drop
+
+
+def test_fp8_smollm2_case_does_not_pass_on_noise():
+    """The issue's case: FP8 lost 4.6 points of 43.6 on arithmetic and passed 'within noise'."""
+    base, var = fp8_smollm2_arithmetic()
+    b, v = score(base, "onb_arith_gen", size=280), score(var, "onb_arith_gen", size=280)
+    assert (b.value, v.value) == (pytest.approx(0.4357, abs=1e-4), pytest.approx(0.3893, abs=1e-4))
+    verdict = judge_task(b, v, GATES)
+    assert verdict.drop == pytest.approx(0.0464, abs=1e-4)
+    assert verdict.se_delta == pytest.approx(0.021, abs=5e-4)
+    assert verdict.allowed_drop == pytest.approx(0.0218, abs=1e-4)
+    # the rule before issue 17 let it through: the drop is within allowed + z * se
+    assert verdict.drop <= verdict.allowed_drop + GATES.z * verdict.se_delta
+    assert verdict.verdict == "inconclusive"
+    gate = apply_policy(judge_variant("fp8", {"onb_arith_gen": b}, {"onb_arith_gen": v},
+                                      GATES), GATES)
+    assert gate.verdict == "inconclusive" and not gate.passed
+    assert gate.reason.startswith("inconclusive after 280 items (fails closed")
+    assert "onb_arith_gen: drop 0.0464 [0.0119, 0.0809] straddles allowed 0.0218" in gate.reason
+
+
+class FakeEvaluator:
+    """Crafted per-item results served by `limit` (lm-eval takes a task's first items)."""
+
+    def __init__(self, per_task: dict[str, list[float]], default_limit: int):
+        self.per_task, self.default_limit, self.calls = per_task, default_limit, []
+
+    def __call__(self, tasks: list[str], limit: int | None) -> dict[str, TaskScore]:
+        tasks = tasks or sorted(self.per_task)
+        n = limit or self.default_limit
+        self.calls.append((tuple(tasks), limit))
+        return {t: score(self.per_task[t][:n], t, size=len(self.per_task[t])) for t in tasks}
+
+
+def test_inconclusive_re_evaluates_only_that_task_up_to_its_size_then_fails_closed():
+    base, var = fp8_smollm2_arithmetic()
+    mc = [1.0, 0.0, 1.0] * 90
+    base_eval = FakeEvaluator({"onb_arith_gen": base, "onb_facts_mc": mc}, 100)
+    var_eval = FakeEvaluator({"onb_arith_gen": var, "onb_facts_mc": mc}, 100)
+    baseline = ScoreBook.first(base_eval, [])
+    logs: list[str] = []
+    gate = decide("fp8", baseline, ScoreBook.first(var_eval, []), GATES, log=logs.append)
+    assert not gate.passed and gate.verdict == "inconclusive"
+    assert gate.reason.startswith("inconclusive after 280 items")
+    by_task = {v.task: v for v in gate.verdicts}
+    assert by_task["onb_facts_mc"].verdict == "pass" and by_task["onb_facts_mc"].n == 100
+    assert by_task["onb_arith_gen"].n == 280
+    # one jump: the interval at 100 items needed more than the task has, so straight to 280
+    assert base_eval.calls == var_eval.calls == [((("onb_arith_gen", "onb_facts_mc")), None),
+                                                 (("onb_arith_gen",), 280)]
+    assert logs == ["fp8: inconclusive on onb_arith_gen; re-evaluating on 280 items"]
+    # a second variant pairs with the grown baseline without evaluating it again
+    decide("nvfp4", baseline, ScoreBook.first(
+        FakeEvaluator({"onb_arith_gen": [0.0] * 280, "onb_facts_mc": mc}, 100), []), GATES)
+    assert len(base_eval.calls) == 2
+
+
+def test_the_cap_and_the_open_policy():
+    base, var = fp8_smollm2_arithmetic()
+    capped = gates_with(inconclusive={"max_items": 150, "policy": "pass"})
+    evals = FakeEvaluator({"a": base}, 100), FakeEvaluator({"a": var}, 100)
+    gate = decide("fp8", ScoreBook.first(evals[0], []), ScoreBook.first(evals[1], []), capped)
+    assert gate.verdict == "inconclusive" and gate.passed  # open policy: passes, still flagged
+    assert gate.items == 150 and "inconclusive after 150 items (passes open" in gate.reason
+    assert evals[0].calls[-1] == (("a",), 150)
+
+
+def test_a_variant_that_becomes_decisive_with_more_items_stops_there():
+    base = [1.0, 0.0] * 200
+    var = list(base)
+    for i in range(0, 400, 10):  # a real 10-point loss on 20 % of the items
+        var[i] = 0.0
+    gate = decide("nvfp4", ScoreBook.first(FakeEvaluator({"a": base}, 12), []),
+                  ScoreBook.first(FakeEvaluator({"a": var}, 12), []), GATES)
+    assert gate.verdict == "fail" and 12 < gate.items < 400
+
+
+def test_next_items_projects_from_the_spread_and_at_least_doubles():
+    base, var = fp8_smollm2_arithmetic()
+    v = judge_task(score(base[:100]), score(var[:100]), GATES)
+    margin = abs(v.drop - v.allowed_drop)
+    projected = math.ceil(100 * (GATES.z * v.se_delta / margin) ** 2)
+    assert next_items(v, GATES, 10_000) == max(projected, 200)
+    assert next_items(v, GATES, 280) == 280
+    few = judge_task(score([1, 0, 1]), score([1, 0, 1]), gates_with(min_items=50))
+    assert few.verdict == "inconclusive" and next_items(few, gates_with(min_items=50), 280) == 50
+    assert item_cap(280, GATES) == 280 and item_cap(0, GATES) == 0
+    assert item_cap(280, gates_with(inconclusive={"max_items": 100})) == 100
 
 
 def test_relative_tolerance_binds_on_low_baselines():
     base = score([1] * 20 + [0] * 180)  # 0.10: relative 5% allows 0.005
-    var = score([0] * 10 + [1] * 10 + [0] * 180)  # drop 0.05: inside 0.03 + noise, not 0.005
+    var = score([0] * 10 + [1] * 10 + [0] * 180)  # drop 0.05
     v = judge_task(base, var, GATES)
     assert v.allowed_drop == pytest.approx(0.005)
-    assert not v.passed
-    assert judge_task(score([1] * 100 + [0] * 100), score([0] * 10 + [1] * 90 + [0] * 100),
-                      GATES).passed  # the same drop at a 0.5 baseline is within noise
+    assert v.verdict == "fail"
+    assert v.tolerance == "min(0.03 absolute, 5.0% of 0.1000)"
 
 
-def test_too_few_items_fail_rather_than_pass_on_noise():
+def test_mlperf_ratio_form_allows_one_percent_of_the_reference():
+    base = score([1] * 500 + [0] * 500, task="mlperf")
+    one_lost = score([0] + [1] * 499 + [0] * 500, task="mlperf")
+    v = judge_task(base, one_lost, GATES)
+    assert v.allowed_drop == pytest.approx(0.005) and v.tolerance.startswith(">= 99.0% of")
+    assert v.verdict == "pass"  # drop 0.001, worst plausible 0.0026 < 0.005
+    many_lost = score([0] * 40 + [1] * 460 + [0] * 500, task="mlperf")
+    assert judge_task(base, many_lost, GATES).verdict == "fail"  # 0.04 vs 0.005
+    everywhere = gates_with(tolerance={"min_ratio": 0.99})
+    assert everywhere.tolerance_for("t").min_ratio == 0.99
+    assert everywhere.tolerance_for("loose").max_abs_drop == 0.5
+
+
+def test_too_few_items_are_inconclusive_rather_than_a_pass():
     v = judge_task(score([1, 0, 1]), score([1, 0, 1]), GATES)
-    assert not v.passed and "too few" in v.reason
+    assert v.verdict == "inconclusive" and "only 3 items" in v.reason
 
 
 def test_unpaired_fallback_uses_lm_eval_stderrs():
@@ -67,7 +205,14 @@ def test_unpaired_fallback_uses_lm_eval_stderrs():
     v = judge_task(base, var, GATES)
     assert not v.paired
     assert v.se_delta == pytest.approx((0.02**2 * 2) ** 0.5)
-    assert not v.passed
+    assert v.verdict == "fail"
+
+
+def test_paired_means_are_over_the_items_both_answered():
+    base = score([1.0] * 50 + [0.0] * 250)  # grown to 300 items for another variant
+    var = score([1.0] * 49 + [0.0] * 51)  # scored on its first 100
+    v = judge_task(base, var, GATES)
+    assert v.n == 100 and v.baseline == 0.5 and v.variant == 0.49
 
 
 def test_per_task_override_loosens_one_task():
@@ -76,25 +221,25 @@ def test_per_task_override_loosens_one_task():
     assert judge_task(base, var, GATES).passed
 
 
-def test_variant_fails_when_a_task_is_missing_or_one_task_fails():
+def test_variant_fails_when_a_task_is_missing_or_fails_and_fail_beats_inconclusive():
     base = {"a": score([1] * 20, "a"), "b": score([1] * 20, "b")}
-    assert not judge_variant("fp8", base, {"a": base["a"]}, GATES).passed
-    bad = {"a": base["a"], "b": score([0] * 20, "b")}
+    assert judge_variant("fp8", base, {"a": base["a"]}, GATES).verdict == "fail"
+    bad = {"a": score([1] * 19 + [0], "a"), "b": score([0] * 20, "b")}
     r = judge_variant("nvfp4", base, bad, GATES)
-    assert not r.passed and r.reason.startswith("b:")
-    assert judge_variant("fp8", base, dict(base), GATES).passed
+    assert r.verdict == "fail" and r.reason.startswith("b:")
+    assert judge_variant("fp8", base, dict(base), GATES).verdict == "pass"
 
 
-def test_scores_from_lm_eval_picks_metric_and_pairs_samples():
+def test_scores_from_lm_eval_picks_metric_pairs_samples_and_keeps_sizes():
     results = {"gen": {"exact_match,first-number": 0.5, "exact_match_stderr,first-number": 0.1,
                        "sample_len": 2},
                "mc": {"acc,none": 1.0, "acc_stderr,none": "N/A", "acc_norm,none": 0.0}}
     samples = {"gen": [{"doc_id": 0, "exact_match": 1.0}, {"doc_id": 1, "exact_match": 0.0}]}
-    s = scores_from_lm_eval(results, samples, GATES)
+    s = scores_from_lm_eval(results, samples, GATES, {"gen": 280})
     assert (s["gen"].metric, s["gen"].value, s["gen"].stderr, s["gen"].n) == (
         "exact_match", 0.5, 0.1, 2)
-    assert s["gen"].per_item == {0: 1.0, 1: 0.0}
-    assert s["mc"].metric == "acc" and s["mc"].stderr is None
+    assert s["gen"].per_item == {0: 1.0, 1: 0.0} and s["gen"].size == 280
+    assert s["mc"].metric == "acc" and s["mc"].stderr is None and s["mc"].size == 0
 
 
 def test_scores_from_lm_eval_names_a_task_without_a_usable_metric():
@@ -112,8 +257,30 @@ def test_gate_config_with_unknown_key_names_the_field(tmp_path):
     assert "max_drop" in str(err.value) and "unknown key" in str(err.value)
 
 
+def test_both_tolerance_forms_at_once_are_refused_naming_the_field(tmp_path):
+    p = tmp_path / "gates.yaml"
+    p.write_text("accuracy:\n  tolerance: {max_abs_drop: 0.03, min_ratio: 0.99}\n  z: 2\n"
+                 "  min_items: 5\n  metric_preference: [acc]\n"
+                 "  inconclusive: {policy: maybe}\n")
+    with pytest.raises(ConfigError) as err:
+        load_accuracy_gates(p)
+    assert "'tolerance'" in str(err.value) and "not both" in str(err.value)
+    assert "'inconclusive.policy'" in str(err.value)
+
+
+def test_a_gates_file_from_before_issue_17_still_loads_with_the_new_defaults(tmp_path):
+    p = tmp_path / "gates.yaml"
+    p.write_text("accuracy:\n  tolerance: {max_abs_drop: 0.03, max_rel_drop: 0.05}\n"
+                 "  z: 1.645\n  min_items: 100\n  metric_preference: [acc, exact_match]\n"
+                 "  tasks: {onb_arith_gen: {metric: exact_match, max_abs_drop: 0.02}}\n")
+    gates = load_accuracy_gates(p)
+    assert gates.inconclusive.policy == "fail" and gates.inconclusive.max_items is None
+    assert gates.tolerance_for("onb_arith_gen").max_abs_drop == 0.02
+    assert gates.confidence == pytest.approx(0.90, abs=1e-3)
+
+
 def test_shipped_gates_parse():
     from onboarding.paths import PROJECT_ROOT
 
     gates = load_accuracy_gates(PROJECT_ROOT / "configs" / "gates.yaml")
-    assert gates.tolerance.max_abs_drop > 0
+    assert gates.tolerance.max_abs_drop > 0 and gates.inconclusive.policy == "fail"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from onboarding.catalog import load_catalog, parse_source, read_catalog
@@ -74,6 +76,33 @@ def test_duplicate_ids_are_refused(tmp_path):
         (tmp_path / f"{name}.yaml").write_text("id: a\nsource: s3://models/a/\nserved_name: a\n")
     with pytest.raises(ConfigError, match="already defined"):
         load_catalog(tmp_path)
+
+
+@pytest.mark.parametrize(("uri", "expected"), [
+    ("hf://org/name@../../../outside", "revision '../../../outside' is not a branch, tag or"),
+    ("hf://org/name@main/../../x", "is not a branch, tag or commit"),
+    ("hf://org/name@refs/pr/1", "is not a branch, tag or commit"),
+    ("hf://org/name@..", "is not a branch, tag or commit"),
+    ("hf://org/..@main", "repository"),
+    ("s3://models/a/../b/", "'..'"),
+    ("s3://models/../other/", "'..'"),
+    ("s3://models/a/./b/", "'.'"),
+])
+def test_sources_that_would_escape_their_place_are_refused(uri, expected):
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        parse_source(uri)
+
+
+def test_an_escaping_revision_in_a_spec_names_the_file_and_field(tmp_path):
+    (tmp_path / "bad.yaml").write_text(
+        "id: a\nsource: hf://org/name@../../../outside\nserved_name: a\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml.*field 'source'.*not a branch, tag or"):
+        load_catalog(tmp_path)
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", "release-2024.1", "a" * 40, "my_branch"])
+def test_branch_tag_and_commit_revisions_are_accepted(revision):
+    assert parse_source(f"hf://org/name@{revision}").revision == revision
 
 
 def test_sources_parse():

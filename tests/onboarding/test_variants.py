@@ -6,12 +6,15 @@ from onboarding.errors import ConfigError
 from onboarding.paths import PROJECT_ROOT
 from onboarding.quantize_config import load_quantization_config
 from onboarding.variants import (
+    AccuracyRecord,
     AccuracyReport,
     GateOutcome,
     QuantizationError,
     QuantizedSet,
     QuantizedVariant,
+    ServedAccuracyReport,
     choose_precision,
+    deciding_gate,
     pack_sequences,
     read_jsonl_texts,
     variant_dir,
@@ -40,7 +43,46 @@ def test_nvfp4_failing_its_gate_falls_back_to_fp8_with_the_reason():
     chosen, skipped = choose_precision(["nvfp4", "fp8", "bf16"], qset(ok("nvfp4"), ok("fp8")),
                                        report(nvfp4=False, fp8=True))
     assert chosen == "fp8"
-    assert skipped == {"nvfp4": "accuracy gate failed: nvfp4 reason"}
+    assert skipped == {"nvfp4": "accuracy gate failed (in process): nvfp4 reason"}
+
+
+def served(**passed):
+    """A served_accuracy report that served and gated the given precisions (hash "h")."""
+    return ServedAccuracyReport(
+        "m", tuple(AccuracyRecord(p, "served", "h") for p in passed),
+        gates=tuple(GateOutcome(p, v, f"{p} served reason", source="served")
+                    for p, v in passed.items()),
+        not_served={"nvfp4": "the CPU build serves bf16 only"})
+
+
+def test_the_served_gate_decides_where_there_is_one_and_says_so():
+    q = qset(ok("nvfp4"), ok("fp8"))
+    in_process = report(nvfp4=True, fp8=True)
+    chosen, skipped = choose_precision(["nvfp4", "fp8", "bf16"], q, in_process,
+                                       served(nvfp4=False, fp8=True))
+    assert chosen == "fp8"
+    assert skipped == {"nvfp4": "accuracy gate failed (served): nvfp4 served reason"}
+    gate, why = deciding_gate("fp8", ok("fp8"), in_process, served(fp8=False))
+    assert gate.source == "served" and not gate.passed and why.startswith("served")
+
+
+def test_the_in_process_gate_decides_when_nothing_was_served_and_says_why():
+    in_process = report(nvfp4=False, fp8=True)
+    gate, why = deciding_gate("nvfp4", ok("nvfp4"), in_process, served(fp8=True))
+    assert gate.source == "in_process" and not gate.passed
+    assert why == "in process: not served here (the CPU build serves bf16 only)"
+    gate, why = deciding_gate("fp8", ok("fp8"), in_process, None)
+    assert gate.passed and "served_accuracy was not materialized" in why
+    stale = QuantizedVariant("fp8", "/v/fp8", "/v/fp8.pt", 5, "new-bytes", export_valid=True)
+    gate, why = deciding_gate("fp8", stale, in_process, served(fp8=False))
+    assert gate.source == "in_process" and gate.passed and "other bytes" in why
+
+
+def test_gate_outcome_carries_the_verdict():
+    assert GateOutcome("fp8", False, "r").verdict == "fail"
+    assert GateOutcome("fp8", True, "r").verdict == "pass"
+    open_policy = GateOutcome("fp8", True, "inconclusive after 280 items", "inconclusive")
+    assert open_policy.passed and open_policy.verdict == "inconclusive"
 
 
 def test_invalid_export_and_failed_quantization_are_skipped_before_the_gate():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from onboarding.catalog import parse_source
+from onboarding.catalog import SourceRef, parse_source
 from onboarding.checkpoint_manifest import sha256_file
 from onboarding.errors import FetchError
 from resources.huggingface import HuggingFaceStore
@@ -70,3 +70,11 @@ def test_repo_absent_from_offline_cache_says_how_to_seed_it(hub, tmp_path):
     store, _ = hub
     with pytest.raises(FetchError, match="not in the local Hugging Face cache"):
         store.describe(parse_source("hf://acme/other@main"))
+
+
+@pytest.mark.parametrize("revision", ["../snapshots", "../../..", "main/../../x"])
+def test_a_revision_that_would_leave_the_hub_cache_is_refused(hub, revision):
+    store, _ = hub
+    source = SourceRef(kind="hf", location="acme/tiny-llama", path="", revision=revision)
+    with pytest.raises(FetchError, match="not a branch, tag or commit"):
+        store.describe(source)

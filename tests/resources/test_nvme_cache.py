@@ -144,3 +144,95 @@ def test_killed_fetch_resumes_and_finishes_with_the_same_checksums(
     assert result.bytes_fetched == result.manifest.total_bytes - result.bytes_resumed
     assert sha256_file(result.path / "model.safetensors") == \
         sha256_file(src_dir / "model.safetensors")
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Path:
+    """A real 8 MiB filesystem that really fills up: a tmpfs, else a loop-mounted ext4 image."""
+    mnt = tmp_path / "small-disk"
+    mnt.mkdir()
+    tried = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+                           check=False, capture_output=True, text=True)
+    if tried.returncode != 0:
+        image = tmp_path / "small-disk.img"
+        with open(image, "wb") as f:
+            f.truncate(8 << 20)
+        for step in (["mkfs.ext4", "-q", "-m", "0", str(image)],
+                     ["mount", "-o", "loop", str(image), str(mnt)]):
+            done = subprocess.run(step, check=False, capture_output=True, text=True)
+            if done.returncode != 0:
+                pytest.skip("no small filesystem for ENOSPC here: `mount -t tmpfs` said "
+                            f"{tried.stderr.strip()!r}, {step[0]} said {done.stderr.strip()!r}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_full_disk_is_a_disk_error_at_once_and_the_resume_counts_what_is_on_disk(
+        small_disk, s3_store, s3_proxy, tmp_path, unique_prefix):
+    """Issue 10, item 3, on an 8 MiB filesystem: another writer fills the disk while the fetch
+    runs; ENOSPC must fail the fetch as a disk problem without retrying a single range. After
+    the space is freed, the re-run must count the chunks already in the `.part` file."""
+    from tests.conftest import ACCESS_KEY, SECRET_KEY
+    from tests.resources.test_s3 import MIB, _safetensors, _via
+
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    (src_dir / "config.json").write_text("{}")
+    data = _safetensors(src_dir / "model.safetensors", 5 * MIB)
+    n_chunks = -(-len(data) // MIB)
+    src = _upload(s3_store, src_dir, unique_prefix)
+    key = unique_prefix + "model.safetensors"
+    cache = NvmeCache(root=str(small_disk / "cache"), reserve_gb=0)
+    s3_proxy.hold(key)
+    failure: list[BaseException] = []
+
+    def first_run():
+        try:
+            cache.fetch("m", _via(s3_proxy), src)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            failure.append(exc)
+
+    runner = threading.Thread(target=first_run)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while s3_proxy.count("GET", key) < n_chunks and runner.is_alive():
+        assert time.monotonic() < deadline, "the fetch never asked for every range"
+        time.sleep(0.02)
+    filler = small_disk / "another-writer.bin"
+    filler.write_bytes(b"\1" * (4 * MIB))  # the disk now has room for less than the shard
+    s3_proxy.release()
+    runner.join(60)
+    assert len(failure) == 1 and isinstance(failure[0], FetchError), failure
+    assert "disk filled up" in str(failure[0]) and "S3" not in failure[0].cause
+    assert s3_proxy.count("GET", key) == n_chunks  # not one range retried
+
+    filler.unlink()  # space freed: less than the shard, more than what is still missing
+    free_bytes = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+    assert free_bytes < len(data)
+    direct = type(s3_store)(endpoint_url=s3_store.endpoint_url, access_key_id=ACCESS_KEY,
+                            secret_access_key=SECRET_KEY, chunk_size_mb=1, max_concurrency=8)
+    result = cache.fetch("m", direct, src)
+    assert result.bytes_resumed > 0
+    assert (result.path / "model.safetensors").read_bytes() == data
+
+
+def test_bit_rot_in_a_warm_entry_is_quarantined_and_the_next_run_fetches_again(
+        cache, s3_store, tiny_checkpoint, unique_prefix):
+    src = _upload(s3_store, tiny_checkpoint, unique_prefix)
+    first = cache.fetch("tiny", s3_store, src)
+    shard = shard_names(tiny_checkpoint)[0]
+    rotten = bytearray((first.path / shard).read_bytes())
+    rotten[-5] ^= 0x01  # one bit flips on the NVMe; the size stays
+    (first.path / shard).write_bytes(bytes(rotten))
+    warm = cache.fetch("tiny", s3_store, src)
+    assert warm.warm  # sizes match, so the entry is served; its integrity check re-hashes it
+    problems = cache.verify(warm.path, full=True)  # what the checkpoint_integrity check runs
+    assert any(f"{shard}: sha256 differs" in p for p in problems), problems
+    assert any(".quarantine" in p and "next run" in p for p in problems), problems
+    assert not warm.path.exists()
+    assert list((Path(cache.root) / ".quarantine" / "tiny").rglob(shard))
+    again = cache.fetch("tiny", s3_store, src)
+    assert not again.warm
+    assert sha256_file(again.path / shard) == sha256_file(tiny_checkpoint / shard)

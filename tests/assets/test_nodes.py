@@ -1,0 +1,188 @@
+"""The node assets in a real Dagster instance: on this machine (no GPU) every GPU check says
+"no GPU: not checked" and the node is not qualified; a recorded node (nvidia-smi replayed by a
+FAKE, since no GPU exists here, and the GPU assets' typed results built from the recorded
+files) is qualified, with its report; the serving gate reads that verdict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from assets.node_gate import NODE_CHECK, acceptance_problem, node_acceptance_check
+from assets.nodes import (
+    NODE_QUALIFIED_CHECK,
+    gpu_health,
+    interconnect,
+    memory_bandwidth,
+    node_acceptance,
+    node_inventory,
+    storage_read,
+)
+from assets.partitions import nodes_partitions
+from onboarding import acceptance as acc
+from onboarding.node_facts import parse_dcgm_diag
+from resources.config_files import ConfigFiles, OutputDirs
+from resources.node_probe import NodeProbe
+from resources.nvme_cache import NvmeCache
+from resources.s3 import S3ObjectStore
+from resources.upstream import optional_upstream
+from tests.resources.test_node_probe import crafted_sysfs, replay_smi
+
+DATA = Path(__file__).parents[1] / "data" / "acceptance" / "crafted-h200x2-healthy"
+NODE = "gpu-node-01"
+ALL = [node_inventory, gpu_health, interconnect, memory_bandwidth, storage_read,
+       node_acceptance]
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:
+        inst.add_dynamic_partitions(nodes_partitions.name, [NODE])
+        yield inst
+
+
+def register(config_dir: Path, gpus: int, **probe) -> None:
+    path = config_dir / "acceptance.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["nodes"] = {NODE: {"node_type": "h200", "gpus": gpus}}
+    data["probe"].update({"direct_read_gib": 1 / 16, "direct_read_block_mib": 4, **probe})
+    data["defaults"]["storage"]["direct_read_min_gbps"] = 0.001  # any disk here passes
+    path.write_text(yaml.safe_dump(data))
+
+
+def resources(configs: ConfigFiles, outputs: OutputDirs, probe: NodeProbe, tmp_path: Path
+              ) -> dict:
+    return {"configs": configs, "outputs": outputs, "node_probe": probe,
+            "nvme_cache": NvmeCache(root=str(tmp_path / "nvme")),
+            "s3": S3ObjectStore(endpoint_url="http://127.0.0.1:1", access_key_id="unused",
+                                secret_access_key="unused"),
+            "optional_upstream": optional_upstream}
+
+
+def checks_of(result, asset: str) -> dict[str, acc.Check]:
+    return {c.name: c for c in result.output_for_node(asset).checks}
+
+
+def test_on_this_machine_no_gpu_is_not_checked_and_the_node_not_qualified(
+        instance, config_dir, configs, outputs, tmp_path):
+    register(config_dir, gpus=8)
+    probe = NodeProbe(nvidia_smi=str(tmp_path / "no" / "nvidia-smi"), sys_root=str(tmp_path))
+    result = dg.materialize(ALL, instance=instance, partition_key=NODE, raise_on_error=False,
+                            resources=resources(configs, outputs, probe, tmp_path))
+    assert result.success
+    inv = checks_of(result, "node_inventory")
+    for name in ("gpu_count", "gpu_model", "ecc", "pcie_link"):
+        assert inv[name].status == acc.NOT_CHECKED and inv[name].required
+        assert inv[name].reason.startswith("not checked: no GPU: nvidia-smi not found")
+    for asset in ("gpu_health", "memory_bandwidth"):
+        assert all(c.status == acc.NOT_CHECKED and "no GPU" in c.reason
+                   for c in checks_of(result, asset).values())
+    assert checks_of(result, "storage_read")["direct_io_read"].status == acc.PASS
+    verdict = result.output_for_node("node_acceptance")
+    assert not verdict.qualified
+    assert any("gpu_count: not checked: no GPU" in r for r in verdict.reasons)
+    [check] = [e for e in result.get_asset_check_evaluations()
+               if e.check_name == NODE_QUALIFIED_CHECK]
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.ERROR
+    page = (outputs.reports / "nodes" / NODE / "acceptance.md").read_text()
+    assert "**NOT QUALIFIED**" in page and "no GPU: nvidia-smi not found" in page
+    assert not (outputs.reports / "nodes" / NODE / "burn.png").exists()
+    mat = instance.fetch_materializations(dg.AssetKey("node_acceptance"), limit=1).records[0]
+    assert mat.asset_materialization.metadata["qualified"].value is False
+    # a model benchmarked on this node does not count where the profile requires acceptance
+    problem, _ = acceptance_problem(instance, NODE, {})
+    assert problem.startswith(f"node {NODE!r} is not qualified: phase 1 pcie_link: not "
+                              "checked: no GPU") and "more in its report" in problem
+
+
+def recorded_parts(s: acc.NodeSetting, inv: acc.NodeInventory) -> dict:
+    """The GPU assets' typed results from the recorded set (what they stored on the node)."""
+    burn = json.loads((DATA / acc.RAW_BURN).read_text())
+    health = acc.build_health(
+        s, inv, diag=parse_dcgm_diag((DATA / acc.RAW_DCGM).read_text()), diag_why="", level=3,
+        burn=burn["result"], samples=burn["samples"], xids=burn["xids"], telemetry_why="",
+        xid_why="")
+    return {"gpu_health": health,
+            "interconnect": acc.build_interconnect(s, inv, json.loads(
+                (DATA / acc.RAW_INTERCONNECT).read_text()), ""),
+            "memory_bandwidth": acc.build_memory(s, inv, json.loads(
+                (DATA / acc.RAW_MEMORY).read_text()), "")}
+
+
+def stand_in(name: str, value):
+    @dg.asset(name=name, partitions_def=nodes_partitions)
+    def _stand_in():
+        return value
+
+    return _stand_in
+
+
+def accept_recorded_node(instance, config_dir, configs, outputs, tmp_path
+                         ) -> dg.ExecuteInJobResult:
+    register(config_dir, gpus=2)
+    sysfs = crafted_sysfs(tmp_path / "sys")
+    (sysfs / "devices/pci0000:17/0000:1a:00.0/current_link_width").write_text("16\n")
+    (sysfs / "devices/system/edac/mc/mc1/ue_count").write_text("0\n")
+    (sysfs / "bus/pci/devices/0000:19:00.0/aer_dev_nonfatal").write_text("TOTAL_ERR_NONFATAL 0\n")
+    probe = NodeProbe(nvidia_smi=replay_smi(tmp_path), sys_root=str(sysfs))
+    res = resources(configs, outputs, probe, tmp_path)
+    first = dg.materialize([node_inventory, storage_read], instance=instance,
+                           partition_key=NODE, resources=res)
+    inv = first.output_for_node("node_inventory")
+    assert {c.name: c.status for c in inv.checks if c.status != acc.PASS} == {
+        "driver": acc.NOT_CHECKED, "nic_mtu": acc.NOT_CHECKED, "nvme_smart": acc.NOT_CHECKED}
+    s = acc.node_setting(configs.acceptance(), configs.nodes(), NODE, "test")
+    parts = recorded_parts(s, inv)
+    assert dg.materialize([stand_in(n, v) for n, v in parts.items()], instance=instance,
+                          partition_key=NODE).success
+    upstream = [dg.AssetSpec(n, partitions_def=nodes_partitions) for n in
+                ("node_inventory", "gpu_health", "interconnect", "memory_bandwidth",
+                 "storage_read")]
+    return dg.materialize([node_acceptance, *upstream], instance=instance, partition_key=NODE,
+                          resources=res)
+
+
+def test_a_recorded_healthy_node_is_qualified_with_its_report(
+        instance, config_dir, configs, outputs, tmp_path):
+    result = accept_recorded_node(instance, config_dir, configs, outputs, tmp_path)
+    verdict = result.output_for_node("node_acceptance")
+    assert verdict.qualified, verdict.reasons
+    assert verdict.stack_facts == {"nvidia_driver": "580.95.05", "cuda_driver_api": "13.0",
+                                   "gpus": ["NVIDIA H200", "NVIDIA H200"]}
+    assert [p["verdict"] for p in verdict.phases] == ["go", "go", "not checked",
+                                                      "not checked", "not checked"]
+    out = outputs.reports / "nodes" / NODE
+    assert (out / "burn.png").read_bytes()[:4] == b"\x89PNG"
+    page = (out / "acceptance.md").read_text()
+    assert "**QUALIFIED**" in page and "![burn traces](burn.png)" in page
+    assert "| GPU0 |" in page and "busbw" in page
+    assert (out / "raw" / acc.RAW_SMI_XML).is_file()  # what the probe read, kept
+    md = {e.asset_key.to_user_string(): e.materialization.metadata
+          for e in result.get_asset_materialization_events()}["node_acceptance"]
+    assert md["report"].value.count("data:image/png;base64,") == 1
+    [check] = result.get_asset_check_evaluations()
+    assert check.passed
+
+
+def test_the_serving_gate_reads_the_verdict_and_the_driver(
+        instance, config_dir, configs, outputs, tmp_path):
+    accept_recorded_node(instance, config_dir, configs, outputs, tmp_path)
+    same = {"nvidia_driver": "580.95.05", "cuda_driver_api": "13.0",
+            "gpus": ["NVIDIA H200", "NVIDIA H200"]}
+    ok = node_acceptance_check(instance, NODE, True, "gpu", same)
+    assert ok.passed and ok.check_name == NODE_CHECK
+    assert ok.metadata["acceptance"].value == "qualified, current"
+    upgraded = node_acceptance_check(instance, NODE, True, "gpu",
+                                     {**same, "nvidia_driver": "590.44.01"})
+    assert not upgraded.passed and upgraded.severity == dg.AssetCheckSeverity.ERROR
+    assert "nvidia_driver: 580.95.05 -> 590.44.01" in upgraded.metadata["acceptance"].value
+    unknown = node_acceptance_check(instance, "gpu-node-99", True, "gpu", same)
+    assert not unknown.passed
+    assert "has no node_acceptance" in unknown.metadata["acceptance"].value
+    relaxed = node_acceptance_check(instance, "gpu-node-99", False, "cpu", same)
+    assert relaxed.passed and relaxed.metadata["required"].value is False
+    assert "has no node_acceptance" in relaxed.metadata["acceptance"].value

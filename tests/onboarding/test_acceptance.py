@@ -1,0 +1,272 @@
+"""configs/acceptance.yaml validation, the verdict rules, and the checks' edge cases: no GPU,
+one GPU, a short burn, no telemetry, a node type that does not match the GPUs."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from onboarding import acceptance as acc
+from onboarding import telemetry as tm
+from onboarding.errors import ConfigError
+from resources.config_files import ConfigFiles
+
+DATA = Path(__file__).parents[1] / "data" / "acceptance"
+HEALTHY = DATA / "crafted-h200x2-healthy"
+
+
+def setting(configs: ConfigFiles, node_type: str = "h200", gpus: int | None = 2
+            ) -> acc.NodeSetting:
+    cfg = configs.acceptance().model_copy(update={"nodes": {"n1": acc.NodeRegistration(
+        node_type=node_type, gpus=gpus)}})
+    return acc.node_setting(cfg, configs.nodes(), "n1", "test")
+
+
+def inventory(s: acc.NodeSetting, xml: str | None = None, error: str = "") -> acc.NodeInventory:
+    return acc.build_inventory(
+        s, smi_xml=xml if xml is not None or error else (HEALTHY / acc.RAW_SMI_XML).read_text(),
+        smi_error=error, topo_text=None, topo_error="not read", nvlinks={0: 18, 1: 18},
+        nvlink_error="", system={}, stack_facts={})
+
+
+def by_name(checks) -> dict[str, acc.Check]:
+    return {c.name: c for c in checks}
+
+
+def write_acceptance(config_dir: Path, edit) -> None:
+    path = config_dir / "acceptance.yaml"
+    data = yaml.safe_load(path.read_text())
+    edit(data)
+    path.write_text(yaml.safe_dump(data))
+
+
+def test_shipped_config_covers_every_node_type_and_merges_defaults(configs):
+    cfg = configs.acceptance()
+    assert set(cfg.node_types) == set(configs.nodes().node_types)
+    h200 = cfg.node_types["h200"]
+    assert h200.burn.temperature_max_c == 85 and h200.burn.matmul_tflops_min == 600
+    assert h200.memory_bandwidth.hbm_gbps == 4800 and h200.pcie.min_width == 16
+    assert cfg.node_types["b200"].burn.matmul_tflops_min is None
+    assert cfg.nodes == {}
+
+
+@pytest.mark.parametrize(("edit", "names"), [
+    (lambda d: d.update(nodes={"gpu-01": {"node_type": "a100"}}), "nodes.gpu-01.node_type"),
+    (lambda d: d.update(nodes={"GPU_01": {"node_type": "h200"}}), "nodes.GPU_01"),
+    (lambda d: d["node_types"]["h200"].update(burn={"temprature_max_c": 80}), "temprature_max_c"),
+    (lambda d: d["probe"].update(s3_object="s3://bucket-only/"), "s3_object"),
+    (lambda d: d["defaults"]["burn"].update(forbidden_clock_reasons=["melting"]), "melting"),
+    (lambda d: d.update(thresholds={}), "thresholds"),
+])
+def test_config_errors_name_the_file_and_the_field(config_dir, configs, edit, names):
+    write_acceptance(config_dir, edit)
+    with pytest.raises(ConfigError) as err:
+        configs.acceptance()
+    assert "acceptance.yaml" in str(err.value) and names in str(err.value)
+
+
+def test_an_unregistered_node_is_named_with_the_known_ones(config_dir, configs):
+    write_acceptance(config_dir, lambda d: d.update(nodes={"gpu-01": {"node_type": "h200"}}))
+    cfg = configs.acceptance()
+    assert cfg.nodes["gpu-01"].gpus is None
+    s = acc.node_setting(cfg, configs.nodes(), "gpu-01", "acceptance.yaml")
+    assert s.gpus_expected == 8  # the node type's gpus_per_node
+    with pytest.raises(ConfigError, match="'gpu-02'.*known: gpu-01"):
+        acc.node_setting(cfg, configs.nodes(), "gpu-02", "acceptance.yaml")
+
+
+def test_verdict_nothing_checkable_is_not_qualified_with_that_first():
+    checks = [acc.Check(2, "gpu_count", acc.NOT_CHECKED, reason="not checked: no GPU: "
+                        "nvidia-smi not found on PATH"),
+              acc.Check(1, "edac", acc.NOT_CHECKED, reason="not checked: no EDAC",
+                        required=False)]
+    qualified, reasons, phases = acc.verdict(checks)
+    assert not qualified
+    assert reasons[0] == "nothing could be checked (no GPU: nvidia-smi not found on PATH)"
+    assert {p["phase"]: p["verdict"] for p in phases} == {
+        1: "not checked", 2: "no-go", 3: "not checked", 4: "not checked", 5: "not checked"}
+
+
+def test_verdict_optional_unread_passes_required_unread_and_any_fail_block():
+    ok = acc.Check(2, "ecc", acc.PASS)
+    optional = acc.Check(1, "nvme_smart", acc.NOT_CHECKED, reason="not checked: no nvme tool",
+                         required=False)
+    assert acc.verdict([ok, optional])[0]
+    required = acc.Check(2, "burn_xid", acc.NOT_CHECKED, reason="not checked: no NVML events")
+    qualified, reasons, _ = acc.verdict([ok, optional, required])
+    assert not qualified and reasons == ["phase 2 burn_xid: not checked: no NVML events"]
+    failed_optional = acc.Check(1, "aer", acc.FAIL, "0000:19:00.0 3", reason="fatal AER",
+                                required=False)
+    assert not acc.verdict([ok, failed_optional])[0]
+
+
+def test_no_gpu_inventory_is_not_checked_never_passed(configs):
+    s = setting(configs)
+    inv = inventory(s, error="no GPU: nvidia-smi not found on PATH")
+    assert inv.no_gpu.startswith("no GPU") and inv.gpu_count == 0
+    names = {n for _, n in acc.INVENTORY_NO_GPU_CHECKS}
+    gpu_rows = [c for c in inv.checks if c.name in names]
+    assert len(gpu_rows) == len(names) and all(c.status == acc.NOT_CHECKED and c.required and
+                            "no GPU: nvidia-smi not found" in c.reason for c in gpu_rows)
+    assert not any(c.status == acc.PASS for c in inv.checks)
+    health = acc.build_health(s, inv, diag=None, diag_why="", level=3, burn=None, samples=(),
+                              xids=(), telemetry_why="", xid_why="")
+    assert {c.name for c in health.checks} == set(acc.HEALTH_CHECKS)
+    assert all(c.reason == f"not checked: {inv.no_gpu}" for c in health.checks)
+    assert by_name(acc.build_interconnect(s, inv, None, "").checks)["interconnect"].status == \
+        acc.NOT_CHECKED
+    assert by_name(acc.build_memory(s, inv, None, "").checks)["hbm_copy"].reason.startswith(
+        "not checked: no GPU")
+
+
+def test_a_failing_nvidia_smi_is_a_failed_check(configs):
+    inv = inventory(setting(configs), error="`nvidia-smi -q -x` exited 9: NVIDIA-SMI has "
+                    "failed because it couldn't communicate with the NVIDIA driver")
+    check = by_name(inv.checks)["nvidia_smi"]
+    assert check.status == acc.FAIL and "couldn't communicate" in check.reason
+    garbled = inventory(setting(configs), xml="<nvidia_smi_log><gpu>")
+    assert by_name(garbled.checks)["nvidia_smi"].status == acc.FAIL
+
+
+def test_gpus_of_another_type_fail_the_model_check(configs):
+    inv = inventory(setting(configs, node_type="h100"))
+    check = by_name(inv.checks)["gpu_model"]
+    assert check.status == acc.FAIL and check.expected == "NVIDIA-H100-80GB-HBM3 81559 MiB"
+    assert "GPU0 NVIDIA H200 143771 MiB" in check.reason
+
+
+def test_one_gpu_node_interconnect_not_checked_and_not_required(configs):
+    xml = (HEALTHY / acc.RAW_SMI_XML).read_text()
+    one = xml.split("\t<gpu id=")[0] + "\t<gpu id=" + xml.split("\t<gpu id=")[1].split(
+        "\t</gpu>")[0] + "\t</gpu>\n</nvidia_smi_log>\n"
+    s = setting(configs, gpus=1)
+    inv = inventory(s, xml=one)
+    checks = by_name(inv.checks)
+    assert checks["gpu_count"].status == acc.PASS
+    assert checks["nvlink"].status == acc.NOT_CHECKED and not checks["nvlink"].required
+    assert checks["fabric_manager"].status == acc.PASS  # reported Completed: still judged
+    ic = by_name(acc.build_interconnect(s, inv, None, "").checks)["interconnect"]
+    assert ic.reason == "not checked: 1 GPU" and not ic.required
+
+
+def _burn_samples(seconds: float, temp_end: float, rising: bool) -> list[dict]:
+    out = []
+    for t in range(0, int(seconds) + 1, 5):
+        temp = 30 + (temp_end - 30) * (t / seconds if rising else min(1.0, t / 60))
+        out.append({"t_s": float(t), "gpu": 0, tm.POWER_W: 650.0, tm.GPU_TEMP_C: temp,
+                    tm.SM_CLOCK_MHZ: 1800.0, tm.CLOCK_REASONS: 4.0, tm.ECC_DBE_VOL: 0.0})
+    return out
+
+
+def _health(s, inv, samples, seconds, telemetry_why="", xid_why=""):
+    burn = {"duration_s": seconds, "per_gpu": [{"gpu": g.index, "iterations": 10, "errors": 0,
+                                                "checks": 3, "tflops": 700.0}
+                                               for g in inv.smi.gpus]}
+    return by_name(acc.build_health(s, inv, diag=None, diag_why="no dcgmi", level=3, burn=burn,
+                                    samples=samples, xids=(), telemetry_why=telemetry_why,
+                                    xid_why=xid_why).checks)
+
+
+def test_a_short_burn_fails_its_duration_and_has_no_plateau(configs):
+    s = setting(configs, gpus=1)
+    inv = inventory(s)
+    checks = _health(s, inv, _burn_samples(45, 60, rising=True), 45.0)
+    assert checks["burn_duration"].status == acc.FAIL
+    assert "45 s is shorter than the 3600 s" in checks["burn_duration"].reason
+    assert checks["burn_temperature"].status == acc.NOT_CHECKED
+    assert "no plateau yet" in checks["burn_temperature"].reason
+    assert checks["burn_power"].status == acc.PASS and checks["burn_clocks"].status == acc.PASS
+    assert checks["dcgm_diag"].reason == "not checked: no dcgmi"
+
+
+def test_still_rising_after_the_window_is_no_plateau_and_flat_is_one(configs):
+    s = setting(configs, gpus=1)
+    inv = inventory(s)
+    rising = _health(s, inv, _burn_samples(3600, 80, rising=True), 3600.0)["burn_temperature"]
+    assert rising.status == acc.NOT_CHECKED and "C/min" in rising.reason
+    flat = _health(s, inv, _burn_samples(3600, 80, rising=False), 3600.0)["burn_temperature"]
+    assert flat.status == acc.PASS and flat.measured == "GPU0 80 C"
+
+
+def test_without_telemetry_or_xid_events_those_checks_are_not_made(configs):
+    s = setting(configs, gpus=1)
+    checks = _health(s, inventory(s), [], 3600.0, telemetry_why="NVML did not initialise",
+                     xid_why="NVML XID events unavailable (Not Supported)")
+    for name in ("burn_ecc", "burn_temperature", "burn_clocks", "burn_power"):
+        assert checks[name].reason == "not checked: no telemetry: NVML did not initialise"
+        assert checks[name].required
+    assert checks["burn_xid"].status == acc.NOT_CHECKED
+    assert checks["burn_compute"].status == acc.PASS
+
+
+def test_a_gpu_job_that_died_fails_its_checks(configs):
+    s = setting(configs)
+    inv = inventory(s)
+    burn = {"error": "burn exited with code 1; log ...: CUDA error: an illegal memory access"}
+    checks = by_name(acc.build_health(s, inv, diag=None, diag_why="x", level=3, burn=burn,
+                                      samples=(), xids=(), telemetry_why="", xid_why="").checks)
+    assert checks["burn_compute"].status == acc.FAIL and "illegal memory" in \
+        checks["burn_compute"].reason
+    ic = acc.build_interconnect(s, inv, {"error": "interconnect exited with code 1: NCCL "
+                                         "error"}, "")
+    assert by_name(ic.checks)["interconnect"].status == acc.FAIL
+
+
+def test_storage_checks(configs):
+    s = setting(configs)
+    slow = by_name(acc.build_storage(s, {"path": "/data", "bytes": 1 << 30, "seconds": 1.0,
+                                         "gbps": 1.07}, {"why_not": "no s3_object configured "
+                                                         "in acceptance.yaml probe"}).checks)
+    assert slow["direct_io_read"].status == acc.FAIL and "1.07 GB/s" in \
+        slow["direct_io_read"].reason
+    assert slow["s3_get"].status == acc.NOT_CHECKED and not slow["s3_get"].required
+    broken = by_name(acc.build_storage(s, {"why_not": "O_DIRECT is not supported on /tmp"},
+                                       {"uri": "s3://m/x", "error": "s3://m/x: the bucket "
+                                        "does not exist"}).checks)
+    assert broken["direct_io_read"].status == acc.NOT_CHECKED and \
+        broken["direct_io_read"].required
+    assert broken["s3_get"].status == acc.FAIL
+
+
+def test_acceptance_without_an_upstream_says_which(configs):
+    s = setting(configs)
+    result = acc.build_acceptance(s, {"node_inventory": inventory(s)}, 1.0)
+    missing = [c for c in result.checks if "never materialized" in c.reason]
+    assert {c.name for c in missing} == {"gpu_health", "interconnect", "memory_bandwidth",
+                                         "storage_read"}
+    assert not result.qualified and result.stack_fingerprint == acc.stack_fingerprint({})
+
+
+def test_stale_reasons_name_what_changed():
+    before = {"nvidia_driver": "580.95.05", "cuda_driver_api": "13.0", "gpus": ["NVIDIA H200"]}
+    assert acc.stale_reasons(before, dict(before)) == []
+    after = {**before, "nvidia_driver": "590.44.01"}
+    assert acc.stale_reasons(before, after) == ["nvidia_driver: 580.95.05 -> 590.44.01"]
+
+
+def test_only_the_burns_own_span_is_judged(configs):
+    """The job starts CUDA before it computes and the sampler outlives it: idle samples before
+    `window_s` (345 MHz, 70 W) and after it are not a clock collapse."""
+    s = setting(configs, gpus=1)
+    inv = inventory(s)
+    samples = []
+    for t in range(0, 3700, 5):
+        busy = 15 <= t <= 3630
+        samples += [{"t_s": float(t), "gpu": g, tm.POWER_W: 650.0 if busy else 70.0,
+                     tm.GPU_TEMP_C: 70.0 if busy else 35.0,
+                     tm.SM_CLOCK_MHZ: 1800.0 if busy else 345.0,
+                     tm.CLOCK_REASONS: 4.0 if busy else 1.0} for g in (0, 1)]
+    burn = {"duration_s": 3615.0, "window_s": [15.0, 3630.0],
+            "per_gpu": [{"gpu": g, "iterations": 10, "errors": 0, "checks": 3,
+                         "tflops": 700.0} for g in (0, 1)]}
+
+    def judged(b):
+        return by_name(acc.build_health(s, inv, diag=None, diag_why="x", level=3, burn=b,
+                                        samples=samples, xids=(), telemetry_why="",
+                                        xid_why="").checks)
+
+    within = judged(burn)
+    assert within["burn_clocks"].status == acc.PASS and within["burn_power"].status == acc.PASS
+    assert within["burn_temperature"].status == acc.PASS
+    whole = judged({k: v for k, v in burn.items() if k != "window_s"})
+    assert whole["burn_clocks"].status == acc.FAIL  # what the idle lead-in would have said

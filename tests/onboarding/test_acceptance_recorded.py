@@ -1,0 +1,140 @@
+"""Every recorded set under tests/data/acceptance/ (crafted ones, and the real H200 outputs once
+they are dropped into h200/) parsed and judged against the shipped configs/acceptance.yaml.
+
+A set is a directory holding at least `nvidia-smi-q.xml`; the other raw files the probe writes
+are used where present. Invariants hold for every set; `expected.yaml` pins one set's verdicts.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from onboarding import acceptance as acc
+from onboarding import telemetry as tm
+from onboarding.node_facts import parse_dcgm_diag, parse_smi_xml, parse_topo_matrix
+from resources.config_files import ConfigFiles
+
+DATA = Path(__file__).parents[1] / "data" / "acceptance"
+SETS = sorted(p.parent for p in DATA.glob("*/nvidia-smi-q.xml"))
+PASSING_STORAGE = ({"path": "/data/models", "bytes": 4 << 30, "seconds": 0.8, "gbps": 5.4},
+                   {"why_not": "no s3_object configured in acceptance.yaml probe"})
+
+
+def _json(d: Path, name: str):
+    return json.loads((d / name).read_text()) if (d / name).is_file() else None
+
+
+def _expected(d: Path) -> dict:
+    return yaml.safe_load((d / "expected.yaml").read_text()) if (d / "expected.yaml").is_file() \
+        else {}
+
+
+def judge(d: Path) -> dict:
+    """Each node asset's result built from the set's raw files, as the assets build them."""
+    exp, configs = _expected(d), ConfigFiles()
+    smi_xml = (d / acc.RAW_SMI_XML).read_text()
+    node_type = exp.get("node_type") or d.name.split("-")[0]
+    gpus = exp.get("gpus") or len(parse_smi_xml(smi_xml).gpus)
+    cfg = configs.acceptance()
+    cfg = cfg.model_copy(update={"nodes": {"recorded": acc.NodeRegistration(
+        node_type=node_type, gpus=gpus)}})
+    s = acc.node_setting(cfg, configs.nodes(), "recorded", "test")
+    nvml = _json(d, acc.RAW_NVML) or {"nvlinks_active": {}, "error": "not recorded"}
+    topo = d / acc.RAW_TOPO
+    inv = acc.build_inventory(
+        s, smi_xml=smi_xml, smi_error="", topo_text=topo.read_text() if topo.is_file() else None,
+        topo_error="" if topo.is_file() else "not recorded",
+        nvlinks={int(k): v for k, v in nvml["nvlinks_active"].items()},
+        nvlink_error=nvml["error"], system=_json(d, acc.RAW_SYSTEM) or {},
+        stack_facts={"nvidia_driver": "recorded"})
+    burn = _json(d, acc.RAW_BURN)
+    dcgm = d / acc.RAW_DCGM
+    health = acc.build_health(
+        s, inv, diag=parse_dcgm_diag(dcgm.read_text()) if dcgm.is_file() else None,
+        diag_why="" if dcgm.is_file() else "DCGM is not installed", level=3,
+        burn=burn["result"] if burn else None, samples=burn["samples"] if burn else (),
+        xids=burn["xids"] if burn else (),
+        telemetry_why=burn["telemetry_unavailable"] if burn else "",
+        xid_why=burn["xid_watch"] if burn else "")
+    ic_raw, mem_raw = _json(d, acc.RAW_INTERCONNECT), _json(d, acc.RAW_MEMORY)
+    parts = {"node_inventory": inv, "gpu_health": health,
+             "interconnect": acc.build_interconnect(s, inv, ic_raw, "" if ic_raw else
+                                                    "not recorded"),
+             "memory_bandwidth": acc.build_memory(s, inv, mem_raw, "" if mem_raw else
+                                                  "not recorded"),
+             "storage_read": acc.build_storage(s, *PASSING_STORAGE)}
+    return {"setting": s, "parts": parts, "burn": burn,
+            "acceptance": acc.build_acceptance(s, parts, 0.0)}
+
+
+@pytest.fixture(params=SETS, ids=[d.name for d in SETS])
+def recorded(request) -> tuple[Path, dict, dict]:
+    d = request.param
+    return d, _expected(d), judge(d)
+
+
+def test_every_set_parses_into_complete_gpu_facts(recorded):
+    d, exp, _ = recorded
+    smi = parse_smi_xml((d / acc.RAW_SMI_XML).read_text())
+    assert smi.gpus and smi.driver_version
+    for g in smi.gpus:
+        assert g.name and g.bus_id and g.memory_total_mib and g.uuid, g
+        assert g.pcie_width_max and g.pcie_gen_max and g.sm_clock_max_mhz, g
+    if (d / acc.RAW_TOPO).is_file():
+        topo = parse_topo_matrix((d / acc.RAW_TOPO).read_text())
+        assert len(topo.gpus) == len(smi.gpus)
+        if "nvlinks" in exp and len(topo.gpus) > 1:
+            assert topo.nvlinks("GPU0", "GPU1") == exp["nvlinks"]
+        if "numa_affinity" in exp:
+            assert set(topo.numa_affinity.values()) == {exp["numa_affinity"]}
+    if "gpus" in exp:
+        assert len(smi.gpus) == exp["gpus"]
+        assert {g.name for g in smi.gpus} == {exp["gpu_name"]}
+        assert smi.driver_version == exp["driver"]
+    if (d / acc.RAW_DCGM).is_file() and "dcgm_version" in exp:
+        assert parse_dcgm_diag((d / acc.RAW_DCGM).read_text()).version == exp["dcgm_version"]
+
+
+def test_every_check_is_judged_or_says_why_not(recorded):
+    _, _, judged = recorded
+    checks = judged["acceptance"].checks
+    assert checks
+    for c in checks:
+        assert c.status in (acc.PASS, acc.FAIL, acc.NOT_CHECKED), c
+        if c.status == acc.NOT_CHECKED:
+            assert c.reason.startswith("not checked: "), c
+        if c.status == acc.FAIL:
+            assert c.reason and c.measured, c
+    names = [c.name for c in checks]
+    assert len(names) == len(set(names)), "a check is reported twice"
+
+
+def test_burn_samples_carry_dcgm_fields_per_gpu(recorded):
+    _, _, judged = recorded
+    burn = judged["burn"]
+    if burn is None or burn["telemetry_unavailable"]:
+        pytest.skip("no burn samples in this set")
+    samples = burn["samples"]
+    gpus = {int(g["gpu"]) for g in burn["result"]["per_gpu"]}
+    assert set(tm.gpus_in(samples)) == gpus
+    windows = tm.summarize(samples)
+    for g in gpus:
+        w = windows[g]
+        assert w.power_mean_w and w.temp_max_c and w.sm_clock_median_mhz, w
+        assert w.energy_j and w.energy_j > 0
+
+
+def test_expected_verdicts(recorded):
+    d, exp, judged = recorded
+    if "checks" not in exp:
+        pytest.skip(f"{d.name} has no expected.yaml")
+    got = {c.name: c.status for c in judged["acceptance"].checks}
+    wrong = {name: (got.get(name), want) for name, want in exp["checks"].items()
+             if got.get(name) != want}
+    assert not wrong, f"(got, expected): {wrong}"
+    result = judged["acceptance"]
+    assert result.qualified is exp["qualified"], result.reasons
+    for phrase in exp.get("reasons_mention", []):
+        assert any(phrase in r for r in result.reasons), (phrase, result.reasons)

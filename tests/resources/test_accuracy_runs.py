@@ -1,0 +1,294 @@
+"""Served accuracy on recorded per-item results: agreement (with a planted disagreement), the
+served gate and its re-evaluation through engine restarts, and which gate decides.
+
+The per-item results are recorded from real runs by bench/served_accuracy_gpu.py into
+tests/data/served_accuracy/: `cpu_smollm2.json` (SmolLM2 bf16 in process and through vLLM's CPU
+build) and, once the lead brings it back from the H200, `gpu_smollm2.json` (bf16, FP8, NVFP4).
+What cannot run here, a GPU engine serving FP8/NVFP4, is a stand-in (`GpuEngineStandIn`) that
+starts nothing and answers with recorded items; everything else is the production code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import PrivateAttr
+
+from onboarding.accuracy_gate import AccuracyGates, TaskScore, apply_policy, judge_variant
+from onboarding.catalog import ModelSpec
+from onboarding.paths import PROJECT_ROOT
+from onboarding.refs import CheckpointRef
+from onboarding.served_accuracy import agreement
+from onboarding.variants import (
+    AccuracyRecord,
+    AccuracyReport,
+    GateOutcome,
+    QuantizedSet,
+    QuantizedVariant,
+    choose_precision,
+    deciding_gate,
+)
+from resources.accuracy_runs import served_report
+from resources.config_files import ConfigFiles
+from resources.engine import Engine, RunningEngine
+from resources.evaluator import EvalRun
+
+DATA = PROJECT_ROOT / "tests" / "data" / "served_accuracy"
+CPU = DATA / "cpu_smollm2.json"
+GPU = DATA / "gpu_smollm2.json"
+TASKS = ("onb_facts_mc", "onb_arith_gen")
+METRICS = {"onb_facts_mc": "acc", "onb_arith_gen": "exact_match"}
+
+
+def load_scores(recorded: dict) -> dict[str, TaskScore]:
+    return {t: TaskScore(t, s["metric"], s["value"], s["stderr"], s["n"],
+                         {int(k): float(v) for k, v in s["per_item"].items()}, s["size"])
+            for t, s in recorded["tasks"].items()}
+
+
+def recorded(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def gates_for(data: dict) -> AccuracyGates:
+    return AccuracyGates.model_validate(data["settings"]["gates"])
+
+
+def lose(scores: dict[str, TaskScore], task: str, every: int) -> dict[str, TaskScore]:
+    """A planted fault: every `every`-th item of `task` answered wrong (what a wrong scale on one
+    layer does to a model's answers), the rest as recorded."""
+    s = scores[task]
+    per_item = {i: (0.0 if i % every == 0 else v) for i, v in s.per_item.items()}
+    return {**scores, task: TaskScore(task, s.metric, sum(per_item.values()) / len(per_item),
+                                      None, len(per_item), per_item, s.size)}
+
+
+@pytest.fixture(scope="module")
+def cpu() -> dict:
+    if not CPU.is_file():
+        pytest.skip(f"{CPU} not recorded (bench/served_accuracy_gpu.py --precisions bf16)")
+    return recorded(CPU)
+
+
+def test_recorded_cpu_bf16_served_and_in_process_do_not_disagree(cpu):
+    gates = gates_for(cpu)
+    in_process, served = (load_scores(cpu[k]["bf16"]) for k in ("in_process", "served"))
+    found = agreement("bf16", in_process, served, gates)
+    assert found.verdict != "disagree", found.reason
+    assert found.verdict == cpu["agreements"]["bf16"]["verdict"]  # as the run recorded it
+    for t in found.tasks:
+        assert t.paired and t.n == in_process[t.task].n == served[t.task].n
+        assert abs(t.diff) < 0.05  # the same bf16 weights: a few near-tie items flip
+
+
+def test_a_planted_fault_in_the_served_answers_is_an_export_or_kernel_problem(cpu):
+    gates = gates_for(cpu)
+    in_process = load_scores(cpu["in_process"]["bf16"])
+    broken = lose(load_scores(cpu["served"]["bf16"]), "onb_arith_gen", every=2)
+    found = agreement("bf16", in_process, broken, gates)
+    assert found.verdict == "disagree" and not found.passed
+    arith = next(t for t in found.tasks if t.task == "onb_arith_gen")
+    assert arith.diff_high < -gates.served_agreement.max_abs_diff
+    assert found.reason.startswith("export or kernel problem: onb_arith_gen: served ")
+    assert f"in process {in_process['onb_arith_gen'].value:.4f}" in found.reason
+    assert f"served {broken['onb_arith_gen'].value:.4f}" in found.reason
+
+
+def test_a_task_missing_from_the_served_run_is_a_disagreement(cpu):
+    gates = gates_for(cpu)
+    in_process = load_scores(cpu["in_process"]["bf16"])
+    served = load_scores(cpu["served"]["bf16"])
+    del served["onb_arith_gen"]
+    found = agreement("bf16", in_process, served, gates)
+    assert found.verdict == "disagree" and "not scored when served: onb_arith_gen" in found.reason
+
+
+# ---- served_report: the served_accuracy asset's code with a GPU engine stand-in ----
+
+class GpuEngineStandIn(Engine):
+    """The real Engine's configuration and servable matrix (configs/stack.yaml, sm100 serves
+    NVFP4, FP8, bf16); `serve` starts nothing (no GPU here) and records each start."""
+
+    _starts: list = PrivateAttr(default_factory=list)
+
+    @property
+    def starts(self) -> list:
+        return self._starts
+
+    @contextlib.contextmanager
+    def serve(self, variant, config, engine_args=None, start_timeout_s=None, cache_dir=None):
+        self.starts.append((variant.precision, {k: config.params[k] for k in
+                                                ("max_model_len", "max_num_seqs")}))
+        served_name = config.served_name
+        running = RunningEngine(base_url=f"http://stand-in/{variant.precision}", port=0, pid=0,
+                                served_name=served_name, log_path=Path("/dev/null"), argv=[],
+                                dropped_args=[])
+        running.phases.first_token_s = 0.0
+        yield running
+
+
+class RecordedEvaluator:
+    """The Evaluator's served mode answered from recorded per-item results (the first `limit`
+    items, as lm-eval takes them), per precision by the served variant's path."""
+
+    def __init__(self, by_path: dict[str, dict[str, TaskScore]]):
+        self.by_path, self.calls = by_path, []
+
+    def evaluate_served(self, base_url, served_name, tokenizer_dir, tasks, limit=None,
+                        max_length=None) -> EvalRun:
+        scores = self.by_path[str(tokenizer_dir)]
+        self.calls.append((Path(tokenizer_dir).name, tuple(tasks), limit, max_length))
+        results, samples, sizes = {}, {}, {}
+        for t in tasks:
+            s = scores[t]
+            items = sorted(s.per_item.items())[:limit]
+            metric = METRICS[t]
+            results[t] = {f"{metric},none": sum(v for _, v in items) / len(items),
+                          "sample_len": len(items)}
+            samples[t] = [{"doc_id": i, metric: v} for i, v in items]
+            sizes[t] = s.size
+        return EvalRun(results, samples, 0.0, sum(len(v) for v in samples.values()), sizes)
+
+
+def first(scores: dict[str, TaskScore], n: int) -> dict[str, TaskScore]:
+    out = {}
+    for t, s in scores.items():
+        items = dict(sorted(s.per_item.items())[:n])
+        out[t] = TaskScore(t, s.metric, sum(items.values()) / n, None, n, items, s.size)
+    return out
+
+
+@pytest.fixture
+def world(cpu, tmp_path, config_dir):
+    """SmolLM2's recorded bf16 results standing for every precision, with NVFP4 broken when
+    served (planted): in process, NVFP4 and FP8 score as bf16 did."""
+    in_process = load_scores(cpu["in_process"]["bf16"])
+    served = load_scores(cpu["served"]["bf16"])
+    ckpt = tmp_path / "m" / "rev"
+    variants = []
+    for p in ("nvfp4", "fp8"):
+        d = tmp_path / "m" / "rev.variants" / p
+        d.mkdir(parents=True)
+        variants.append(QuantizedVariant(p, str(d), str(d) + ".pt", 1, f"hash-{p}",
+                                         export_valid=True))
+    ckpt.mkdir(parents=True)
+    qset = QuantizedSet("m", str(ckpt), 1, tuple(variants))
+    checkpoint = CheckpointRef("m", "s3://models/m/", "rev", str(ckpt), "hash-bf16", 1)
+    n = min(s.n for s in in_process.values())
+    gates = gates_for(cpu).model_copy(update={"min_items": n})
+    records = tuple(AccuracyRecord(p, "in_process", f"hash-{p}", in_process)
+                    for p in ("bf16", "nvfp4", "fp8"))
+    accuracy = AccuracyReport("m", (), tuple(GateOutcome(p, True, "in process: pass")
+                                             for p in ("nvfp4", "fp8")), {}, records)
+    by_path = {str(ckpt): served, variants[0].path: lose(served, "onb_arith_gen", every=2),
+               variants[1].path: served}
+    spec = ModelSpec(id="m", source="s3://models/m/", served_name="m",
+                     engine_args={"max_model_len": 2048, "max_num_seqs": 64})
+    configs = ConfigFiles(config_dir=str(config_dir), discovered_dir=str(tmp_path / "found"))
+    return {"qset": qset, "checkpoint": checkpoint, "gates": gates, "accuracy": accuracy,
+            "by_path": by_path, "spec": spec, "configs": configs, "served": served, "n": n}
+
+
+def run(world, hardware="sm100", accuracy=None):
+    engine = GpuEngineStandIn(configs=world["configs"], hardware=hardware)
+    evaluator = RecordedEvaluator(world["by_path"])
+    report = served_report(engine, evaluator, world["spec"], world["checkpoint"],
+                           world["qset"], accuracy or world["accuracy"], world["gates"])
+    return report, engine, evaluator
+
+
+def test_every_precision_is_served_once_on_the_in_process_items_and_judged(world):
+    report, engine, evaluator = run(world)
+    assert [p for p, _ in engine.starts] == ["bf16", "nvfp4", "fp8"]
+    # the model's production parameters, in the configuration serving_config would build
+    assert engine.starts[0][1] == {"max_model_len": 2048, "max_num_seqs": 64}
+    in_process = world["accuracy"].record("bf16").scores
+    for _, tasks, limit, _ in evaluator.calls:  # the same items as in process, task by task
+        assert all(in_process[t].n == limit for t in tasks)
+    assert {c[3] for c in evaluator.calls} == {2048}  # lm-eval's max length: the engine's
+    assert [r.source for r in report.records] == ["served"] * 3
+    assert report.record("nvfp4").content_hash == "hash-nvfp4"
+    # NVFP4 served is broken (planted): its served gate fails against bf16 served, and it
+    # disagrees with its in-process score; FP8 served scores as bf16 served: it passes
+    assert report.gate("nvfp4").verdict == "fail" and report.gate("nvfp4").source == "served"
+    assert report.gate("fp8").verdict == "pass" and report.gate("fp8").passed
+    assert report.agreement("nvfp4").verdict == "disagree"
+    assert "export or kernel problem" in report.agreement("nvfp4").reason
+    assert report.agreement("fp8").verdict == report.agreement("bf16").verdict != "disagree"
+    assert report.not_served == {}
+
+
+def test_the_served_gate_decides_and_serving_variant_falls_back_on_it(world):
+    report, _, _ = run(world)
+    qset, accuracy = world["qset"], world["accuracy"]
+    gate, why = deciding_gate("nvfp4", qset.get("nvfp4"), accuracy, report)
+    assert gate.source == "served" and not gate.passed and why.startswith("served")
+    assert accuracy.gate("nvfp4").passed  # in process it had passed
+    chosen, skipped = choose_precision(["nvfp4", "fp8", "bf16"], qset, accuracy, report)
+    assert chosen == "fp8"
+    assert skipped["nvfp4"].startswith("accuracy gate failed (served): onb_arith_gen: drop")
+
+
+def test_on_the_cpu_engine_only_bf16_is_served_and_the_in_process_gate_decides(world):
+    report, engine, _ = run(world, hardware="cpu")
+    assert [p for p, _ in engine.starts] == ["bf16"]
+    assert set(report.not_served) == {"nvfp4", "fp8"}
+    assert "vllm on cpu serves bf16, not nvfp4" in report.not_served["nvfp4"]
+    assert report.gates == () and report.agreement("bf16") is not None
+    gate, why = deciding_gate("nvfp4", world["qset"].get("nvfp4"), world["accuracy"], report)
+    assert gate.source == "in_process" and why.startswith("in process: not served here (vllm")
+
+
+def test_an_inconclusive_served_gate_restarts_the_engines_for_more_items(world):
+    """In process scored 20 items; served on those 20, NVFP4's planted fault (every 7th
+    arithmetic answer wrong) is not yet decisive, so bf16 and NVFP4 are served again on every
+    recorded item of that task (the task's size here), and the gate decides there."""
+    size, served, gates = world["n"], world["served"], world["gates"]
+    for scores in world["by_path"].values():  # the recorded items are the whole task here
+        for t, s in list(scores.items()):
+            scores[t] = TaskScore(t, s.metric, s.value, None, s.n, s.per_item, size)
+    nvfp4_served = lose(world["by_path"][world["checkpoint"].path], "onb_arith_gen", every=7)
+    world["by_path"][world["qset"].get("nvfp4").path] = nvfp4_served
+    world["gates"] = gates = gates.model_copy(update={"min_items": 20})
+    assert judge_variant("nvfp4", first(served, 20), first(nvfp4_served, 20),
+                         gates).verdict == "inconclusive"
+    short = AccuracyReport("m", (), world["accuracy"].gates, {}, tuple(
+        AccuracyRecord(r.precision, r.source, r.content_hash, first(r.scores, 20))
+        for r in world["accuracy"].records))
+    report, engine, evaluator = run(world, accuracy=short)
+    starts = [p for p, _ in engine.starts]
+    assert starts[:3] == ["bf16", "nvfp4", "fp8"] and len(starts) > 3
+    assert set(starts[3:]) == {"bf16", "nvfp4"}  # FP8 served as bf16 did: decided at 20
+    more = evaluator.calls[3:]
+    assert {c[1] for c in more} == {("onb_arith_gen",)}  # only the inconclusive task
+    limits = [c[2] for c in more]
+    assert limits == sorted(limits) and limits[0] >= 40  # at least doubled each round
+    gate = report.gate("nvfp4")
+    assert gate.items == limits[-1] == report.record("nvfp4").scores["onb_arith_gen"].n
+    assert gate.verdict != "inconclusive" or gate.items == size
+    final = judge_variant("nvfp4", report.record("bf16").scores,
+                          report.record("nvfp4").scores, gates)
+    assert (gate.verdict, gate.passed) == (final.verdict, apply_policy(final, gates).passed)
+
+
+@pytest.mark.skipif(not GPU.is_file(), reason="gpu_smollm2.json not brought back from the H200 "
+                    "yet (bench/served_accuracy_gpu.py; docs/gpu.md)")
+def test_recorded_h200_run_replays_to_the_verdicts_it_recorded():
+    data = recorded(GPU)
+    gates = gates_for(data)
+    in_process = {p: load_scores(r) for p, r in data["in_process"].items()}
+    served = {p: load_scores(r) for p, r in data["served"].items()}
+    assert {"bf16", "fp8", "nvfp4"} <= set(served), data.get("not_served")
+    for p, found in data["agreements"].items():
+        assert agreement(p, in_process[p], served[p], gates).verdict == found["verdict"], p
+    for p, found in data["served_gates"].items():
+        assert judge_variant(p, served["bf16"], served[p], gates).verdict == found["verdict"]
+    bf16 = agreement("bf16", in_process["bf16"], served["bf16"], gates)
+    assert bf16.verdict != "disagree", bf16.reason  # vLLM's bf16 is the checkpoint as it is
+    # the issue's FP8 case does not pass on noise, whichever source decides
+    assert data["deciding"]["fp8"]["verdict"] in ("pass", "fail", "inconclusive")
+    assert not (data["deciding"]["fp8"]["passed"] and data["deciding"]["fp8"]["verdict"]
+                == "inconclusive" and gates.inconclusive.policy == "fail")
