@@ -17,7 +17,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from assets.report import NODES_PARTITIONS, fleet_report, readiness_report
+from assets.partitions import nodes_partitions
+from assets.report import fleet_report, readiness_report
 from onboarding.paths import PROJECT_ROOT
 from onboarding.report import FleetReport, ModelReport
 from resources.upstream import materialized_at
@@ -146,7 +147,7 @@ class StandInAcceptance:
 
 
 def test_the_fleet_shows_node_acceptance_from_its_stored_values(instance, configs, outputs):
-    @dg.asset(name="node_acceptance", partitions_def=NODES_PARTITIONS)
+    @dg.asset(name="node_acceptance", partitions_def=nodes_partitions)
     def node_acceptance(context) -> StandInAcceptance:
         return StandInAcceptance(context.partition_key, "h200", False,
                                  ("phase 2 gpu_health: XID 79 on GPU 3",),
