@@ -9,6 +9,8 @@ but whose stored value is gone is an error, never a silent `None`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import dagster as dg
 
 
@@ -20,6 +22,31 @@ def latest_materialization(instance: dg.DagsterInstance, asset: dg.AssetKey | st
         dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None),
         limit=1).records
     return records[0].asset_materialization if records else None
+
+
+def materialized_at(instance: dg.DagsterInstance, asset: dg.AssetKey | str,
+                    partition: str | None) -> float | None:
+    """When the newest materialization of `asset` for `partition` was stored (unix seconds)."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey.from_coercible(asset),
+                              asset_partitions=[partition] if partition else None),
+        limit=1).records
+    return records[0].timestamp if records else None
+
+
+def stored_value(io_manager: dg.IOManager, instance: dg.DagsterInstance,
+                 asset: dg.AssetKey | str, partition: str,
+                 partitions_def: dg.PartitionsDefinition) -> Any:
+    """The value `asset` stored for `partition`, read outside the asset graph's edges: an
+    asset's own previous value, or a value of another partition set (node assets seen from
+    a model's report). None when that partition was never materialized; a materialized one
+    whose stored value is gone is an error, as for `optional_upstream`."""
+    key = dg.AssetKey.from_coercible(asset)
+    if latest_materialization(instance, key, partition) is None:
+        return None
+    return io_manager.load_input(dg.build_input_context(
+        asset_key=key, partition_key=partition, asset_partitions_def=partitions_def,
+        instance=instance))
 
 
 @dg.input_manager(required_resource_keys={"io_manager"},

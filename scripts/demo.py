@@ -119,6 +119,12 @@ def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
     for event in result.all_events:
         if event.is_step_failure:
             print(f"  step {event.step_key} FAILED: {event.step_failure_data.error.message}")
+    pages = {e.asset_key.to_user_string(): e.event_specific_data.materialization.metadata[
+        "page"].value for e in result.get_asset_materialization_events()
+        if e.asset_key.to_user_string() in ("readiness_report", "fleet_report")}
+    print(f"\nreadiness report of {model}: "
+          f"{pages.get('readiness_report', 'not written by this run')}"
+          + (f"\nfleet report: {pages['fleet_report']}" if "fleet_report" in pages else ""))
     return result.success
 
 

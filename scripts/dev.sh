@@ -6,6 +6,8 @@
 #   scripts/dev.sh demo    set up, start the local S3 server, onboard the small real model
 #   scripts/dev.sh test    set up, run the whole test suite (what CI runs)
 #   scripts/dev.sh ui      set up, start the local S3 server and `dagster dev` on 127.0.0.1:3000
+#   scripts/dev.sh report  print the paths of the readiness reports (opens the fleet page when
+#                          there is a display)
 #   scripts/dev.sh setup   only the setup
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,8 +87,22 @@ setup() {
   setup_dagster_home
 }
 
+report() {  # the HTML pages readiness_report and fleet_report wrote (docs/report.md)
+  local dir=${ONBOARDING_REPORTS_DIR:-$ROOT/.data/reports} pages
+  pages=$(ls "$dir"/fleet.html "$dir"/*/readiness.html 2>/dev/null || true)
+  if [ -z "$pages" ]; then
+    echo "no readiness report under $dir yet: run scripts/dev.sh demo" >&2
+    return 1
+  fi
+  printf '%s\n' "$pages"
+  if [ -n "${DISPLAY:-}${WAYLAND_DISPLAY:-}" ] && command -v xdg-open >/dev/null && [ -f "$dir/fleet.html" ]; then
+    xdg-open "$dir/fleet.html" >/dev/null 2>&1 &
+  fi
+}
+
 case "${1:-demo}" in
   setup) setup ;;
+  report) report ;;
   demo)
     setup
     shift || true
@@ -99,5 +115,5 @@ case "${1:-demo}" in
   ui)
     setup
     exec .venv/bin/python scripts/demo.py --ui ;;
-  *) echo "usage: scripts/dev.sh [demo|test|ui|setup] [args]" >&2; exit 2 ;;
+  *) echo "usage: scripts/dev.sh [demo|test|ui|report|setup] [args]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,244 @@
+"""The readiness report's pages, rendered from crafted stored values (tests/report_facts.py):
+every section and plot present, self-contained HTML, every number with its source, a
+not-ready model's reasons, since-when carried over, the fleet's rows."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import io
+import re
+
+import pytest
+from PIL import Image
+
+from onboarding.paths import PROJECT_ROOT
+from onboarding.plan import Measured, plan, plan_inputs, shape_from_hint
+from onboarding.readiness import Readiness, judge
+from onboarding.report import (
+    FleetEntry,
+    FleetReport,
+    NodeAcceptanceRow,
+    Table,
+    carry_since,
+    drop_points,
+    fleet_page,
+    fleet_rows,
+    manifest_row,
+    model_page,
+    node_numbers,
+    read_sweep_csv,
+    to_html,
+    to_markdown,
+    when,
+)
+from onboarding.serving_plan import serving_plan
+from onboarding.tables import write_csv
+from onboarding.variants import AccuracyReport
+from tests.report_facts import (
+    BIG,
+    CATALOG,
+    GATES,
+    NODES,
+    STACK,
+    TARGETS,
+    TEMPLATES,
+    facts_of,
+    ready_model,
+    stand_in_model,
+    sweep_rows,
+)
+
+DATA_URI = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+
+
+@pytest.fixture(scope="module")
+def ready():
+    return ready_model()
+
+
+@pytest.fixture(scope="module")
+def ready_page(ready):
+    return model_page(facts_of(ready))
+
+
+def test_a_ready_model_has_every_section_and_plot(ready_page):
+    anchors = [s.anchor for s in ready_page.sections]
+    assert anchors == ["verdict-section", "fetched", "accuracy", "precision", "node-b300",
+                       "node-h200", "measured-h200", "plan", "manifests"]
+    assert [f.name for f in ready_page.figures()] == ["accuracy", "starts", "curves"]
+    page = to_html(ready_page)
+    assert '<span class="badge">READY</span><span id="verdict">ready on h200</span>' in page
+    assert 'id="verdict-h200">ready</span>' in page
+    assert 'id="verdict-b300">not ready: SLOs never measured at configuration' in page
+
+
+def test_the_html_is_self_contained_and_every_plot_decodes(ready_page):
+    page = to_html(ready_page)
+    assert "<script" not in page and "<link" not in page and "url(" not in page
+    assert re.findall(r'(?:src|href)="([^"]*)"', page) == [
+        m.group(0)[5:-1] for m in DATA_URI.finditer(page)]  # every src is a data: URI
+    images = [Image.open(io.BytesIO(base64.b64decode(b))) for b in DATA_URI.findall(page)]
+    assert len(images) == 3 and all(i.format == "PNG" and min(i.size) > 100 for i in images)
+
+
+def test_markdown_says_what_the_html_says(ready_page):
+    page, md = to_html(ready_page), to_markdown(ready_page)
+    for s in ready_page.sections:
+        assert f"{'#' * s.level} {s.title}" in md and f">{s.title}</h{s.level}>" in page
+    for f in ready_page.figures():
+        encoded = base64.b64encode(f.png).decode()
+        assert encoded in md and encoded in page
+    tables = [b for s in ready_page.sections for b in s.blocks if isinstance(b, Table)]
+    assert page.count("<table>") == md.count("\n|---") + md.count("\n|--:") == sum(
+        1 for t in tables if t.rows)
+
+
+def test_numbers_carry_where_they_came_from(ready):
+    facts = facts_of(ready)
+    h200, b300 = ready.splan.config("h200"), ready.splan.config("b300")
+    measured = {r["quantity"]: r for r in node_numbers(facts, "h200", h200)}
+    where = f"measured on h200 at configuration {h200.hash} (vllm {h200.engine_version})"
+    assert measured["cold start p95 (s)"] == {"quantity": "cold start p95 (s)", "value": 55.2,
+                                              "source": where}
+    assert measured["tokens/s/GPU"]["value"] == 1210.5
+    assert measured["SLO at target concurrency"]["source"] == f"{where} (blocking)"
+    assert measured["weights"]["source"] == "measured: the variant's files"
+    predicted = {r["quantity"]: r for r in node_numbers(facts, "b300", b300)}
+    assert (b300.precision, b300.tensor_parallel) == ("fp8", 1)
+    # tests/data/predict/recorded_predictions.json: b300 fp8 TP 1 at batch 32, no calibration
+    assert predicted["tokens/s/GPU"]["value"] == pytest.approx(1247.3584477699214)
+    assert predicted["TPOT (ms)"]["value"] == pytest.approx(24.778500059357285)
+    assert predicted["tokens/s/GPU"]["source"].startswith(
+        "predicted by AIConfigurator 0.12.0 from its b300_sxm vllm 0.24.0 data, uncorrected")
+    assert predicted["cold start p95 (s)"]["value"] is None
+    assert predicted["cold start p95 (s)"]["source"].startswith(
+        f"unmeasured: configuration {b300.hash} was never measured on b300")
+    assert predicted["SLO at target concurrency (predicted)"]["value"] == "pass"
+
+
+def test_estimates_name_their_rule():
+    spec = CATALOG[BIG]
+    p = plan(plan_inputs(spec, NODES, shape_from_hint(spec.architecture, "t"), Measured()),
+             NODES)
+    splan = serving_plan(spec, p, NODES, STACK, TEMPLATES[STACK.engine])
+    facts = dataclasses.replace(facts_of(ready_model()), serving_plan=splan, load_timing=None,
+                                benchmark=None, predictions=None)
+    rows = {r["quantity"]: r for r in node_numbers(facts, "h200", splan.config("h200"))}
+    assert rows["weights"]["source"] == ("estimate: parameters (catalog "
+                                         "architecture.params_billion (declared)) x bytes per "
+                                         "parameter of fp8 (configs/nodes.yaml)")
+    assert rows["tokens/s/GPU"]["value"] is None
+    assert rows["tokens/s/GPU"]["source"].startswith("absent: unmeasured")
+    assert rows["KV cache per GPU (GiB)"]["source"].startswith("rule: 32 sequences x 8192")
+
+
+def test_a_not_ready_model_shows_every_reason_in_both_renderings():
+    stored = stand_in_model()
+    verdict: Readiness = stored.values["readiness"]
+    page = model_page(facts_of(stored))
+    text, md = to_html(page), to_markdown(page)
+    assert not verdict.ready
+    reasons = [r for n in verdict.nodes for r in n.reasons]
+    assert len(reasons) == 4  # per target: unpublished, SLOs never measured at its hash
+    for reason in reasons:
+        assert reason in md and html.escape(reason) in text
+    assert f'<span id="verdict">{verdict.summary()}</span>' in text
+    assert [s.anchor for s in page.sections][-3:] == ["measured", "plan", "manifests"]
+    assert "Measured on cpu (not a target node type's configuration)" in md
+    assert "a warning only (a stand-in profile)" in md
+    assert "chat @ 4: mean ITL 180.2 ms > 150 ms" in md
+    assert "unpublished: no fp8 variant was published" in md
+
+
+def test_absent_stages_are_said_absent():
+    model = "fresh-model"
+    verdict = judge(model, list(TARGETS), None, None, None)
+    stored = ready_model()
+    facts = dataclasses.replace(
+        facts_of(stored), model=model, verdict=carry_since(None, verdict, 5.0), checkpoint=None,
+        quantized=None, accuracy=None, serving_variant=None, skipped={}, serving_plan=None,
+        load_timing=None, benchmark=None, sweep_rows=(), published=None, manifests=None,
+        predictions=None)
+    md = to_markdown(model_page(facts))
+    for absent in ("`checkpoint` was never materialized", "`quantized` was never materialized",
+                   "`accuracy` was never materialized", "nothing serves",
+                   "`serving_config` was never materialized", "Nothing measured",
+                   "`kserve_manifest` was never materialized"):
+        assert absent in md, absent
+    assert "not ready: no precision passed its accuracy gate" in md
+    assert not model_page(facts).figures()
+
+
+def test_drop_intervals_from_the_paired_se_or_from_the_gate():
+    rows, _ = drop_points(ready_model().values["accuracy"], GATES)
+    arith_fp8 = next(p for p in rows if (p.task, p.precision) == ("onb_arith_gen", "fp8"))
+    assert arith_fp8.drop_pts == pytest.approx(4.6)
+    assert (arith_fp8.low_pts, arith_fp8.high_pts) == pytest.approx(
+        (4.6 - 1.645 * 2.5, 4.6 + 1.645 * 2.5))
+    assert arith_fp8.allowed_pts == pytest.approx(0.05 * 43.6)
+    # a three-way gate's rows carry their own interval, allowed drop and verdict
+    row = {"task": "onb_arith_gen", "metric": "exact_match", "precision": "fp8",
+           "baseline": 0.436, "variant": 0.39, "delta": -0.046, "se_delta": 0.025, "n": 200,
+           "drop_low": 0.005, "drop_high": 0.087, "allowed_drop": 0.0218,
+           "verdict": "inconclusive", "passed": False}
+    points, table = drop_points(AccuracyReport("m", (row,), ()), GATES)
+    assert (points[0].low_pts, points[0].high_pts, points[0].allowed_pts) == pytest.approx(
+        (0.5, 8.7, 2.18))
+    assert points[0].verdict == "inconclusive" and table[0]["interval"] == "the gate's interval"
+
+
+def test_since_is_carried_while_the_state_holds():
+    stored = ready_model()
+    verdict = stored.values["readiness"]
+    first = carry_since(None, verdict, 100.0)
+    assert first.since == 100.0 and {n.since for n in first.nodes} == {100.0}
+    held = carry_since(first, verdict, 200.0)
+    assert held.since == 100.0 and held.readiness_at == 200.0
+    h200_down = Readiness(verdict.model, False, tuple(
+        dataclasses.replace(n, ready=False, reasons=("SLOs missed: x",)) for n in verdict.nodes))
+    changed = carry_since(held, h200_down, 300.0)
+    assert changed.since == 300.0
+    assert changed.node("h200").since == 300.0 and changed.node("b300").since == 100.0
+
+
+def test_fleet_rows_cover_every_model_and_node_type():
+    ready_report = carry_since(None, ready_model().values["readiness"], 100.0)
+    no_variant = carry_since(None, judge("b", list(TARGETS), None, None, None), 50.0)
+    rows = fleet_rows([
+        FleetEntry("a", False, ready_report, "a/readiness.html"),
+        FleetEntry("b", False, no_variant, "b/readiness.html"),
+        FleetEntry("c", True, None), FleetEntry("d", False, None)], TARGETS)
+    by = {(r.model, r.node_type): r for r in rows}
+    assert len(rows) == 8
+    assert by[("a", "h200")].ready and by[("a", "h200")].since == 100.0
+    assert by[("b", "h200")].why.startswith("no precision passed its accuracy gate")
+    assert by[("b", "b300")].since == 50.0
+    assert by[("c", "b300")].why.startswith("never judged: a plan-only catalog entry")
+    assert by[("d", "b300")].why == "never judged: no readiness_report yet"
+    fleet = FleetReport(rows, "", (NodeAcceptanceRow("n1", "h200", True, (), 10.0,
+                                                     ({"phase": 1, "verdict": "go"},)),))
+    page = fleet_page(fleet, TARGETS)
+    text, md = to_html(page), to_markdown(page)
+    assert fleet.ready_models() == ["a"]
+    assert "1 of 4 catalogued models ready" in md
+    assert '<a href="a/readiness.html">a</a>' in text and "[a](a/readiness.html)" in md
+    assert "| n1 | h200 | yes | 1: go |" in md and when(10.0) in md
+
+
+def test_manifest_row_reads_storage_and_the_number_sources():
+    golden = PROJECT_ROOT / "tests" / "golden" / "llama-3-1-70b-instruct-h200.yaml"
+    row = manifest_row("h200", str(golden), "svc", "af89fa284c1e", False, False, True,
+                       golden.read_text())
+    assert row.storage_uri == "s3://model-serving/llama-3-1-70b-instruct/fp8/"
+    assert row.notes["startup-probe"].startswith("default: never load-timed")
+    assert row.notes["throughput"].startswith("absent: never benchmarked")
+
+
+def test_the_sweep_csv_reads_back_as_numbers(tmp_path):
+    rows = sweep_rows()
+    read = read_sweep_csv(write_csv(tmp_path / "sweep.csv", rows))
+    assert [dict(r) for r in read] == [{k: float(v) if isinstance(v, int) and not isinstance(
+        v, bool) else v for k, v in r.items()} for r in rows]
+    assert read_sweep_csv(tmp_path / "absent.csv") == ()
