@@ -330,6 +330,8 @@ def _twin_serving_variant(configs: ConfigFiles, engine: Engine, spec: ModelSpec,
     plan = build_plan(spec, configs.nodes(), checkpoint, None)
     precision, why = twins.twin_precision(spec.id, spec.precision_ladder, plan, engine.node_type,
                                           engine.can_serve)
+    if error := twins.unusable_marker(spec.id, precision, quantized):
+        raise error
     ref = variant_ref(spec.id, precision, checkpoint, quantized)
     yield dg.Output(ref, data_version=dg.DataVersion(ref.content_hash), metadata={
         "precision": precision, "weights": f"random ({twins.NO_WEIGHTS})",

@@ -24,6 +24,7 @@ from onboarding.variants import (
     AccuracyReport,
     GateOutcome,
     QuantizationError,
+    QuantizedSet,
     ServedAccuracyReport,
     write_manifest,
 )
@@ -163,6 +164,18 @@ def twin_precision(model: str, ladder: list[str], plan: DeploymentPlan, node_typ
                           "the engine at hand serves no precision of its ladder: "
                           + "; ".join(why_not),
                           "Run it on a node type the plan serves (ONBOARDING_NODE_TYPE).")
+
+
+def unusable_marker(model: str, precision: str, quantized: QuantizedSet) -> OnboardingError | None:
+    """The error when the precision a twin is to be measured at has no usable export marker."""
+    v = quantized.get(precision)
+    if precision == "bf16" or (v is not None and v.usable):
+        return None
+    return OnboardingError(
+        f"performance twin {model!r} at {precision}", "the plan serves this precision here, and "
+        f"its export marker is unusable: {v.error if v else 'it was not made'}",
+        "Give the twin a whole-model preset of this precision in configs/quantization.yaml "
+        "(docs/twins.md) and re-materialize quantized.")
 
 
 def accuracy_report(model: str, ladder: list[str]) -> AccuracyReport:

@@ -31,6 +31,7 @@ from onboarding.twins import (
     served_report,
     split_weights,
     twin_precision,
+    unusable_marker,
     write_twin_variant,
 )
 from onboarding.variants import QuantizationError
@@ -187,6 +188,19 @@ def test_a_twin_the_plan_cannot_fit_on_the_node_at_hand_is_refused():
     assert not tight.node("h100").feasible
     with pytest.raises(OnboardingError, match="the plan serves it nowhere on this node type"):
         twin_precision(spec.id, ["bf16"], tight, "h100", lambda _: (True, ""))
+
+
+def test_a_twin_is_not_measured_at_a_precision_whose_marker_is_unusable():
+    from onboarding.variants import QuantizedSet, QuantizedVariant
+
+    good = QuantizedVariant("fp8", "/v/fp8", None, 1, "h", export_valid=True)
+    bad = QuantizedVariant("nvfp4", None, None, error="preset NVFP4_MLP_ONLY_CFG is not one")
+    quantized = QuantizedSet("t", "/c", 1, (good, bad))
+    assert unusable_marker("t", "fp8", quantized) is None
+    assert unusable_marker("t", "bf16", QuantizedSet("t", "/c", 1, ())) is None
+    error = unusable_marker("t", "nvfp4", quantized)
+    assert "export marker is unusable: preset NVFP4_MLP_ONLY_CFG" in str(error)
+    assert "it was not made" in str(unusable_marker("t", "fp8", QuantizedSet("t", "/c", 1, ())))
 
 
 def test_the_twins_configuration_loads_random_weights_and_hashes_apart_from_the_real_model():
