@@ -165,7 +165,8 @@ class ExportCheck:
 
 
 class Quantizer(dg.ConfigurableResource):
-    """Interface: produce a quantized variant, rebuild it in memory, prove its export."""
+    """Interface: produce a quantized variant, rebuild it in memory, prove its export; for a
+    performance twin, write the export marker only."""
 
     def quantize(self, model_id: str, checkpoint_dir: Path, precision: str, out_dir: Path,
                  revision: str, log=print, verify: bool = True) -> QuantizedVariant:
