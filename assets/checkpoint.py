@@ -12,6 +12,7 @@ from onboarding.checkpoint_manifest import read_safetensors_header
 from onboarding.errors import ConfigError, IncompleteCheckpointError, IntegrityError
 from onboarding.refs import CheckpointRef
 from onboarding.tables import md_table
+from onboarding.twins import NO_WEIGHTS
 from resources.config_files import ConfigFiles
 from resources.huggingface import HuggingFaceStore
 from resources.nvme_cache import FetchResult, NvmeCache
@@ -29,7 +30,8 @@ INTACT = "checkpoint_integrity"
     check_specs=[
         dg.AssetCheckSpec(COMPLETE, asset="checkpoint", blocking=True,
                           description="every file present at its size; the shard index "
-                                      "satisfied; safetensors headers parse"),
+                                      "satisfied; safetensors headers parse; weights present "
+                                      "(none for a performance twin)"),
         dg.AssetCheckSpec(INTACT, asset="checkpoint", blocking=True,
                           description="every file's sha256 on disk equals the manifest, which "
                                       "matched the source's recorded checksums at fetch time"),
@@ -45,7 +47,8 @@ def checkpoint(context: dg.AssetExecutionContext, configs: ConfigFiles, s3: S3Ob
     source = spec.source_ref
     store = s3 if source.kind == "s3" else hf
     try:
-        result = nvme_cache.fetch(spec.id, store, source, log=context.log.info)
+        result = nvme_cache.fetch(spec.id, store, source, log=context.log.info,
+                                  weights=not spec.is_twin)
     except (IntegrityError, IncompleteCheckpointError) as exc:
         failed = INTACT if isinstance(exc, IntegrityError) else COMPLETE
         yield dg.AssetCheckResult(check_name=failed, passed=False, metadata={
@@ -57,9 +60,9 @@ def checkpoint(context: dg.AssetExecutionContext, configs: ConfigFiles, s3: S3Ob
                       total_bytes=result.manifest.total_bytes,
                       files=tuple(f.path for f in result.manifest.files)),
         data_version=dg.DataVersion(result.manifest.content_hash),
-        metadata=_metadata(result),
+        metadata={**_metadata(result), "weights": NO_WEIGHTS if spec.is_twin else "real"},
     )
-    yield _completeness(nvme_cache, result)
+    yield _completeness(nvme_cache, result, spec.is_twin)
     yield _integrity(nvme_cache, result)
 
 
@@ -83,18 +86,25 @@ def _metadata(result: FetchResult) -> dict:
     }
 
 
-def _completeness(cache: NvmeCache, result: FetchResult) -> dg.AssetCheckResult:
+def _completeness(cache: NvmeCache, result: FetchResult, twin: bool) -> dg.AssetCheckResult:
+    """A performance twin is complete without weights (it is started on random ones); any other
+    checkpoint without a weight file has nothing to serve."""
     problems = cache.verify(result.path, full=False)
-    for f in result.manifest.files:
-        if f.path.endswith(".safetensors") and not problems:
+    weights = [f.path for f in result.manifest.files if f.path.endswith(".safetensors")]
+    for path in weights:
+        if not problems:
             try:
-                read_safetensors_header(result.path / f.path)
+                read_safetensors_header(result.path / path)
             except IntegrityError as exc:
-                problems.append(f"{f.path}: {exc.cause}")
+                problems.append(f"{path}: {exc.cause}")
     if not any(f.path == "config.json" for f in result.manifest.files):
         problems.append("config.json: missing (engines cannot load a checkpoint without it)")
+    if not weights and not twin:
+        problems.append("no *.safetensors weight file: nothing to serve (a performance twin "
+                        "says `weights: random` in its catalog entry)")
     return dg.AssetCheckResult(check_name=COMPLETE, passed=not problems, metadata={
-        "files_expected": len(result.manifest.files), "problems": "\n".join(problems) or "none"})
+        "files_expected": len(result.manifest.files), "problems": "\n".join(problems) or "none",
+        "weights": NO_WEIGHTS if twin else f"{len(weights)} *.safetensors file(s)"})
 
 
 def _integrity(cache: NvmeCache, result: FetchResult) -> dg.AssetCheckResult:

@@ -6,7 +6,9 @@ runs (onboarding/serving_plan.py); the serving assets start exactly that configu
 `kserve_manifest` renders exactly it, with what was measured at its hash. Upstream results
 arrive as the values their assets stored through the `optional_upstream` input manager:
 plan-only models are never fetched, quantized, published or benchmarked, so an upstream
-partition never materialized arrives as None and is reported absent, never filled in.
+partition never materialized arrives as None and is reported absent, never filled in. A
+performance twin (random weights) is planned and configured like any model, but never
+published nor rendered as a manifest: both refuse, saying why (docs/twins.md).
 """
 
 import hashlib
@@ -20,6 +22,7 @@ import dagster as dg
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import cache_step_tags
+from onboarding import twins
 from onboarding.catalog import ModelSpec
 from onboarding.errors import OnboardingError
 from onboarding.kserve import (
@@ -79,7 +82,12 @@ def _passed(accuracy: AccuracyReport | None) -> tuple[str, ...] | None:
 def build_plan(spec: ModelSpec, nodes: NodesConfig, checkpoint: CheckpointRef | None,
                variant: VariantRef | None, passed: tuple[str, ...] | None = None
                ) -> DeploymentPlan:
-    """The model's shape from its checkpoint when fetched, else from the catalog's hint."""
+    """The model's shape from its checkpoint when fetched, else from the catalog's hint.
+
+    A performance twin has no gate to climb and no weights to measure: every node type gets the
+    first precision of the ladder it serves natively, sized from the declared parameters."""
+    if spec.is_twin:
+        variant, passed = None, None
     ckpt = _checkpoint_dir(checkpoint)
     if ckpt is not None:
         shape, params = shape_from_checkpoint(ckpt), param_count_from_safetensors(ckpt)
@@ -187,6 +195,10 @@ def _local_dirs(checkpoint: CheckpointRef, quantized: QuantizedSet | None) -> di
 def published_variant(context: dg.AssetExecutionContext, configs: ConfigFiles,
                       s3: S3ObjectStore, checkpoint: CheckpointRef, quantized: QuantizedSet,
                       serving_config: ServingPlan):
+    if configs.spec(context.partition_key).is_twin:
+        raise twins.refusal(checkpoint.model, "published_variant", "random weights are nothing "
+                            "to publish (its variants hold config.json, a tokenizer and at most "
+                            "Model Optimizer's export marker)")
     deploy = configs.deploy()
     needed = sorted({c.precision for nt, c in serving_config.configs.items()
                      if nt in deploy.target_node_types})
@@ -259,6 +271,10 @@ def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, out
                     manifest_validator: ManifestValidator, s3: S3ObjectStore,
                     hf: HuggingFaceStore):
     spec = configs.spec(context.partition_key)
+    if spec.is_twin:
+        raise twins.refusal(spec.id, "kserve_manifest", "no deployable manifest is rendered: "
+                            "a deployment would serve random weights, and its measurements "
+                            "describe the shape, not the model")
     stack = configs.stack()
     ckpt = _checkpoint_dir(checkpoint)
     rendered, skipped = render_targets(

@@ -13,13 +13,16 @@ blocking check re-verifies the chosen variant's bytes on disk before anything co
 import hashlib
 import json
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import dagster as dg
 
+from assets.deploy import build_plan
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
+from onboarding import twins
 from onboarding.accuracy_gate import (
     AccuracyGates,
     GateResult,
@@ -28,9 +31,11 @@ from onboarding.accuracy_gate import (
     decide,
     gate_rows,
 )
+from onboarding.catalog import ModelSpec
 from onboarding.errors import OnboardingError
 from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.tables import md_table
+from onboarding.twins import NOT_APPLICABLE, NOT_APPLICABLE_VERDICT
 from onboarding.variants import (
     IN_PROCESS,
     AccuracyRecord,
@@ -48,6 +53,7 @@ from onboarding.variants import (
 )
 from resources.accuracy_runs import in_process_scorer
 from resources.config_files import ConfigFiles
+from resources.engine import Engine
 from resources.evaluator import Evaluator
 from resources.quantizer import Quantizer
 
@@ -85,12 +91,13 @@ def quantized(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoin
     spec = configs.spec(context.partition_key)
     ckpt = Path(checkpoint.path)
     variants = []
+    make = quantizer.twin_variant if spec.is_twin else partial(quantizer.quantize,
+                                                               log=context.log.info)
     for precision in spec.precision_ladder:
         if precision not in QUANTIZED_PRECISIONS:
             continue
         try:
-            v = quantizer.quantize(spec.id, ckpt, precision, variant_dir(ckpt, precision),
-                                   checkpoint.revision, log=context.log.info)
+            v = make(spec.id, ckpt, precision, variant_dir(ckpt, precision), checkpoint.revision)
         except QuantizationError as exc:
             context.log.warning(f"{precision}: {exc}")
             v = QuantizedVariant(precision=precision, path=None, state_path=None, error=str(exc))
@@ -98,10 +105,11 @@ def quantized(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoin
     result = QuantizedSet(spec.id, checkpoint.path, checkpoint.total_bytes, tuple(variants))
     version = hashlib.sha256("".join(f"{v.precision}:{v.content_hash or v.error}\n"
                                      for v in variants).encode()).hexdigest()
-    yield dg.Output(result, metadata={**_quantized_metadata(result), **stack_metadata(configs)},
+    yield dg.Output(result, metadata={**_quantized_metadata(result), **stack_metadata(configs),
+                                      "weights": spec.weights},
                     data_version=dg.DataVersion(version))
     for precision in QUANTIZED_PRECISIONS:
-        yield _export_check(result.get(precision), precision)
+        yield _export_check(result.get(precision), precision, spec.is_twin)
 
 
 def _quantized_metadata(result: QuantizedSet) -> dict:
@@ -129,11 +137,28 @@ def _quantized_metadata(result: QuantizedSet) -> dict:
     return md
 
 
-def _export_check(v: QuantizedVariant | None, precision: str) -> dg.AssetCheckResult:
+def not_applicable_check(name: str, reason: str = NOT_APPLICABLE,
+                         metadata: dict | None = None) -> dg.AssetCheckResult:
+    """A check whose subject a performance twin does not have (accuracy, a weight read): a
+    warning that does not pass, so it never reads as a silent pass (docs/twins.md)."""
+    return dg.AssetCheckResult(check_name=name, passed=False,
+                               severity=dg.AssetCheckSeverity.WARN,
+                               metadata={"status": NOT_APPLICABLE_VERDICT, "reason": reason,
+                                         **(metadata or {})})
+
+
+def _export_check(v: QuantizedVariant | None, precision: str, twin: bool = False
+                  ) -> dg.AssetCheckResult:
     name = export_check_name(precision)
     if v is None:
         return dg.AssetCheckResult(check_name=name, passed=True,
                                    metadata={"status": "not in this model's precision ladder"})
+    if twin and v.usable:
+        return not_applicable_check(name, f"{NOT_APPLICABLE}: Model Optimizer's export marker "
+                                    "only, no weights to dequantize", {
+                                        "marker": "read back: quant_algo, quant_method "
+                                        "modelopt, NVFP4 group size, lm_head excluded",
+                                        "content_hash": v.content_hash})
     meta = {k: val for k, val in v.stats.items() if k.startswith("check_")}
     meta["content_hash"] = v.content_hash or "none"
     if v.error:
@@ -163,6 +188,9 @@ def accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoint
     and the three-way gate verdicts; inconclusive variants are re-evaluated on more items."""
     spec = configs.spec(context.partition_key)
     gates = configs.accuracy_gates()
+    if spec.is_twin:
+        yield from _twin_accuracy(configs, spec, gates)
+        return
     ckpt = Path(checkpoint.path)
     eval_s: dict[str, float] = {}
     baseline = ScoreBook.first(
@@ -189,6 +217,20 @@ def accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoint
     for precision in QUANTIZED_PRECISIONS:
         yield gate_check(gate_check_name(precision), report.gate(precision), report.rows,
                          precision, gates)
+
+
+def _twin_accuracy(configs: ConfigFiles, spec: ModelSpec, gates: AccuracyGates):
+    """Nothing is scored: random weights answer at chance whatever the precision."""
+    report = twins.accuracy_report(spec.id, spec.precision_ladder)
+    yield dg.Output(report, metadata={
+        "accuracy_table": dg.MetadataValue.md(f"{NOT_APPLICABLE}: a performance twin's outputs "
+                                              "are noise; nothing was evaluated"),
+        "weights": spec.weights,
+        "gates": dg.MetadataValue.json({o.precision: asdict(o) for o in report.gates}),
+        **stack_metadata(configs),
+    })
+    for precision in QUANTIZED_PRECISIONS:
+        yield gate_check(gate_check_name(precision), report.gate(precision), (), precision, gates)
 
 
 def _judge(context, v: QuantizedVariant, ckpt: Path, baseline: ScoreBook, gates: AccuracyGates,
@@ -218,6 +260,8 @@ def gate_check(name: str, outcome: GateOutcome | None, rows: tuple[dict, ...], p
     if outcome is None:
         return dg.AssetCheckResult(check_name=name, passed=True,
                                    metadata={"status": not_checked})
+    if outcome.verdict == NOT_APPLICABLE_VERDICT:
+        return not_applicable_check(name, outcome.reason)
     meta: dict = {"verdict": outcome.verdict, "reason": outcome.reason,
                   "source": outcome.source, "items_used": outcome.items,
                   "inconclusive_policy": gates.inconclusive.policy,
@@ -248,12 +292,16 @@ def gate_check(name: str, outcome: GateOutcome | None, rows: tuple[dict, ...], p
         description="the chosen variant passed its gates and its bytes on disk match the hash "
                     "that was evaluated")],
 )
-def serving_variant(context: dg.AssetExecutionContext, configs: ConfigFiles,
+def serving_variant(context: dg.AssetExecutionContext, configs: ConfigFiles, engine: Engine,
                     checkpoint: CheckpointRef, quantized: QuantizedSet, accuracy: AccuracyReport,
                     served_accuracy: ServedAccuracyReport | None):
     """The first precision of the ladder whose export is valid and whose accuracy gate passed:
-    the served gate where the variant was served here, else the in-process one."""
+    the served gate where the variant was served here, else the in-process one. A performance
+    twin has no gate to climb: the precision the plan serves on the node type at hand."""
     spec = configs.spec(context.partition_key)
+    if spec.is_twin:
+        yield from _twin_serving_variant(configs, engine, spec, checkpoint, quantized)
+        return
     precision, skipped = choose_precision(spec.precision_ladder, quantized, accuracy,
                                           served_accuracy)
     if precision is None:
@@ -274,6 +322,23 @@ def serving_variant(context: dg.AssetExecutionContext, configs: ConfigFiles,
         if gate is not None:
             meta[f"gate_{v.precision}"] = f"{gate.verdict}, decided {source}"
     yield dg.Output(ref, metadata=meta, data_version=dg.DataVersion(ref.content_hash))
+    yield _verify_serving(ref, checkpoint)
+
+
+def _twin_serving_variant(configs: ConfigFiles, engine: Engine, spec: ModelSpec,
+                          checkpoint: CheckpointRef, quantized: QuantizedSet):
+    plan = build_plan(spec, configs.nodes(), checkpoint, None)
+    precision, why = twins.twin_precision(spec.id, spec.precision_ladder, plan, engine.node_type,
+                                          engine.can_serve)
+    if error := twins.unusable_marker(spec.id, precision, quantized):
+        raise error
+    ref = variant_ref(spec.id, precision, checkpoint, quantized)
+    yield dg.Output(ref, data_version=dg.DataVersion(ref.content_hash), metadata={
+        "precision": precision, "weights": f"random ({twins.NO_WEIGHTS})",
+        "chosen_because": why, "node_type": engine.node_type,
+        "accuracy_gate": NOT_APPLICABLE, "total_bytes": ref.total_bytes,
+        "variant_path": dg.MetadataValue.path(ref.path), "content_hash": ref.content_hash,
+        "ladder": " → ".join(spec.precision_ladder)})
     yield _verify_serving(ref, checkpoint)
 
 

@@ -33,7 +33,7 @@ def readiness(context: dg.AssetExecutionContext, configs: ConfigFiles,
     facts = None if kserve_manifest is None else ManifestFacts(
         kserve_manifest.valid, kserve_manifest.config_hashes, kserve_manifest.published)
     verdict = judge(context.partition_key, configs.deploy().target_node_types, serving_variant,
-                    serving_benchmark, facts)
+                    serving_benchmark, facts, twin=configs.spec(context.partition_key).is_twin)
     context.log.info(f"{context.partition_key}: {verdict.summary()}")
     return dg.Output(verdict, metadata={
         "ready": verdict.ready,

@@ -12,6 +12,8 @@ tasks on the same items against its OpenAI-compatible endpoint, and records per 
   (`served_accuracy_gate_<precision>`), re-evaluated on more items while inconclusive.
 
 `serving_variant` decides on the served gate where one exists, on the in-process gate otherwise.
+A performance twin (random weights) is not served for scoring: every check says "not
+applicable: random weights" (docs/twins.md).
 The runs themselves, and `serve_for_eval` (the one place that decides how the engine is started
 for an evaluation), are in resources/accuracy_runs.py.
 
@@ -29,9 +31,10 @@ in-process scores.
 import dagster as dg
 
 from assets.partitions import models_partitions
-from assets.quantize import QUANTIZED_PRECISIONS, gate_check
+from assets.quantize import QUANTIZED_PRECISIONS, gate_check, not_applicable_check
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
+from onboarding import twins
 from onboarding.refs import CheckpointRef
 from onboarding.served_accuracy import agreement_rows
 from onboarding.tables import md_table
@@ -77,7 +80,8 @@ def served_accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles,
     the served gates."""
     spec = configs.spec(context.partition_key)
     gates = configs.accuracy_gates()
-    report = served_report(engine, evaluator, spec, checkpoint, quantized, accuracy, gates,
+    report = twins.served_report(spec.id, spec.precision_ladder, PRECISIONS) if spec.is_twin \
+        else served_report(engine, evaluator, spec, checkpoint, quantized, accuracy, gates,
                            log=context.log.info)
     records = [row for r in report.records for row in r.rows()]
     yield dg.Output(report, metadata={
@@ -91,7 +95,8 @@ def served_accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles,
         **stack_metadata(configs),
     })
     for p in PRECISIONS:
-        yield _agreement_check(report, p, spec.precision_ladder)
+        yield not_applicable_check(agreement_check_name(p)) if spec.is_twin \
+            else _agreement_check(report, p, spec.precision_ladder)
     for p in QUANTIZED_PRECISIONS:
         why = report.not_served.get(p) or "not in this model's precision ladder"
         yield gate_check(served_gate_check_name(p), report.gate(p), report.rows, p, gates,

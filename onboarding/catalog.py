@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from onboarding.errors import ConfigError
 from onboarding.names import is_dns1123_label
@@ -133,6 +140,13 @@ class ModelSpec(StrictConfig):
     task: Literal["generate", "embed", "rerank"] = Field(
         default="generate", description="what the engine serves: text generation, or a pooling "
         "model (embeddings, a reranker) that keeps no KV cache for decoding")
+    weights: Literal["real", "random"] = Field(
+        default="real", validate_default=True, description="real: the checkpoint's weights are "
+        "fetched, quantized, gated, served and deployed. random: a performance twin: the source "
+        "holds the real model's config.json and a tokenizer, no weights; the engine starts it "
+        "with random weights (vLLM --load-format dummy) to measure the serving performance of "
+        "that shape. A twin's accuracy gates are not applicable; it is never published, "
+        "deployed or ready (docs/twins.md)")
 
     @field_validator("id")
     @classmethod
@@ -158,6 +172,35 @@ class ModelSpec(StrictConfig):
         if len(set(v)) != len(v):
             raise ValueError(f"precision ladder {v} names a precision twice")
         return v
+
+    @field_validator("weights")
+    @classmethod
+    def _twin(cls, v: str, info: ValidationInfo) -> str:
+        """A twin is started by the engine and sized from its declared architecture; its random
+        weights come from `weights`, never from engine_args (nor a real model's)."""
+        load_format = (info.data.get("engine_args") or {}).get("load_format")
+        if v == "real":
+            if load_format == "dummy":
+                raise ValueError("engine_args.load_format: dummy starts the engine on random "
+                                 "weights: write `weights: random` (a performance twin) instead, "
+                                 "so no stage takes its numbers for the real model's")
+            return v
+        if info.data.get("plan_only"):
+            raise ValueError("random weights make a performance twin, which the engine starts "
+                             "to be measured; a plan_only entry is never started: drop plan_only")
+        if "architecture" in info.data and info.data["architecture"] is None:
+            raise ValueError("a performance twin (random weights) has no weights to count: add "
+                             "`architecture:` (params_billion at least), which the plan sizes "
+                             "its weights from")
+        if load_format is not None:
+            raise ValueError(f"a performance twin (random weights) sets the load format itself "
+                             f"(dummy): remove engine_args.load_format ({load_format!r})")
+        return v
+
+    @property
+    def is_twin(self) -> bool:
+        """A performance twin: random weights at the real model's shape (docs/twins.md)."""
+        return self.weights == "random"
 
     @property
     def source_ref(self) -> SourceRef:

@@ -2,12 +2,12 @@
 
 A `ServingConfig` is every engine setting that changes what a benchmark measures: engine and
 version, image, precision, tensor parallelism, max-num-seqs, max-model-len, GPU memory
-utilization, KV-cache dtype, the model's production parameters, the engine switches and the
-environment. It is computed once, from the plan and the node facts, before anything is timed;
-the local engine starts `args(...)` of it and the manifest renders the same `args(...)`, so
-"benchmarked" and "deployed" are one list (the model path, port and bind address aside, which
-necessarily differ between a test node and a pod). Its short content hash travels with every
-number measured at it.
+utilization, KV-cache dtype, the model's production parameters, the engine switches, the
+environment, and `load_format: dummy` for a performance twin (random weights). It is computed
+once, from the plan and the node facts, before anything is timed; the local engine starts
+`args(...)` of it and the manifest renders the same `args(...)`, so "benchmarked" and "deployed"
+are one list (the model path, port and bind address aside, which necessarily differ between a
+test node and a pod). Its short content hash travels with every number measured at it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from onboarding.catalog import ModelSpec
 from onboarding.errors import ConfigError
 from onboarding.serving_config import EngineTemplate, HardwareProfile, hardware_class
 from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
+from onboarding.twins import DUMMY_LOAD_FORMAT
 
 # Parameters the plan owns: a spec that sets them is refused (it would silently disagree with
 # the plan that sized the GPUs).
@@ -167,6 +168,9 @@ def build_config(template: EngineTemplate, ci: ConfigInputs) -> ServingConfig:
     for key, value in ci.spec.engine_args.items():
         if key not in ci.planned or key == "max_num_seqs":
             params[key] = value
+    if ci.spec.is_twin:  # in the hash: no real model's manifest can claim a twin's numbers
+        _check_twin_template(template, ci)
+        params["load_format"] = DUMMY_LOAD_FORMAT
     notes: list[str] = []
     if params.get("enable_expert_parallel") and ci.tensor_parallel < 2:
         params.pop("enable_expert_parallel")
@@ -183,6 +187,15 @@ def build_config(template: EngineTemplate, ci: ConfigInputs) -> ServingConfig:
         container_command=tuple(template.container_command),
         model_arg=template.model_arg, host_flag=template.host_flag,
         port_flag=template.port_flag, served_name_flag=template.served_name_flag)
+
+
+def _check_twin_template(template: EngineTemplate, ci: ConfigInputs) -> None:
+    if "load_format" not in template.args:
+        raise ConfigError(
+            f"performance twin {ci.spec.id!r} on engine {ci.engine}",
+            "random weights need the engine's load format flag, and its template in "
+            "configs/stack.yaml has none", f"Add `load_format: {{flag: --load-format}}` to "
+            f"engines.{ci.engine}.args (vLLM and SGLang both take --load-format dummy).")
 
 
 @dataclass(frozen=True)

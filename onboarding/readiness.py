@@ -4,8 +4,8 @@ A model is ready on a node type when: a precision passed its accuracy gate (a se
 exists), the SLOs were met at exactly the configuration the manifest deploys (same hash,
 measured on that node type, judged as a blocking gate, not a stand-in's warning), that
 configuration's weights were published and verified, and its manifest validated. It is ready
-when it is ready on at least one target node type. The same verdict feeds the readiness report,
-the re-validation schedule and the sensors.
+when it is ready on at least one target node type. A performance twin (random weights) never
+is. The same verdict feeds the readiness report, the re-validation schedule and the sensors.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from onboarding.refs import VariantRef
 from onboarding.serving_stats import ServingBenchmarkResult
+from onboarding.twins import NOT_READY
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,11 @@ class ManifestFacts:
 
 
 def judge(model: str, targets: list[str], variant: VariantRef | None,
-          bench: ServingBenchmarkResult | None, manifests: ManifestFacts | None) -> Readiness:
+          bench: ServingBenchmarkResult | None, manifests: ManifestFacts | None,
+          twin: bool = False) -> Readiness:
+    """The verdict; a performance twin (random weights) is never ready, whatever it measured."""
+    if twin:
+        return Readiness(model, False, reasons=(NOT_READY,))
     if variant is None:
         why = ("no precision passed its accuracy gate (serving_variant never materialized or "
                "failed)")

@@ -26,6 +26,7 @@ from onboarding.kserve import (
 from onboarding.plan import DeploymentPlan, NodesConfig
 from onboarding.serving_config import EngineTemplate
 from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
+from onboarding.twins import NOT_READY
 
 LOCAL_IMAGE = "local"
 
@@ -134,7 +135,10 @@ def render_targets(spec: ModelSpec, splan: ServingPlan, nodes: NodesConfig, stac
                    ) -> tuple[list[Rendered], dict[str, str]]:
     """Every target node type of deploy.yaml: its configuration rendered with the evidence for
     exactly that configuration, or why there is no manifest (infeasible; unmeasured when
-    deploy.yaml `render_unmeasured` is false)."""
+    deploy.yaml `render_unmeasured` is false; a performance twin: none at all)."""
+    if spec.is_twin:
+        return [], {nt: f"{NOT_READY}: a twin is never deployed (docs/twins.md)"
+                    for nt in deploy.target_node_types}
     rendered, skipped = [], {}
     for nt in deploy.target_node_types:
         config = splan.config(nt)

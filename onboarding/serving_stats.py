@@ -266,6 +266,7 @@ class LoadTimingResult:
     cold_weights_p95_s: float | None = None
     node_type: str = ""
     config_hash: str = ""
+    random_weights: bool = False  # a performance twin: the starts read no weights
 
 
 @dataclass(frozen=True)
@@ -316,7 +317,7 @@ def summarize_load_timing(model: str, precision: str, samples: Sequence[StartSam
         cold_start_p95_s=percentile(cold, 95) if cold else None,
         warm_start_p50_s=percentile(warm, 50) if warm else None,
         weight_bytes=weight_bytes,
-        weights_load_gbps=weight_bytes / load_s / 1e9 if load_s else None,
+        weights_load_gbps=weight_bytes / load_s / 1e9 if load_s and weight_bytes else None,
         raw_read_gbps=raw_read_gbps,
         cold_weights_p50_s=percentile(cold_w, 50) if cold_w else None,
         cold_weights_p95_s=percentile(cold_w, 95) if cold_w else None,

@@ -43,6 +43,7 @@ from onboarding.refs import VariantRef
 from onboarding.serving_config import EngineTemplate, servable
 from onboarding.serving_plan import local_config
 from onboarding.serving_stats import StartSample
+from onboarding.twins import DUMMY_LOAD_FORMAT
 from resources.config_files import ConfigFiles
 
 LOG_TAIL_LINES = 40
@@ -169,6 +170,15 @@ def weight_files(checkpoint_dir: Path) -> list[Path]:
     return files
 
 
+def _page_state(kind: str, files: list[Path]) -> float:
+    """Weights pre-read (warm) or evicted (the cold kinds); their resident fraction after, NaN
+    when there are no weight files (random weights)."""
+    if not files:
+        return float("nan")
+    res = page_cache.make_warm(files) if kind == "warm" else page_cache.make_cold(files)
+    return res.fraction
+
+
 def visible_gpu_count() -> int:
     exe = shutil.which("nvidia-smi")
     if exe is None:
@@ -287,11 +297,17 @@ class Engine(dg.ConfigurableResource):
         the warm ones (weights pre-read). The engine's own code and libraries stay cached, as on
         a node whose image is already pulled. The raw sequential read of the same files, from a
         cold cache, is measured first as the physical reference.
+
+        A performance twin's configuration (`load_format: dummy`) reads no weights: nothing is
+        evicted or read, its samples' resident fraction is NaN and the raw read is empty.
         """
-        files = weight_files(Path(variant.path))
-        gc.collect()  # an earlier step in this process may still hold the weights mmapped
-        page_cache.make_cold(files)
-        raw = page_cache.sequential_read(files)
+        random_weights = config.param("load_format") == DUMMY_LOAD_FORMAT
+        files = [] if random_weights else weight_files(Path(variant.path))
+        raw = page_cache.RawRead(0, 0.0)
+        if files:
+            gc.collect()  # an earlier step in this process may still hold the weights mmapped
+            page_cache.make_cold(files)
+            raw = page_cache.sequential_read(files)
         caches = Path(tempfile.mkdtemp(prefix="engine-caches-"))
         samples = []
         try:
@@ -302,13 +318,12 @@ class Engine(dg.ConfigurableResource):
                         else warm_caches
                     if kind == "fully_cold":
                         warm_caches = cache_dir
-                    res = page_cache.make_warm(files) if kind == "warm" \
-                        else page_cache.make_cold(files)
+                    resident = _page_state(kind, files)
                     with self.serve(variant, config, start_timeout_s=start_timeout_s,
                                     cache_dir=cache_dir) as running:
                         ph = running.phases
                         samples.append(StartSample(
-                            kind=kind, resident_fraction=res.fraction,
+                            kind=kind, resident_fraction=resident,
                             weights_loaded_s=ph.weights_loaded_s,
                             engine_weights_load_s=ph.engine_weights_load_s,
                             health_ready_s=ph.health_ready_s, first_token_s=ph.first_token_s))

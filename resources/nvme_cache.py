@@ -37,6 +37,7 @@ from onboarding.checkpoint_manifest import (
 )
 from onboarding.checksums import EVIDENCE_ORDER
 from onboarding.errors import FetchError, IncompleteCheckpointError, IntegrityError
+from onboarding.twins import NO_WEIGHTS, split_weights
 from resources.object_store import LogFn, ObjectStore, RemoteCheckpoint, RemoteObject
 
 GIB = 1 << 30
@@ -131,8 +132,11 @@ class NvmeCache(dg.ConfigurableResource):
 
     # -- fetch --------------------------------------------------------------------------------
     def fetch(self, model: str, store: ObjectStore, source: SourceRef,
-              log: LogFn = lambda _: None) -> FetchResult:
+              log: LogFn = lambda _: None, weights: bool = True) -> FetchResult:
+        """`weights=False` for a performance twin: config.json and the tokenizer only."""
         remote = store.describe(source, log=log)
+        if not weights:
+            remote = _without_weights(remote, log)
         self._check_index(store, source, remote, log)
         with self.lock(model, remote.revision):
             entry = self.entry_dir(model, remote.revision)
@@ -342,6 +346,22 @@ class NvmeCache(dg.ConfigurableResource):
             return (f"{entry} was not quarantined ({exc.cause}); delete it and re-run to "
                     "fetch it again")
         return f"the entry was moved to {target}; the next run fetches it again"
+
+
+def _without_weights(remote: RemoteCheckpoint, log: LogFn) -> RemoteCheckpoint:
+    """What a performance twin fetches: everything but the weights and their index; the real
+    model's config.json is required, since it is all the twin is."""
+    keep, left_out = split_weights(o.path for o in remote.objects)
+    if "config.json" not in keep:
+        raise IncompleteCheckpointError(
+            f"{remote.source} ({remote.revision})", "performance twin: the source holds no "
+            "config.json, and a twin is the real model's config.json and a tokenizer",
+            "Upload the real model's config.json and tokenizer files under this prefix.")
+    log(f"{NO_WEIGHTS}: fetching {len(keep)} file(s)"
+        + (f"; {len(left_out)} weight file(s) at the source left out" if left_out else ""))
+    return RemoteCheckpoint(source=remote.source, revision=remote.revision,
+                            objects=[o for o in remote.objects if o.path in keep],
+                            ignored=[*remote.ignored, *left_out])
 
 
 def _digest(obj: RemoteObject, path: Path, sha256: str | None) -> tuple[int, str, str | None]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import json
 import os
 import resource
 import shutil
@@ -35,6 +36,12 @@ from onboarding.export_check import (
 from onboarding.quantize_config import (
     QuantizationConfig,
     VariantConfig,
+)
+from onboarding.twins import (
+    NO_WEIGHTS,
+    marker_hf_quant_config,
+    marker_problems,
+    write_twin_variant,
 )
 from onboarding.variants import (
     QuantizationError,
@@ -158,7 +165,8 @@ class ExportCheck:
 
 
 class Quantizer(dg.ConfigurableResource):
-    """Interface: produce a quantized variant, rebuild it in memory, prove its export."""
+    """Interface: produce a quantized variant, rebuild it in memory, prove its export; for a
+    performance twin, write the export marker only."""
 
     def quantize(self, model_id: str, checkpoint_dir: Path, precision: str, out_dir: Path,
                  revision: str, log=print, verify: bool = True) -> QuantizedVariant:
@@ -169,6 +177,11 @@ class Quantizer(dg.ConfigurableResource):
 
     def verify_export(self, checkpoint_dir: Path, variant_dir: Path, state_path: Path
                       ) -> ExportCheck:
+        raise NotImplementedError
+
+    def twin_variant(self, model_id: str, checkpoint_dir: Path, precision: str, out_dir: Path,
+                     revision: str) -> QuantizedVariant:
+        """A performance twin's precision: the export marker only (docs/twins.md)."""
         raise NotImplementedError
 
 
@@ -355,6 +368,37 @@ class ModelOptQuantizer(Quantizer):
         t0 = time.perf_counter()
         get_cuda_ext_fp8(raise_if_failed=False)
         return round(time.perf_counter() - t0, 3)
+
+    # ---- performance twins ------------------------------------------------------------------
+    def twin_variant(self, model_id: str, checkpoint_dir: Path, precision: str, out_dir: Path,
+                     revision: str) -> QuantizedVariant:
+        """Model Optimizer's export marker for `precision` beside a twin's config.json, no
+        weights: `hf_quant_config.json` for the configured preset, and config.json's
+        `quantization_config` converted by Model Optimizer's own exporter function, so vLLM
+        starts that precision's kernels on random weights (`--load-format dummy`). Read back and
+        checked; nothing is calibrated or evaluated (there is nothing to calibrate)."""
+        from importlib.metadata import version
+
+        from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
+
+        cfg = self.settings().variant_for(model_id, precision)
+        hf_quant = marker_hf_quant_config(
+            precision, cfg.preset, cfg.kv_cache, list(cfg.disable), version("nvidia-modelopt"),
+            f"performance twin {model_id} at {precision} (configs/quantization.yaml)")
+        manifest = write_twin_variant(checkpoint_dir, out_dir, hf_quant,
+                                      convert_hf_quant_config_format(hf_quant), revision)
+        algo = hf_quant["quantization"]["quant_algo"]
+        problems = marker_problems(out_dir, algo)
+        return QuantizedVariant(
+            precision=precision, path=str(out_dir), state_path=None,
+            total_bytes=manifest.total_bytes, content_hash=manifest.content_hash,
+            export_valid=not problems,
+            error=f"{out_dir}: the export marker is wrong: {'; '.join(problems)}"
+            if problems else None,
+            stats={"weights": f"random ({NO_WEIGHTS}): Model Optimizer's export marker only",
+                   "preset": cfg.preset, "kv_cache": cfg.kv_cache or "none",
+                   "quant_algo": algo, "weight_bytes": 0,
+                   "hf_quant_config": json.dumps(hf_quant)})
 
     # ---- in-memory rebuild -----------------------------------------------------------------
     def restore(self, checkpoint_dir: Path, state_path: Path):

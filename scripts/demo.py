@@ -1,10 +1,11 @@
 """The embedded default, end to end: local S3 server, the small real model, the onboarding job.
 
 `scripts/dev.sh demo` runs this after setup. It starts SeaweedFS on 127.0.0.1, uploads
-SmolLM2-135M-Instruct into the bucket (once), registers every catalogued model as a partition,
-observes `serving_stack` (so the run's results record the stack fingerprint they were measured
-on, and the re-validation schedule sees them as current), materializes the onboarding job for
-the model and prints what each asset and check found.
+SmolLM2-135M-Instruct and the performance twins' config and tokenizer (twins/) into the bucket
+(once), registers every catalogued model as a partition, observes `serving_stack` (so the
+run's results record the stack fingerprint they were measured on, and the re-validation
+schedule sees them as current), materializes the onboarding job for the model and prints what
+each asset and check found.
 `--ui` instead keeps the S3 server up and runs `dagster dev` on 127.0.0.1.
 """
 
@@ -24,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DATA = ROOT / ".data"
 MODEL_DIR = ROOT / ".cache" / "smollm2-135m-instruct"
+TWINS_DIR = ROOT / "twins"
 DEMO_MODEL = "smollm2-135m"
 
 
@@ -56,7 +58,7 @@ def start_s3():
     return server
 
 
-def upload_model(server, source: str) -> None:
+def upload_model(server, source: str, model_dir: Path = MODEL_DIR) -> None:
     from onboarding.catalog import parse_source
     from onboarding.checkpoint_manifest import is_checkpoint_file
     from resources.s3 import S3ObjectStore
@@ -66,14 +68,23 @@ def upload_model(server, source: str) -> None:
                           secret_access_key=server.secret_key)
     listed = store.client().list_objects_v2(Bucket=ref.location, Prefix=ref.path)
     have = {o["Key"][len(ref.path):]: o["Size"] for o in listed.get("Contents", [])}
-    local = {p.name: p.stat().st_size for p in MODEL_DIR.iterdir()
+    local = {p.name: p.stat().st_size for p in model_dir.iterdir()
              if p.is_file() and is_checkpoint_file(p.name)}
     if have == local:
         print(f"{source} already holds the model ({sum(local.values()) / 1e6:.0f} MB)")
         return
     t0 = time.monotonic()
-    store.upload_dir(MODEL_DIR, ref.location, ref.path)
+    store.upload_dir(model_dir, ref.location, ref.path)
     print(f"uploaded {len(local)} files to {source} in {time.monotonic() - t0:.1f}s")
+
+
+def upload_twins(server, specs) -> None:
+    """Each performance twin's config.json and tokenizer (twins/<id>/, docs/twins.md) to its
+    source, so `--model <twin id>` fetches it like any model (its weights are random)."""
+    for spec in specs:
+        local = TWINS_DIR / spec.id
+        if spec.is_twin and spec.source.startswith("s3://") and local.is_dir():
+            upload_model(server, spec.source, local)
 
 
 def register_partitions(instance) -> list[str]:
@@ -174,6 +185,7 @@ def main() -> int:
         from pipelines.executors import config_files
 
         upload_model(server, config_files().spec(DEMO_MODEL).source)
+        upload_twins(server, config_files().catalog().specs.values())
         if args.ui:
             import dagster as dg
 

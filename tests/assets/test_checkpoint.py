@@ -151,3 +151,16 @@ def test_the_integrity_check_says_which_evidence_verified_each_file(
 
 def ref_files(result) -> tuple[str, ...]:
     return result.output_for_node("checkpoint").files
+
+
+def test_a_real_model_without_weights_fails_completeness(instance, resources, config_dir,
+                                                         s3_store, tiny_checkpoint, unique_prefix):
+    """Only a performance twin (`weights: random`) may come without weights."""
+    s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
+    for name in shard_names(tiny_checkpoint) + ["model.safetensors.index.json"]:
+        s3_store.client().delete_object(Bucket="models", Key=unique_prefix + name)
+    write_spec(config_dir, "tiny", f"s3://models/{unique_prefix}")
+    result = _run(instance, resources)
+    assert not result.success and _checks(result) == {COMPLETE: False, INTACT: True}
+    check = next(e for e in result.get_asset_check_evaluations() if e.check_name == COMPLETE)
+    assert "no *.safetensors weight file: nothing to serve" in check.metadata["problems"].value

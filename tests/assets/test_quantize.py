@@ -22,6 +22,7 @@ from assets.quantize import (
 from assets.stack import current_stack
 from onboarding.refs import CheckpointRef, VariantRef
 from resources.config_files import ConfigFiles
+from resources.engine import Engine
 from resources.evaluator import LmEvalEvaluator
 from resources.quantizer import ModelOptQuantizer
 from resources.upstream import optional_upstream
@@ -70,6 +71,8 @@ def materialize(path: Path, configs: ConfigFiles):
         resources={"configs": configs,
                    "quantizer": ModelOptQuantizer(device="cpu", configs=configs),
                    "evaluator": LmEvalEvaluator(limit=8, batch_size=8, configs=configs),
+                   # serving_variant asks it the node type at hand for performance twins only
+                   "engine": Engine(hardware="cpu", configs=configs),
                    "optional_upstream": optional_upstream})
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
     return result, checks

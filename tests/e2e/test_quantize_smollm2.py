@@ -19,6 +19,7 @@ from assets.partitions import models_partitions
 from assets.quantize import accuracy, export_check_name, gate_check_name, quantized, serving_variant
 from onboarding.paths import PROJECT_ROOT
 from onboarding.refs import CheckpointRef
+from resources.engine import Engine
 from resources.evaluator import LmEvalEvaluator
 from resources.quantizer import ModelOptQuantizer
 from resources.upstream import optional_upstream
@@ -67,7 +68,8 @@ def test_smollm2_gets_variants_an_accuracy_table_and_a_serving_variant(config_di
         resources={"configs": configs, "optional_upstream": optional_upstream,
                    "quantizer": ModelOptQuantizer(device="cpu", configs=configs),
                    "evaluator": LmEvalEvaluator(limit=EVAL_LIMIT, batch_size=64,
-                                                configs=configs)})
+                                                configs=configs),
+                   "engine": Engine(hardware="cpu", configs=configs)})  # the node type at hand
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
     qset = result.output_for_node("quantized")
     for precision in ("nvfp4", "fp8"):

@@ -18,7 +18,8 @@ Two modes:
 - server:  `python openai_stream_server.py --port 8000 --ttft-ms 100 --itl-ms 20`
 - engine:  `python openai_stream_server.py serve <model_dir> --host 127.0.0.1 --port N ...`
   (vLLM's CLI shape, unknown flags ignored) for the engine launcher's tests. It reads the model
-  dir's *.safetensors like a loader, prints vLLM's "Loading weights took" line, and obeys
+  dir's *.safetensors like a loader, prints vLLM's "Loading weights took" line (neither with
+  `--load-format dummy`, as vLLM on random weights), and obeys
   FAKE_ENGINE_* env vars: STARTUP_S (delay before listening), EXIT_CODE (die during start),
   NEVER_READY (/health answers 503), HANG_COMPLETIONS (/health answers 200, completions never
   answer), IGNORE_SIGTERM (as a busy vLLM may), CHILD (spawn a child like vLLM's EngineCore),
@@ -274,6 +275,7 @@ def _engine_main(argv: list[str]) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--served-model-name", default="fake")
+    p.add_argument("--load-format", default="auto")
     args, _unknown = p.parse_known_args(argv)
     env = os.environ
     if record := env.get("FAKE_ENGINE_RECORD"):
@@ -297,10 +299,13 @@ def _engine_main(argv: list[str]) -> None:
     if code := int(env.get("FAKE_ENGINE_EXIT_CODE", "0")):
         print("ERROR fake engine: injected failure while loading weights", flush=True)
         sys.exit(code)
-    t = time.perf_counter()
-    for f in sorted(Path(args.model).glob("*.safetensors")):
-        f.read_bytes()
-    print(f"INFO Loading weights took {time.perf_counter() - t:.2f} seconds", flush=True)
+    if args.load_format == "dummy":  # as vLLM: random weights, no "Loading weights" line
+        print("INFO Initializing model took 0.01 seconds (random weights)", flush=True)
+    else:
+        t = time.perf_counter()
+        for f in sorted(Path(args.model).glob("*.safetensors")):
+            f.read_bytes()
+        print(f"INFO Loading weights took {time.perf_counter() - t:.2f} seconds", flush=True)
     cfg = FakeConfig(ttft_s=float(env.get("FAKE_TTFT_MS", "0")) / 1e3,
                      itl_s=float(env.get("FAKE_ITL_MS", "0")) / 1e3,
                      model=args.served_model_name,

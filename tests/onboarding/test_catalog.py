@@ -115,3 +115,54 @@ def test_sources_parse():
 @pytest.mark.parametrize("raw", ["Meta-Llama/Llama-3.1-70B_Instruct", "a" * 80, "x.y/Z"])
 def test_any_model_id_becomes_a_dns1123_label(raw):
     assert is_dns1123_label(to_dns1123_label(raw))
+
+
+TWIN = ("id: t\nsource: s3://models/twins/t/\nserved_name: t\nweights: random\n"
+        "architecture: {params_billion: 8.03, num_layers: 32, num_kv_heads: 8, head_dim: 128}\n")
+
+
+def test_shipped_twins_are_twins_of_their_real_entries():
+    """Each twin has the shape of the real model it stands for, and random weights."""
+    catalog = load_catalog(PROJECT_ROOT / "configs" / "models")
+    for size in ("8b", "70b"):
+        real = catalog[f"llama-3-1-{size}-instruct"]
+        twin = catalog[f"llama-3-1-{size}-instruct-twin"]
+        assert twin.is_twin and not twin.plan_only and not real.is_twin
+        assert twin.architecture.model_dump(exclude_none=True).items() >= \
+            real.architecture.model_dump(exclude_none=True).items()
+        assert twin.precision_ladder == real.precision_ladder
+        assert twin.engine_args == real.engine_args and twin.slo == real.slo
+        assert twin.served_name != real.served_name
+
+
+def test_a_twin_validates_and_real_weights_are_the_default(tmp_path):
+    (tmp_path / "t.yaml").write_text(TWIN)
+    (tmp_path / "r.yaml").write_text("id: r\nsource: s3://models/r/\nserved_name: r\n")
+    catalog = load_catalog(tmp_path)
+    assert catalog["t"].is_twin and catalog["t"].weights == "random"
+    assert not catalog["r"].is_twin and catalog["r"].weights == "real"
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    ("plan_only: true\n", r"field 'weights': random weights make a .*drop plan_only"),
+    ("engine_args: {load_format: safetensors}\n",
+     r"field 'weights': a performance twin .*remove engine_args.load_format \('safetensors'\)"),
+    ("weights: randm\n", r"field 'weights'"),
+])
+def test_a_twin_that_cannot_be_measured_names_file_and_field(tmp_path, edit, expected):
+    body = TWIN.replace("weights: random\n", "") if edit.startswith("weights") else TWIN
+    (tmp_path / "bad.yaml").write_text(body + edit)
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_catalog(tmp_path)
+    assert "bad.yaml" in str(info.value)
+
+
+def test_a_twin_needs_an_architecture_and_a_real_model_no_dummy_weights(tmp_path):
+    (tmp_path / "bad.yaml").write_text(TWIN.split("architecture")[0])
+    with pytest.raises(ConfigError, match=r"bad.yaml.*field 'weights'.*no weights to count: "
+                       r"add `architecture:`"):
+        load_catalog(tmp_path)
+    (tmp_path / "bad.yaml").write_text("id: r\nsource: s3://models/r/\nserved_name: r\n"
+                                       "engine_args: {load_format: dummy}\n")
+    with pytest.raises(ConfigError, match=r"field 'weights'.*write `weights: random`"):
+        load_catalog(tmp_path)

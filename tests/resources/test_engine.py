@@ -226,3 +226,28 @@ def test_gpu_count_from_config_else_visible_devices(monkeypatch):
     assert Engine(hardware="sm90", gpus="0,1,2,3").gpu_count() == 4
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert Engine(hardware="sm100").gpu_count() == 2  # a step pod given two GPUs
+
+
+def test_a_twins_starts_read_no_weights_and_say_so(fake_bin, tmp_path, monkeypatch):
+    """A performance twin's configuration (load_format dummy): the engine is started with
+    `--load-format=dummy` on a directory without weights; nothing is evicted or read."""
+    from onboarding.catalog import load_catalog
+    from onboarding.paths import PROJECT_ROOT
+    from onboarding.serving_plan import local_config
+
+    spec = load_catalog(PROJECT_ROOT / "configs" / "models")["llama-3-1-8b-instruct-twin"]
+    twin = VariantRef(model=spec.id, precision="bf16",
+                      path=str(PROJECT_ROOT / "twins" / spec.id), total_bytes=0,
+                      content_hash="x")
+    record = tmp_path / "record.json"
+    e = engine(fake_bin, tmp_path)
+    config = local_config(spec, e.template(), "vllm", "0.32.0", "cpu", "cpu", "bf16")
+    monkeypatch.setenv("FAKE_ENGINE_RECORD", str(record))
+    samples, raw = e.time_starts(twin, config, {"fully_cold": 1, "cold_weights": 1, "warm": 1})
+    assert "--load-format=dummy" in json.loads(record.read_text())["argv"]
+    assert [s.kind for s in samples] == ["fully_cold", "cold_weights", "warm"]
+    assert all(s.resident_fraction != s.resident_fraction for s in samples)  # NaN: no weights
+    assert all(s.weights_loaded_s is None and s.first_token_s > 0 for s in samples)
+    assert (raw.total_bytes, raw.seconds) == (0, 0.0)
+    with pytest.raises(EngineError, match=r"no \*.safetensors weight files"):
+        e.time_starts(twin, e.adhoc_config(twin, "x"), {"warm": 1})  # a real model's config

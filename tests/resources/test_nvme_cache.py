@@ -236,3 +236,37 @@ def test_bit_rot_in_a_warm_entry_is_quarantined_and_the_next_run_fetches_again(
     again = cache.fetch("tiny", s3_store, src)
     assert not again.warm
     assert sha256_file(again.path / shard) == sha256_file(tiny_checkpoint / shard)
+
+
+def test_a_twin_fetches_config_and_tokenizer_and_leaves_the_weights(cache, s3_store,
+                                                                    tiny_checkpoint,
+                                                                    unique_prefix):
+    """A bucket that holds the real weights too: the twin fetches none of them."""
+    src = _upload(s3_store, tiny_checkpoint, unique_prefix)
+    logged: list[str] = []
+    twin = cache.fetch("twin", s3_store, src, log=logged.append, weights=False)
+    files = {f.path for f in twin.manifest.files}
+    assert "config.json" in files and not [f for f in files if "safetensors" in f]
+    assert sorted(p.name for p in twin.path.iterdir() if p.name != MANIFEST_NAME) == \
+        sorted(files)
+    assert twin.bytes_fetched == twin.manifest.total_bytes < 10_000
+    weights = len([p for p in tiny_checkpoint.iterdir() if "safetensors" in p.name])
+    assert weights >= 2 and any(
+        line.startswith("performance twin: no weights: fetching")
+        and f"{weights} weight file(s) at the source left out" in line for line in logged)
+    assert cache.fetch("twin", s3_store, src, weights=False).warm
+
+
+def test_a_twin_whose_source_has_no_config_json_is_incomplete(cache, s3_store, tmp_path,
+                                                             unique_prefix):
+    from onboarding.errors import IncompleteCheckpointError
+
+    only_tokenizer = tmp_path / "tok"
+    only_tokenizer.mkdir()
+    (only_tokenizer / "tokenizer.json").write_text("{}")
+    src = _upload(s3_store, only_tokenizer, unique_prefix)
+    with pytest.raises(IncompleteCheckpointError, match="performance twin: the source holds no "
+                       "config.json"):
+        cache.fetch("twin", s3_store, src, weights=False)
+    assert not (Path(cache.root) / "twin").exists() or not list(
+        (Path(cache.root) / "twin").glob("s3-*"))

@@ -174,3 +174,69 @@ def test_backend_is_attached_only_to_nvfp4_quantizers(tiny_lm):
     ids = torch.randint(0, 256, (1, 32))
     fp8 = mtq.quantize(model, copy.deepcopy(mtq.FP8_DEFAULT_CFG), lambda m: m(ids))
     assert attach_cpu_backend(fp8) == 0
+
+
+TWIN = PROJECT_ROOT / "twins" / "llama-3-1-8b-instruct-twin"
+ENGINE_PYTHON = PROJECT_ROOT / ".venv-engine" / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def twin_variants(tmp_path_factory, quantizer) -> dict:
+    ckpt = tmp_path_factory.mktemp("twin") / "twin" / "rev1"
+    shutil.copytree(TWIN, ckpt)
+    return {p: quantizer.twin_variant("twin", ckpt, p, variant_dir(ckpt, p), "rev1")
+            for p in ("nvfp4", "fp8")}
+
+
+def test_a_twins_variant_is_model_optimizers_marker_without_weights(twin_variants):
+    from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
+
+    for v in twin_variants.values():
+        assert v.usable and v.state_path is None and v.stats["weight_bytes"] == 0, v.error
+        out = Path(v.path)
+        assert not list(out.glob("*.safetensors")) and (out / "tokenizer.json").is_file()
+        hf = json.loads((out / "hf_quant_config.json").read_text())
+        assert hf["producer"] == {"name": "modelopt", "version": "0.47.0"}
+        config = json.loads((out / "config.json").read_text())
+        assert config["quantization_config"] == convert_hf_quant_config_format(hf)
+        assert config["num_hidden_layers"] == 32 and config["quantization_config"][
+            "quant_method"] == "modelopt" and config["quantization_config"]["ignore"] == [
+            "lm_head"]
+    assert twin_variants["nvfp4"].stats["quant_algo"] == "NVFP4"
+    assert json.loads((Path(twin_variants["fp8"].path) / "hf_quant_config.json").read_text())[
+        "quantization"]["kv_cache_quant_algo"] == "FP8"  # as FP8_KV_CFG makes the real export
+
+
+@pytest.mark.skipif(not ENGINE_PYTHON.is_file(), reason=f"needs the engine venv "
+                    f"({ENGINE_PYTHON}, scripts/setup.sh)")
+def test_vllm_reads_a_twins_marker_as_model_optimizers_export(twin_variants):
+    """The engine's own config classes: what makes `--load-format dummy` start FP8 and NVFP4
+    kernels (vLLM 0.32 CPU build here; the H200 run uses 0.22)."""
+    import subprocess
+
+    code = ("import json, sys\n"
+            "from vllm.model_executor.layers.quantization.modelopt import (\n"
+            "    ModelOptFp8Config, ModelOptNvFp4Config)\n"
+            "for path in sys.argv[1:]:\n"
+            "    qc = json.load(open(path))['quantization_config']\n"
+            "    for cls in (ModelOptFp8Config, ModelOptNvFp4Config):\n"
+            "        name = cls.override_quantization_method(qc, None)\n"
+            "        if name:\n"
+            "            c = cls.from_config(qc)\n"
+            "            print(json.dumps([name, c.exclude_modules,\n"
+            "                              getattr(c, 'group_size', None)]))\n")
+    paths = [str(Path(twin_variants[p].path) / "config.json") for p in ("fp8", "nvfp4")]
+    out = subprocess.run([str(ENGINE_PYTHON), "-c", code, *paths], capture_output=True,
+                         text=True, timeout=300, check=True)
+    lines = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("[")]
+    assert lines == [["modelopt", ["lm_head"], None], ["modelopt_fp4", ["lm_head"], 16]]
+
+
+def test_a_twin_with_a_partial_preset_is_refused_naming_the_config(tmp_path, twin_variants):
+    cfg = yaml.safe_load((PROJECT_ROOT / "configs" / "quantization.yaml").read_text())
+    cfg["models"] = {"twin": {"nvfp4": {"preset": "NVFP4_MLP_ONLY_CFG"}}}
+    (tmp_path / "quantization.yaml").write_text(yaml.safe_dump(cfg))
+    q = ModelOptQuantizer(device="cpu", configs=ConfigFiles(config_dir=str(tmp_path)))
+    ckpt = Path(twin_variants["fp8"].path).parents[1] / "rev1"
+    with pytest.raises(QuantizationError, match=r"twin twin at nvfp4.*NVFP4_MLP_ONLY_CFG"):
+        q.twin_variant("twin", ckpt, "nvfp4", tmp_path / "out", "rev1")
