@@ -19,6 +19,7 @@ from typing import Any
 
 from onboarding.checkpoint_manifest import MANIFEST_NAME, CheckpointManifest
 from onboarding.errors import OnboardingError
+from onboarding.paths import PROJECT_ROOT
 from onboarding.plan import DeploymentPlan
 from onboarding.variants import (
     AccuracyReport,
@@ -28,6 +29,27 @@ from onboarding.variants import (
     ServedAccuracyReport,
     write_manifest,
 )
+
+# The twins' small data: twins/<id>/config.json, and one tokenizer every twin shares
+# (twins/tokenizer/, SmolLM2's: twins/README.md says why).
+TWINS_DATA = PROJECT_ROOT / "twins"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def twin_source_dir(twin_id: str, dest: Path, data: Path = TWINS_DATA) -> Path:
+    """`dest` holding what a twin's source holds: its config.json and the shared tokenizer.
+    The demo and the tests upload it; a twin's variants start from it."""
+    own = data / twin_id
+    if not (own / "config.json").is_file():
+        raise OnboardingError(f"performance twin {twin_id}", f"{own}/config.json is missing",
+                              "Add the real model's config.json under twins/<id>/.")
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in sorted(own.iterdir()):
+        if f.is_file():
+            shutil.copy2(f, dest / f.name)
+    for name in TOKENIZER_FILES:
+        shutil.copy2(data / "tokenizer" / name, dest / name)
+    return dest
 
 DUMMY_LOAD_FORMAT = "dummy"  # vLLM's and SGLang's --load-format for random weights
 NOT_APPLICABLE = "not applicable: random weights"

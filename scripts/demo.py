@@ -79,12 +79,17 @@ def upload_model(server, source: str, model_dir: Path = MODEL_DIR) -> None:
 
 
 def upload_twins(server, specs) -> None:
-    """Each performance twin's config.json and tokenizer (twins/<id>/, docs/twins.md) to its
-    source, so `--model <twin id>` fetches it like any model (its weights are random)."""
+    """Each performance twin's config.json and the twins' shared tokenizer (twins/, docs/
+    twins.md) to its source, so `--model <twin id>` fetches it like any model (its weights are
+    random)."""
+    import tempfile
+
+    from onboarding.twins import TWINS_DATA, twin_source_dir
+
     for spec in specs:
-        local = TWINS_DIR / spec.id
-        if spec.is_twin and spec.source.startswith("s3://") and local.is_dir():
-            upload_model(server, spec.source, local)
+        if spec.is_twin and spec.source.startswith("s3://") and (TWINS_DATA / spec.id).is_dir():
+            with tempfile.TemporaryDirectory() as tmp:
+                upload_model(server, spec.source, twin_source_dir(spec.id, Path(tmp) / spec.id))
 
 
 def register_partitions(instance) -> list[str]:

@@ -33,7 +33,13 @@ from assets.readiness import readiness
 from assets.served_accuracy import PRECISIONS, agreement_check_name, served_accuracy
 from assets.serving import COLD_START_CHECK, SLO_CHECK, load_timing, serving_benchmark
 from onboarding.paths import PROJECT_ROOT
-from onboarding.twins import NO_WEIGHTS, NOT_A_WEIGHT_READ, NOT_APPLICABLE, NOT_READY
+from onboarding.twins import (
+    NO_WEIGHTS,
+    NOT_A_WEIGHT_READ,
+    NOT_APPLICABLE,
+    NOT_READY,
+    twin_source_dir,
+)
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.evaluator import LmEvalEvaluator
@@ -72,7 +78,7 @@ def twin(tmp_path_factory, s3_server):
     (config_dir / "models" / f"{KEY}.yaml").write_text(yaml.safe_dump(spec))
     s3 = S3ObjectStore(endpoint_url=s3_server.endpoint_url, access_key_id=ACCESS_KEY,
                        secret_access_key=SECRET_KEY, chunk_size_mb=1)
-    s3.upload_dir(PROJECT_ROOT / "twins" / KEY, "models", prefix)
+    s3.upload_dir(twin_source_dir(KEY, tmp / "source"), "models", prefix)
     configs = ConfigFiles(config_dir=str(config_dir), discovered_dir=str(tmp / "found"))
     fake_bin = tmp / "bin"
     fake_bin.mkdir()

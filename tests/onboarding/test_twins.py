@@ -72,7 +72,7 @@ def test_the_shipped_twins_carry_the_llama_3_1_config_and_a_tokenizer_below_its_
         assert cfg["tie_word_embeddings"] is False and cfg["architectures"] == [
             "LlamaForCausalLM"]
         assert not [p for p in (TWINS / model_id).iterdir() if "safetensors" in p.name]
-        tok = Tokenizer.from_file(str(TWINS / model_id / "tokenizer.json"))
+        tok = Tokenizer.from_file(str(TWINS / "tokenizer" / "tokenizer.json"))
         assert tok.get_vocab_size() <= cfg["vocab_size"]
         spec = CATALOG[model_id]
         assert spec.source.rstrip("/").endswith(model_id) and spec.architecture.hidden_size == \
@@ -122,8 +122,10 @@ def _quantization_config(algo: str, group: int | None = 16) -> dict:
 def _checkpoint(tmp_path: Path) -> Path:
     ckpt = tmp_path / "m" / "rev"
     ckpt.mkdir(parents=True)
-    for name in ("config.json", "tokenizer_config.json"):
-        (ckpt / name).write_text((TWINS / "llama-3-1-8b-instruct-twin" / name).read_text())
+    (ckpt / "config.json").write_text(
+        (TWINS / "llama-3-1-8b-instruct-twin" / "config.json").read_text())
+    (ckpt / "tokenizer_config.json").write_text(
+        (TWINS / "tokenizer" / "tokenizer_config.json").read_text())
     (ckpt / "onboarding-manifest.json").write_text("{}")
     return ckpt
 

@@ -234,10 +234,11 @@ def test_a_twins_starts_read_no_weights_and_say_so(fake_bin, tmp_path, monkeypat
     from onboarding.catalog import load_catalog
     from onboarding.paths import PROJECT_ROOT
     from onboarding.serving_plan import local_config
+    from onboarding.twins import twin_source_dir
 
     spec = load_catalog(PROJECT_ROOT / "configs" / "models")["llama-3-1-8b-instruct-twin"]
     twin = VariantRef(model=spec.id, precision="bf16",
-                      path=str(PROJECT_ROOT / "twins" / spec.id), total_bytes=0,
+                      path=str(twin_source_dir(spec.id, tmp_path / "twin")), total_bytes=0,
                       content_hash="x")
     record = tmp_path / "record.json"
     e = engine(fake_bin, tmp_path)
