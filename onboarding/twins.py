@@ -11,6 +11,7 @@ and the Model Optimizer export marker the quantize stage writes for it, live her
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from collections.abc import Callable, Iterable
@@ -33,7 +34,7 @@ from onboarding.variants import (
 # The twins' small data: twins/<id>/config.json, and one tokenizer every twin shares
 # (twins/tokenizer/, SmolLM2's: twins/README.md says why).
 TWINS_DATA = PROJECT_ROOT / "twins"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+TOKENIZER_FILES = ("tokenizer_config.json", "chat_template.jinja")  # + tokenizer.json(.gz)
 
 
 def twin_source_dir(twin_id: str, dest: Path, data: Path = TWINS_DATA) -> Path:
@@ -49,7 +50,13 @@ def twin_source_dir(twin_id: str, dest: Path, data: Path = TWINS_DATA) -> Path:
             shutil.copy2(f, dest / f.name)
     for name in TOKENIZER_FILES:
         shutil.copy2(data / "tokenizer" / name, dest / name)
+    (dest / "tokenizer.json").write_bytes(twin_tokenizer_json(data))
     return dest
+
+
+def twin_tokenizer_json(data: Path = TWINS_DATA) -> bytes:
+    """The shared tokenizer.json, stored gzipped (3.5 MB of JSON, 0.8 MB packed)."""
+    return gzip.decompress((data / "tokenizer" / "tokenizer.json.gz").read_bytes())
 
 DUMMY_LOAD_FORMAT = "dummy"  # vLLM's and SGLang's --load-format for random weights
 NOT_APPLICABLE = "not applicable: random weights"

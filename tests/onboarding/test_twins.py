@@ -31,6 +31,7 @@ from onboarding.twins import (
     served_report,
     split_weights,
     twin_precision,
+    twin_tokenizer_json,
     unusable_marker,
     write_twin_variant,
 )
@@ -72,7 +73,7 @@ def test_the_shipped_twins_carry_the_llama_3_1_config_and_a_tokenizer_below_its_
         assert cfg["tie_word_embeddings"] is False and cfg["architectures"] == [
             "LlamaForCausalLM"]
         assert not [p for p in (TWINS / model_id).iterdir() if "safetensors" in p.name]
-        tok = Tokenizer.from_file(str(TWINS / "tokenizer" / "tokenizer.json"))
+        tok = Tokenizer.from_str(twin_tokenizer_json().decode())
         assert tok.get_vocab_size() <= cfg["vocab_size"]
         spec = CATALOG[model_id]
         assert spec.source.rstrip("/").endswith(model_id) and spec.architecture.hidden_size == \
