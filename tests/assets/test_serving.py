@@ -25,6 +25,7 @@ from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator
 from resources.telemetry import GpuTelemetry
+from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 from tests.fakes.openai_stream_server import THIS_FILE
 
@@ -96,7 +97,8 @@ def materialize(upstream, engine: Engine, run_config=RUN_CONFIG, instance=None):
     return dg.materialize(
         [*upstream, load_timing, serving_benchmark], partition_key=KEY, instance=instance,
         resources={"engine": engine, "loadgen": LoadGenerator(),
-                                     "telemetry": GpuTelemetry(), "configs": engine.configs,
+                                     "telemetry": GpuTelemetry(),
+                                     "optional_upstream": optional_upstream, "configs": engine.configs,
                    "outputs": outputs}, run_config=run_config, raise_on_error=False)
 
 
@@ -289,7 +291,8 @@ def test_an_engine_that_dies_mid_sweep_fails_the_step_with_its_exit_code_and_kee
         [*stub_variant(model_dir), stub_load_timing(), serving_benchmark], partition_key=KEY,
         instance=instance, resources={
             "engine": fake_engine, "loadgen": LoadGenerator(),
-                                   "telemetry": GpuTelemetry(), "configs": fake_engine.configs,
+                                   "telemetry": GpuTelemetry(),
+                                   "optional_upstream": optional_upstream, "configs": fake_engine.configs,
             "outputs": OutputDirs(reports_dir=str(tmp_path / "reports"))},
         run_config={"ops": {"serving_benchmark": {"config": {
             "concurrency": [1, 2, 4], "requests_per_point": 8}}}}, raise_on_error=False)
@@ -315,3 +318,24 @@ def test_an_engine_that_dies_mid_sweep_fails_the_step_with_its_exit_code_and_kee
     from tests.resources.test_engine import _fake_engine_group_gone
 
     assert _fake_engine_group_gone(tmp_path / "record.json")
+
+
+def test_the_sweep_runs_where_load_timing_never_materialized(config_dir, model_dir, fake_engine,
+                                                             tmp_path):
+    """load_timing fails on a node that cannot evict the page cache (a gVisor sandbox: fadvise
+    is a no-op there); the benchmark does not need its numbers, only its place in the graph,
+    so a later run of serving_benchmark alone still measures."""
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"])
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [KEY])
+    result = dg.materialize(
+        [*stub_variant(model_dir), dg.AssetSpec("load_timing", partitions_def=models_partitions),
+         serving_benchmark], partition_key=KEY, instance=instance,
+        resources={"engine": fake_engine, "loadgen": LoadGenerator(),
+                   "telemetry": GpuTelemetry(),
+                   "optional_upstream": optional_upstream, "configs": fake_engine.configs,
+                   "outputs": OutputDirs(reports_dir=str(tmp_path / "reports"))},
+        run_config={"ops": {"serving_benchmark": {"config": {
+            "concurrency": [1, 2], "requests_per_point": 4}}}}, raise_on_error=False)
+    assert result.success
+    assert result.output_for_node("serving_benchmark").tokens_per_s_per_gpu > 0

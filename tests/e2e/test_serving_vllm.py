@@ -35,6 +35,7 @@ from onboarding.variants import QuantizedSet
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator, completion_bodies
 from resources.telemetry import GpuTelemetry
+from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 
 pytestmark = pytest.mark.slow
@@ -102,7 +103,8 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, o
         [stub_checkpoint, stub_variant, stub_quantized, stub_serving_config, load_timing,
          serving_benchmark], partition_key=KEY,
         instance=instance, resources={"engine": engine, "loadgen": LoadGenerator(),
-                                      "telemetry": GpuTelemetry(), "configs": configs,
+                                      "telemetry": GpuTelemetry(),
+                                      "optional_upstream": optional_upstream, "configs": configs,
                                       "outputs": outputs},
         run_config={"ops": {
             "load_timing": {"config": {"cold_repeats": 1, "warm_repeats": 1}},
@@ -210,7 +212,8 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
              serving_benchmark],
             partition_key=KEY, instance=instance,
             resources={"engine": engine, "loadgen": LoadGenerator(),
-                       "telemetry": GpuTelemetry(), "configs": configs, "outputs": outputs},
+                       "telemetry": GpuTelemetry(),
+                       "optional_upstream": optional_upstream, "configs": configs, "outputs": outputs},
             run_config={"ops": {"serving_benchmark": {"config": {
                 "concurrency": [1, 4, 8], "requests_per_point": 8}}}}, raise_on_error=False)
     finally:
