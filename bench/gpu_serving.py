@@ -1,0 +1,587 @@
+"""Issue 14 on the lent H200: this project's own serving stages on real vLLM, back as files.
+
+Three phases, one device call each, back to back on one warm machine (state under --work):
+
+  prepare   SmolLM2-135M-Instruct built from the carried GGUF (scripts/build_smollm2.py), a
+            copy of configs/ whose stack is pinned to what is installed here (so the measured
+            configuration hash is the one the plan renders), the `vllm` wrapper the Engine
+            resource starts, and whether this kernel can evict the page cache (cold starts).
+  onboard   the onboard_model job for smollm2-135m (and the twins' CPU part: fetch of their
+            config.json, export markers, serving_config) in the `gpu` profile on node type
+            h200, through Dagster in a throwaway instance with SeaweedFS on 127.0.0.1: fetch,
+            quantize (Model Optimizer on the GPU), in-process accuracy gate, serving variant,
+            serving_config, published variant, load_timing (three kinds of start),
+            serving_benchmark (chat/rag/codegen, concurrency sweep, GPU telemetry), manifests,
+            readiness. `--select` runs part of it; a later call continues in the same instance.
+  twins     performance twins (catalog entries with `weights: random`, docs/twins.md) at the
+            configuration their serving_config planned for h200 (`--load-format dummy`),
+            started by the Engine resource, swept by serving_benchmark's own sweep code with
+            telemetry, and on the first twin `vllm bench serve` at the same point, both against
+            the engine's /metrics histograms (one engine start per twin; the whole
+            serving_benchmark asset would add load_timing's starts, which the budget lacks).
+
+Every phase writes `<out>/<phase>.json` as it goes and ends by packing its files into
+`<out>/<phase>.tar.gz` (the device returns at most 8 files). Budget: `--deadline-s`; a twin or
+point that would not fit is recorded as not run.
+
+    export PYTHONPATH=/tmp/site:/tmp/gg:$PWD PATH=/tmp/site/bin:$PATH
+    python3 bench/gpu_serving.py prepare --out $OUT
+    python3 bench/gpu_serving.py onboard --out $OUT --models smollm2-135m,<twin ids> --select ...
+    python3 bench/gpu_serving.py twins --out $OUT --twins llama-3-1-8b-instruct-twin:fp8,...
+
+bench/gpu_device.sh holds the exact device calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+               ("NVSHMEM_DISABLE_NVLS", "1"), ("DAGSTER_DISABLE_TELEMETRY", "1"),
+               ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1"), ("HF_HUB_OFFLINE", "1"),
+               ("TRANSFORMERS_OFFLINE", "1"), ("VLLM_USE_FLASHINFER_SAMPLER", "0")):
+    os.environ.setdefault(_k, _v)
+
+T0 = time.monotonic()
+MODEL = "smollm2-135m"
+# The job's sweep on the device budget: every scenario, concurrency 1 to 256, 10 s a point.
+BUDGET_SWEEP = {
+    "load_timing": {"cold_repeats": 1, "cold_weights_repeats": 1, "warm_repeats": 1,
+                    "start_timeout_s": 600},
+    "serving_benchmark": {"concurrency": [1, 8, 32, 64, 128, 256], "max_seconds_per_point": 10,
+                          "requests_per_point": 200},
+}
+def say(msg: str) -> None:
+    print(f"[gpu {time.monotonic() - T0:6.1f} s] {msg}", flush=True)
+
+
+class Report:
+    """`<out>/<phase>.json`, rewritten after every step so a timeout keeps what was done."""
+
+    def __init__(self, out: Path, phase: str):
+        self.path, self.data = out / f"{phase}.json", {"phase": phase, "steps": {}}
+        out.mkdir(parents=True, exist_ok=True)
+
+    def step(self, name: str, **fields) -> None:
+        self.data["steps"][name] = {"at_s": round(time.monotonic() - T0, 1), **fields}
+        self.save()
+
+    def save(self) -> None:
+        self.path.write_text(json.dumps(self.data, indent=1, default=str))
+
+
+def pack(out: Path, phase: str, paths: list[Path]) -> None:
+    """Everything a phase made, in one archive beside its JSON (the device returns 8 files)."""
+    with tarfile.open(out / f"{phase}.tar.gz", "w:gz") as tar:
+        for p in paths:
+            if p.exists():
+                tar.add(p, arcname=p.name)
+    say(f"packed {out / f'{phase}.tar.gz'} ({(out / f'{phase}.tar.gz').stat().st_size / 1e6:.1f}"
+        " MB)")
+
+
+def run(argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess(argv, 127, "", f"{type(exc).__name__}: {exc}")
+
+
+# ---- prepare ----
+
+def engine_bin(work: Path) -> Path:
+    """`vllm` (python3 -m vllm.entrypoints.cli.main: no script on PATH here) and `python` (the
+    Engine reads the installed version through it) in one directory: ENGINE_BIN_DIR."""
+    bin_dir = work / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "vllm").write_text(
+        f'#!/bin/sh\nexec {sys.executable} -m vllm.entrypoints.cli.main "$@"\n')
+    (bin_dir / "vllm").chmod(0o755)
+    py = bin_dir / "python"
+    if not py.exists():
+        py.symlink_to(sys.executable)
+    return bin_dir
+
+
+def installed() -> dict[str, str]:
+    import importlib.metadata as md
+
+    import torch
+
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda or ""}
+    for dist in ("vllm", "nvidia-modelopt", "transformers", "lm-eval", "dagster"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = "missing"
+    smi = run(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap,memory.total",
+               "--format=csv,noheader"], 60)
+    out["gpu"] = smi.stdout.strip()
+    return out
+
+
+def pinned_configs(work: Path, versions: dict[str, str]) -> tuple[Path, dict]:
+    """configs/ with the stack pinned to this machine's engine, torch, CUDA and driver, and the
+    node gate off: the lent machine gets a 40 s burn, not the hour a node type needs, so it is
+    never qualified (the probe's verdict is kept beside). Returns the copy and what changed."""
+    import yaml
+
+    cfg = work / "configs"
+    if cfg.exists():
+        shutil.rmtree(cfg)
+    shutil.copytree(ROOT / "configs", cfg)
+    stack = yaml.safe_load((cfg / "stack.yaml").read_text())
+    vllm = versions["vllm"]
+    driver = versions["gpu"].split(",")[1].strip() if versions["gpu"].count(",") >= 2 else ""
+    changed = {"versions.vllm": [stack["versions"]["vllm"], vllm],
+               "versions.pytorch": [stack["versions"]["pytorch"],
+                                    versions["torch"].split("+")[0]],
+               "versions.cuda": [stack["versions"]["cuda"], versions["cuda"]]}
+    stack["versions"].update(vllm=vllm, pytorch=versions["torch"].split("+")[0],
+                             cuda=versions["cuda"])
+    if driver:
+        changed["versions.nvidia_driver"] = [stack["versions"]["nvidia_driver"], driver]
+        stack["versions"]["nvidia_driver"] = driver
+    for arch, image in list(stack["images"]["vllm"].items()):
+        repo, _, tag = image.rpartition(":")
+        new = f"{repo}:v{vllm}" + ("-cu130" if tag.endswith("-cu130") else "")
+        stack["images"]["vllm"][arch] = new
+        changed[f"images.vllm.{arch}"] = [image, new]
+    (cfg / "stack.yaml").write_text(yaml.safe_dump(stack, sort_keys=False))
+    scen = yaml.safe_load((cfg / "scenarios.yaml").read_text())
+    scen["profiles"]["gpu"]["require_node_acceptance"] = False
+    changed["scenarios.profiles.gpu.require_node_acceptance"] = [True, False]
+    (cfg / "scenarios.yaml").write_text(yaml.safe_dump(scen, sort_keys=False))
+    auto = yaml.safe_load((cfg / "automation.yaml").read_text())
+    auto["launch"]["sweeps"]["device_budget"] = BUDGET_SWEEP
+    (cfg / "automation.yaml").write_text(yaml.safe_dump(auto, sort_keys=False))
+    return cfg, changed
+
+
+def eviction_works(work: Path) -> dict:
+    """Write 256 MiB, evict it, read residency: the cold starts need this kernel to drop pages
+    (gVisor keeps its own page cache)."""
+    from onboarding import page_cache
+
+    f = work / "evict-probe.bin"
+    with open(f, "wb") as fh:
+        fh.writelines(os.urandom(4 << 20) for _ in range(64))
+        fh.flush()
+        os.fsync(fh.fileno())
+    page_cache.sequential_read([f])
+    before = page_cache.residency([f]).fraction
+    page_cache.evict([f])
+    after = page_cache.residency([f]).fraction
+    f.unlink()
+    return {"resident_before": before, "resident_after_evict": after,
+            "cold_starts_measurable": after <= 0.05}
+
+
+def prepare(args) -> int:
+    rep = Report(args.out, "prepare")
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    versions = installed()
+    rep.step("versions", **versions)
+    say(f"installed: {versions}")
+    bin_dir = engine_bin(work)
+    cfg, changed = pinned_configs(work, versions)
+    rep.step("configs", dir=str(cfg), changed=changed, engine_bin=str(bin_dir))
+    try:
+        rep.step("page_cache", **eviction_works(work))
+    except Exception as exc:  # noqa: BLE001 - recorded; load_timing says it in its own words
+        rep.step("page_cache", error=f"{type(exc).__name__}: {exc}")
+    model = work / "smollm2-135m-instruct"
+    t = time.monotonic()
+    p = run([sys.executable, str(ROOT / "scripts" / "build_smollm2.py"), str(model)], 900)
+    rep.step("build_smollm2", rc=p.returncode, seconds=round(time.monotonic() - t, 1),
+             tail=(p.stdout + p.stderr)[-1500:],
+             files=sorted(x.name for x in model.iterdir()) if model.exists() else [])
+    say(f"SmolLM2 built in {time.monotonic() - t:.0f} s (rc {p.returncode})")
+    if args.probe_burn_s > 0:
+        t = time.monotonic()
+        probe = args.out / "probe"
+        p = run([sys.executable, str(ROOT / "scripts" / "gpu_node_probe.py"), str(probe),
+                 "--node-type", "h200", "--burn-s", str(args.probe_burn_s)], 420)
+        rep.step("node_probe", rc=p.returncode, seconds=round(time.monotonic() - t, 1),
+                 tail=(p.stdout + p.stderr)[-2000:])
+        say(f"node probe rc {p.returncode} in {time.monotonic() - t:.0f} s")
+        pack(args.out, "probe", [probe])
+        shutil.rmtree(probe, ignore_errors=True)
+    return 0 if model.exists() else 1
+
+
+# ---- onboard ----
+
+def onboard_env(work: Path, node_type: str, engine_bin_dir: str) -> None:
+    os.environ.update({
+        "DAGSTER_HOME": str(work / "dagster_home"),
+        "ONBOARDING_CONFIG_DIR": str(work / "configs"),
+        "ONBOARDING_CACHE_ROOT": str(work / "nvme"),
+        "ONBOARDING_OUTPUT_DIR": str(work / "manifests"),
+        "ONBOARDING_REPORTS_DIR": str(work / "reports"),
+        "ONBOARDING_NODE_TYPE": node_type,
+        "ENGINE_BIN_DIR": engine_bin_dir or str(work / "bin"),
+        "ENGINE_LOG_DIR": str(work / "engine-logs"),
+        "ENGINE_START_TIMEOUT_S": "600",
+    })
+    (work / "dagster_home").mkdir(parents=True, exist_ok=True)
+    (work / "dagster_home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+
+
+def asset_outputs(instance, model: str) -> dict:
+    """Each asset's latest materialization metadata for the partition (what the UI shows)."""
+    import dagster as dg
+
+    out = {}
+    for rec in instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("serving_stack")), limit=1).records:
+        out["serving_stack"] = _meta(rec)
+    from pipelines.definitions import defs
+
+    for key in defs.resolve_asset_graph().get_all_asset_keys():
+        recs = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[model]), limit=1).records
+        if recs:
+            out[key.to_user_string()] = _meta(recs[0])
+    return out
+
+
+def _meta(rec) -> dict:
+    mat = rec.event_log_entry.asset_materialization
+    return {k: _plain(v.value) for k, v in mat.metadata.items()
+            if not (isinstance(v.value, str) and v.value.startswith("![")) and "plot" != k}
+
+
+def _plain(v):
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, (list, dict)):
+        return v
+    return str(v)
+
+
+def onboard(args) -> int:
+    """The onboard_model job for each of `--models`, one after another, in one instance."""
+    import dagster as dg
+
+    onboard_env(args.work, args.node_type, args.engine_bin)
+    rep = Report(args.out, f"onboard-{args.tag}")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import demo  # the demo's S3 server, uploads and partition registration
+
+    demo.DATA = args.work / "data"
+    server = demo.start_s3()
+    models = args.models.split(",")
+    try:
+        from assets.stack import observe_stack
+        from pipelines.definitions import defs
+        from pipelines.executors import config_files
+
+        cf = config_files()
+        if MODEL in models:
+            demo.upload_model(server, cf.spec(MODEL).source, args.work / "smollm2-135m-instruct")
+        demo.upload_twins(server, [cf.spec(m) for m in models if cf.spec(m).is_twin])
+        instance = dg.DagsterInstance.get()
+        demo.register_partitions(instance)
+        observe_stack(instance, cf)
+        job = defs.resolve_job_def("onboard_model")
+        every = {k.to_user_string() for k in job.asset_layer.selected_asset_keys}
+        runs = []
+        for model in models:
+            stages = set(args.select.split(",")) if args.select else set(every)
+            stages -= set(args.exclude.split(",")) if args.exclude else set()
+            if cf.spec(model).is_twin:  # nothing to publish or deploy (docs/twins.md)
+                stages -= {"published_variant", "kserve_manifest", "gateway_routes"}
+            # `--first` runs as a job of its own: its failure (load_timing where the page
+            # cache cannot be evicted) must not skip what follows in the graph
+            first = stages & set(args.first.split(",")) if args.first else set()
+            if first:
+                runs.append((model, first | {"serving_stack"}))
+            runs.append((model, stages - first))
+        for model, stages in runs:
+            run_config = cf.automation().launch.run_config("device_budget", stages)
+            t = time.monotonic()
+            say(f"onboard_model[{model}] selection {sorted(stages)}")
+            result = job.execute_in_process(
+                partition_key=model, instance=instance, run_config=run_config,
+                asset_selection=[dg.AssetKey(s) for s in stages], raise_on_error=False)
+            failures = [{"step": e.step_key,
+                         "error": e.step_failure_data.error.message[-3000:]}
+                        for e in result.all_events if e.is_step_failure]
+            checks = [{"asset": ev.asset_key.to_user_string(), "check": ev.check_name,
+                       "passed": ev.passed, "severity": str(ev.severity),
+                       "metadata": {k: _plain(v.value) for k, v in ev.metadata.items()}}
+                      for ev in result.get_asset_check_evaluations()]
+            rep.step(f"job {model} {'+'.join(sorted(stages))}", success=result.success,
+                     seconds=round(time.monotonic() - t, 1), run_config=run_config,
+                     failures=failures, checks=checks)
+            say(f"{model}: {'SUCCESS' if result.success else 'FAILED'} in "
+                f"{time.monotonic() - t:.0f} s; failures: {[f['step'] for f in failures]}")
+            rep.data.setdefault("assets", {})[model] = asset_outputs(instance, model)
+            rep.save()
+    except Exception:  # noqa: BLE001 - a one-off run records everything and packs what it has
+        rep.step("error", traceback=traceback.format_exc()[-4000:])
+        say(traceback.format_exc()[-2000:])
+    finally:
+        server.stop()
+    pack(args.out, f"onboard-{args.tag}", [args.work / "reports", args.work / "manifests",
+                                            args.work / "engine-logs", args.work / "configs"])
+    shutil.rmtree(args.work / "engine-logs", ignore_errors=True)  # one call's logs per archive
+    return 0
+
+
+# ---- twins ----
+
+class BenchContext:
+    """What the serving sweep needs of an asset context, outside Dagster."""
+
+    def __init__(self, name: str):
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        self.log = logging.getLogger(name)
+        self.partition_key, self.asset_key = name, None
+        self.run = type("Run", (), {"run_id": f"twin-{int(time.time())}"})()
+        self.events: list = []
+
+    def log_event(self, event) -> None:
+        self.events.append(event)
+
+
+def stored(work: Path, asset: str, partition: str):
+    """A value the onboard phase's assets stored (the instance's filesystem IO manager)."""
+    import pickle
+
+    with open(work / "dagster_home" / "storage" / asset / partition, "rb") as f:
+        return pickle.load(f)
+
+
+def twin_target(work: Path, twin_id: str, precision: str, node_type: str):
+    """The twin's variant of `precision` and the configuration its serving_config planned for
+    the node type (load_format dummy); another precision than the planned one runs that
+    configuration with the precision replaced (its own hash), and says so."""
+    import dataclasses
+
+    from onboarding.refs import VariantRef
+
+    splan = stored(work, "serving_config", twin_id)
+    planned = splan.config(node_type)
+    if planned is None:
+        raise RuntimeError(f"{twin_id}: serving_config planned nothing for {node_type}: "
+                           f"{splan.skipped.get(node_type, '?')}")
+    if precision == "bf16":
+        path = stored(work, "checkpoint", twin_id).path
+    else:
+        v = stored(work, "quantized", twin_id).get(precision)
+        if v is None:
+            raise RuntimeError(f"{twin_id}: quantized made no {precision} marker")
+        path = v.path
+    config = planned if planned.precision == precision else dataclasses.replace(
+        planned, precision=precision)
+    note = "planned" if config is planned else \
+        f"the {planned.precision} plan's configuration at {precision} (not planned)"
+    return VariantRef(twin_id, precision, path, 0, f"twin-{precision}", 0), config, note
+
+
+def twins(args) -> int:
+    onboard_env(args.work, args.node_type, args.engine_bin)
+    rep = Report(args.out, "twins")
+    from transformers import AutoTokenizer
+
+    from assets.serving import _sweep
+    from onboarding.serving_config import resolve_slo
+    from pipelines.executors import config_files
+    from resources.engine import Engine
+    from resources.loadgen import LoadGenerator
+    from resources.telemetry import GpuTelemetry
+
+    cf = config_files()
+    engine = Engine(configs=cf, bin_dir=os.environ["ENGINE_BIN_DIR"], node_type=args.node_type,
+                    log_dir=str(args.work / "engine-logs"), start_timeout_s=600)
+    _, profile = cf.profile(args.profile, engine.resolved_hardware())
+    tok_src = args.work / "smollm2-135m-instruct"
+    tokenizer = AutoTokenizer.from_pretrained(tok_src, local_files_only=True)
+    budget_end = T0 + args.deadline_s
+    first = True
+    for item in args.twins.split(","):
+        twin_id, _, precision = item.rpartition(":")
+        est_s = 150 + 1.2 * args.seconds_per_point * len(args.concurrency)
+        if time.monotonic() + est_s > budget_end:
+            rep.step(item, skipped=f"not run: {est_s:.0f} s estimated, "
+                     f"{budget_end - time.monotonic():.0f} s of the budget left")
+            continue
+        t = time.monotonic()
+        entry: dict = {"model": twin_id, "precision": precision}
+        try:
+            spec = cf.spec(twin_id)
+            variant, config, note = twin_target(args.work, twin_id, precision, args.node_type)
+            entry.update(config_hash=config.hash, config_basis=note,
+                         params_billion=spec.architecture.params_billion,
+                         argv_params=config.params, tensor_parallel=config.tensor_parallel)
+            scenarios = {s: profile.scenarios[s] for s in args.scenarios.split(",")}
+            sweep = profile.sweep.model_copy(update={
+                "concurrency": args.concurrency,
+                "max_seconds_per_point": args.seconds_per_point})
+            slo = resolve_slo(cf.slo_section(), args.node_type, spec)
+            entry["slo"] = vars(slo)
+            with engine.serve(variant, config) as running, \
+                    GpuTelemetry().sampler() as sampler:
+                entry["ready_s"] = round(running.phases.first_token_s, 1)
+                entry["start_phases"] = {k: v for k, v in vars(running.phases).items()
+                                         if isinstance(v, (int, float)) or v is None}
+                entry["engine_log"] = running.log_path.name
+                say(f"{item}: ready in {entry['ready_s']} s ({config.hash}, {note})")
+                rows, _ = _sweep(BenchContext(twin_id), None, LoadGenerator(), running,
+                                 engine.template(), spec.served_name, scenarios, sweep, slo,
+                                 tokenizer, sampler)
+                entry["rows"] = rows
+                rep.step(item, **entry)
+                if first and args.crosscheck_concurrency:
+                    entry["crosscheck"] = crosscheck(running, spec.served_name, tok_src,
+                                                     args.crosscheck_concurrency, args.work,
+                                                     tokenizer, engine, args.crosscheck_tokens)
+                    first = False
+            entry["telemetry_unavailable"] = sampler.unavailable
+            entry["unreadable_fields"] = sampler.unreadable  # filled by stop()
+        except Exception as exc:  # noqa: BLE001 - one twin failing must not cost the others
+            entry["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
+            say(f"{item}: {entry['error'][:500]}")
+        entry["seconds"] = round(time.monotonic() - t, 1)
+        rep.step(item, **entry)
+    pack(args.out, "twins", [args.work / "engine-logs"])
+    return 0
+
+
+def vllm_bench(url: str, served: str, tokenizer: Path, concurrency: int, prompts: int,
+               in_len: int, out_len: int, work: Path) -> dict:
+    """`vllm bench serve` at one point against the running engine (the peer client)."""
+    python = Path(os.environ["ENGINE_BIN_DIR"]) / "python"  # the engine's interpreter
+    argv = [str(python), "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+            "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
+            "--model", served, "--tokenizer", str(tokenizer), "--dataset-name", "random",
+            "--random-input-len", str(in_len), "--random-output-len", str(out_len),
+            "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
+            "--ignore-eos", "--disable-tqdm", "--num-warmups", str(concurrency),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
+            "--save-result", "--result-dir", str(work), "--result-filename", "vllm-bench.json"]
+    p = run(argv, 300)
+    if p.returncode != 0:
+        return {"error": (p.stdout + p.stderr)[-2000:]}
+    d = json.loads((work / "vllm-bench.json").read_text())
+    return {k: d.get(k) for k in ("completed", "duration", "request_throughput",
+                                  "output_throughput", "median_ttft_ms", "p95_ttft_ms",
+                                  "mean_itl_ms", "median_itl_ms", "mean_tpot_ms")}
+
+
+def crosscheck(running, served: str, tok_dir: Path, concurrency: int, work: Path, tokenizer,
+               engine, tokens: tuple[int, int]) -> dict:
+    """The project's client and `vllm bench serve` at the same point on the same engine, each
+    against the engine's own /metrics histograms over its run (chat: 512 in, 256 out)."""
+    in_len, out_len = tokens
+    from onboarding.prompts import synthetic_prompts
+    from onboarding.serving_stats import summarize
+    from resources.loadgen import LoadGenerator, completion_bodies
+
+    n = concurrency * 8
+    out: dict = {"concurrency": concurrency, "prompts": n, "input_tokens": in_len,
+                 "output_tokens": out_len}
+    prompts = synthetic_prompts(tokenizer, n + concurrency, in_len, 0, seed=7)
+    bodies = completion_bodies(served, prompts, out_len)
+    metrics = engine.template().metrics
+    run_ = LoadGenerator().run_point(running.base_url, bodies[concurrency:],
+                                     concurrency=concurrency, max_seconds=120,
+                                     request_timeout_s=120, warmup_bodies=bodies[:concurrency],
+                                     scrape_interval_s=1.0)
+    s = summarize(run_.records, run_.duration_s)
+    from assets.serving import _server_side
+
+    out["ours"] = {"completed": s.completed, "request_throughput": s.request_throughput_rps,
+                   "output_throughput": s.output_tokens_per_s,
+                   "median_ttft_ms": s.ttft_s.p50 * 1e3, "p95_ttft_ms": s.ttft_s.p95 * 1e3,
+                   "mean_itl_ms": s.itl_ms.mean, **_server_side(run_, metrics)}
+    before = _scrape(running.base_url)
+    out["vllm_bench"] = vllm_bench(running.base_url, served, tok_dir, concurrency, n, in_len,
+                                   out_len, work)
+    after = _scrape(running.base_url)
+    out["vllm_bench"]["engine_histograms"] = _hist_delta(before, after, metrics)
+    return out
+
+
+def _scrape(base_url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def _hist_delta(before: str, after: str, metrics: dict) -> dict:
+    """Mean TTFT and ITL from the engine's histograms between two scrapes (sum/count deltas)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def totals(text: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name.endswith(("_sum", "_count")):
+                    out[s.name] = out.get(s.name, 0.0) + s.value
+        return out
+
+    b, a = totals(before), totals(after)
+    res = {}
+    for key in ("ttft_histogram", "itl_histogram"):
+        name = getattr(metrics, key, None)
+        if not name:
+            continue
+        dn = a.get(name + "_count", 0) - b.get(name + "_count", 0)
+        ds = a.get(name + "_sum", 0) - b.get(name + "_sum", 0)
+        res[key.replace("_histogram", "_mean_ms")] = ds / dn * 1e3 if dn else None
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("phase", choices=["prepare", "onboard", "twins"])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/onb"))
+    ap.add_argument("--node-type", default="h200", help="configs/nodes.yaml entry (cpu: a "
+                    "smoke test of this script on the CPU engine)")
+    ap.add_argument("--engine-bin", default="", help="ENGINE_BIN_DIR (default: the wrapper "
+                    "`prepare` writes)")
+    ap.add_argument("--deadline-s", type=float, default=560)
+    ap.add_argument("--probe-burn-s", type=float, default=40)
+    ap.add_argument("--select", default="", help="onboard: comma-separated asset names")
+    ap.add_argument("--first", default="", help="onboard: these assets in a job of their own "
+                    "before the rest")
+    ap.add_argument("--exclude", default="", help="onboard: the job's assets but these")
+    ap.add_argument("--tag", default="a", help="onboard: names this call's files")
+    ap.add_argument("--models", default=MODEL, help="onboard: partitions, one job each")
+    ap.add_argument("--twins", default="llama-3-1-8b-instruct-twin:fp8,"
+                    "llama-3-1-70b-instruct-twin:fp8,llama-3-1-8b-instruct-twin:bf16,"
+                    "llama-3-1-8b-instruct-twin:nvfp4", help="twins: <twin id>:<precision>")
+    ap.add_argument("--scenarios", default="chat")
+    ap.add_argument("--profile", default="gpu", help="twins: configs/scenarios.yaml profile")
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[1, 16, 64, 256])
+    ap.add_argument("--seconds-per-point", type=float, default=12)
+    ap.add_argument("--crosscheck-concurrency", type=int, default=32)
+    ap.add_argument("--crosscheck-tokens", type=lambda s: tuple(int(x) for x in s.split(",")),
+                    default=(512, 256), help="input,output tokens of the cross-check point")
+    args = ap.parse_args()
+    return {"prepare": prepare, "onboard": onboard, "twins": twins}[args.phase](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
