@@ -7,7 +7,8 @@
 #                                         GGUF reassembled and checked, then `prepare`
 #   bash bench/gpu_device.sh onboard A    the onboard job up to the published variant (and the
 #                                         twins' CPU part: config fetch, markers, serving_config)
-#   bash bench/gpu_device.sh onboard B    load_timing, serving_benchmark, manifests, readiness
+#   bash bench/gpu_device.sh onboard T    load_timing (three kinds of start)
+#   bash bench/gpu_device.sh onboard B    serving_benchmark, manifests, readiness, reports
 #   bash bench/gpu_device.sh twins        performance twins and the `vllm bench serve` check
 #
 # Built here with `PIPELINE=1 bash ../shared/gpu/build_payload.sh` (pieces .gpu1-.gpu7), the
@@ -43,11 +44,16 @@ case "$1" in
         --target /tmp/site .gpu7/tenacity-*.whl
     python3 bench/gpu_serving.py prepare --out "$OUT" --probe-burn-s "${BURN_S:-30}" ;;
   onboard)
+    # A: up to the published variant (and the twins' CPU part); T: load_timing alone (it
+    # fails where the page cache cannot be evicted); B: the benchmark, manifests, readiness
     first=serving_stack,checkpoint,quantized,accuracy,serving_variant,serving_config
     first=$first,published_variant
     twins=llama-3-1-8b-instruct-twin,llama-3-1-70b-instruct-twin
-    if [ "$2" = A ]; then sel=(--select "$first" --models "smollm2-135m,$twins")
-    else sel=(--exclude "${first#serving_stack,},served_accuracy" --first load_timing); fi
+    case "$2" in
+      A) sel=(--select "$first" --models "smollm2-135m,$twins") ;;
+      T) sel=(--select serving_stack,load_timing) ;;
+      *) sel=(--exclude "${first#serving_stack,},served_accuracy,load_timing") ;;
+    esac
     python3 bench/gpu_serving.py onboard --out "$OUT" "${sel[@]}" --tag "$2" ;;
   twins)
     python3 bench/gpu_serving.py twins --out "$OUT" --deadline-s "${DEADLINE_S:-540}" \
