@@ -109,9 +109,11 @@ def engine_bin(work: Path) -> Path:
     (bin_dir / "vllm").write_text(
         f'#!/bin/sh\nexec {sys.executable} -m vllm.entrypoints.cli.main "$@"\n')
     (bin_dir / "vllm").chmod(0o755)
-    py = bin_dir / "python"
-    if not py.exists():
-        py.symlink_to(sys.executable)
+    # A script, not a symlink: a venv's python linked from elsewhere loses its site-packages
+    # (the H200 run's `vllm bench serve` failed with "No module named torch" that way).
+    (bin_dir / "python").unlink(missing_ok=True)
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
     return bin_dir
 
 
