@@ -13,6 +13,7 @@ burn never runs beside a benchmark on the same instance.
 """
 
 import base64
+import json
 import time
 from pathlib import Path
 
@@ -148,11 +149,14 @@ def memory_bandwidth(context: dg.AssetExecutionContext, configs: ConfigFiles,
 @dg.asset(partitions_def=nodes_partitions, group_name=GROUP,
           description="Sequential direct-I/O read GB/s of the NVMe cache path, and S3 GET "
           "GB/s from the configured endpoint, against the node type's expectation.")
-def storage_read(context: dg.AssetExecutionContext, configs: ConfigFiles,
+def storage_read(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                  node_probe: NodeProbe, nvme_cache: NvmeCache, s3: S3ObjectStore) -> dg.Output:
     s = _setting(context, configs)
     direct = node_probe.direct_read(nvme_cache.root_path(), s.probe, context.log.info)
     s3_get = node_probe.s3_get(s3, s.probe.s3_object, int(s.probe.s3_max_gib * 2**30))
+    keep = _keep(outputs, s.name)  # kept like the GPU assets' raw files: a set can be re-judged
+    keep.mkdir(parents=True, exist_ok=True)
+    (keep / acc.RAW_STORAGE).write_text(json.dumps({"direct": direct, "s3": s3_get}, indent=1))
     result = acc.build_storage(s, direct, s3_get)
     return dg.Output(result, metadata={**_checks_metadata(result.checks),
                                        "direct_read": dg.MetadataValue.json(direct),

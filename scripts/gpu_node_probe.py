@@ -9,8 +9,8 @@ node_acceptance for one node (registered on the fly in a copy of configs/ with t
 machine's GPU count and a short probe), in a throwaway Dagster instance. Writes, under OUT_DIR:
 
     raw/        nvidia-smi-q.xml, nvidia-smi-topo-m.txt, nvml.json, system.json, burn.json
-                (samples), memory-bandwidth.json, interconnect.json (2+ GPUs),
-                dcgmi-diag.json (where DCGM is installed), gpu-job-*.log
+                (samples), memory-bandwidth.json, storage-read.json, interconnect.json
+                (2+ GPUs), dcgmi-diag.json (where DCGM is installed), gpu-job-*.log
     report/     acceptance.md, burn.png, checks.csv
     summary.json   the verdict, every check, the gate's answer for this node, timings
 
