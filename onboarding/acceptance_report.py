@@ -116,3 +116,13 @@ def _storage_row(test: str, r: Mapping[str, Any]) -> dict[str, Any]:
             "seconds": r.get("seconds"),
             "where / why not": r.get("why_not") or r.get("error") or r.get("path")
             or r.get("uri")}
+
+
+def checks_csv_table(rows: Sequence[Mapping[str, str]]) -> str:
+    """A node's `checks.csv` (as the probe or node_acceptance wrote it) as one Markdown table,
+    the reason in place of a measurement for a check not made: for docs and reviews of a
+    recorded node, whose files are all that is left of it."""
+    return md_table([{"phase": int(r["phase"]), "check": r["check"], "result": r["result"],
+                      "measured": r["measured"] or r["reason"].removeprefix("not checked: "),
+                      "threshold": r["expected"],
+                      "required": "yes" if r["required"] == "True" else "no"} for r in rows])

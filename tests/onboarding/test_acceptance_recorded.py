@@ -3,8 +3,12 @@ they are dropped into h200/) parsed and judged against the shipped configs/accep
 
 A set is a directory holding at least `nvidia-smi-q.xml`; the other raw files the probe writes
 are used where present. Invariants hold for every set; `expected.yaml` pins one set's verdicts.
+A set the probe wrote on a real node also holds its own report (`probe-checks.csv`,
+`probe-summary.json`): re-judged from the raw files alone, every check must come out as it did
+there.
 """
 
+import csv
 import json
 from pathlib import Path
 
@@ -13,13 +17,17 @@ import yaml
 
 from onboarding import acceptance as acc
 from onboarding import telemetry as tm
+from onboarding.acceptance_report import checks_csv_table
 from onboarding.node_facts import parse_dcgm_diag, parse_smi_xml, parse_topo_matrix
 from resources.config_files import ConfigFiles
 
 DATA = Path(__file__).parents[1] / "data" / "acceptance"
 SETS = sorted(p.parent for p in DATA.glob("*/nvidia-smi-q.xml"))
-PASSING_STORAGE = ({"path": "/data/models", "bytes": 4 << 30, "seconds": 0.8, "gbps": 5.4},
-                   {"why_not": "no s3_object configured in acceptance.yaml probe"})
+PASSING_STORAGE = {"direct": {"path": "/data/models", "bytes": 4 << 30, "seconds": 0.8,
+                              "gbps": 5.4},
+                   "s3": {"why_not": "no s3_object configured in acceptance.yaml probe"}}
+PROBE_CHECKS = "probe-checks.csv"
+PROBE_SUMMARY = "probe-summary.json"
 
 
 def _json(d: Path, name: str):
@@ -29,6 +37,13 @@ def _json(d: Path, name: str):
 def _expected(d: Path) -> dict:
     return yaml.safe_load((d / "expected.yaml").read_text()) if (d / "expected.yaml").is_file() \
         else {}
+
+
+def _storage(d: Path, exp: dict) -> dict:
+    """The set's storage_read measurement: its `storage-read.json`; for a set recorded before the
+    probe kept that file, the measurement its expected.yaml copies from the probe's report; a
+    passing stand-in for the crafted sets (they plant no storage fault)."""
+    return _json(d, acc.RAW_STORAGE) or exp.get("storage_read") or PASSING_STORAGE
 
 
 def judge(d: Path) -> dict:
@@ -49,7 +64,7 @@ def judge(d: Path) -> dict:
         nvlinks={int(k): v for k, v in nvml["nvlinks_active"].items()},
         nvlink_error=nvml["error"], system=_json(d, acc.RAW_SYSTEM) or {},
         stack_facts={"nvidia_driver": "recorded"})
-    burn = _json(d, acc.RAW_BURN)
+    burn, storage = _json(d, acc.RAW_BURN), _storage(d, exp)
     dcgm = d / acc.RAW_DCGM
     health = acc.build_health(
         s, inv, diag=parse_dcgm_diag(dcgm.read_text()) if dcgm.is_file() else None,
@@ -60,11 +75,11 @@ def judge(d: Path) -> dict:
         xid_why=burn["xid_watch"] if burn else "")
     ic_raw, mem_raw = _json(d, acc.RAW_INTERCONNECT), _json(d, acc.RAW_MEMORY)
     parts = {"node_inventory": inv, "gpu_health": health,
-             "interconnect": acc.build_interconnect(s, inv, ic_raw, "" if ic_raw else
-                                                    "not recorded"),
+             "interconnect": acc.build_interconnect(  # one GPU: the asset measures nothing
+                 s, inv, ic_raw, "" if ic_raw or inv.gpu_count < 2 else "not recorded"),
              "memory_bandwidth": acc.build_memory(s, inv, mem_raw, "" if mem_raw else
                                                   "not recorded"),
-             "storage_read": acc.build_storage(s, *PASSING_STORAGE)}
+             "storage_read": acc.build_storage(s, storage["direct"], storage["s3"])}
     return {"setting": s, "parts": parts, "burn": burn,
             "acceptance": acc.build_acceptance(s, parts, 0.0)}
 
@@ -138,3 +153,30 @@ def test_expected_verdicts(recorded):
     assert result.qualified is exp["qualified"], result.reasons
     for phrase in exp.get("reasons_mention", []):
         assert any(phrase in r for r in result.reasons), (phrase, result.reasons)
+
+
+def test_a_probed_node_is_judged_from_its_files_as_it_was_on_the_node(recorded):
+    """The raw files carry the verdict: nothing the probe saw on the node is missing from them."""
+    d, _, judged = recorded
+    if not (d / PROBE_CHECKS).is_file():
+        pytest.skip(f"{d.name} was not written by scripts/gpu_node_probe.py")
+    with (d / PROBE_CHECKS).open() as f:
+        on_node = {r["check"]: r["result"] for r in csv.DictReader(f)}
+    got = {c.name: c.status for c in judged["acceptance"].checks}
+    assert got == on_node
+    summary = json.loads((d / PROBE_SUMMARY).read_text())
+    assert judged["acceptance"].qualified is summary["qualified"]
+    assert list(judged["acceptance"].reasons) == summary["reasons"].removeprefix("- ").split(
+        "\n- ")
+    assert summary["gate"]["passed"] is summary["qualified"]
+
+
+def test_docs_h200_table_is_the_probes_checks_file():
+    """docs/acceptance.md's "H200 results" table is computed from the recorded files, not typed."""
+    with (DATA / "h200" / PROBE_CHECKS).open() as f:
+        table = checks_csv_table(list(csv.DictReader(f)))
+    doc = (Path(__file__).parents[2] / "docs" / "acceptance.md").read_text()
+    assert table in doc.split("## H200 results", 1)[1]
+    assert "| 1 | direct_io_read | fail | 1.47 GB/s (2.0 GiB, O_DIRECT) | >= 3.0 GB/s | yes |" \
+        in table
+    assert "| 2 | nvlink | not checked | 1 GPU |  | no |" in table
