@@ -326,7 +326,8 @@ class MeasuredPoint(StrictConfig):
     ttft_p95_ms: float | None = Field(default=None, gt=0)
     tpot_mean_ms: float | None = Field(default=None, gt=0)
     itl_mean_ms: float | None = Field(default=None, gt=0)
-    output_tokens_per_s: float = Field(gt=0)
+    output_tokens_per_s: float | None = Field(
+        gt=0, description="null where the client's count is known to be short")
     engine: str = Field(min_length=1, description="e.g. 'vllm 0.22.0'")
     measured_on: str = ""
     source: str = Field(min_length=1, description="the run or document it comes from")
@@ -347,6 +348,8 @@ class MeasuredPoint(StrictConfig):
                 return self.tpot_mean_ms, "mean TPOT"
             return self.itl_mean_ms, "mean ITL"
         if metric == "tokens_per_s_per_gpu":
+            if self.output_tokens_per_s is None:
+                return None, "output tokens/s / GPUs"
             return self.output_tokens_per_s / self.gpus, "output tokens/s / GPUs"
         raise KeyError(metric)
 
@@ -864,10 +867,17 @@ def points_from_sweep_rows(rows: Iterable[dict[str, Any]], scenarios: dict[str, 
                            *, model: str, config: str, precision: str, node_type: str,
                            tensor_parallel: int, gpus: int, engine: str, source: str,
                            measured_on: str = "", expert_parallel: int = 1,
-                           kv_cache_dtype: str | None = None) -> list[MeasuredPoint]:
+                           kv_cache_dtype: str | None = None, max_num_seqs: int | None = None,
+                           client_error_causes: frozenset[str] = frozenset()
+                           ) -> list[MeasuredPoint]:
     """Measured points from the serving benchmark's sweep table (`serving_benchmark.csv`: one
     row per scenario x concurrency, the columns of `PointStats.row()`); rows of a failed or
-    errored point, or of a request-rate sweep, are left out: they measure no steady load."""
+    errored point, or of a request-rate sweep, are left out: they measure no steady load. So
+    are rows above the engine's `max_num_seqs`: a batch that size never ran, the rest queued.
+    A row whose failures are all of `client_error_causes` (the client's accounting, not the
+    engine's: the twins' random weights emit ids their tokenizer shows as no text) is kept for
+    its TTFT and TPOT, which completed requests measure under the full load; its tokens/s
+    counts completed requests only, so it is left out."""
     out = []
     for row in rows:
         def num(key: str, row: dict[str, Any] = row) -> float | None:
@@ -879,7 +889,12 @@ def points_from_sweep_rows(rows: Iterable[dict[str, Any]], scenarios: dict[str, 
             raise ConfigError(f"sweep row {row['scenario']!r}", "a scenario not in the profile "
                               f"({', '.join(scenarios)})", "Pass the profile the sweep ran.")
         load = float(row["load"])
-        if not load.is_integer() or not num("completed") or (num("failed") or 0) > 0 \
+        causes = {c.split("=")[0].strip() for c in str(row.get("errors_by_cause") or "")
+                  .split(",") if c.strip()}
+        client_only = bool(causes) and causes <= client_error_causes
+        if not load.is_integer() or not num("completed") \
+                or ((num("failed") or 0) > 0 and not client_only) \
+                or (max_num_seqs is not None and load > max_num_seqs) \
                 or str(row.get("engine_exited", "")).lower() in ("true", "yes", "1"):
             continue
         out.append(MeasuredPoint(
@@ -890,8 +905,8 @@ def points_from_sweep_rows(rows: Iterable[dict[str, Any]], scenarios: dict[str, 
             kv_cache_dtype=kv_cache_dtype,
             ttft_p50_ms=_ms(num("ttft_p50_s")), ttft_p95_ms=_ms(num("ttft_p95_s")),
             tpot_mean_ms=num("tpot_mean_ms"), itl_mean_ms=num("itl_mean_ms"),
-            output_tokens_per_s=float(row["output_tokens_per_s"]), engine=engine,
-            measured_on=measured_on, source=source))
+            output_tokens_per_s=None if client_only else float(row["output_tokens_per_s"]),
+            engine=engine, measured_on=measured_on, source=source))
     return out
 
 

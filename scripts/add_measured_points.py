@@ -46,6 +46,11 @@ def main() -> int:
     ap.add_argument("--node-type", default=None, help="default: predict.yaml calibration's")
     ap.add_argument("--measured-on", default=date.today().isoformat())
     ap.add_argument("--config-dir", default="", help="default: the repository's configs/")
+    ap.add_argument("--max-num-seqs", type=int, default=None,
+                    help="the engine's --max-num-seqs: rows above it measured a queue, left out")
+    ap.add_argument("--client-error-cause", action="append", default=[],
+                    help="an error cause that is the client's accounting, not the engine's "
+                    "(e.g. no_content for the twins): such rows keep TTFT and TPOT, not tokens/s")
     args = ap.parse_args()
 
     configs = ConfigFiles(config_dir=args.config_dir)
@@ -59,13 +64,17 @@ def main() -> int:
         rows, scenarios, model=args.model, config=args.config_key, precision=args.precision,
         node_type=args.node_type or cfg.calibration.node_type, tensor_parallel=args.tp,
         gpus=args.gpus, engine=args.engine, source=args.source, measured_on=args.measured_on,
-        expert_parallel=args.ep, kv_cache_dtype=args.kv_cache_dtype)
+        expert_parallel=args.ep, kv_cache_dtype=args.kv_cache_dtype,
+        max_num_seqs=args.max_num_seqs, client_error_causes=frozenset(args.client_error_cause))
     path = configs.data_path(cfg.calibration.points)
     updated = add_points(configs.measured_points(), new, args.config_key,
                          json.loads(args.config_json.read_text()))
     write_atomic(path, json.dumps(updated.model_dump(), indent=1) + "\n")
     print(f"{len(new)} of {len(rows)} sweep rows added to {path} "
           f"({len(updated.points)} points in all)")
+    for p in new:
+        print(f"  {p.key}: TTFT p50 {p.ttft_p50_ms} ms, p95 {p.ttft_p95_ms} ms, "
+              f"TPOT {p.tpot_mean_ms} ms, output tokens/s {p.output_tokens_per_s}")
     return 0
 
 

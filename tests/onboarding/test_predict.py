@@ -426,6 +426,36 @@ def test_a_sweep_table_becomes_measured_points_without_its_failed_points(tmp_pat
     assert len(again.points) == len(merged.points)
 
 
+def test_client_accounting_errors_keep_latency_not_throughput_and_queued_loads_are_left_out():
+    """The twins' no_content failures are the client's count, not the engine's: TTFT and TPOT
+    of the completed requests stay, tokens/s (completed only) goes; a load above the engine's
+    max-num-seqs measured a queue, and any other error still drops the row."""
+    from onboarding.predict import Scenario, points_from_sweep_rows
+
+    def row(load, causes):
+        failed = sum(causes.values())
+        d = Dist(0.2, 0.2, 0.3, 0.4, 0.5)
+        st = PointStats(requests=100, completed=100 - failed, failed=failed,
+                        errors_by_cause=causes, duration_s=10, request_throughput_rps=10,
+                        input_tokens_per_s=1, output_tokens_per_s=4000, ttft_s=d,
+                        itl_ms=Dist(*[7.0] * 5), tpot_ms=Dist(*[4.7] * 5), e2e_s=d)
+        return {"scenario": "chat", "load": load, **st.row(), "engine_exited": False}
+
+    rows = [row(8, {"no_content": 15}), row(32, {"no_content": 14, "timeout": 1}),
+            row(64, {"no_content": 14}), row(16, {})]
+    args = {"model": "m", "config": "m", "precision": "fp8", "node_type": "h200",
+            "tensor_parallel": 1, "gpus": 1, "engine": "vllm 0.22.0", "source": "test"}
+    chat = {"chat": Scenario(input_tokens=512, output_tokens=256)}
+    assert [p.concurrency for p in points_from_sweep_rows(rows, chat, **args)] == [16]
+    kept = points_from_sweep_rows(rows, chat, max_num_seqs=32,
+                                  client_error_causes=frozenset({"no_content"}), **args)
+    assert [p.concurrency for p in kept] == [8, 16]
+    assert (kept[0].ttft_p95_ms, kept[0].tpot_mean_ms) == pytest.approx((400.0, 4.7))
+    assert kept[0].output_tokens_per_s is None
+    assert kept[0].measured("tokens_per_s_per_gpu")[0] is None
+    assert kept[1].measured("tokens_per_s_per_gpu")[0] == pytest.approx(4000.0)
+
+
 def test_the_add_points_script_writes_a_file_the_loader_reads(tmp_path, config_dir):
     import subprocess
     import sys
