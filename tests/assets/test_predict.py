@@ -78,7 +78,8 @@ def test_predictions_uncorrected_then_corrected_by_the_calibration(small, config
 
         both = run(instance, None, configs, outputs, tmp_path)
         cal: Calibration = both.output_for_node("calibration")
-        assert cal.points == 3 and cal.of("tpot_ms").k is not None
+        assert cal.points == len(configs.measured_points().points) == 6
+        assert cal.of("tpot_ms").k is not None and cal.of("ttft_p95_ms").n == 3
         assert Path(both.asset_materializations_for_node("calibration")[0]
                     .metadata["plot_path"].value).stat().st_size > 1000
         table = both.output_for_node("predictions")
