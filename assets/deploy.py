@@ -372,9 +372,11 @@ def _manifest_metadata(value: ManifestSet, rendered: list[Rendered], texts: dict
 )
 def gateway_routes(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                    kserve_manifest) -> dg.MaterializeResult:
-    # partition -> ManifestSet; the IO manager hands over the bare value when one partition exists
-    manifests: dict[str, ManifestSet] = (kserve_manifest if isinstance(kserve_manifest, dict)
-                                         else {kserve_manifest.model: kserve_manifest})
+    # partition -> ManifestSet; the IO manager hands over the bare value (None when missing)
+    # when the fleet has one partition
+    manifests: dict[str, ManifestSet] = (
+        kserve_manifest if isinstance(kserve_manifest, dict)
+        else {} if kserve_manifest is None else {kserve_manifest.model: kserve_manifest})
     routes = [r for _, m in sorted(manifests.items()) if m.valid for r in m.routes]
     invalid = sorted(k for k, m in manifests.items() if not m.valid)
     table = route_table(routes, configs.deploy())

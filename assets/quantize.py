@@ -157,7 +157,9 @@ def _export_check(v: QuantizedVariant | None, precision: str, twin: bool = False
         return not_applicable_check(name, f"{NOT_APPLICABLE}: Model Optimizer's export marker "
                                     "only, no weights to dequantize", {
                                         "marker": "read back: quant_algo, quant_method "
-                                        "modelopt, NVFP4 group size, lm_head excluded",
+                                        "modelopt, "
+                                        + ("NVFP4 group size, " if precision == "nvfp4" else "")
+                                        + "lm_head excluded",
                                         "content_hash": v.content_hash})
     meta = {k: val for k, val in v.stats.items() if k.startswith("check_")}
     meta["content_hash"] = v.content_hash or "none"

@@ -57,7 +57,7 @@ NODE_ACCEPTANCE = dg.AssetKey("node_acceptance")
 
 def _publish(path: Path, text: str) -> Path:
     """Written atomically, readable by whoever serves or reads the reports directory."""
-    write_atomic(path, text).chmod(0o644)
+    write_atomic(path, text)
     return path
 
 

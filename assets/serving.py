@@ -38,10 +38,9 @@ from onboarding.serving_stats import (
     PointStats,
     ServingBenchmarkResult,
     Slo,
+    headline,
     histogram_mean_delta,
-    nearest_point,
     parse_metrics,
-    saturation_concurrency,
     slo_violations,
     summarize,
     summarize_load_timing,
@@ -385,8 +384,8 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
             telemetry.sampler(gpu_ids) as sampler:
         rows, points = _sweep(context, outputs, loadgen, running, template, spec.served_name,
                               scenarios, sweep, setup.slo, tokenizer, sampler)
-    result, basis, violations = _headline(spec, variant, engine, gpus, setup.slo, points,
-                                          sweep.mode == "concurrency")
+    result, basis, violations = headline(spec.id, variant.precision, engine.node_type, gpus,
+                                         setup.slo, points, sweep.mode == "concurrency")
     result = dataclasses.replace(result, config_hash=setup.config.hash,
                                  slo_blocking=setup.blocking,
                                  servable=result.servable and not setup.reason)
@@ -503,46 +502,6 @@ def _engine_exited(context, outputs: OutputDirs, running, rows: list[dict], poin
             "engine_log": dg.MetadataValue.path(str(running.log_path))}))
     return running.exited_error(point, f"the {len(rows)} point(s) measured, the last one marked "
                                 f"engine_exited, are in {path}")
-
-
-def _headline(spec: ModelSpec, variant: VariantRef, engine: Engine, gpus: int, slo: Slo,
-              points: dict[str, list[tuple[int, PointStats]]], by_concurrency: bool
-              ) -> tuple[ServingBenchmarkResult, str, list[str]]:
-    """Conservative across scenarios: the lowest saturation and the lowest tokens/s there.
-
-    SLOs are judged at the target concurrency (or the highest measured point below it).
-    """
-    violations: list[str] = []
-    sats: list[int] = []
-    tps: list[float] = []
-    basis = "output tokens/s at each scenario's saturation concurrency (min over scenarios)"
-    for name, pts in points.items():
-        if not by_concurrency:
-            violations.append(f"{name}: rate mode has no concurrency to judge the SLOs at")
-            continue
-        sat = saturation_concurrency(pts, slo)
-        sats.append(sat)
-        at = nearest_point(pts, sat) if sat else None
-        if at is None:
-            at = min(pts, key=lambda p: p[0])
-            basis = "lowest measured concurrency: no point met the SLOs"
-        tps.append(at[1].output_tokens_per_s)
-        target = nearest_point(pts, slo.target_concurrency)
-        if target is None:
-            violations.append(f"{name}: no point at or below concurrency "
-                              f"{slo.target_concurrency}")
-            continue
-        if target[0] != slo.target_concurrency:
-            violations.append(f"{name}: target concurrency {slo.target_concurrency} not in the "
-                              f"sweep; judged at {target[0]}")
-        violations += [f"{name} @ {target[0]}: {v}" for v in slo_violations(target[1], slo)]
-    hard = [v for v in violations if "judged at" not in v]
-    result = ServingBenchmarkResult(
-        model=spec.id, precision=variant.precision, node_type=engine.node_type, gpus=gpus,
-        servable=True, tokens_per_s_per_gpu=(min(tps) / max(gpus, 1)) if tps else 0.0,
-        saturation_concurrency=min(sats) if sats else 0, slo_pass=not hard,
-        slo_violations=tuple(violations))
-    return result, basis, violations
 
 
 defs = dg.Definitions(assets=[load_timing, serving_benchmark])

@@ -25,6 +25,7 @@ GPU_BOUND_STAGES = ("quantized", "accuracy", "served_accuracy", "load_timing",
 CACHE_STAGES = ("checkpoint", "published_variant", *GPU_BOUND_STAGES)
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 CACHE_VOLUME = "model-cache"
 SHM_VOLUME = "dshm"
 
@@ -228,6 +229,10 @@ def cache_step_pod_config(stage: str, cfg: ClusterConfig, node: NodeType) -> dic
     """
     if stage not in CACHE_STAGES:
         raise ValueError(f"{stage!r} does not use the NVMe cache ({', '.join(CACHE_STAGES)})")
+    return _cache_pod(stage, cfg, node)
+
+
+def _cache_pod(stage: str, cfg: ClusterConfig, node: NodeType) -> dict[str, Any]:
     cache = cfg.step_pods.cache
     cache_source: dict[str, Any] = (
         {"host_path": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
@@ -266,14 +271,29 @@ def gpu_step_pod_config(
     """
     if stage not in GPU_BOUND_STAGES:
         raise ValueError(f"{stage!r} is not a GPU-bound stage ({', '.join(GPU_BOUND_STAGES)})")
-    pods = cfg.step_pods
-    count = pods.gpus[stage] if gpus is None else gpus
+    count = cfg.step_pods.gpus[stage] if gpus is None else gpus
     if not 1 <= count <= node.gpus_per_node:
         raise ConfigError(
             f"GPUs for step {stage!r}", f"{count} requested, a {node.name} node has "
             f"{node.gpus_per_node}", "Request between 1 and the node's GPU count.",
         )
-    config = cache_step_pod_config(stage, cfg, node)
+    return _with_gpus(cache_step_pod_config(stage, cfg, node), cfg, count, image)
+
+
+def node_acceptance_pod_config(node_name: str, gpus: int, cfg: ClusterConfig, node: NodeType,
+                               image: str | None = None) -> dict[str, Any]:
+    """The `dagster-k8s/config` of one node's acceptance run pod: the probe runs in the run's
+    own pod, so it is pinned to that node (kubernetes.io/hostname) with every GPU it registers
+    and the NVMe cache that storage_read reads."""
+    config = _with_gpus(_cache_pod("accept_node", cfg, node), cfg, gpus, image)
+    config["pod_spec_config"]["node_selector"][HOSTNAME_LABEL] = node_name
+    return config
+
+
+def _with_gpus(config: dict[str, Any], cfg: ClusterConfig, count: int, image: str | None
+               ) -> dict[str, Any]:
+    """A cache placement plus exactly `count` GPUs (requests = limits), /dev/shm, the image."""
+    pods = cfg.step_pods
     container = config["container_config"]
     container["resources"] = {
         "requests": {**pods.resources.requests, GPU_RESOURCE: str(count)},

@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
@@ -141,6 +142,32 @@ class PointStats:
             for stat, value in asdict(dist).items():
                 out[f"{name}_{stat}_{unit}"] = value
         return out
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> PointStats:
+        """A point read back from its table row (`row()`, e.g. serving_benchmark.csv, where every
+        value is text). What a row does not hold stays out: the client queue's mean and p90/p95
+        (`client_queue_ms` None) and the error examples."""
+        def num(key: str) -> float:
+            text = row.get(key)
+            return float(text) if text not in (None, "") else float("nan")
+
+        def dist(name: str, unit: str) -> Dist:
+            return Dist(*(num(f"{name}_{stat}_{unit}") for stat in ("mean", "p50", "p90", "p95",
+                                                                     "p99")))
+
+        causes = str(row.get("errors_by_cause") or "")
+        errors = {k: int(v) for k, _, v in (c.strip().partition("=") for c in causes.split(","))
+                  if k}
+        goodput = num("goodput_rps")
+        return cls(
+            requests=int(num("requests")), completed=int(num("completed")),
+            failed=int(num("failed")), errors_by_cause=errors, duration_s=num("duration_s"),
+            request_throughput_rps=num("request_throughput_rps"),
+            input_tokens_per_s=num("input_tokens_per_s"),
+            output_tokens_per_s=num("output_tokens_per_s"),
+            ttft_s=dist("ttft", "s"), itl_ms=dist("itl", "ms"), tpot_ms=dist("tpot", "ms"),
+            e2e_s=dist("e2e", "s"), goodput_rps=None if math.isnan(goodput) else goodput)
 
 
 def summarize(records: Sequence[RequestRecord], duration_s: float,
@@ -282,6 +309,51 @@ class ServingBenchmarkResult:
     slo_violations: tuple[str, ...] = ()
     config_hash: str = ""
     slo_blocking: bool = False  # judged as a blocking gate (gpu profile) or a warning (cpu)
+
+
+THROUGHPUT_BASIS = "output tokens/s at each scenario's saturation concurrency (min over scenarios)"
+
+
+def headline(model: str, precision: str, node_type: str, gpus: int, slo: Slo,
+             points: dict[str, list[tuple[int, PointStats]]], by_concurrency: bool
+             ) -> tuple[ServingBenchmarkResult, str, list[str]]:
+    """A sweep's result, conservative across scenarios: the lowest saturation and the lowest
+    tokens/s there. Returns (result, the throughput's basis, the SLO violations).
+
+    SLOs are judged at the target concurrency (or the highest measured point below it); a
+    target that is not in the sweep is named, not counted as a violation.
+    """
+    violations: list[str] = []
+    sats: list[int] = []
+    tps: list[float] = []
+    basis = THROUGHPUT_BASIS
+    for name, pts in points.items():
+        if not by_concurrency:
+            violations.append(f"{name}: rate mode has no concurrency to judge the SLOs at")
+            continue
+        sat = saturation_concurrency(pts, slo)
+        sats.append(sat)
+        at = nearest_point(pts, sat) if sat else None
+        if at is None:
+            at = min(pts, key=lambda p: p[0])
+            basis = "lowest measured concurrency: no point met the SLOs"
+        tps.append(at[1].output_tokens_per_s)
+        target = nearest_point(pts, slo.target_concurrency)
+        if target is None:
+            violations.append(f"{name}: no point at or below concurrency "
+                              f"{slo.target_concurrency}")
+            continue
+        if target[0] != slo.target_concurrency:
+            violations.append(f"{name}: target concurrency {slo.target_concurrency} not in the "
+                              f"sweep; judged at {target[0]}")
+        violations += [f"{name} @ {target[0]}: {v}" for v in slo_violations(target[1], slo)]
+    hard = [v for v in violations if "judged at" not in v]
+    result = ServingBenchmarkResult(
+        model=model, precision=precision, node_type=node_type, gpus=gpus,
+        servable=True, tokens_per_s_per_gpu=(min(tps) / max(gpus, 1)) if tps else 0.0,
+        saturation_concurrency=min(sats) if sats else 0, slo_pass=not hard,
+        slo_violations=tuple(violations))
+    return result, basis, violations
 
 
 @dataclass(frozen=True)

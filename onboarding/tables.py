@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,21 @@ def md_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str] | None = 
              "|" + "|".join("---:" if numeric[c] else "---" for c in cols) + "|"]
     lines += ["| " + " | ".join(_cell(r.get(c), floatfmt) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def read_md_table(text: str) -> list[dict[str, str]]:
+    """The rows of a table `md_table` wrote, every cell as text (the inverse, as far as text
+    goes: numbers keep the format they were written in). Stored metadata is read back this way
+    when only its Markdown was kept (a recording of a run elsewhere)."""
+    def cells(line: str) -> list[str]:
+        parts = re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|"))
+        return [c.strip().replace("\\|", "|") for c in parts]
+
+    lines = [ln for ln in text.strip().splitlines() if ln.strip().startswith("|")]
+    if len(lines) < 2:
+        return []
+    cols = cells(lines[0])
+    return [dict(zip(cols, cells(ln), strict=True)) for ln in lines[2:]]
 
 
 def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:

@@ -16,6 +16,7 @@ anything, e.g. `per_step_k8s_config` for a model that needs more GPUs (`step_run
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -23,15 +24,18 @@ from typing import Any
 import dagster as dg
 
 from assets.step_tags import GPU_SLOT_TAG
+from onboarding.acceptance import node_setting
 from onboarding.cluster import (
     CACHE_STAGES,
     GPU_BOUND_STAGES,
     GPU_RESOURCE,
+    HOSTNAME_LABEL,
     ExecutorKind,
     cache_step_pod_config,
     executor_kind,
     gpu_image,
     gpu_step_pod_config,
+    node_acceptance_pod_config,
     node_type_name,
 )
 from onboarding.errors import ConfigError
@@ -41,7 +45,7 @@ EXECUTOR_ENV = "ONBOARDING_EXECUTOR"
 NODE_TYPE_ENV = "ONBOARDING_NODE_TYPE"
 GPU_IMAGE_ENV = "ONBOARDING_GPU_IMAGE"
 CONFIG_DIR_ENV = "ONBOARDING_CONFIG_DIR"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
+K8S_CONFIG_TAG = "dagster-k8s/config"
 
 
 def config_files() -> ConfigFiles:
@@ -169,3 +173,20 @@ def step_run_config(gpus_by_stage: dict[str, int] | None = None, node_name: str 
             per_step.setdefault(stage, {})["pod_spec_config"] = {
                 "node_selector": {HOSTNAME_LABEL: node_name}}
     return {"execution": {"config": {"per_step_k8s_config": per_step}}}
+
+
+def node_run_tags(node_name: str, configs: ConfigFiles | None = None) -> dict[str, str]:
+    """Tags of one node's accept_node run (its partitioned config asks for them whenever a run
+    is made: launchpad, backfill, sensor). On the k8s executor the run pod is the probe, so it
+    is pinned to that node with every GPU acceptance.yaml registers for it; an unregistered
+    node fails the launch naming the file. Local runs probe where they run: no tags."""
+    configs = configs or config_files()
+    if executor_kind(configs.cluster, os.environ.get(EXECUTOR_ENV)) != "k8s":
+        return {}
+    cfg = configs.cluster()
+    setting = node_setting(configs.acceptance(), configs.nodes(), node_name,
+                           str(configs.path("acceptance.yaml")))
+    pod = node_acceptance_pod_config(node_name, setting.gpus_expected, cfg,
+                                     configs.node_type(setting.node_type),
+                                     gpu_image(cfg, os.environ.get(GPU_IMAGE_ENV)))
+    return {K8S_CONFIG_TAG: json.dumps(pod, sort_keys=True)}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.nodes import GROUP as NODES_GROUP
+from assets.partitions import nodes_partitions
 from assets.stack import SERVING_STACK
-from pipelines.executors import onboarding_executor
+from pipelines.executors import node_run_tags, onboarding_executor
 
 PLAN_ASSETS = ("serving_config", "kserve_manifest", "gateway_routes")
 # Layouts span models: planned by their own job, never inside one model's onboarding or
@@ -53,14 +54,17 @@ predict_model = dg.define_asset_job(
 
 
 # On the node itself, one step after another: a burn beside a bandwidth test would measure both
-# wrong. In a cluster the run's pod must be pinned to the node (kubernetes.io/hostname = the
-# partition key); the step-pod executor does not place node steps yet (docs/acceptance.md).
+# wrong. In a cluster the run's own pod is the probe: the partitioned config's tags pin it to the
+# node (kubernetes.io/hostname = the partition key) with all its GPUs (node_run_tags).
 accept_node = dg.define_asset_job(
     "accept_node",
     selection=dg.AssetSelection.groups(NODES_GROUP),
     description="Qualify one GPU node: inventory, GPU health (DCGM or burn), interconnect, "
     "memory bandwidth, storage read, and the go/no-go verdict with its report.",
     executor_def=dg.in_process_executor,
+    config=dg.PartitionedConfig(partitions_def=nodes_partitions,
+                                run_config_for_partition_key_fn=lambda _node: {},
+                                tags_for_partition_key_fn=node_run_tags),
 )
 
 jobs = [onboard_model, plan_model, plan_layouts, predict_model, accept_node]

@@ -293,3 +293,33 @@ def test_the_gateway_is_one_unpartitioned_table_over_every_model(env: Path, inst
     [event] = [e for e in second.get_asset_materialization_events()
                if e.asset_key == dg.AssetKey("gateway_routes")]
     assert event.materialization.partition is None
+
+
+def test_the_gateway_of_a_fleet_of_one_without_a_manifest_is_an_empty_table(env: Path, instance,
+                                                                             configs, outputs):
+    """One model in the fleet and its manifest never rendered: Dagster's IO manager hands a bare
+    None (not an empty dict) for a single missing partition; the gateway renders no routes
+    instead of failing with AttributeError."""
+    instance.add_dynamic_partitions("models", [PLAN_ONLY[0]])
+    manifest = dg.AssetSpec("kserve_manifest", partitions_def=models_partitions)
+    result = dg.materialize([gateway_routes, manifest], instance=instance, raise_on_error=False,
+                            resources=resources(configs, outputs))
+    assert result.success
+    md = metadata(result, "gateway_routes")
+    assert md["route_count"] == 0 and md["models"] == 0 and md["left_out_invalid"] == []
+    assert (outputs.manifests / "gateway" / "litellm-config.yaml").is_file()
+
+
+def test_rendered_files_are_readable_like_any_file_the_user_writes(tmp_path: Path):
+    """mkstemp creates 0600; a manifest other users (kubectl, CI, the gateway) read must get the
+    mode the user's umask gives an ordinary file."""
+    import os
+
+    from onboarding.kserve import write_atomic
+
+    umask = os.umask(0o022)
+    try:
+        path = write_atomic(tmp_path / "m" / "h200.yaml", "kind: InferenceService\n")
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644

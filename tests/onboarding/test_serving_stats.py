@@ -5,6 +5,7 @@ import math
 import pytest
 
 from onboarding.serving_stats import (
+    PointStats,
     RequestRecord,
     Slo,
     StartSample,
@@ -48,6 +49,23 @@ def test_summarize_pools_itl_and_counts_errors_by_cause():
     assert s.goodput_rps == pytest.approx(1.0)  # both meet ttft<=1s and tpot<=30ms
     row = s.row()
     assert row["itl_mean_ms"] == pytest.approx(20.0) and "ttft_p99_s" in row
+
+
+def test_a_point_read_back_from_its_csv_row_is_the_point():
+    """A recorded sweep (serving_benchmark.csv: every value text) reads back to the stats it
+    was written from, less what a row does not hold (the client queue's other quantiles)."""
+    recs = [ok(0.1, [0.01, 0.03], n=3), ok(0.3, [0.02], n=2), RequestRecord(error="http_503"),
+            RequestRecord(error="stream_dropped")]
+    s = summarize(recs, duration_s=2.0, slo=SLO)
+    back = PointStats.from_row({k: str(v) for k, v in s.row().items()})
+    assert back.errors_by_cause == {"http_503": 1, "stream_dropped": 1}
+    assert (back.ttft_s, back.itl_ms, back.tpot_ms, back.e2e_s) == (
+        s.ttft_s, s.itl_ms, s.tpot_ms, s.e2e_s)
+    assert back.goodput_rps == s.goodput_rps and back.failed == 2 and back.requests == 4
+    assert slo_violations(back, SLO) == slo_violations(s, SLO)
+    no_goodput = PointStats.from_row({**{k: str(v) for k, v in s.row().items()},
+                                      "goodput_rps": ""})
+    assert no_goodput.goodput_rps is None
 
 
 def test_goodput_excludes_requests_over_the_slo():

@@ -224,11 +224,12 @@ def test_the_twins_configuration_loads_random_weights_and_hashes_apart_from_the_
 
 def test_an_engine_template_without_a_load_format_flag_cannot_start_a_twin():
     sglang = load_engine_templates(CONFIGS / "stack.yaml")["sglang"]
-    assert "load_format" not in sglang.args
+    inputs = ConfigInputs(spec=TWIN_8B, node_type="h200", hardware="sm90", engine="sglang",
+                          engine_version="0.5.9", image="i", precision="fp8")
+    assert "--load-format=dummy" in build_config(sglang, inputs).param_args  # SGLang takes it too
+    args = {k: v for k, v in sglang.args.items() if k != "load_format"}
     with pytest.raises(ConfigError, match=r"engines.sglang.args"):
-        build_config(sglang, ConfigInputs(spec=TWIN_8B, node_type="h200", hardware="sm90",
-                                          engine="sglang", engine_version="0.5.9", image="i",
-                                          precision="fp8"))
+        build_config(sglang.model_copy(update={"args": args}), inputs)
 
 
 def test_no_manifest_is_rendered_for_a_twin_and_it_is_never_ready():

@@ -259,3 +259,79 @@ def test_real_checkpoint_step_carries_the_cache_placement(onboard_model, k8s_ins
     rendered = render_step_job(onboard_model, "checkpoint", k8s_instance)
     mounts = {m["name"] for m in _container(rendered)["volumeMounts"]}
     assert "model-cache" in mounts
+
+
+# ---- node acceptance: the run pod itself is the probe, so it must land on the node ----
+
+def _accept_node_tags(tmp_path, node: str) -> dict[str, str]:
+    """Run tags Dagster gives the accept_node run of `node` (launchpad, backfill, sensor all ask
+    the job's partitioned config), with gpu-node-01 registered as an h200 in acceptance.yaml."""
+    import shutil
+
+    import yaml
+
+    from pipelines.definitions import defs
+
+    config_dir = tmp_path / "configs"
+    shutil.copytree(DEFAULT_CONFIG_DIR, config_dir, dirs_exist_ok=True)
+    acceptance = yaml.safe_load((config_dir / "acceptance.yaml").read_text())
+    acceptance["nodes"] = {"gpu-node-01": {"node_type": "h200"},
+                           "h200-slice-1": {"node_type": "h200", "gpus": 1}}
+    (config_dir / "acceptance.yaml").write_text(yaml.safe_dump(acceptance))
+    job = defs.resolve_job_def("accept_node")
+    return dict(job.partitioned_config.get_tags_for_partition_key(node, job_name=job.name))
+
+
+def _render_run_job(instance, tags: dict[str, str]) -> dict:
+    """The run worker Job the K8sRunLauncher (as the Helm values configure it) creates for a
+    run with `tags`; only its API client is a recorder."""
+    from unittest import mock
+
+    import kubernetes
+    from dagster._core.test_utils import create_run_for_test
+
+    repo = ReconstructableRepository.for_module(
+        "pipelines.definitions", "defs", working_directory=str(PROJECT_ROOT))
+    recon = repo.get_reconstructable_job("accept_node")
+    run = create_run_for_test(instance, job_name="accept_node",
+                              job_code_origin=recon.get_python_origin(), tags=tags)
+    launcher = instance.run_launcher
+    launcher._api_client = mock.MagicMock()
+    launcher._launch_k8s_job_with_args("dagster-run-test", ["dagster", "api", "execute_run"], run)
+    (call,) = [c for c in launcher._api_client.method_calls
+               if c[0] == "create_namespaced_job_with_retries"]
+    body = kubernetes.client.ApiClient().sanitize_for_serialization(call.kwargs["body"])
+    return {"namespace": call.kwargs["namespace"], "job": body}
+
+
+def test_a_node_acceptance_run_pod_is_pinned_to_its_node_with_all_its_gpus(
+        tmp_path, monkeypatch, k8s_instance):
+    """accept_node runs its steps in the run's own pod (one after another, no step pods): that
+    pod must run on the node it qualifies, holding every GPU the node registers, the NVMe cache
+    mounted (storage_read reads it). Before, nothing placed it: it ran wherever the run launcher
+    put it, and probed that machine instead."""
+    monkeypatch.setenv("ONBOARDING_EXECUTOR", "k8s")
+    monkeypatch.setenv("ONBOARDING_CONFIG_DIR", str(tmp_path / "configs"))
+    tags = _accept_node_tags(tmp_path, "gpu-node-01")
+    assert K8S_CONFIG_TAG in tags, tags
+    rendered = _render_run_job(k8s_instance, tags)
+    _validate(rendered)
+    pod = _pod(rendered)
+    assert pod["nodeSelector"]["kubernetes.io/hostname"] == "gpu-node-01"
+    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == node_type("h200").gpu_product
+    limits = _container(rendered)["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == str(node_type("h200").gpus_per_node)
+    assert "model-cache" in {m["name"] for m in _container(rendered)["volumeMounts"]}
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+    sliced = json.loads(_accept_node_tags(tmp_path, "h200-slice-1")[K8S_CONFIG_TAG])
+    assert sliced["container_config"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_an_unregistered_node_cannot_get_a_run_pod_and_local_runs_carry_no_pin(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("ONBOARDING_CONFIG_DIR", str(tmp_path / "configs"))
+    monkeypatch.setenv("ONBOARDING_EXECUTOR", "multiprocess")
+    assert K8S_CONFIG_TAG not in _accept_node_tags(tmp_path, "gpu-node-01")
+    monkeypatch.setenv("ONBOARDING_EXECUTOR", "k8s")
+    with pytest.raises(Exception, match=r"gpu-node-99.*acceptance.yaml|acceptance.yaml.*gpu-node-99"):
+        _accept_node_tags(tmp_path, "gpu-node-99")

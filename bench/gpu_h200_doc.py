@@ -1,0 +1,224 @@
+"""The tables of docs/gpu.md, "Serving on the H200", computed from issue 14's recordings.
+
+Every number comes from tests/data/gpu/h200/ (what the assets stored on the H200; its README
+says which file is what): the sweep from serving_benchmark.csv, its headline and SLO verdict
+recomputed by the asset's own function (`serving_stats.headline`) at the SLO the check recorded,
+load timing from load_timing's `starts`, quantize and the accuracy gate from their metadata and
+checks, the twin from twins.json. Writes the sections between docs/gpu.md's `generated`
+markers; nothing is typed by hand. Runs on a CPU in a second:
+
+    .venv/bin/python bench/gpu_h200_doc.py
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from onboarding.serving_stats import PointStats, Slo, headline
+from onboarding.tables import md_table, read_md_table
+
+H200 = ROOT / "tests" / "data" / "gpu" / "h200"
+DOC = ROOT / "docs" / "gpu.md"
+MODEL = "smollm2-135m"
+TWIN = "llama-3-1-8b-instruct-twin:fp8"
+
+
+def load(name: str) -> dict:
+    return json.loads((H200 / f"{name}.json").read_text())
+
+
+def checks(call: str) -> dict[tuple[str, str], dict]:
+    """(asset, check) -> the check's first evaluation in device call `call` (smollm2's job)."""
+    out: dict[tuple[str, str], dict] = {}
+    for step, body in load(f"onboard-{call}")["steps"].items():
+        if MODEL in step.split():
+            for c in body.get("checks", []):
+                out.setdefault((c["asset"], c["check"]), c)
+    return out
+
+
+def job_seconds(call: str, model: str = MODEL) -> float:
+    return next(float(b["seconds"]) for s, b in load(f"onboard-{call}")["steps"].items()
+                if model in s.split())
+
+
+def num(text) -> float:
+    return float(text) if text not in (None, "", "None") else math.nan
+
+
+def fmt(value: float, digits: int = 3) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else f"{value:.{digits}g}"
+
+
+def point_row(r: dict, gpus: int) -> dict:
+    """One sweep point as the doc shows it (client ITL beside the engine's own mean)."""
+    return {
+        "scenario": r["scenario"], "concurrency": int(float(r["load"])),
+        "requests (failed)": f"{int(num(r['requests']))} ({int(num(r['failed']))})",
+        "output tokens/s/GPU": round(num(r["output_tokens_per_s"]) / gpus),
+        "TTFT p50 s": fmt(num(r["ttft_p50_s"])), "TTFT p95 s": fmt(num(r["ttft_p95_s"])),
+        "ITL mean client ms": fmt(num(r["itl_mean_ms"])),
+        "ITL mean server ms": fmt(num(r["server_itl_mean_ms"])),
+        "peak running / waiting": f"{num(r['peak_running']):.0f} / {num(r['peak_waiting']):.0f}",
+        "tokens/J": fmt(num(r["tokens_per_joule"])), "power W": fmt(num(r["gpu_power_w"])),
+        "SM clock MHz": fmt(num(r["sm_clock_median_mhz"]), 4),
+        "clock events": r["clock_events"] or "",
+        "errors": r["errors_by_cause"] or "",
+        "meets SLO": "yes" if str(r["meets_slo"]) == "True" else "no"}
+
+
+def slo_of(expected: dict) -> Slo:
+    return Slo(**expected)
+
+
+def sweep_section() -> str:
+    with open(H200 / "serving_benchmark.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    stored = load("onboard-B")["assets"][MODEL]["serving_benchmark"]
+    check = checks("B")[("serving_benchmark", "slo_at_target_concurrency")]
+    slo = slo_of(check["metadata"]["expected"])
+    points: dict[str, list] = {}
+    for r in rows:
+        points.setdefault(r["scenario"], []).append((int(float(r["load"])),
+                                                     PointStats.from_row(r)))
+    result, basis, violations = headline(MODEL, "bf16", "h200", stored["gpus"], slo, points,
+                                         True)
+    table = md_table([point_row(r, stored["gpus"]) for r in rows])
+    return "\n".join([
+        (f"SmolLM2-135M-Instruct, bf16 (what `serving_variant` chose), configuration "
+        f"`{stored['config_hash']}` on one H200 ({stored['engine']}, `{stored['engine_argv']}`), "
+        f"profile `{stored['profile']}`: {len(rows)} points, "
+        f"{check['metadata']['saturation_concurrency']} = saturation concurrency."),
+        "", table, "",
+        (f"SLO ({', '.join(f'{k} {v}' for k, v in slo.__dict__.items())}): "
+        f"**{'met' if result.slo_pass else 'missed'}** (recomputed from the CSV: "
+        f"{'same' if result.slo_pass == check['passed'] else 'DIFFERENT'} as the recorded "
+        f"blocking check); notes: {'; '.join(violations) or 'none'}. Headline: "
+        f"**{result.tokens_per_s_per_gpu:.1f} tokens/s/GPU** ({basis}), saturation "
+        f"concurrency {result.saturation_concurrency}; job B took "
+        f"{job_seconds('B'):.0f} s on the device.")])
+
+
+def load_timing_section() -> str:
+    md = load("onboard-T")["assets"][MODEL]["load_timing"]
+    check = checks("T")[("load_timing", "cold_start_within_budget")]
+    kinds = {"fully_cold": "fully cold", "cold_weights": "cold weights", "warm": "warm"}
+    rows = [{"start": kinds.get(r["kind"], r["kind"]),
+             "weights resident before": r["resident_fraction"],
+             "weights loaded at s": r["weights_loaded_s"],
+             "engine's weights load s": r["engine_weights_load_s"],
+             "ready (/health) at s": r["health_ready_s"],
+             "first token at s": r["first_token_s"]}
+            for r in read_md_table(md["starts"])]
+    return "\n".join([
+        md_table(rows), "",
+        (f"Configuration `{md['config_hash']}` ({md['engine']}); cold start p95 "
+        f"{md['cold_start_p95_s']:.1f} s against the {check['metadata']['expected_max_s']:g} s "
+        f"budget: **{'within' if check['passed'] else 'over'}** (a warning check). Weights "
+        f"{md['weight_bytes'] / 1e6:.1f} MB, read at {md['weights_load_gbps']:.2f} GB/s "
+        f"(raw read of the files {md['raw_read_gbps']:.2f} GB/s). Job T took "
+        f"{job_seconds('T'):.0f} s.")])
+
+
+def quantize_section() -> str:
+    a = load("onboard-A")["assets"][MODEL]
+    found = checks("A")
+    variants = read_md_table(a["quantized"]["variants"])
+    qrows = []
+    for v in variants:
+        p = v["precision"]
+        exp = found[("quantized", f"export_valid_{p}")]["metadata"]
+        qrows.append({
+            "precision": p, "weights MB": f"{int(v['weight_bytes']) / 1e6:.1f}",
+            "compression": f"{v['compression_ratio']}x", "calibration s": v["calibration_s"],
+            "export s": v["export_s"],
+            "GPU peak allocated MB": f"{int(v['gpu_peak_allocated_bytes']) / 1e6:.0f}",
+            "export check weights-only ppl diff": f"{exp['check_weights_only_ppl_rel_diff']:.2%}",
+            "export check full ppl diff": f"{exp['check_full_ppl_rel_diff']:.2%}",
+            "top-1 agreement (weights-only)": f"{exp['check_weights_only_top1_agreement']:.3f}"})
+    acc = a["accuracy"]
+    arows = [{"task": r["task"], "precision": r["precision"], "n": r["n"],
+              "bf16": r["baseline"], "variant": r["variant"], "drop interval":
+              f"[{r['drop_low']}, {r['drop_high']}]" if r["drop_low"] else "",
+              "allowed drop": r["allowed_drop"], "verdict": r["verdict"]}
+             for r in read_md_table(acc["accuracy_table"]) if r["precision"] != "bf16"]
+    grows = [{"precision": p, "gate": g["verdict"], "reason": g["reason"]}
+             for p, g in acc["gates"].items()]
+    sv = a["serving_variant"]
+    eval_s = ", ".join(f"{k} {v:g} s" for k, v in acc["eval_seconds"].items())
+    return "\n".join([
+        md_table(qrows), "",
+        (f"FP8's Model Optimizer CUDA extension was built on first use "
+        f"({a['quantized']['fp8_extension_build_s']:.0f} s, in the step)."), "",
+        md_table(arows), "", md_table(grows), "",
+        (f"Eval ({acc['items_per_task']} items per task at most): {eval_s}. "
+        f"`serving_variant` walked the ladder {sv['ladder']} and serves "
+        f"**{sv['precision']}**. Job A (fetch, quantize, gate, plan, publish) took "
+        f"{job_seconds('A'):.0f} s.")])
+
+
+def twin_section() -> str:
+    step = load("twins")["steps"][TWIN]
+    plans = load("onboard-A")["assets"]
+    rows = [point_row({**r, "meets_slo": str(r["meets_slo"])}, step["tensor_parallel"])
+            for r in step["rows"]]
+    ours, peer = step["crosscheck"]["ours"], step["crosscheck"]["vllm_bench"]
+    peer_said = peer.get("error", "").strip().splitlines()[-1] if peer.get("error") else "ran"
+    log = (H200 / "engine-logs" / step["engine_log"]).read_text(errors="replace")
+    kernel = re.search(r"Selected (\S+) for (\S+)", log)
+    plan_rows = []
+    for model in ("llama-3-1-8b-instruct-twin", "llama-3-1-70b-instruct-twin"):
+        for r in read_md_table(plans[model]["serving_config"]["configurations"]):
+            if r["node_type"] in ("h200", "b300"):
+                plan_rows.append({"twin": model, "node type": r["node_type"],
+                                  "precision": r["precision"], "TP": r["tp"],
+                                  "configuration": r["hash"], "ran": "yes" if (
+                                      model == step["model"] and r["hash"] ==
+                                      step["config_hash"]) else "no"})
+    cc = step["crosscheck"]
+    chose = (f"; the engine chose `{kernel.group(1)}` for `{kernel.group(2)}` (its log)"
+             if kernel else "")
+    return "\n".join([
+        md_table(plan_rows), "",
+        (f"The 8B FP8 twin at `{step['config_hash']}` ({step['config_basis']}; "
+        f"`--load-format {step['argv_params']['load_format']}`, TP {step['tensor_parallel']}, "
+        f"max-num-seqs {step['argv_params']['max_num_seqs']}): ready after "
+        f"{step['ready_s']:.1f} s{chose}."), "", md_table(rows), "",
+        (f"Cross-check at concurrency {cc['concurrency']} ({cc['prompts']} prompts, "
+        f"{cc['input_tokens']}/{cc['output_tokens']}): the project's client "
+        f"{ours['request_throughput']:.2f} req/s, TTFT p50 {ours['median_ttft_ms']:.0f} ms / "
+        f"p95 {ours['p95_ttft_ms']:.0f} ms, mean ITL {ours['mean_itl_ms']:.2f} ms (engine "
+        f"/metrics mean ITL {ours['server_itl_mean_ms']:.2f} ms, completed {ours['completed']}); "
+        f"`vllm bench serve`: did not start (`{peer_said}`). The twin's step took "
+        f"{step['seconds']:.0f} s.")])
+
+
+def splice(doc: str, name: str, body: str) -> str:
+    begin, end = f"<!-- generated: {name} -->", f"<!-- end generated: {name} -->"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+    if not pattern.search(doc):
+        raise SystemExit(f"{DOC}: markers {begin} ... {end} not found")
+    return pattern.sub(lambda _: f"{begin}\n{body}\n{end}", doc)
+
+
+def main() -> None:
+    doc = DOC.read_text()
+    for name, body in (("h200 sweep", sweep_section()), ("h200 load timing",
+                       load_timing_section()), ("h200 quantize", quantize_section()),
+                       ("h200 twins", twin_section())):
+        doc = splice(doc, name, body)
+    DOC.write_text(doc)
+    print(f"wrote {DOC}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The H200 recordings of issue 14's run (tests/data/gpu/h200/, its README says what each file
+is), read back into the typed values the assets stored there, through the project's own code:
+
+- the sweep's points from `serving_benchmark.csv` (`PointStats.from_row`), its result from
+  them (`serving_stats.headline`, the asset's own headline);
+- load timing from the `starts` table load_timing recorded (`summarize_load_timing`);
+- the published variant, the serving variant and the accuracy gates from their metadata;
+- the config directory the run used: the repository's configs/ with the three files the run
+  changed (tests/data/gpu/h200/configs/) laid over it.
+
+Only what a recording does not hold is reconstructed, and each such place says how.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import shutil
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from onboarding.paths import PROJECT_ROOT
+from onboarding.refs import CheckpointRef, PublishedVariant, VariantRef
+from onboarding.serving_config import resolve_slo
+from onboarding.serving_stats import (
+    LoadTimingResult,
+    PointStats,
+    ServingBenchmarkResult,
+    Slo,
+    StartSample,
+    headline,
+    summarize_load_timing,
+)
+from onboarding.tables import read_md_table
+from onboarding.variants import AccuracyReport, GateOutcome
+from resources.config_files import ConfigFiles
+
+H200 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200"
+MODEL = "smollm2-135m"
+NODE_TYPE = "h200"
+RUN_CONFIG_HASH = "0660e584b7cc"  # serving_config's h200 configuration there (vLLM 0.22.0)
+GPUS = 1  # one H200 (onboard-B: serving_benchmark `gpus`)
+
+
+@cache
+def recording(name: str) -> dict[str, Any]:
+    """`prepare`, `onboard-A`, `onboard-T`, `onboard-B` or `twins` (bench/gpu_serving.py)."""
+    return json.loads((H200 / f"{name}.json").read_text())
+
+
+def asset_metadata(call: str, asset: str, model: str = MODEL) -> dict[str, Any]:
+    """An asset's materialization metadata as the device call `call` (A, T, B) recorded it."""
+    return recording(f"onboard-{call}")["assets"][model][asset]
+
+
+def check(call: str, asset: str, name: str) -> dict[str, Any]:
+    """The first evaluation of check `name` on `asset` in call `call`."""
+    for step in recording(f"onboard-{call}")["steps"].values():
+        for c in step.get("checks", []):
+            if c["asset"] == asset and c["check"] == name:
+                return c
+    raise KeyError(f"onboard-{call}: no check {asset}.{name}")
+
+
+def sweep_rows() -> list[dict[str, str]]:
+    """serving_benchmark.csv as written there: one row per scenario x concurrency, as text."""
+    with open(H200 / "serving_benchmark.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def points(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, PointStats]]]:
+    """The sweep's points per scenario, in the order measured (what `_sweep` hands on)."""
+    out: dict[str, list[tuple[int, PointStats]]] = {}
+    for row in rows:
+        out.setdefault(row["scenario"], []).append(
+            (int(float(row["load"])), PointStats.from_row(row)))
+    return out
+
+
+def twin_rows() -> list[dict[str, Any]]:
+    """The 8B FP8 twin's sweep rows (twins.json), the same columns as the CSV."""
+    return recording("twins")["steps"]["llama-3-1-8b-instruct-twin:fp8"]["rows"]
+
+
+def slo(configs: ConfigFiles) -> Slo:
+    """The SLO serving_benchmark judges smollm2-135m on h200 by, as `configs` resolve it."""
+    return resolve_slo(configs.slo_section(), NODE_TYPE, configs.spec(MODEL))
+
+
+def benchmark_result(slo: Slo) -> tuple[ServingBenchmarkResult, str, list[str]]:
+    """What serving_benchmark stored there, recomputed from the CSV: the headline at `slo`, at
+    the configuration the run measured, judged as the gpu profile's blocking gate."""
+    result, basis, violations = headline(MODEL, "bf16", NODE_TYPE, GPUS, slo,
+                                         points(sweep_rows()), by_concurrency=True)
+    return (dataclasses.replace(result, config_hash=asset_metadata("B", "serving_benchmark")[
+        "config_hash"], slo_blocking=True), basis, violations)
+
+
+def start_samples() -> list[StartSample]:
+    """load_timing's three starts from its `starts` table (3 decimals there)."""
+    def num(text: str) -> float | None:
+        return float(text) if text else None
+
+    return [StartSample(r["kind"], float(r["resident_fraction"]), num(r["weights_loaded_s"]),
+                        num(r["engine_weights_load_s"]), num(r["health_ready_s"]),
+                        float(r["first_token_s"]))
+            for r in read_md_table(asset_metadata("T", "load_timing")["starts"])]
+
+
+def load_timing_result() -> LoadTimingResult:
+    """What load_timing stored there (call T), recomputed from its starts."""
+    md = asset_metadata("T", "load_timing")
+    result = summarize_load_timing(MODEL, md["precision"], start_samples(), md["weight_bytes"],
+                                   md["raw_read_gbps"])
+    return dataclasses.replace(result, node_type=md["node_type"], config_hash=md["config_hash"])
+
+
+def published(call: str = "B") -> dict[str, PublishedVariant]:
+    """published_variant as the manifests of call `call` saw it. The recording keeps the read
+    GB/s (4 significant digits), not the bytes and seconds read back: those are rebuilt from it
+    with the bytes deploy.yaml `read_back_mib` reads (256 MiB, less than the 269 MB file)."""
+    out = {}
+    for row in read_md_table(asset_metadata(call, "published_variant")["published"]):
+        read_back_bytes = 256 << 20
+        out[row["precision"]] = PublishedVariant(
+            MODEL, row["precision"], row["uri"], row["uri"].rstrip("/").rsplit("/", 1)[-1],
+            int(row["bytes"]), int(row["files"]), row["skipped"] == "yes",
+            int(row["uploaded_bytes"]), read_back_bytes,
+            read_back_bytes / (float(row["read_gbps"]) * 1e9))
+    return out
+
+
+def checkpoint(directory: Path) -> CheckpointRef:
+    """The fetched checkpoint, at `directory`: a copy of the config.json fetched there
+    (smollm2-135m/config.json here; the plan reads the model's shape and dtype from it)."""
+    md = asset_metadata("A", "checkpoint")
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(H200 / MODEL / "config.json", directory / "config.json")
+    return CheckpointRef(MODEL, md["source"], md["revision"], str(directory), md["content_hash"],
+                         md["total_bytes"])
+
+
+def serving_variant(directory: Path) -> VariantRef:
+    md = asset_metadata("A", "serving_variant")
+    return VariantRef(MODEL, md["precision"], str(directory), md["total_bytes"],
+                      md["content_hash"], md["weight_bytes"])
+
+
+def accuracy() -> AccuracyReport:
+    """The in-process gates as accuracy decided them there (the tables stay in the metadata)."""
+    gates = asset_metadata("A", "accuracy")["gates"]
+    return AccuracyReport(MODEL, (), tuple(
+        GateOutcome(g["precision"], g["passed"], g["reason"], g["verdict"], g["source"],
+                    g["items"]) for g in gates.values()))
+
+
+def configs_at_run(target: Path) -> Path:
+    """The repository's configs/ with the three files the run changed laid over it (stack
+    pinned to vLLM 0.22.0 there, the node gate off, the device budget's sweep)."""
+    shutil.copytree(PROJECT_ROOT / "configs", target)
+    for f in sorted((H200 / "configs").glob("*.yaml")):
+        shutil.copy(f, target / f.name)
+    return target
