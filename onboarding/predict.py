@@ -778,10 +778,17 @@ def tabulate(model: str, predictions: Sequence[Prediction], calibration: Calibra
                            first.batch_size if first else 0, tuple(rows), tuple(choices))
 
 
+POOLING_NOT_COVERED = ("not predicted: a pooling model (embed/rerank) has no decode, and "
+                       "AIConfigurator models generation (prefill + decode)")
+
+
 def model_config_for(spec: ModelSpec, checkpoint_config: dict[str, Any] | None
                      ) -> tuple[dict[str, Any], str]:
     """The config the library reads: the fetched checkpoint's config.json, else the catalog's
-    architecture hint turned into one; with where it came from."""
+    architecture hint turned into one; with where it came from. A pooling model gets none:
+    it is never asked about (`predict_model`)."""
+    if spec.task != "generate":
+        return {}, POOLING_NOT_COVERED
     if checkpoint_config is not None:
         return checkpoint_config, "checkpoint config.json"
     if spec.architecture is None:
@@ -823,6 +830,9 @@ def predict_model(cfg: PredictConfig, spec: ModelSpec, model_config: dict[str, A
     """Every node type x ladder precision x TP candidate at the SLA scenario and the model's
     target concurrency, each with plan.py's memory verdict; and the SLA choice per node type."""
     cache: dict[PredictionRequest, Prediction] = {}
+    if spec.task != "generate":
+        def predict(req: PredictionRequest) -> Prediction:
+            return Prediction(req, "not_covered", "", "", notes=(POOLING_NOT_COVERED,))
     ep = bool(spec.engine_args.get("enable_expert_parallel"))
     kv = spec.engine_args.get("kv_cache_dtype")
 

@@ -473,3 +473,28 @@ def test_the_add_points_script_writes_a_file_the_loader_reads(tmp_path, config_d
     points = load_points(config_dir / "predict" / "h200_points.json")
     assert [p.model for p in points.points][-2:] == ["m-twin", "m-twin"]
     assert load_points(CONFIGS / "predict" / "h200_points.json").points[-1].model != "m-twin"
+
+
+def test_a_pooling_model_is_not_covered_and_never_asked_and_its_sla_choice_is_memory():
+    """AIConfigurator models generation (prefill + decode); an embedding model has no decode.
+    Before, bge-m3's hint (no hf_architecture) failed the predictions asset and
+    bench/predictions.py with a ConfigError; now its rows say why there is no prediction."""
+    from onboarding.catalog import load_yaml, parse_spec
+    from onboarding.predict import model_config_for
+
+    path = CONFIGS / "models" / "bge-m3.yaml"
+    spec = parse_spec(load_yaml(path), str(path))
+    model_config, origin = model_config_for(spec, None)
+    assert model_config == {} and "pooling" in origin, origin
+
+    def predict(req):
+        raise AssertionError(f"asked AIConfigurator about a pooling model: {req}")
+
+    cfg = CFG.model_copy(update={"node_types": ["b300"]})
+    table = predict_model(cfg, spec, model_config, inputs_for(spec), NODES, lambda nt: SLO,
+                          predict, None)
+    assert table.rows and {r.prediction.prediction.status for r in table.rows} <= {
+        "not_covered", "not_applicable"}
+    assert any("pooling" in " ".join(r.prediction.prediction.notes) for r in table.rows)
+    (choice,) = table.choices
+    assert choice.basis == "memory" and choice.tensor_parallel == 1
