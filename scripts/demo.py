@@ -5,7 +5,9 @@ SmolLM2-135M-Instruct and the performance twins' config and tokenizer (twins/) i
 (once), registers every catalogued model as a partition, observes `serving_stack` (so the
 run's results record the stack fingerprint they were measured on, and the re-validation
 schedule sees them as current), materializes the onboarding job for the model and prints what
-each asset and check found.
+its deployment rests on: the serving configuration (hash) per node type, the published
+variant, the three kinds of start, the benchmark, each manifest (measured at its configuration
+or not) and the readiness verdict with its reasons, read from the values the assets stored.
 `--ui` instead keeps the S3 server up and runs `dagster dev` on 127.0.0.1.
 """
 
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -124,17 +127,19 @@ def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
                                     if selection else None, raise_on_error=False)
     print(f"\nonboard_model[{model}]: {'SUCCESS' if result.success else 'FAILED'} "
           f"in {time.monotonic() - t0:.0f}s (run {result.run_id})")
-    for event in result.get_asset_materialization_events():
-        mat = event.event_specific_data.materialization
-        keys = [k for k in mat.metadata if not k.endswith("_table") and k != "file_table"][:8]
-        summary = ", ".join(f"{k}={_short(mat.metadata[k].value)}" for k in keys)
-        print(f"  materialized {mat.asset_key.to_user_string():<20} {summary}")
-    for ev in result.get_asset_check_evaluations():
-        print(f"  check {ev.asset_key.to_user_string()}.{ev.check_name:<28} "
-              f"{'passed' if ev.passed else 'FAILED'}")
+    done = [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
+    print(f"  materialized: {', '.join(done) or 'nothing'}")
+    checks = list(result.get_asset_check_evaluations())
+    print(f"  checks: {sum(ev.passed for ev in checks)} of {len(checks)} passed")
+    for ev in checks:
+        if not ev.passed:
+            print(f"  check {ev.asset_key.to_user_string()}.{ev.check_name} FAILED "
+                  f"({ev.severity.value})")
     for event in result.all_events:
         if event.is_step_failure:
             print(f"  step {event.step_key} FAILED: {event.step_failure_data.error.message}")
+    wanted = set(selection) if selection else set(SUMMARY_ASSETS)
+    print("\n".join(["", *summary(model, stored_values(result), wanted)]))
     pages = {e.asset_key.to_user_string(): e.event_specific_data.materialization.metadata[
         "page"].value for e in result.get_asset_materialization_events()
         if e.asset_key.to_user_string() in ("readiness_report", "fleet_report")}
@@ -165,9 +170,92 @@ def run_dagster_dev(port: int) -> int:
         reap_group(proc, grace_s=20)
 
 
-def _short(value) -> str:
-    text = str(value)
-    return text if len(text) <= 48 else text[:45] + "..."
+SUMMARY_ASSETS = ("serving_config", "published_variant", "load_timing", "serving_benchmark",
+                  "kserve_manifest", "readiness")
+ABSENT = "not materialized in this run"
+
+
+def stored_values(result) -> dict[str, Any]:
+    """The values the summary's assets stored in this run (None for those it did not
+    materialize: a failed or skipped step)."""
+    done = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    return {a: result.asset_value(a) if a in done else None for a in SUMMARY_ASSETS}
+
+
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f} s"
+
+
+def _configs(splan) -> list[str]:
+    return [f"    {nt:<6} {c.hash}  {c.precision}, TP {c.tensor_parallel}, max-num-seqs "
+            f"{c.max_num_seqs}" for nt, c in sorted(splan.configs.items())] + [
+        f"    {nt:<6} none: {why}" for nt, why in sorted(splan.skipped.items())]
+
+
+def _published(published: dict) -> list[str]:
+    return [f"    {p}: {v.uri} ("
+            + ("already published" if v.skipped else f"uploaded {v.bytes_uploaded:,} bytes")
+            + f", derived pull {_s(v.pull_s)})" for p, v in sorted(published.items())]
+
+
+def _starts(t) -> list[str]:
+    if t.cold_start_p95_s is None:
+        return [f"    nothing started: {t.reason}"]
+    line = (f"    configuration {t.config_hash or '?'} on {t.node_type} ({t.precision}): "
+            f"fully cold p50 {_s(t.cold_start_p50_s)} / p95 {_s(t.cold_start_p95_s)}, "
+            f"cold weights p50 {_s(t.cold_weights_p50_s)}, warm p50 {_s(t.warm_start_p50_s)}")
+    return [line] + ([f"    stand-in: {t.reason}"] if t.reason else [])
+
+
+def _benchmark(b) -> list[str]:
+    if not b.config_hash:
+        return [f"    nothing measured: {'; '.join(b.slo_violations)}"]
+    verdict = "met" if b.slo_pass else "missed: " + "; ".join(b.slo_violations[:2])
+    return [(f"    configuration {b.config_hash} on {b.node_type} ({b.precision}): "
+             f"{b.tokens_per_s_per_gpu:.0f} tokens/s/GPU, saturation {b.saturation_concurrency}; "
+             f"SLOs {verdict} ({'blocking' if b.slo_blocking else 'warning only'})")]
+
+
+def _manifests(m) -> list[str]:
+    lines = [f"    {nt:<6} {path}  configuration {m.config_hashes.get(nt, '?')}, "
+             f"{'measured' if m.measured.get(nt) else 'unmeasured'}, "
+             f"{'published' if m.published.get(nt) else 'unpublished'}"
+             for nt, path in sorted(m.files.items())]
+    lines += [f"    {nt:<6} no manifest: {why}" for nt, why in sorted(m.skipped.items())]
+    return lines + ([] if m.valid else [f"    INVALID: {'; '.join(sorted(m.errors))}"])
+
+
+def _readiness(r) -> list[str]:
+    lines = [f"    {n.node_type:<6} " + ("ready" if n.ready else "; ".join(n.reasons))
+             for n in r.nodes]
+    return [f"    {why}" for why in r.reasons] + lines
+
+
+SECTIONS = (
+    ("serving_config", "serving configuration hash per node type", _configs),
+    ("published_variant", "published variant", _published),
+    ("load_timing", "starts", _starts),
+    ("serving_benchmark", "benchmark", _benchmark),
+    ("kserve_manifest", "manifests", _manifests),
+    ("readiness", "readiness", _readiness),
+)
+
+
+def summary(model: str, values: dict[str, Any], wanted: set[str]) -> list[str]:
+    """What the model's deployment rests on, one short section per asset that was asked for."""
+    if not wanted & set(SUMMARY_ASSETS):
+        return []
+    out = [f"{model}:"]
+    for asset, title, lines in SECTIONS:
+        if asset not in wanted:
+            continue
+        value = values.get(asset)
+        if asset == "readiness" and value is not None:
+            title = f"readiness: {'ready' if value.ready else 'not ready'}"
+        out.append(f"  {title} ({asset})" + ("" if value is not None else f": {ABSENT}"))
+        if value is not None:
+            out += lines(value)
+    return out
 
 
 def main() -> int:

