@@ -215,7 +215,8 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
                                    description="cold start p95 within configs/gates.yaml "
                                    "`slo.cold_start_p95_max_s` for this node type"),
                  node_check_spec("load_timing")],
-    description="Cold (page cache evicted) and warm engine starts of the serving variant: "
+    description="Three kinds of engine start of the serving variant: fully cold (page cache "
+    "evicted, empty compile caches), cold weights (page cache evicted, caches kept) and warm; "
     "phases, p50/p95, weight-load GB/s next to the raw sequential read GB/s of the same files.",
 )
 def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, configs: ConfigFiles,
