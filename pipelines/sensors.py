@@ -36,6 +36,7 @@ from onboarding.discovery import (
 from pipelines.automation import AT_LOAD
 from pipelines.jobs import onboard_model
 from pipelines.launch import job_stages
+from pipelines.schedules import readiness_verdict
 from resources.config_files import ConfigFiles
 from resources.s3 import S3ObjectStore
 
@@ -109,12 +110,15 @@ def _onboard_closed_folders(context: dg.SensorEvaluationContext, s3: S3ObjectSto
         owners[spec.id] = folder.name
         if spec.id not in registered and spec.id not in new_keys:
             new_keys.append(spec.id)
-        runs.append(_run_request(spec.id, spec.source, folder, verdict.known, cfg, stages))
+        before = readiness_verdict(context.instance, spec.id)
+        context.log.info(f"{spec.id}: {before} before this checkpoint")
+        runs.append(_run_request(spec.id, spec.source, folder, verdict.known, cfg, stages,
+                                 before))
     return new_keys, runs
 
 
 def _run_request(model: str, source: str, folder: Folder, known: Known, cfg: AutomationConfig,
-                 stages: set[str] | None) -> dg.RunRequest:
+                 stages: set[str] | None, ready_before: str) -> dg.RunRequest:
     launch, run_assets = cfg.launch, cfg.discovery.run_assets
     return dg.RunRequest(
         partition_key=model,
@@ -123,7 +127,10 @@ def _run_request(model: str, source: str, folder: Folder, known: Known, cfg: Aut
         run_config=launch.run_config(launch.automatic_sweep, stages),
         tags={TRIGGER_TAG: "new_checkpoint", "onboarding/source": source,
               "onboarding/content_id": known.content_id,
-              "onboarding/sweep": launch.automatic_sweep})
+              "onboarding/sweep": launch.automatic_sweep,
+              # the verdict this run starts from (the readiness asset's words, as the
+              # re-validation schedule reports it); the run's own verdict follows it
+              "onboarding/ready_before": ready_before})
 
 
 def _deleted_folder_events(context: dg.SensorEvaluationContext, cfg: AutomationConfig,

@@ -120,6 +120,8 @@ def test_in_progress_upload_waits_then_onboards_exactly_once(
     revision = s3_store.describe(model_spec("tiny-llama").source_ref).revision
     assert [(r.partition_key, r.run_key) for r in done.run_requests] == [
         ("tiny-llama", f"tiny-llama@{revision}")]
+    # the verdict the run starts from, as the re-validation schedule reports it
+    assert done.run_requests[0].tags["onboarding/ready_before"] == "not judged yet"
     assert instance.has_dynamic_partition("models", "tiny-llama")
     assert model_spec("tiny-llama").source == f"s3://models/{folder}"
     [stack] = done.asset_events  # observed before the run starts: its results get a fingerprint
@@ -312,3 +314,18 @@ def test_a_broken_catalog_file_is_reported_once_and_blocks_no_one(
     assert "1 broken catalog file(s)" in second.skip_message and "typo.yaml" in second.skip_message
     logged = capfd.readouterr().err
     assert logged.count("field 'srved_name': unknown key") == 1  # reported once, not per tick
+
+
+def test_a_new_checkpoint_of_a_judged_model_says_what_it_was_before(
+        instance, watched, s3_store, tiny_checkpoint, sensor_configs):
+    """A new upload of a model already judged: the run request carries that verdict, from the
+    `readiness` asset's latest materialization (the same words the report shows)."""
+    instance.add_dynamic_partitions("models", ["tiny-llama"])
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        asset_key="readiness", partition="tiny-llama",
+        metadata={"verdict": "not ready on h200: SLO missed at concurrency 32"}))
+    tick = Ticker(instance, s3_store, sensor_configs)
+    _upload(s3_store, tiny_checkpoint, watched + "tiny-llama/", _files(tiny_checkpoint))
+    [run] = tick().run_requests
+    assert run.tags["onboarding/ready_before"] == (
+        "not ready on h200: SLO missed at concurrency 32")

@@ -176,14 +176,15 @@ def test_backend_is_attached_only_to_nvfp4_quantizers(tiny_lm):
     assert attach_cpu_backend(fp8) == 0
 
 
-TWIN = PROJECT_ROOT / "twins" / "llama-3-1-8b-instruct-twin"
+TWIN_ID = "llama-3-1-8b-instruct-twin"
 ENGINE_PYTHON = PROJECT_ROOT / ".venv-engine" / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
 def twin_variants(tmp_path_factory, quantizer) -> dict:
-    ckpt = tmp_path_factory.mktemp("twin") / "twin" / "rev1"
-    shutil.copytree(TWIN, ckpt)
+    from onboarding.twins import twin_source_dir
+
+    ckpt = twin_source_dir(TWIN_ID, tmp_path_factory.mktemp("twin") / "twin" / "rev1")
     return {p: quantizer.twin_variant("twin", ckpt, p, variant_dir(ckpt, p), "rev1")
             for p in ("nvfp4", "fp8")}
 
