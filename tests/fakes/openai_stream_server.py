@@ -209,8 +209,9 @@ def build_app(cfg: FakeConfig) -> web.Application:
             if cfg.itl_s == 0 and not faulty:
                 if cfg.ttft_s:
                     await asyncio.sleep(cfg.ttft_s)
+                now = time.perf_counter()
                 await resp.write(whole)
-                truth.finished([time.perf_counter()] * n, t0, len(sizes))
+                truth.finished([now] * n, t0, len(sizes))
             else:
                 times: list[float] = []
                 k = 0
@@ -232,8 +233,8 @@ def build_app(cfg: FakeConfig) -> web.Application:
                         if cfg.fault == "exit":
                             _die(cfg)
                         await resp.write(b"data: {\"choices\": [{\"text\": \"tok\"\n\n")
+                    now = time.perf_counter()  # before the write: a client reads it after
                     await resp.write(event)
-                    now = time.perf_counter()
                     for i in range(k, last_k):  # held back: made at its own time, sent now
                         made = t0 + cfg.ttft_s + i * cfg.itl_s
                         times.append(min(max(made, times[-1] if times else t0), now))
