@@ -1,12 +1,19 @@
 """Statistics of a serving benchmark, defined as vLLM's `benchmarks/serve` defines them.
 
-- TTFT: request sent -> first chunk whose text is non-empty. "Sent" is when the body left for
+- Tokens are counted per token, as the engine counts them: the client asks for vLLM's
+  continuous usage stats (cumulative `completion_tokens` in every chunk), because a chunk can
+  carry several tokens (vLLM merges a request's outputs when its API server lags) or a token
+  with no text (a partial UTF-8 sequence). A server that sends usage only at the end is timed
+  per text chunk, and the point says so (`itl_basis`).
+- TTFT: request sent -> first chunk that carried a token. "Sent" is when the body left for
   the socket, not when the client decided to send: at high concurrency on few cores a client's
   own event loop queues requests for tens of ms, which is not the server's latency. That
   queueing is kept apart as `client_queue` so a loaded client is visible, not hidden.
-- ITL: every gap between consecutive non-empty chunks, pooled over requests.
-- TPOT: (E2E - TTFT) / (n - 1) per request, n = output tokens from the server's `usage`
-  (chunks can carry several tokens, so counting chunks would overstate TPOT).
+- ITL: per token after the first, pooled over requests: a chunk's gap since the previous one is
+  split evenly over the tokens it carried, so mean ITL = sum of gaps / (tokens - 1), the
+  definition of the engine's `vllm:inter_token_latency_seconds`. Tokens beyond the first in the
+  first chunk count as 0 gaps (their times cannot be seen).
+- TPOT: (E2E - TTFT) / (n - 1) per request, n = output tokens from the server's `usage`.
 - Throughputs over the point's wall time; errors counted by cause, never dropped.
 Pure functions: the load generator produces `RequestRecord`s, everything else is here.
 """
@@ -47,15 +54,17 @@ class RequestRecord:
     start_s: float = 0.0  # send time relative to the point's start
     ttft_s: float | None = None
     e2e_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)
-    content_chunks: int = 0
+    itl_s: list[float] = field(default_factory=list)  # one per token after the first
+    content_chunks: int = 0  # chunks that carried a token (or text, without usage per chunk)
+    stream_tokens: int = 0  # tokens counted as they arrived
+    tokens_from_usage: bool = False  # counted from usage in every chunk, not one per text chunk
     prompt_tokens: int | None = None  # from the server's usage
     output_tokens: int | None = None  # from the server's usage
     client_queue_s: float | None = None  # decided to send -> body written to the socket
 
     @property
     def n_output(self) -> int:
-        return self.output_tokens if self.output_tokens is not None else self.content_chunks
+        return self.output_tokens if self.output_tokens is not None else self.stream_tokens
 
     @property
     def tpot_s(self) -> float | None:
@@ -116,6 +125,8 @@ class PointStats:
     goodput_rps: float | None = None
     client_queue_ms: Dist | None = None
     error_examples: dict[str, str] = field(default_factory=dict)  # cause -> one record's detail
+    tokens_per_chunk: float = float("nan")  # > 1: the engine merged outputs into one chunk
+    itl_basis: str = ""  # per token (usage in every chunk) or per text chunk; see itl_basis()
 
     @property
     def error_rate(self) -> float:
@@ -133,6 +144,7 @@ class PointStats:
             "input_tokens_per_s": self.input_tokens_per_s,
             "output_tokens_per_s": self.output_tokens_per_s,
             "goodput_rps": self.goodput_rps if self.goodput_rps is not None else float("nan"),
+            "tokens_per_chunk": self.tokens_per_chunk, "itl_basis": self.itl_basis,
         }
         if self.client_queue_ms is not None:
             out["client_queue_p50_ms"] = self.client_queue_ms.p50
@@ -167,7 +179,24 @@ class PointStats:
             input_tokens_per_s=num("input_tokens_per_s"),
             output_tokens_per_s=num("output_tokens_per_s"),
             ttft_s=dist("ttft", "s"), itl_ms=dist("itl", "ms"), tpot_ms=dist("tpot", "ms"),
-            e2e_s=dist("e2e", "s"), goodput_rps=None if math.isnan(goodput) else goodput)
+            e2e_s=dist("e2e", "s"), goodput_rps=None if math.isnan(goodput) else goodput,
+            tokens_per_chunk=num("tokens_per_chunk"), itl_basis=str(row.get("itl_basis") or ""))
+
+
+PER_TEXT_CHUNK = "per text chunk (the server sends usage only at the end)"
+
+
+def itl_basis(ok: Sequence[RequestRecord]) -> str:
+    """How the completed requests' ITL was counted: per token, or one token per text chunk
+    (which reads a chunk of k tokens as one gap k times too long)."""
+    if not ok:
+        return ""
+    per_token = sum(r.tokens_from_usage for r in ok)
+    if per_token == len(ok):
+        return "per token"
+    if per_token == 0:
+        return PER_TEXT_CHUNK
+    return f"per token for {per_token} of {len(ok)} requests, the rest per text chunk"
 
 
 def summarize(records: Sequence[RequestRecord], duration_s: float,
@@ -185,6 +214,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float,
     tpot = [t for r in ok if (t := r.tpot_s) is not None]
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
     out_tokens = sum(r.n_output for r in ok)
+    chunks = sum(r.content_chunks for r in ok)
     dur = duration_s if duration_s > 0 else float("nan")
     goodput = None
     if slo is not None:
@@ -206,6 +236,8 @@ def summarize(records: Sequence[RequestRecord], duration_s: float,
         client_queue_ms=Dist.of([r.client_queue_s for r in records
                                  if r.client_queue_s is not None]).scaled(1e3),
         error_examples=examples,
+        tokens_per_chunk=out_tokens / chunks if chunks else float("nan"),
+        itl_basis=itl_basis(ok),
     )
 
 

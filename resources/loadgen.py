@@ -79,12 +79,15 @@ class PointRun:
 
 def completion_bodies(model: str, prompts: Sequence[str], max_tokens: int,
                       ignore_eos: bool = True) -> list[bytes]:
-    """Request bodies, serialized once before the run so the hot loop does no JSON encoding."""
+    """Request bodies, serialized once before the run so the hot loop does no JSON encoding.
+
+    `continuous_usage_stats` makes vLLM put the cumulative token count in every chunk: a chunk
+    can carry several tokens, or a token without text, and only the count tells."""
     return [
         json.dumps({
             "model": model, "prompt": p, "max_tokens": max_tokens, "stream": True,
             "ignore_eos": ignore_eos, "temperature": 0.0,
-            "stream_options": {"include_usage": True},
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }).encode()
         for p in prompts
     ]
@@ -180,7 +183,9 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: bytes,
     issued = time.perf_counter()
     rec.start_s = issued - point_start
     wire = _Sent()
-    last = None
+    last = None  # when the last chunk that carried a token arrived
+    tokens = 0  # counted so far
+    usage_chunks = 0  # chunks with choices that carried cumulative usage
     done = False
     started = False
     try:
@@ -218,23 +223,36 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: bytes,
                             :_DETAIL_CHARS]
                         return rec
                     choices = obj.get("choices")
+                    usage = obj.get("usage")
                     if choices:
-                        c0 = choices[0]
-                        text = c0.get("text")
-                        if text is None and (delta := c0.get("delta")):
-                            text = delta.get("content")
-                        if text:
+                        if usage:  # continuous usage: cumulative tokens, with or without text
+                            new = (usage.get("completion_tokens") or 0) - tokens
+                            usage_chunks += 1
+                        else:  # usage only at the end: one token per chunk with text
+                            c0 = choices[0]
+                            text = c0.get("text")
+                            if text is None and (delta := c0.get("delta")):
+                                text = delta.get("content")
+                            new = 1 if text else 0
+                        if new > 0:
                             if last is None:
                                 rec.ttft_s = now - sent
-                            else:
+                                if new > 1:  # held back with the first: times unseen
+                                    rec.itl_s.extend([0.0] * (new - 1))
+                            elif new == 1:
                                 rec.itl_s.append(now - last)
+                            else:  # one chunk, several tokens: the gap is theirs to share
+                                rec.itl_s.extend([(now - last) / new] * new)
                             last = now
+                            tokens += new
                             rec.content_chunks += 1
-                    if usage := obj.get("usage"):
+                    if usage:
                         rec.prompt_tokens = usage.get("prompt_tokens")
                         rec.output_tokens = usage.get("completion_tokens")
             end = time.perf_counter()
             rec.e2e_s = end - sent
+            rec.stream_tokens = tokens
+            rec.tokens_from_usage = 0 < rec.content_chunks <= usage_chunks
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         rec.error = rec.error or error_cause(exc, started)  # an HTTP status stays the cause
         rec.detail = rec.detail or _describe(exc)
@@ -242,10 +260,21 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: bytes,
     if not done:
         rec.error, rec.detail = "stream_dropped", "the stream ended without data: [DONE]"
     elif rec.ttft_s is None:
-        rec.error, rec.detail = "no_content", "no chunk carried text"
+        rec.error, rec.detail = "no_content", _no_content(rec, usage_chunks)
     else:
         rec.ok = True
     return rec
+
+
+def _no_content(rec: RequestRecord, usage_chunks: int) -> str:
+    """Why a finished stream counts no token: none made, or tokens without text on a server
+    that counts them only at the end."""
+    if usage_chunks:
+        return "no token arrived (usage in every chunk)"
+    if rec.output_tokens:
+        return (f"no chunk carried text, and the server sends usage only at the end: its "
+                f"{rec.output_tokens} tokens had no text, so they could not be timed")
+    return "no chunk carried text"
 
 
 async def _scrape(session: aiohttp.ClientSession, url: str | None, timeout_s: float,

@@ -5,6 +5,14 @@ a known TTFT and inter-token gap (`--ttft-ms`, `--itl-ms`), and faults on demand
 request's real send times are recorded server-side and served at `GET /truth`, so a client's
 numbers are compared with what actually happened.
 
+Streaming as vLLM's API server does it: `--tokens-per-chunk K` sends every chunk after the first
+with K tokens (vLLM merges a request's outputs when its consumer lags; the first goes out alone),
+`--empty-every N` gives every Nth token empty text (a partial UTF-8 sequence, an id beyond a small
+tokenizer's vocabulary; 1 = every token), and `stream_options.continuous_usage_stats` puts the
+cumulative `usage` in every chunk unless `--continuous-usage false` (a server that sends usage only
+at the end). The truth is per token: a token held back for a later chunk was produced at its own
+time, and the engine's `vllm:inter_token_latency_seconds` at /metrics is that truth.
+
 Faults on every `--fault-every`-th request (`--fault`), after `--fault-after-tokens` tokens
 where that applies: `5xx` (HTTP 503), `drop` (connection closed mid-stream), `malformed` (an event
 that is not JSON), `crlf` / `cr` (events separated by CRLF or CR, as the SSE spec allows: not a
@@ -34,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -65,6 +74,9 @@ class FakeConfig:
     exit_code: int = 7  # of the `exit` fault
     never_ready: bool = False
     hang_completions: bool = False
+    tokens_per_chunk: int = 1  # of every chunk after the first
+    empty_every: int = 0  # every Nth token has empty text; 0 = none
+    continuous_usage: bool = True  # honour stream_options.continuous_usage_stats
 
 
 FAULTS = ("none", "5xx", "drop", "malformed", "crlf", "cr", "reset", "reset_mid", "stall",
@@ -81,11 +93,33 @@ class Truth:
     completed: int = 0
     running: int = 0
     ttft_sum_s: float = 0.0
+    itl_sum_s: float = 0.0
+    itl_count: int = 0
+    chunks: int = 0
+    tokens: int = 0
+
+    def finished(self, token_times: list[float], t0: float, chunks: int) -> None:
+        """One request's token times (seconds, perf_counter) become its TTFT and ITLs."""
+        self.ttft_s.append(token_times[0] - t0)
+        gaps = [b - a for a, b in itertools.pairwise(token_times)]
+        self.itl_s.extend(gaps)
+        self.itl_sum_s += sum(gaps)
+        self.itl_count += len(gaps)
+        self.ttft_sum_s += self.ttft_s[-1]
+        self.chunks += chunks
+        self.tokens += len(token_times)
+        self.completed += 1
 
 
-def _chunk(model: str, text: str, finish: str | None = None, sep: bytes = b"\n\n") -> bytes:
-    body = {"id": "cmpl-fake", "object": "text_completion", "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+def _chunk(model: str, text: str, finish: str | None = None, sep: bytes = b"\n\n",
+           usage: tuple[int, int] | None = None) -> bytes:
+    """One SSE event; `usage` (prompt, cumulative completion tokens) as vLLM's continuous
+    usage stats put it in every chunk."""
+    body: dict = {"id": "cmpl-fake", "object": "text_completion", "model": model,
+                  "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+    if usage is not None:
+        body["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1],
+                         "total_tokens": usage[0] + usage[1]}
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + sep
 
 
@@ -95,6 +129,15 @@ def _usage(model: str, prompt_tokens: int, n: int, sep: bytes = b"\n\n") -> byte
                       "total_tokens": prompt_tokens + n}}
     return (b"data: " + json.dumps(body, separators=(",", ":")).encode() + sep
             + b"data: [DONE]" + sep)
+
+
+def chunk_sizes(n: int, tokens_per_chunk: int) -> list[int]:
+    """Tokens per chunk for `n` tokens: the first alone, then `tokens_per_chunk` each."""
+    if n <= 0:
+        return []
+    rest = n - 1
+    k = max(tokens_per_chunk, 1)
+    return [1] + [k] * (rest // k) + ([rest % k] if rest % k else [])
 
 
 def _reset(request: web.Request) -> None:
@@ -112,9 +155,24 @@ def _die(cfg: FakeConfig) -> None:
 
 def build_app(cfg: FakeConfig) -> web.Application:
     truth = Truth()
-    chunks = {sep: (_chunk(cfg.model, " tok", sep=sep),
-                    _chunk(cfg.model, " tok", "length", sep=sep))
-              for sep in (b"\n\n", *SEPARATORS.values())}
+    streams: dict[tuple, tuple[list[int], list[bytes], bytes]] = {}
+
+    def stream(n: int, prompt_tokens: int, per_chunk_usage: bool, sep: bytes
+               ) -> tuple[list[int], list[bytes], bytes]:
+        """Chunk sizes, chunk events and the whole stream of one request shape (cached: the
+        fake must stay faster than any client it measures)."""
+        key = (n, prompt_tokens, per_chunk_usage, sep)
+        if (hit := streams.get(key)) is None:
+            sizes, events, k = chunk_sizes(n, cfg.tokens_per_chunk), [], 0
+            for size in sizes:
+                text = "".join("" if cfg.empty_every and (i + 1) % cfg.empty_every == 0
+                               else " tok" for i in range(k, k + size))
+                k += size
+                events.append(_chunk(cfg.model, text, "length" if k == n else None, sep,
+                                     (prompt_tokens, k) if per_chunk_usage else None))
+            tail = _usage(cfg.model, prompt_tokens, n, sep)
+            hit = streams[key] = (sizes, events + [tail], b"".join(events) + tail)
+        return hit
 
     async def completions(request: web.Request) -> web.StreamResponse:
         t0 = time.perf_counter()
@@ -130,7 +188,6 @@ def build_app(cfg: FakeConfig) -> web.Application:
             _reset(request)
             return web.Response()
         sep = SEPARATORS.get(cfg.fault, b"\n\n") if faulty else b"\n\n"
-        token_chunk, last_chunk = chunks[sep]
         n = int(body.get("max_tokens") or 16)
         prompt = body.get("prompt", "")
         prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
@@ -141,6 +198,10 @@ def build_app(cfg: FakeConfig) -> web.Application:
                 "choices": [{"index": 0, "text": " tok" * n, "finish_reason": "length"}],
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                           "total_tokens": prompt_tokens + n}})
+        opts = body.get("stream_options") or {}
+        per_chunk_usage = bool(cfg.continuous_usage and opts.get("include_usage")
+                               and opts.get("continuous_usage_stats"))
+        sizes, events, whole = stream(n, prompt_tokens, per_chunk_usage, sep)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         truth.running += 1
@@ -148,17 +209,19 @@ def build_app(cfg: FakeConfig) -> web.Application:
             if cfg.itl_s == 0 and not faulty:
                 if cfg.ttft_s:
                     await asyncio.sleep(cfg.ttft_s)
-                truth.ttft_s.append(time.perf_counter() - t0)
-                await resp.write(token_chunk * (n - 1) + last_chunk + _usage(
-                    cfg.model, prompt_tokens, n, sep))
-                truth.itl_s.extend([0.0] * (n - 1))
+                now = time.perf_counter()
+                await resp.write(whole)
+                truth.finished([now] * n, t0, len(sizes))
             else:
-                sent = None
-                for k in range(n):
-                    target = t0 + cfg.ttft_s + k * cfg.itl_s
+                times: list[float] = []
+                k = 0
+                for size, event in zip(sizes, events, strict=False):
+                    last_k = k + size - 1  # the chunk leaves when its last token is made
+                    target = t0 + cfg.ttft_s + last_k * cfg.itl_s
                     if (delay := target - time.perf_counter()) > 0:
                         await asyncio.sleep(delay)
-                    if faulty and k == cfg.fault_after_tokens and cfg.fault not in SEPARATORS:
+                    if faulty and k <= cfg.fault_after_tokens < k + size \
+                            and cfg.fault not in SEPARATORS:
                         if cfg.fault == "drop":
                             request.transport.close()
                             return resp
@@ -170,16 +233,15 @@ def build_app(cfg: FakeConfig) -> web.Application:
                         if cfg.fault == "exit":
                             _die(cfg)
                         await resp.write(b"data: {\"choices\": [{\"text\": \"tok\"\n\n")
-                    await resp.write(last_chunk if k == n - 1 else token_chunk)
-                    now = time.perf_counter()
-                    if sent is None:
-                        truth.ttft_s.append(now - t0)
-                    else:
-                        truth.itl_s.append(now - sent)
-                    sent = now
-                await resp.write(_usage(cfg.model, prompt_tokens, n, sep))
-            truth.ttft_sum_s += truth.ttft_s[-1]
-            truth.completed += 1
+                    now = time.perf_counter()  # before the write: a client reads it after
+                    await resp.write(event)
+                    for i in range(k, last_k):  # held back: made at its own time, sent now
+                        made = t0 + cfg.ttft_s + i * cfg.itl_s
+                        times.append(min(max(made, times[-1] if times else t0), now))
+                    times.append(now)
+                    k += size
+                await resp.write(events[-1])
+                truth.finished(times, t0, len(sizes))
             await resp.write_eof()
             return resp
         finally:
@@ -208,12 +270,17 @@ def build_app(cfg: FakeConfig) -> web.Application:
             f'vllm:time_to_first_token_seconds_bucket{{{lbl},le="+Inf"}} {truth.completed}\n'
             f"vllm:time_to_first_token_seconds_count{{{lbl}}} {truth.completed}\n"
             f"vllm:time_to_first_token_seconds_sum{{{lbl}}} {truth.ttft_sum_s}\n"
+            "# TYPE vllm:inter_token_latency_seconds histogram\n"
+            f'vllm:inter_token_latency_seconds_bucket{{{lbl},le="+Inf"}} {truth.itl_count}\n'
+            f"vllm:inter_token_latency_seconds_count{{{lbl}}} {truth.itl_count}\n"
+            f"vllm:inter_token_latency_seconds_sum{{{lbl}}} {truth.itl_sum_s}\n"
         )
         return web.Response(text=text, content_type="text/plain")
 
     async def get_truth(_: web.Request) -> web.Response:
         return web.json_response({"requests": truth.requests, "completed": truth.completed,
-                                  "ttft_s": truth.ttft_s, "itl_s": truth.itl_s})
+                                  "ttft_s": truth.ttft_s, "itl_s": truth.itl_s,
+                                  "chunks": truth.chunks, "tokens": truth.tokens})
 
     async def reset_truth(_: web.Request) -> web.Response:
         truth.__init__()
@@ -333,10 +400,16 @@ def main() -> None:
     p.add_argument("--fault-after-tokens", type=int, default=2)
     p.add_argument("--metrics-fault", default="none", choices=METRICS_FAULTS)
     p.add_argument("--exit-code", type=int, default=7)
+    p.add_argument("--tokens-per-chunk", type=int, default=1)
+    p.add_argument("--empty-every", type=int, default=0)
+    p.add_argument("--continuous-usage", type=lambda v: v.lower() in ("1", "true", "yes"),
+                   default=True)
     a = p.parse_args()
     cfg = FakeConfig(ttft_s=a.ttft_ms / 1e3, itl_s=a.itl_ms / 1e3, fault=a.fault,
                      fault_every=a.fault_every, fault_after_tokens=a.fault_after_tokens,
-                     metrics_fault=a.metrics_fault, exit_code=a.exit_code)
+                     metrics_fault=a.metrics_fault, exit_code=a.exit_code,
+                     tokens_per_chunk=a.tokens_per_chunk, empty_every=a.empty_every,
+                     continuous_usage=a.continuous_usage)
     try:
         import uvloop
         uvloop.install()

@@ -20,10 +20,11 @@ from onboarding.serving_stats import (
 SLO = Slo(ttft_p95_s=1.0, itl_mean_ms=30, error_rate_max=0.0, target_concurrency=4)
 
 
-def ok(ttft, gaps, n=None, prompt=10):
+def ok(ttft, gaps, n=None, prompt=10, chunks=None, from_usage=False):
     e2e = ttft + sum(gaps)
     return RequestRecord(ok=True, ttft_s=ttft, e2e_s=e2e, itl_s=list(gaps),
-                         content_chunks=len(gaps) + 1, prompt_tokens=prompt, output_tokens=n)
+                         content_chunks=chunks or len(gaps) + 1, stream_tokens=len(gaps) + 1,
+                         tokens_from_usage=from_usage, prompt_tokens=prompt, output_tokens=n)
 
 
 def test_tpot_uses_the_servers_token_count_not_chunks():
@@ -62,10 +63,28 @@ def test_a_point_read_back_from_its_csv_row_is_the_point():
     assert (back.ttft_s, back.itl_ms, back.tpot_ms, back.e2e_s) == (
         s.ttft_s, s.itl_ms, s.tpot_ms, s.e2e_s)
     assert back.goodput_rps == s.goodput_rps and back.failed == 2 and back.requests == 4
+    assert (back.tokens_per_chunk, back.itl_basis) == (s.tokens_per_chunk, s.itl_basis)
     assert slo_violations(back, SLO) == slo_violations(s, SLO)
     no_goodput = PointStats.from_row({**{k: str(v) for k, v in s.row().items()},
                                       "goodput_rps": ""})
     assert no_goodput.goodput_rps is None
+
+
+def test_tokens_per_chunk_and_the_itl_basis_are_in_the_row():
+    """Tokens per chunk > 1 is vLLM coalescing a request's outputs; the basis says whether ITL
+    could be split per token (usage in every chunk) or is per text chunk."""
+    per_token = [ok(0.1, [0.01] * 5, n=6, chunks=2, from_usage=True),
+                 ok(0.1, [0.01] * 3, n=4, chunks=4, from_usage=True)]
+    s = summarize(per_token + [RequestRecord(error="timeout")], 1.0)
+    assert s.tokens_per_chunk == pytest.approx(10 / 6)
+    assert s.itl_basis == "per token"
+    assert s.row()["tokens_per_chunk"] == pytest.approx(10 / 6)
+    assert summarize([ok(0.1, [0.01], n=8)], 1.0).itl_basis == \
+        "per text chunk (the server sends usage only at the end)"
+    mixed = summarize(per_token + [ok(0.1, [0.01], n=2)], 1.0)
+    assert mixed.itl_basis == "per token for 2 of 3 requests, the rest per text chunk"
+    none = summarize([RequestRecord(error="timeout")], 1.0)
+    assert math.isnan(none.tokens_per_chunk) and none.itl_basis == ""
 
 
 def test_goodput_excludes_requests_over_the_slo():

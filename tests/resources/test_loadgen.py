@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from onboarding.paths import PROJECT_ROOT
-from onboarding.serving_stats import ERROR_CAUSES, parse_metrics, summarize
+from onboarding.serving_stats import ERROR_CAUSES, histogram_mean_delta, parse_metrics, summarize
 from resources.loadgen import LoadGenerator, SseEvents, completion_bodies, error_cause, sse_data
 from tests.fakes.openai_stream_server import running_fake_server
 
@@ -203,3 +203,81 @@ def test_a_server_that_exits_mid_stream_keeps_every_record():
     assert s.errors_by_cause.get("connect_failed", 0) >= s.requests - s.completed - 2 * 4
     assert r.metrics_before is not None and r.metrics_after is None
     assert r.scrape_failures >= 1
+
+
+# ---- per token, as the engine counts: chunks of several tokens, tokens without text ----
+
+def test_itl_is_per_token_when_chunks_carry_several_tokens():
+    """vLLM merges a request's outputs into one chunk when its API server lags: a chunk that
+    carries 4 tokens after a 20 ms gap is 4 inter-token latencies of 5 ms, not one of 20."""
+    with running_fake_server(ttft_ms=30, itl_ms=5, tokens_per_chunk=4) as url:
+        r = run(url, n=24, out=21, concurrency=8)
+        t = truth(url)
+    s = summarize(r.records, r.duration_s)
+    assert s.completed == 24 and t["tokens"] == 24 * 21 and t["chunks"] == 24 * 6
+    true_itl_ms = statistics.mean(t["itl_s"]) * 1e3
+    assert s.itl_ms.mean == pytest.approx(true_itl_ms, rel=0.05)
+    assert s.tpot_ms.mean == pytest.approx(true_itl_ms, rel=0.05)
+    assert s.ttft_s.p50 >= statistics.median(t["ttft_s"])  # the first token goes out alone
+    assert s.ttft_s.p50 - statistics.median(t["ttft_s"]) < 0.025
+    assert {(rec.content_chunks, rec.stream_tokens, rec.output_tokens)
+            for rec in r.records} == {(6, 21, 21)}
+    assert all(len(rec.itl_s) == 20 for rec in r.records)  # one gap per token after the first
+    assert s.tokens_per_chunk == pytest.approx(21 / 6)
+    assert s.itl_basis == "per token"
+    row = s.row()
+    assert row["tokens_per_chunk"] == pytest.approx(21 / 6) and row["itl_basis"] == "per token"
+    # the engine's own histogram (here the fake's truth) is what the client must agree with
+    server_itl_s = histogram_mean_delta(parse_metrics(r.metrics_before),
+                                        parse_metrics(r.metrics_after),
+                                        "vllm:inter_token_latency_seconds")
+    assert s.itl_ms.mean == pytest.approx(server_itl_s * 1e3, rel=0.05)
+
+
+def test_tokens_without_text_are_counted():
+    """A token whose text is empty (a partial UTF-8 sequence, an id beyond a small tokenizer's
+    vocabulary) still arrives as a chunk; counting only text would merge its gap into the
+    next token's."""
+    with running_fake_server(itl_ms=5, empty_every=3) as url:
+        r = run(url, n=24, out=21, concurrency=8)
+        t = truth(url)
+    s = summarize(r.records, r.duration_s)
+    assert s.completed == 24
+    assert s.itl_ms.mean == pytest.approx(statistics.mean(t["itl_s"]) * 1e3, rel=0.05)
+    assert {(rec.content_chunks, rec.stream_tokens) for rec in r.records} == {(21, 21)}
+
+
+def test_a_response_of_only_tokens_without_text_is_ok_not_no_content():
+    with running_fake_server(ttft_ms=20, itl_ms=2, empty_every=1) as url:
+        r = run(url, n=8, out=10, concurrency=4)
+        t = truth(url)
+    assert [rec.error for rec in r.records] == [None] * 8
+    s = summarize(r.records, r.duration_s)
+    assert s.completed == 8 and {rec.stream_tokens for rec in r.records} == {10}
+    assert s.ttft_s.p50 >= statistics.median(t["ttft_s"])
+    assert s.itl_ms.mean == pytest.approx(statistics.mean(t["itl_s"]) * 1e3, rel=0.25)
+
+
+def test_a_server_without_usage_per_chunk_is_timed_per_text_chunk_and_says_so():
+    """Usage only at the end: one token per text chunk, the only count there is. Chunks of 4
+    tokens then read as 4x the ITL; the row says which basis, and tokens per chunk (from the
+    final usage) shows the coalescing. TPOT uses the final count and stays right."""
+    with running_fake_server(itl_ms=5, tokens_per_chunk=4, continuous_usage=False) as url:
+        r = run(url, n=16, out=21, concurrency=8)
+        t = truth(url)
+    s = summarize(r.records, r.duration_s)
+    true_itl_ms = statistics.mean(t["itl_s"]) * 1e3
+    assert s.completed == 16
+    assert {(rec.content_chunks, rec.stream_tokens, rec.output_tokens)
+            for rec in r.records} == {(6, 6, 21)}
+    assert s.itl_basis == "per text chunk (the server sends usage only at the end)"
+    assert s.tokens_per_chunk == pytest.approx(21 / 6)
+    assert s.itl_ms.mean == pytest.approx(4 * true_itl_ms, rel=0.1)
+    assert s.tpot_ms.mean == pytest.approx(true_itl_ms, rel=0.05)
+
+
+def test_without_usage_per_chunk_tokens_without_text_are_no_content_and_say_why():
+    with running_fake_server(itl_ms=1, empty_every=1, continuous_usage=False) as url:
+        r = run(url, n=4, out=5, concurrency=2)
+    assert [rec.error for rec in r.records] == ["no_content"] * 4
+    assert "5 tokens" in r.records[0].detail and "usage only at the end" in r.records[0].detail
