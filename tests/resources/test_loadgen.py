@@ -198,9 +198,12 @@ def test_a_server_that_exits_mid_stream_keeps_every_record():
     s = summarize(r.records, r.duration_s)
     assert s.requests == 40 and 5 <= s.completed <= 9
     assert set(s.errors_by_cause) <= {"stream_dropped", "connection_lost", "connect_failed"}
-    # At most the 4 in flight and the 4 sent into the dying socket fail otherwise; every
-    # later request finds nothing listening.
-    assert s.errors_by_cause.get("connect_failed", 0) >= s.requests - s.completed - 2 * 4
+    # The 4 in flight and those a worker sends while the dying process's socket still accepts
+    # fail otherwise (two rounds of 4 when the machine is quiet, a round or two more under
+    # load: the kernel's accept backlog outlives the process by a scheduling slice); once it is
+    # gone every request finds nothing listening, so most failures are connect_failed.
+    failed = s.requests - s.completed
+    assert s.errors_by_cause.get("connect_failed", 0) >= failed // 2
     assert r.metrics_before is not None and r.metrics_after is None
     assert r.scrape_failures >= 1
 
