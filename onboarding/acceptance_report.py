@@ -4,18 +4,13 @@ PNG traces of the burn's power, temperature and SM clock per GPU (matplotlib, Ag
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from onboarding import telemetry as tm
 from onboarding.acceptance import NodeAcceptance
+from onboarding.plots import plt, png
 from onboarding.tables import md_table
 
 _TRACES = ((tm.POWER_W, "power (W)"), (tm.GPU_TEMP_C, "GPU temperature (C)"),
@@ -48,10 +43,7 @@ def burn_png(samples: Sequence[Mapping[str, Any]], title: str,
             ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    return buf.getvalue()
+    return png(fig)
 
 
 def report_markdown(acc: NodeAcceptance, sections: Mapping[str, str], plot_name: str | None

@@ -5,16 +5,11 @@ matplotlib's Agg backend (no display); returns PNG bytes for the asset's metadat
 
 from __future__ import annotations
 
-import io
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from onboarding.layout import LayoutPlan
 from onboarding.plan import GIB
+from onboarding.plots import plt, png
 
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#17becf")
@@ -66,7 +61,4 @@ def layout_png(plan: LayoutPlan) -> bytes:
     ax.set_title(f"{plan.name} ({plan.node_type}): {plan.mix_tokens_per_s:,.0f} tokens/s of "
                  "the traffic mix", fontsize=11)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return buf.getvalue()
+    return png(fig, dpi=90)

@@ -1,20 +1,16 @@
 """PNG plots of the readiness report: accuracy drops against the tolerance, start times, and the
 latency-throughput curves of a sweep with the SLO lines and the target concurrency marked.
 
-Same style as onboarding/serving_plots.py (Agg backend, no display, PNG bytes back), so the
+Drawn through onboarding/plots.py (Agg backend, no display, PNG bytes back), so the
 caller decides where they go: a data: URI in the HTML page and in the asset's Markdown.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from onboarding.plots import plt, png
 
 VERDICT_COLOURS = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:orange"}
 
@@ -31,13 +27,6 @@ class DropPoint:
     high_pts: float
     allowed_pts: float
     verdict: str  # pass | fail | inconclusive
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    return buf.getvalue()
 
 
 def accuracy_png(points: Sequence[DropPoint], title: str) -> bytes:
@@ -74,7 +63,7 @@ def accuracy_png(points: Sequence[DropPoint], title: str) -> bytes:
     ax.grid(alpha=0.3, axis="y")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
 def starts_png(phases: Sequence[tuple[str, float | None, float | None]], title: str,
@@ -102,7 +91,7 @@ def starts_png(phases: Sequence[tuple[str, float | None, float | None]], title: 
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)
 
 
 def curves_png(rows: Sequence[dict], title: str, ttft_slo_s: float | None,
@@ -151,4 +140,4 @@ def curves_png(rows: Sequence[dict], title: str, ttft_slo_s: float | None,
             ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    return _png(fig)
+    return png(fig)

@@ -6,13 +6,9 @@ where they go (a file beside the reports, a markdown image in the asset's metada
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from onboarding.plots import plt, png
 
 
 def sweep_png(rows: Sequence[dict], title: str, ttft_slo_s: float | None = None,
@@ -40,10 +36,7 @@ def sweep_png(rows: Sequence[dict], title: str, ttft_slo_s: float | None = None,
         ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    return buf.getvalue()
+    return png(fig)
 
 
 def calibration_png(pairs: Sequence[dict], title: str) -> bytes:
@@ -65,7 +58,4 @@ def calibration_png(pairs: Sequence[dict], title: str) -> bytes:
         ax.legend(fontsize=6)
     fig.suptitle(title)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    return buf.getvalue()
+    return png(fig)
