@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -241,6 +242,20 @@ def load_yaml(path: Path) -> Any:
         ) from None
     except OSError as exc:
         raise ConfigError(str(path), f"cannot be read ({exc.strerror})", "Check the path.") from None
+
+
+def load_config_file(model: type[M], path: Path, fix: str) -> M:
+    """A configs/ file validated as `model`, read again only when its mtime changes: sensors
+    and every asset ask for the same file many times a minute."""
+    if not path.is_file():
+        raise ConfigError(str(path), "does not exist",
+                          f"Restore configs/{path.name} or set ONBOARDING_CONFIG_DIR.")
+    return _load_config_file(model, path, path.stat().st_mtime_ns, fix)
+
+
+@lru_cache(maxsize=32)
+def _load_config_file(model: type[M], path: Path, mtime_ns: int, fix: str) -> M:
+    return validate_config(model, load_yaml(path), path, path, fix)
 
 
 def parse_spec(data: Any, origin: str, default_id: str | None = None) -> ModelSpec:

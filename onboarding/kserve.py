@@ -25,7 +25,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from onboarding.catalog import ModelSpec, StrictConfig, load_yaml, validate_config
+from onboarding.catalog import ModelSpec, StrictConfig, load_config_file, load_yaml, validate_config
 from onboarding.engine_config import SECRET_NAME, Evidence, ServingConfig
 from onboarding.errors import ConfigError
 from onboarding.names import to_dns1123_label
@@ -228,15 +228,8 @@ def load_stack(path: Path) -> Stack:
     return _load_stack(path, path.stat().st_mtime_ns)
 
 
-@lru_cache(maxsize=8)
-def _load_deploy(path: Path, mtime_ns: int) -> DeployConfig:
-    return validate_config(DeployConfig, load_yaml(path), path, path, "Fix deploy.yaml.")
-
-
 def load_deploy(path: Path) -> DeployConfig:
-    if not path.is_file():
-        raise ConfigError(str(path), "does not exist", "Restore configs/deploy.yaml.")
-    return _load_deploy(path, path.stat().st_mtime_ns)
+    return load_config_file(DeployConfig, path, "Fix deploy.yaml.")
 
 
 # ---- names --------------------------------------------------------------------------------

@@ -24,13 +24,12 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Literal, Protocol
 
 from pydantic import Field, model_validator
 
-from onboarding.catalog import ModelSpec, StrictConfig, load_yaml, validate_config
+from onboarding.catalog import ModelSpec, StrictConfig, load_config_file
 from onboarding.errors import ConfigError
 from onboarding.names import is_dns1123_label
 from onboarding.plan import GIB, NodePlan, NodesConfig, NodeType, PlanInputs, plan_node
@@ -118,16 +117,8 @@ class LayoutsConfig(StrictConfig):
         return self
 
 
-@lru_cache(maxsize=8)
-def _load_layouts(path: Path, mtime_ns: int) -> LayoutsConfig:
-    return validate_config(LayoutsConfig, load_yaml(path), path, path, "Fix layouts.yaml.")
-
-
 def load_layouts(path: Path) -> LayoutsConfig:
-    if not path.is_file():
-        raise ConfigError(str(path), "does not exist",
-                          "Restore configs/layouts.yaml or set ONBOARDING_CONFIG_DIR.")
-    return _load_layouts(path, path.stat().st_mtime_ns)
+    return load_config_file(LayoutsConfig, path, "Fix layouts.yaml.")
 
 
 def check_references(cfg: LayoutsConfig, path: Path | str, nodes: NodesConfig,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,8 +20,7 @@ from onboarding.catalog import (
     ArchitectureHint,
     ModelSpec,
     StrictConfig,
-    load_yaml,
-    validate_config,
+    load_config_file,
 )
 from onboarding.errors import ConfigError
 from onboarding.names import is_dns1123_label
@@ -145,16 +143,8 @@ class NodesConfig(StrictConfig):
         return self
 
 
-@lru_cache(maxsize=8)
-def _load_nodes(path: Path, mtime_ns: int) -> NodesConfig:
-    return validate_config(NodesConfig, load_yaml(path), path, path, "Fix nodes.yaml.")
-
-
 def load_nodes(path: Path) -> NodesConfig:
-    if not path.is_file():
-        raise ConfigError(str(path), "does not exist",
-                          "Restore configs/nodes.yaml or set ONBOARDING_CONFIG_DIR.")
-    return _load_nodes(path, path.stat().st_mtime_ns)
+    return load_config_file(NodesConfig, path, "Fix nodes.yaml.")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +32,7 @@ from onboarding.catalog import (
     ModelSpec,
     Precision,
     StrictConfig,
-    load_yaml,
+    load_config_file,
     validate_config,
 )
 from onboarding.errors import ConfigError
@@ -97,16 +96,8 @@ class PredictConfig(StrictConfig):
         return self
 
 
-@lru_cache(maxsize=8)
-def _load_predict(path: Path, mtime_ns: int) -> PredictConfig:
-    return validate_config(PredictConfig, load_yaml(path), path, path, "Fix predict.yaml.")
-
-
 def load_predict_config(path: Path) -> PredictConfig:
-    if not path.is_file():
-        raise ConfigError(str(path), "does not exist",
-                          "Restore configs/predict.yaml or set ONBOARDING_CONFIG_DIR.")
-    return _load_predict(path, path.stat().st_mtime_ns)
+    return load_config_file(PredictConfig, path, "Fix predict.yaml.")
 
 
 # ---- what to ask ----

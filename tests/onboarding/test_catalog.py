@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
-from onboarding.catalog import load_catalog, parse_source, read_catalog
+from onboarding.catalog import (
+    StrictConfig,
+    load_catalog,
+    load_config_file,
+    parse_source,
+    read_catalog,
+)
 from onboarding.errors import ConfigError
 from onboarding.names import is_dns1123_label, to_dns1123_label
 from onboarding.paths import PROJECT_ROOT
@@ -166,3 +173,23 @@ def test_a_twin_needs_an_architecture_and_a_real_model_no_dummy_weights(tmp_path
                                        "engine_args: {load_format: dummy}\n")
     with pytest.raises(ConfigError, match=r"field 'weights'.*write `weights: random`"):
         load_catalog(tmp_path)
+
+
+class _Tiny(StrictConfig):
+    n: int
+
+
+def test_a_config_file_is_read_again_only_when_it_changes(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    with pytest.raises(ConfigError, match=r"tiny\.yaml: does not exist.*Restore configs/tiny"):
+        load_config_file(_Tiny, path, "Fix tiny.yaml.")
+    path.write_text("n: 1\n")
+    first = load_config_file(_Tiny, path, "Fix tiny.yaml.")
+    assert first.n == 1 and load_config_file(_Tiny, path, "Fix tiny.yaml.") is first
+    path.write_text("n: 2\n")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
+    assert load_config_file(_Tiny, path, "Fix tiny.yaml.").n == 2
+    path.write_text("n: two\n")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 2_000_000))
+    with pytest.raises(ConfigError, match=r"field 'n'.*Fix tiny\.yaml"):
+        load_config_file(_Tiny, path, "Fix tiny.yaml.")
