@@ -26,6 +26,7 @@ from pydantic import Field, field_validator
 from onboarding import telemetry as tm
 from onboarding.catalog import StrictConfig, load_yaml, validate_config
 from onboarding.errors import ConfigError
+from onboarding.names import is_dns1123_subdomain
 from onboarding.node_facts import (
     DcgmDiag,
     FormatError,
@@ -193,14 +194,9 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-_DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-
-
 def load_acceptance(path: Path, nodes: NodesConfig) -> AcceptanceConfig:
     """acceptance.yaml validated: every node type's `defaults` + its entry, every registered
     node's type known to nodes.yaml and to this file, node names valid Kubernetes node names."""
-    import re
-
     data = load_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(str(path), "expected a mapping with probe, defaults, node_types, nodes",
@@ -218,7 +214,7 @@ def load_acceptance(path: Path, nodes: NodesConfig) -> AcceptanceConfig:
               "node_types": {k: _merge(defaults, v or {}) for k, v in types.items()}}
     cfg = validate_config(AcceptanceConfig, merged, path, path, "Fix acceptance.yaml.")
     for name, reg in cfg.nodes.items():
-        if len(name) > 253 or not re.match(_DNS1123_SUBDOMAIN, name):
+        if not is_dns1123_subdomain(name):
             raise ConfigError(str(path), f"field 'nodes.{name}': not a Kubernetes node name "
                               "(lowercase letters, digits, '-' and '.')", "Rename the node.")
         if reg.node_type not in nodes.node_types:

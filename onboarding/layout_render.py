@@ -36,7 +36,7 @@ from onboarding.kserve import (
     to_yaml,
 )
 from onboarding.layout import LayoutPlan, LayoutsConfig, Placement, QosClass
-from onboarding.names import to_dns1123_label
+from onboarding.names import is_dns1123_subdomain, to_dns1123_label
 from onboarding.plan import GIB, DeploymentPlan, NodesConfig, PlanInputs
 from onboarding.serving_config import EngineTemplate
 from onboarding.serving_plan import planned_config
@@ -366,14 +366,11 @@ def check_prometheus(doc: dict[str, Any]) -> list[str]:
     return errors
 
 
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
 def check_priority_class(doc: dict[str, Any]) -> list[str]:
     """scheduling.k8s.io/v1 PriorityClass as the API server validates it."""
     errors = []
     name = (doc.get("metadata") or {}).get("name", "")
-    if not (_DNS1123_SUBDOMAIN.match(name) and len(name) <= 253):
+    if not is_dns1123_subdomain(name):
         errors.append(f"metadata.name {name!r} is not a DNS-1123 subdomain")
     if name.startswith("system-"):
         errors.append("metadata.name: the system- prefix is reserved")

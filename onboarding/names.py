@@ -7,10 +7,17 @@ import re
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_LABEL = 63
+# Dot-separated labels, at most 253 characters: Kubernetes node names, most object names.
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+MAX_SUBDOMAIN = 253
 
 
 def is_dns1123_label(name: str) -> bool:
     return len(name) <= MAX_LABEL and bool(_DNS1123_LABEL.match(name))
+
+
+def is_dns1123_subdomain(name: str) -> bool:
+    return len(name) <= MAX_SUBDOMAIN and bool(re.match(DNS1123_SUBDOMAIN, name))
 
 
 def to_dns1123_label(name: str, max_len: int = MAX_LABEL) -> str:

@@ -26,6 +26,7 @@ import yaml
 from pydantic import Field
 
 from onboarding.errors import ConfigError
+from onboarding.names import DNS1123_SUBDOMAIN, MAX_SUBDOMAIN
 from onboarding.paths import PROJECT_ROOT
 
 CRD_PATHS_ENV = "KSERVE_CRD_PATHS"
@@ -34,7 +35,6 @@ DEFAULT_CRD_DIR = PROJECT_ROOT.parent / "shared" / "kserve"
 DEFAULT_CRDS = ("serving.kserve.io_inferenceservices.yaml", "serving.kserve.io_servingruntimes.yaml")
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-_DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 _QUALIFIED_NAME = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 OBJECT_META_SCHEMA: dict[str, Any] = {
@@ -42,7 +42,7 @@ OBJECT_META_SCHEMA: dict[str, Any] = {
     "required": ["name"],
     "additionalProperties": False,
     "properties": {
-        "name": {"type": "string", "maxLength": 253, "pattern": _DNS1123_SUBDOMAIN},
+        "name": {"type": "string", "maxLength": MAX_SUBDOMAIN, "pattern": DNS1123_SUBDOMAIN},
         "namespace": {"type": "string", "maxLength": 63,
                       "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
         "labels": {"type": "object",

@@ -15,7 +15,7 @@ from onboarding.catalog import (
     read_catalog,
 )
 from onboarding.errors import ConfigError
-from onboarding.names import is_dns1123_label, to_dns1123_label
+from onboarding.names import is_dns1123_label, is_dns1123_subdomain, to_dns1123_label
 from onboarding.paths import PROJECT_ROOT
 
 
@@ -122,6 +122,15 @@ def test_sources_parse():
 @pytest.mark.parametrize("raw", ["Meta-Llama/Llama-3.1-70B_Instruct", "a" * 80, "x.y/Z"])
 def test_any_model_id_becomes_a_dns1123_label(raw):
     assert is_dns1123_label(to_dns1123_label(raw))
+
+
+@pytest.mark.parametrize(("name", "ok"), [
+    ("gpu-node-01.example.com", True), ("a" * 63 + "." + "b" * 189, True),
+    ("a" * 63 + "." + "b" * 190, False), ("GPU_01", False), ("a..b", False), ("-a.b", False),
+    ("a.b-", False), ("", False),
+])
+def test_dns1123_subdomains_as_kubernetes_checks_node_and_object_names(name, ok):
+    assert is_dns1123_subdomain(name) is ok
 
 
 TWIN = ("id: t\nsource: s3://models/twins/t/\nserved_name: t\nweights: random\n"
