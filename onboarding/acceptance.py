@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from onboarding import telemetry as tm
-from onboarding.catalog import StrictConfig, load_yaml, validate_config
+from onboarding.catalog import StrictConfig, deep_merge, load_yaml, validate_config
 from onboarding.errors import ConfigError
 from onboarding.names import is_dns1123_subdomain
 from onboarding.node_facts import (
@@ -186,14 +186,6 @@ class AcceptanceConfig(StrictConfig):
                               "Add the node type's entry.") from None
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) \
-            else v
-    return out
-
-
 def load_acceptance(path: Path, nodes: NodesConfig) -> AcceptanceConfig:
     """acceptance.yaml validated: every node type's `defaults` + its entry, every registered
     node's type known to nodes.yaml and to this file, node names valid Kubernetes node names."""
@@ -211,7 +203,7 @@ def load_acceptance(path: Path, nodes: NodesConfig) -> AcceptanceConfig:
         raise ConfigError(str(path), f"unknown section(s) {unknown}",
                           "Use probe, defaults, node_types and nodes.")
     merged = {"probe": data.get("probe"), "nodes": data.get("nodes") or {},
-              "node_types": {k: _merge(defaults, v or {}) for k, v in types.items()}}
+              "node_types": {k: deep_merge(defaults, v or {}) for k, v in types.items()}}
     cfg = validate_config(AcceptanceConfig, merged, path, path, "Fix acceptance.yaml.")
     for name, reg in cfg.nodes.items():
         if not is_dns1123_subdomain(name):

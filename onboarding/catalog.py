@@ -244,6 +244,17 @@ def load_yaml(path: Path) -> Any:
         raise ConfigError(str(path), f"cannot be read ({exc.strerror})", "Check the path.") from None
 
 
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` on top of `base`: mappings merge key by key, anything else is replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def load_config_file(model: type[M], path: Path, fix: str) -> M:
     """A configs/ file validated as `model`, read again only when its mtime changes: sensors
     and every asset ask for the same file many times a minute."""

@@ -25,6 +25,7 @@ import dagster as dg
 
 from assets.step_tags import GPU_SLOT_TAG
 from onboarding.acceptance import node_setting
+from onboarding.catalog import deep_merge
 from onboarding.cluster import (
     CACHE_STAGES,
     GPU_BOUND_STAGES,
@@ -52,17 +53,6 @@ def config_files() -> ConfigFiles:
     """The config files as this process's environment names them (executors and run config
     builders are not resource consumers, so they build the same resource themselves)."""
     return ConfigFiles(config_dir=os.environ.get(CONFIG_DIR_ENV, ""))
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """`override` on top of `base`: mappings merge key by key, anything else is replaced."""
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def _with_defaults(base: dg.ExecutorDefinition, name: str,
