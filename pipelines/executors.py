@@ -24,7 +24,6 @@ from typing import Any
 import dagster as dg
 
 from assets.step_tags import GPU_SLOT_TAG
-from onboarding.acceptance import node_setting
 from onboarding.cluster import (
     CACHE_STAGES,
     GPU_BOUND_STAGES,
@@ -184,8 +183,7 @@ def node_run_tags(node_name: str, configs: ConfigFiles | None = None) -> dict[st
     if executor_kind(configs.cluster, os.environ.get(EXECUTOR_ENV)) != "k8s":
         return {}
     cfg = configs.cluster()
-    setting = node_setting(configs.acceptance(), configs.nodes(), node_name,
-                           str(configs.path("acceptance.yaml")))
+    setting = configs.node_setting(node_name)
     pod = node_acceptance_pod_config(node_name, setting.gpus_expected, cfg,
                                      configs.node_type(setting.node_type),
                                      gpu_image(cfg, os.environ.get(GPU_IMAGE_ENV)))
