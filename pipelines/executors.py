@@ -26,9 +26,12 @@ import dagster as dg
 from assets.step_tags import GPU_SLOT_TAG
 from onboarding.cluster import (
     CACHE_STAGES,
+    EXECUTOR_ENV,
     GPU_BOUND_STAGES,
+    GPU_IMAGE_ENV,
     GPU_RESOURCE,
     HOSTNAME_LABEL,
+    NODE_TYPE_ENV,
     ExecutorKind,
     cache_step_pod_config,
     executor_kind,
@@ -40,9 +43,6 @@ from onboarding.cluster import (
 from onboarding.errors import ConfigError
 from resources.config_files import ConfigFiles
 
-EXECUTOR_ENV = "ONBOARDING_EXECUTOR"
-NODE_TYPE_ENV = "ONBOARDING_NODE_TYPE"
-GPU_IMAGE_ENV = "ONBOARDING_GPU_IMAGE"
 CONFIG_DIR_ENV = "ONBOARDING_CONFIG_DIR"
 K8S_CONFIG_TAG = "dagster-k8s/config"
 
