@@ -42,11 +42,6 @@ class GpuHealthConfig(dg.Config):
     dcgm_diag_level: int | None = None
 
 
-def _setting(context: dg.AssetExecutionContext, configs: ConfigFiles) -> acc.NodeSetting:
-    return acc.node_setting(configs.acceptance(), configs.nodes(), context.partition_key,
-                            str(configs.path("acceptance.yaml")))
-
-
 def node_dir(outputs: OutputDirs, node: str) -> Path:
     return outputs.reports / "nodes" / node
 
@@ -72,7 +67,7 @@ def _gpus(inv: acc.NodeInventory) -> list[int]:
           "Manager, NVLink, EDAC/AER/NVMe SMART where readable: judged per node type.")
 def node_inventory(context: dg.AssetExecutionContext, configs: ConfigFiles,
                    outputs: OutputDirs, node_probe: NodeProbe) -> dg.Output:
-    s = _setting(context, configs)
+    s = configs.node_setting(context.partition_key)
     raw = node_probe.inventory(_keep(outputs, s.name))
     inv = acc.build_inventory(s, **vars(raw))
     if inv.no_gpu:
@@ -95,7 +90,7 @@ def node_inventory(context: dg.AssetExecutionContext, configs: ConfigFiles,
 def gpu_health(context: dg.AssetExecutionContext, config: GpuHealthConfig,
                configs: ConfigFiles, outputs: OutputDirs, node_probe: NodeProbe,
                node_inventory: acc.NodeInventory) -> dg.Output:
-    s, keep = _setting(context, configs), _keep(outputs, context.partition_key)
+    s, keep = configs.node_setting(context.partition_key), _keep(outputs, context.partition_key)
     gpus, level = _gpus(node_inventory), config.dcgm_diag_level
     level = s.probe.dcgm_diag_level if level is None else level
     diag, why, run = None, "", None
@@ -120,7 +115,7 @@ def gpu_health(context: dg.AssetExecutionContext, config: GpuHealthConfig,
           "size the node supports, and the P2P copy matrix; needs more than one GPU.")
 def interconnect(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                  node_probe: NodeProbe, node_inventory: acc.NodeInventory) -> dg.Output:
-    s, gpus = _setting(context, configs), _gpus(node_inventory)
+    s, gpus = configs.node_setting(context.partition_key), _gpus(node_inventory)
     raw = None
     if len(gpus) > 1:
         raw = node_probe.interconnect(gpus, acc.tp_groups(s, len(gpus)), s.probe,
@@ -138,7 +133,7 @@ def interconnect(context: dg.AssetExecutionContext, configs: ConfigFiles, output
 def memory_bandwidth(context: dg.AssetExecutionContext, configs: ConfigFiles,
                      outputs: OutputDirs, node_probe: NodeProbe,
                      node_inventory: acc.NodeInventory) -> dg.Output:
-    s, gpus = _setting(context, configs), _gpus(node_inventory)
+    s, gpus = configs.node_setting(context.partition_key), _gpus(node_inventory)
     raw = node_probe.copy_bandwidth(gpus, s.probe, _keep(outputs, s.name),
                                     context.log.info) if gpus else None
     result = acc.build_memory(s, node_inventory, raw, "")
@@ -151,7 +146,7 @@ def memory_bandwidth(context: dg.AssetExecutionContext, configs: ConfigFiles,
           "GB/s from the configured endpoint, against the node type's expectation.")
 def storage_read(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                  node_probe: NodeProbe, nvme_cache: NvmeCache, s3: S3ObjectStore) -> dg.Output:
-    s = _setting(context, configs)
+    s = configs.node_setting(context.partition_key)
     direct = node_probe.direct_read(nvme_cache.root_path(), s.probe, context.log.info)
     s3_get = node_probe.s3_get(s3, s.probe.s3_object, int(s.probe.s3_max_gib * 2**30))
     keep = _keep(outputs, s.name)  # kept like the GPU assets' raw files: a set can be re-judged
@@ -190,7 +185,7 @@ def _write_report(outputs: OutputDirs, result: acc.NodeAcceptance, parts: dict, 
 def node_acceptance(context: dg.AssetExecutionContext, configs: ConfigFiles,
                     outputs: OutputDirs, node_inventory, gpu_health, interconnect,
                     memory_bandwidth, storage_read):
-    s = _setting(context, configs)
+    s = configs.node_setting(context.partition_key)
     parts = {"node_inventory": node_inventory, "gpu_health": gpu_health,
              "interconnect": interconnect, "memory_bandwidth": memory_bandwidth,
              "storage_read": storage_read}

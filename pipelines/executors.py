@@ -24,13 +24,15 @@ from typing import Any
 import dagster as dg
 
 from assets.step_tags import GPU_SLOT_TAG
-from onboarding.acceptance import node_setting
 from onboarding.catalog import deep_merge
 from onboarding.cluster import (
     CACHE_STAGES,
+    EXECUTOR_ENV,
     GPU_BOUND_STAGES,
+    GPU_IMAGE_ENV,
     GPU_RESOURCE,
     HOSTNAME_LABEL,
+    NODE_TYPE_ENV,
     ExecutorKind,
     cache_step_pod_config,
     executor_kind,
@@ -42,9 +44,6 @@ from onboarding.cluster import (
 from onboarding.errors import ConfigError
 from resources.config_files import ConfigFiles
 
-EXECUTOR_ENV = "ONBOARDING_EXECUTOR"
-NODE_TYPE_ENV = "ONBOARDING_NODE_TYPE"
-GPU_IMAGE_ENV = "ONBOARDING_GPU_IMAGE"
 CONFIG_DIR_ENV = "ONBOARDING_CONFIG_DIR"
 K8S_CONFIG_TAG = "dagster-k8s/config"
 
@@ -174,8 +173,7 @@ def node_run_tags(node_name: str, configs: ConfigFiles | None = None) -> dict[st
     if executor_kind(configs.cluster, os.environ.get(EXECUTOR_ENV)) != "k8s":
         return {}
     cfg = configs.cluster()
-    setting = node_setting(configs.acceptance(), configs.nodes(), node_name,
-                           str(configs.path("acceptance.yaml")))
+    setting = configs.node_setting(node_name)
     pod = node_acceptance_pod_config(node_name, setting.gpus_expected, cfg,
                                      configs.node_type(setting.node_type),
                                      gpu_image(cfg, os.environ.get(GPU_IMAGE_ENV)))

@@ -98,8 +98,9 @@ def revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: Config
                                stack_dependent(context.repository_def.asset_graph))
     if not stale:
         return dg.SkipReason(f"every ready model is current with stack {fp[:16]}")
+    verdicts = {model: readiness_verdict(context.instance, model) for model in stale}
     for model, assets in stale.items():
-        context.log.info(f"{model} ({readiness_verdict(context.instance, model)}): stale against "
+        context.log.info(f"{model} ({verdicts[model]}): stale against "
                          f"stack {fp[:16]}: " + ", ".join(
                              f"{a} (measured on {v[:16]})" for a, v in assets.items()))
     stages = job_stages(context.repository_def, REVALIDATE_JOB)
@@ -108,8 +109,8 @@ def revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: Config
                       run_config=cfg.launch.run_config(cfg.launch.automatic_sweep, stages),
                       tags={"onboarding/trigger": "revalidation",
                             "onboarding/stack_fingerprint": fp,
-                            "onboarding/ready_before": str(readiness_verdict(
-                                context.instance, model).startswith("ready")).lower(),
+                            "onboarding/ready_before": str(
+                                verdicts[model].startswith("ready")).lower(),
                             "onboarding/stale_assets": ",".join(sorted(assets))})
         for model, assets in stale.items()
     ]
@@ -188,22 +189,21 @@ def report_revalidation(context: dg.RunStatusSensorContext) -> dg.SkipReason | N
     return None
 
 
-@dg.run_status_sensor(name="revalidation_verdicts_on_success",
-                      run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[revalidate_job],
-                      default_status=dg.DefaultSensorStatus.RUNNING,
-                      description="After a successful re-validation: did a gate or SLO verdict "
-                      "change? Recorded as an observation on each re-validated asset.")
-def revalidation_verdicts_on_success(context: dg.RunStatusSensorContext):
-    return report_revalidation(context)
+def _verdicts_sensor(status: dg.DagsterRunStatus, description: str
+                     ) -> dg.RunStatusSensorDefinition:
+    """`report_revalidation` after a re-validation run that ended in `status` (a run-status
+    sensor watches one status)."""
+    return dg.run_status_sensor(name=f"revalidation_verdicts_on_{status.value.lower()}",
+                                run_status=status, monitored_jobs=[revalidate_job],
+                                default_status=dg.DefaultSensorStatus.RUNNING,
+                                description=description)(report_revalidation)
 
 
-@dg.run_status_sensor(name="revalidation_verdicts_on_failure",
-                      run_status=dg.DagsterRunStatus.FAILURE, monitored_jobs=[revalidate_job],
-                      default_status=dg.DefaultSensorStatus.RUNNING,
-                      description="After a failed re-validation (a blocking gate now fails): "
-                      "the verdict changes, recorded on each re-validated asset.")
-def revalidation_verdicts_on_failure(context: dg.RunStatusSensorContext):
-    return report_revalidation(context)
-
-
-revalidation_sensors = [revalidation_verdicts_on_success, revalidation_verdicts_on_failure]
+revalidation_sensors = [
+    _verdicts_sensor(dg.DagsterRunStatus.SUCCESS, "After a successful re-validation: did a "
+                     "gate or SLO verdict change? Recorded as an observation on each "
+                     "re-validated asset."),
+    _verdicts_sensor(dg.DagsterRunStatus.FAILURE, "After a failed re-validation (a blocking "
+                     "gate now fails): the verdict changes, recorded on each re-validated "
+                     "asset."),
+]

@@ -27,7 +27,6 @@ from onboarding.errors import OnboardingError
 from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.served_accuracy import agreement
 from onboarding.serving_config import effective_max_model_len
-from onboarding.serving_plan import local_config
 from onboarding.variants import (
     SERVED,
     AccuracyRecord,
@@ -64,10 +63,9 @@ def serve_for_eval(engine: Engine, variant: VariantRef, spec: ModelSpec
     way `serving_config` builds it; TP and --max-num-seqs of a plan change throughput, not the
     numbers an evaluation scores. Its hash is logged with the engine start.
     """
-    config = local_config(spec, engine.template(), engine.engine, engine.installed_version(),
-                          engine.resolved_hardware(), engine.node_type, variant.precision)
+    config = engine.local_config(spec, variant.precision)
     with engine.serve(variant, config) as running:
-        yield running, effective_max_model_len(engine.template(), engine.resolved_hardware(),
+        yield running, effective_max_model_len(engine.template(), config.hardware,
                                                 dict(config.params))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field, ValidationError
 
-from onboarding.acceptance import AcceptanceConfig, load_acceptance
+from onboarding.acceptance import AcceptanceConfig, NodeSetting, load_acceptance, node_setting
 from onboarding.accuracy_gate import AccuracyGates, load_accuracy_gates
 from onboarding.automation import AutomationConfig, Discovery, load_automation
 from onboarding.catalog import Catalog, ModelSpec, format_validation_error, read_catalog
@@ -150,6 +150,12 @@ class ConfigFiles(dg.ConfigurableResource):
         """Node acceptance: probe settings, thresholds per node type, the registered nodes
         (each node type checked against nodes.yaml)."""
         return load_acceptance(self.path("acceptance.yaml"), self.nodes())
+
+    def node_setting(self, name: str) -> NodeSetting:
+        """One registered node's acceptance setting (node type, GPUs, thresholds); an
+        unregistered node is a ConfigError naming acceptance.yaml."""
+        return node_setting(self.acceptance(), self.nodes(), name,
+                            str(self.path("acceptance.yaml")))
 
     def quantization(self) -> QuantizationConfig:
         return load_quantization_config(self.path("quantization.yaml"))

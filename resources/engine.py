@@ -243,8 +243,13 @@ class Engine(dg.ConfigurableResource):
         the hardware defaults and `engine_args`."""
         spec = ModelSpec(id=variant.model, source=f"s3://local/{variant.model}/",
                          served_name=served_name, engine_args=engine_args or {})
+        return self.local_config(spec, variant.precision)
+
+    def local_config(self, spec: ModelSpec, precision: str) -> ServingConfig:
+        """This engine's own configuration of `spec` at `precision` (`local_config`: the
+        hardware defaults and the model's production parameters; one device)."""
         return local_config(spec, self.template(), self.engine, self.installed_version(),
-                            self.resolved_hardware(), self.node_type, variant.precision)
+                            self.resolved_hardware(), self.node_type, precision)
 
     # ---- what this engine can serve ----
 
@@ -333,13 +338,6 @@ class Engine(dg.ConfigurableResource):
             shutil.rmtree(caches, ignore_errors=True)
         return samples, raw
 
-    def cache_env(self, cache_dir: Path | None) -> dict[str, str]:
-        """The engine's compile/kernel cache variables pointed under `cache_dir` (None: the
-        engine's own defaults)."""
-        if cache_dir is None:
-            return {}
-        return {name: str(cache_dir / sub) for name, sub in self.template().cache_env.items()}
-
     # ---- starting ----
 
     @contextlib.contextmanager
@@ -351,13 +349,13 @@ class Engine(dg.ConfigurableResource):
         wait until a real completion succeeds, yield, and always reap."""
         if isinstance(config, str):
             config = self.adhoc_config(variant, config, engine_args)
-        ok, reason = self.can_serve(variant.precision)
+        template = self.template()
+        hw = self.resolved_hardware()
+        ok, reason = servable(template, self.engine, hw, variant.precision)
         if not ok:
             raise EngineError(f"{variant.model} ({variant.precision})", reason,
                               "Serve a precision this hardware supports, or run on a node "
                               "type that has the kernels.")
-        template = self.template()
-        hw = self.resolved_hardware()
         if config.hardware != hw:
             raise EngineError(f"configuration {config.hash} of {config.model}",
                               f"is for hardware {config.hardware}, this engine runs on {hw}",
@@ -374,7 +372,9 @@ class Engine(dg.ConfigurableResource):
             raise EngineError(f"engine executable {exe}", "missing or not executable",
                               "Run scripts/setup.sh to build the engine virtualenv, or set "
                               "ENGINE_BIN_DIR to the directory that holds it.")
-        env = {**os.environ, **config.env, **self.cache_env(cache_dir)}
+        env = {**os.environ, **config.env}
+        if cache_dir is not None:  # compile/kernel caches there; None: the engine's defaults
+            env.update({name: str(cache_dir / sub) for name, sub in template.cache_env.items()})
         if hw == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cpu_kvcache_space_gib)
         if self.gpus:

@@ -14,24 +14,27 @@ from typing import Any
 import dagster as dg
 
 
+def _latest_record(instance: dg.DagsterInstance, asset: dg.AssetKey | str,
+                   partition: str | None) -> dg.EventLogRecord | None:
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey.from_coercible(asset),
+                              asset_partitions=[partition] if partition else None),
+        limit=1).records
+    return records[0] if records else None
+
+
 def latest_materialization(instance: dg.DagsterInstance, asset: dg.AssetKey | str,
                            partition: str | None) -> dg.AssetMaterialization | None:
     """The newest materialization of `asset` for `partition` (None: unpartitioned or never)."""
-    key = dg.AssetKey.from_coercible(asset)
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None),
-        limit=1).records
-    return records[0].asset_materialization if records else None
+    record = _latest_record(instance, asset, partition)
+    return record.asset_materialization if record else None
 
 
 def materialized_at(instance: dg.DagsterInstance, asset: dg.AssetKey | str,
                     partition: str | None) -> float | None:
     """When the newest materialization of `asset` for `partition` was stored (unix seconds)."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey.from_coercible(asset),
-                              asset_partitions=[partition] if partition else None),
-        limit=1).records
-    return records[0].timestamp if records else None
+    record = _latest_record(instance, asset, partition)
+    return record.timestamp if record else None
 
 
 def stored_value(io_manager: dg.IOManager, instance: dg.DagsterInstance,
