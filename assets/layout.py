@@ -25,7 +25,7 @@ import dagster as dg
 
 from assets.deploy import build_plan
 from assets.stack import stack_metadata
-from onboarding.kserve import inline_secret_findings, write_atomic
+from onboarding.kserve import inline_secret_findings
 from onboarding.layout import LayoutPlan, layout_entries, placement_rows, plan_layout
 from onboarding.layout_plot import layout_png
 from onboarding.layout_render import (
@@ -33,8 +33,8 @@ from onboarding.layout_render import (
     check_gateway,
     check_priority_class,
     check_prometheus,
-    layout_files,
     render_layout,
+    write_layout_files,
 )
 from onboarding.tables import md_table
 from resources.config_files import ConfigFiles, OutputDirs
@@ -85,10 +85,7 @@ def plan_and_render(configs: ConfigFiles, upstream: dict[str, dict[str, Any]]
 
 
 def write_layout(root: Path, plan: LayoutPlan, rendered: RenderedLayout, png: bytes) -> Path:
-    directory = root / "layouts" / plan.name
-    for rel, text in layout_files(plan, rendered).items():
-        path = write_atomic(directory / rel, text)
-        path.chmod(0o755 if rel.endswith(".sh") else 0o644)
+    directory = write_layout_files(root / "layouts" / plan.name, plan, rendered)
     (directory / "layout.png").write_bytes(png)
     return directory
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from onboarding.serving_stats import PointStats, Slo, headline
-from onboarding.tables import md_table, read_md_table
+from onboarding.tables import md_table, read_md_table, splice_generated
 
 H200 = ROOT / "tests" / "data" / "gpu" / "h200"
 DOC = ROOT / "docs" / "gpu.md"
@@ -202,20 +202,12 @@ def twin_section() -> str:
         f"{step['seconds']:.0f} s.")])
 
 
-def splice(doc: str, name: str, body: str) -> str:
-    begin, end = f"<!-- generated: {name} -->", f"<!-- end generated: {name} -->"
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
-    if not pattern.search(doc):
-        raise SystemExit(f"{DOC}: markers {begin} ... {end} not found")
-    return pattern.sub(lambda _: f"{begin}\n{body}\n{end}", doc)
-
-
 def main() -> None:
     doc = DOC.read_text()
     for name, body in (("h200 sweep", sweep_section()), ("h200 load timing",
                        load_timing_section()), ("h200 quantize", quantize_section()),
                        ("h200 twins", twin_section())):
-        doc = splice(doc, name, body)
+        doc = splice_generated(doc, name, body)
     DOC.write_text(doc)
     print(f"wrote {DOC}")
 

@@ -48,12 +48,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-               ("NVSHMEM_DISABLE_NVLS", "1"), ("DAGSTER_DISABLE_TELEMETRY", "1"),
-               ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1"), ("HF_HUB_OFFLINE", "1"),
-               ("TRANSFORMERS_OFFLINE", "1"), ("VLLM_USE_FLASHINFER_SAMPLER", "0")):
-    os.environ.setdefault(_k, _v)
-
+# The lent machines share their hosts' GPUs: never NVLink multicast (KINDS.md); offline.
+ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+       "NVSHMEM_DISABLE_NVLS": "1", "DAGSTER_DISABLE_TELEMETRY": "1", "VLLM_NO_USAGE_STATS": "1",
+       "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+       "VLLM_USE_FLASHINFER_SAMPLER": "0"}
 T0 = time.monotonic()
 MODEL = "smollm2-135m"
 # The job's sweep on the device budget: every scenario, concurrency 1 to 256, 8 s a point.
@@ -63,6 +62,8 @@ BUDGET_SWEEP = {
     "serving_benchmark": {"concurrency": [1, 16, 64, 256], "max_seconds_per_point": 8,
                           "requests_per_point": 200},
 }
+
+
 def say(msg: str) -> None:
     print(f"[gpu {time.monotonic() - T0:6.1f} s] {msg}", flush=True)
 
@@ -268,11 +269,7 @@ def _meta(rec) -> dict:
 
 
 def _plain(v):
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    if isinstance(v, (list, dict)):
-        return v
-    return str(v)
+    return v if v is None or isinstance(v, str | int | float | bool | list | dict) else str(v)
 
 
 def onboard(args) -> int:
@@ -529,28 +526,14 @@ def _scrape(base_url: str) -> str:
         return r.read().decode()
 
 
-def _hist_delta(before: str, after: str, metrics: dict) -> dict:
-    """Mean TTFT and ITL from the engine's histograms between two scrapes (sum/count deltas)."""
-    from prometheus_client.parser import text_string_to_metric_families
+def _hist_delta(before: str, after: str, metrics) -> dict:
+    """Mean TTFT and ITL (ms) from the engine's histograms between two scrapes."""
+    from onboarding.serving_stats import histogram_mean_delta, parse_metrics
 
-    def totals(text: str) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                if s.name.endswith(("_sum", "_count")):
-                    out[s.name] = out.get(s.name, 0.0) + s.value
-        return out
-
-    b, a = totals(before), totals(after)
-    res = {}
-    for key in ("ttft_histogram", "itl_histogram"):
-        name = getattr(metrics, key, None)
-        if not name:
-            continue
-        dn = a.get(name + "_count", 0) - b.get(name + "_count", 0)
-        ds = a.get(name + "_sum", 0) - b.get(name + "_sum", 0)
-        res[key.replace("_histogram", "_mean_ms")] = ds / dn * 1e3 if dn else None
-    return res
+    b, a = parse_metrics(before), parse_metrics(after)
+    means = {"ttft_mean_ms": histogram_mean_delta(b, a, metrics.ttft_histogram),
+             "itl_mean_ms": histogram_mean_delta(b, a, metrics.itl_histogram)}
+    return {k: v * 1e3 if v is not None else None for k, v in means.items()}
 
 
 def main() -> int:
@@ -582,6 +565,8 @@ def main() -> int:
     ap.add_argument("--crosscheck-tokens", type=lambda s: tuple(int(x) for x in s.split(",")),
                     default=(512, 256), help="input,output tokens of the cross-check point")
     args = ap.parse_args()
+    for k, v in ENV.items():
+        os.environ.setdefault(k, v)
     return {"prepare": prepare, "onboard": onboard, "twins": twins}[args.phase](args)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -50,7 +49,7 @@ from onboarding.predict import (
 )
 from onboarding.serving_config import resolve_slo
 from onboarding.serving_plots import calibration_png
-from onboarding.tables import md_table
+from onboarding.tables import md_table, splice_generated
 from resources.config_files import ConfigFiles
 from resources.predictor import AIConfiguratorPredictor
 
@@ -124,14 +123,6 @@ def generate(node_type: str) -> tuple[str, str, bytes, float]:
             time.monotonic() - t0)
 
 
-def splice(doc: str, name: str, body: str) -> str:
-    begin, end = f"<!-- generated: {name} -->", f"<!-- end generated: {name} -->"
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
-    if not pattern.search(doc):
-        raise SystemExit(f"{DOC}: markers {begin} ... {end} not found")
-    return pattern.sub(lambda _: f"{begin}\n{body}\n{end}", doc)
-
-
 def record(path: Path, node_type: str) -> None:
     """The library's answers for the calibration points and one catalog model, verbatim."""
     configs, predictor = ConfigFiles(), AIConfiguratorPredictor()
@@ -173,7 +164,8 @@ def main() -> int:
         return 0
     cal_md, table_md, png, seconds = generate(args.node_type)
     doc = DOC.read_text()
-    new = splice(splice(doc, "calibration", cal_md), f"{args.node_type} table", table_md)
+    new = splice_generated(splice_generated(doc, "calibration", cal_md),
+                           f"{args.node_type} table", table_md)
     print(f"predicted in {seconds:.1f} s")
     if args.check:
         print("docs/predictions.md is current" if new == doc else

@@ -114,12 +114,6 @@ def engine_bin_dir(work: Path, given: str | None) -> Path:
     return bin_dir
 
 
-def scores_json(scores: dict) -> dict:
-    return {t: {"metric": s.metric, "value": s.value, "stderr": s.stderr, "n": s.n,
-                "size": s.size, "per_item": {str(k): v for k, v in sorted(s.per_item.items())}}
-            for t, s in scores.items()}
-
-
 def version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -186,7 +180,13 @@ def main() -> None:
     import torch
     import yaml
 
-    from onboarding.accuracy_gate import ScoreBook, baseline_rows, decide, gate_rows
+    from onboarding.accuracy_gate import (
+        ScoreBook,
+        baseline_rows,
+        decide,
+        gate_rows,
+        scores_to_json,
+    )
     from onboarding.catalog import load_yaml, parse_spec
     from onboarding.refs import CheckpointRef
     from onboarding.variants import (
@@ -305,7 +305,7 @@ def main() -> None:
     if device == "cuda":
         torch.cuda.empty_cache()  # the engine claims gpu_memory_utilization of what is free
     report["in_process"] = {r.precision: {"seconds": round(r.seconds, 2),
-                                          "tasks": scores_json(r.scores)} for r in records}
+                                          "tasks": scores_to_json(r.scores)} for r in records}
     report["in_process_gates"] = {o.precision: asdict(o) for o in outcomes}
     report["in_process_rows"] = list(accuracy.rows)
     save("in_process", t)
@@ -313,7 +313,7 @@ def main() -> None:
     t = time.perf_counter()
     checkpoint = CheckpointRef(args.name, str(source), "r0", str(ckpt), "r0", qset.baseline_bytes)
     served = serve_all(engine, evaluator, spec, checkpoint, qset, accuracy, gates, report)
-    report["served"] = {r.precision: {"seconds": r.seconds, "tasks": scores_json(r.scores)}
+    report["served"] = {r.precision: {"seconds": r.seconds, "tasks": scores_to_json(r.scores)}
                         for r in served.records}
     report["served_gates"] = {o.precision: asdict(o) for o in served.gates}
     report["served_rows"] = list(served.rows)

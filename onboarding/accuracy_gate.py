@@ -150,6 +150,19 @@ class TaskScore:
     size: int = 0  # items the task has in all (lm-eval's n-samples original); 0: unknown
 
 
+def scores_to_json(scores: dict[str, TaskScore]) -> dict[str, dict]:
+    """Task scores as JSON with every per-item result (a recorded run; `scores_from_json`)."""
+    return {t: {"metric": s.metric, "value": s.value, "stderr": s.stderr, "n": s.n,
+                "size": s.size, "per_item": {str(k): v for k, v in sorted(s.per_item.items())}}
+            for t, s in scores.items()}
+
+
+def scores_from_json(data: dict[str, dict]) -> dict[str, TaskScore]:
+    return {t: TaskScore(t, s["metric"], s["value"], s["stderr"], s["n"],
+                         {int(k): float(v) for k, v in s["per_item"].items()}, s["size"])
+            for t, s in data.items()}
+
+
 def pick_metric(result: dict, preference: list[str], forced: str | None = None
                 ) -> tuple[str, str] | None:
     """(metric, lm-eval result key such as 'exact_match,first-number') for one task's results."""

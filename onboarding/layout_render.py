@@ -17,6 +17,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,6 +35,7 @@ from onboarding.kserve import (
     render,
     storage_for,
     to_yaml,
+    write_atomic,
 )
 from onboarding.layout import LayoutPlan, LayoutsConfig, Placement, QosClass
 from onboarding.names import is_dns1123_subdomain, to_dns1123_label
@@ -425,3 +427,10 @@ def layout_files(plan: LayoutPlan, r: RenderedLayout) -> dict[str, str]:
     files.update({f"launchers/{name}": text for name, text in r.launchers.items()})
     files["layout.json"] = json.dumps(layout_summary(plan), indent=1) + "\n"
     return files
+
+
+def write_layout_files(directory: Path, plan: LayoutPlan, r: RenderedLayout) -> Path:
+    """`layout_files` under `directory`, each written atomically; the launchers executable."""
+    for rel, text in layout_files(plan, r).items():
+        write_atomic(directory / rel, text).chmod(0o755 if rel.endswith(".sh") else 0o644)
+    return directory

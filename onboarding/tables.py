@@ -50,6 +50,16 @@ def read_md_table(text: str) -> list[dict[str, str]]:
     return [dict(zip(cols, cells(ln), strict=True)) for ln in lines[2:]]
 
 
+def splice_generated(doc: str, name: str, body: str) -> str:
+    """`doc` with the text between its `<!-- generated: name -->` and `<!-- end generated: name
+    -->` markers replaced by `body` (the docs' tables that scripts regenerate from data)."""
+    begin, end = f"<!-- generated: {name} -->", f"<!-- end generated: {name} -->"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+    if not pattern.search(doc):
+        raise ValueError(f"markers {begin} ... {end} not found")
+    return pattern.sub(lambda _: f"{begin}\n{body}\n{end}", doc)
+
+
 def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
     """The same rows as a CSV file (columns: the union of keys, first-seen order)."""
     cols: list[str] = []

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from onboarding.catalog import ArchitectureHint, ModelSpec
 from onboarding.kserve import load_deploy, load_stack
 from onboarding.layout import Layout, layout_entries, load_layouts, plan_layout
-from onboarding.layout_render import layout_files, render_layout
+from onboarding.layout_render import render_layout, write_layout_files
 from onboarding.paths import DEFAULT_CONFIG_DIR
 from onboarding.plan import (
     Measured,
@@ -96,16 +96,6 @@ def plan_pair(model_dir: Path, params_billion: float, context: int):
                              load_deploy(DEFAULT_CONFIG_DIR / "deploy.yaml"),
                              load_engine_templates(DEFAULT_CONFIG_DIR / "stack.yaml")["vllm"])
     return plan, rendered
-
-
-def write(out: Path, plan, rendered) -> Path:
-    directory = out / "layout"
-    for rel, text in layout_files(plan, rendered).items():
-        path = directory / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        path.chmod(0o755 if rel.endswith(".sh") else 0o644)
-    return directory
 
 
 def start(script: Path, model_dir: Path, vllm: str, log: Path) -> subprocess.Popen:
@@ -170,7 +160,7 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     plan, rendered = plan_pair(args.model_dir, args.params_billion, args.context)
-    directory = write(args.out, plan, rendered)
+    directory = write_layout_files(args.out / "layout", plan, rendered)
     summary = {"placements": {p.model: {"gpus": list(p.gpu_ids), "port": p.port,
                                         "gpu_memory_utilization": p.gpu_memory_utilization}
                               for p in plan.placements},

@@ -24,6 +24,7 @@ from onboarding.layout_render import (
     check_prometheus,
     layout_files,
     render_layout,
+    write_layout_files,
 )
 from onboarding.paths import PROJECT_ROOT
 from onboarding.serving_config import load_engine_templates
@@ -42,13 +43,7 @@ def rendered(name: str):
 
 
 def write(tmp_path: Path, name: str) -> Path:
-    p, r = rendered(name)
-    for rel, text in layout_files(p, r).items():
-        path = tmp_path / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        path.chmod(0o755 if rel.endswith(".sh") else 0o644)
-    return tmp_path
+    return write_layout_files(tmp_path, *rendered(name))
 
 
 def isvc_args(r, model: str) -> list[str]:

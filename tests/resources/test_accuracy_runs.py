@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 from pydantic import PrivateAttr
 
-from onboarding.accuracy_gate import AccuracyGates, TaskScore, apply_policy, judge_variant
+from onboarding.accuracy_gate import (
+    AccuracyGates,
+    TaskScore,
+    apply_policy,
+    judge_variant,
+    scores_from_json,
+    scores_to_json,
+)
 from onboarding.catalog import ModelSpec
 from onboarding.paths import PROJECT_ROOT
 from onboarding.refs import CheckpointRef
@@ -44,9 +51,7 @@ METRICS = {"onb_facts_mc": "acc", "onb_arith_gen": "exact_match"}
 
 
 def load_scores(recorded: dict) -> dict[str, TaskScore]:
-    return {t: TaskScore(t, s["metric"], s["value"], s["stderr"], s["n"],
-                         {int(k): float(v) for k, v in s["per_item"].items()}, s["size"])
-            for t, s in recorded["tasks"].items()}
+    return scores_from_json(recorded["tasks"])
 
 
 def recorded(path: Path) -> dict:
@@ -71,6 +76,12 @@ def cpu() -> dict:
     if not CPU.is_file():
         pytest.skip(f"{CPU} not recorded (bench/served_accuracy_gpu.py --precisions bf16)")
     return recorded(CPU)
+
+
+def test_recorded_scores_read_back_as_the_script_wrote_them(cpu):
+    for source in ("in_process", "served"):
+        tasks = cpu[source]["bf16"]["tasks"]
+        assert scores_to_json(scores_from_json(tasks)) == tasks
 
 
 def test_recorded_cpu_bf16_served_and_in_process_do_not_disagree(cpu):

@@ -1,0 +1,69 @@
+"""The CPU-runnable parts of the GPU scripts (the GPU runs themselves are recorded under
+tests/data/gpu/ and replayed elsewhere): the config copy bench/gpu_serving.py pins to the
+machine, its engine-histogram means, and the noisy-neighbour verdict of
+scripts/gpu_noisy_neighbour.py."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from bench.gpu_serving import BUDGET_SWEEP, _hist_delta, pinned_configs
+from onboarding.paths import PROJECT_ROOT
+from onboarding.serving_config import load_engine_templates
+from scripts.gpu_noisy_neighbour import degradation
+
+H200 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200"
+
+
+def test_pinned_configs_from_the_recorded_versions_are_the_configs_the_h200_run_used(tmp_path):
+    prepare = json.loads((H200 / "prepare.json").read_text())["steps"]
+    cfg, changed = pinned_configs(tmp_path, prepare["versions"])
+    recorded = prepare["configs"]["changed"]
+    assert {k: v[1] for k, v in changed.items()} == {k: v[1] for k, v in recorded.items()}
+    stack, ran = (yaml.safe_load((d / "stack.yaml").read_text()) for d in (cfg, H200 / "configs"))
+    pinned = ("vllm", "pytorch", "cuda", "nvidia_driver")
+    assert {k: stack["versions"][k] for k in pinned} == {k: ran["versions"][k] for k in pinned}
+    assert stack["images"]["vllm"] == ran["images"]["vllm"]
+    scenarios = yaml.safe_load((cfg / "scenarios.yaml").read_text())
+    assert scenarios["profiles"]["gpu"]["require_node_acceptance"] is False
+    automation = yaml.safe_load((cfg / "automation.yaml").read_text())
+    assert automation["launch"]["sweeps"]["device_budget"] == BUDGET_SWEEP
+
+
+def test_pinned_configs_keep_the_driver_when_nvidia_smi_said_nothing(tmp_path):
+    versions = {"vllm": "0.22.0", "torch": "2.11.0+cu130", "cuda": "13.0", "gpu": ""}
+    cfg, changed = pinned_configs(tmp_path, versions)
+    assert "versions.nvidia_driver" not in changed
+    ours = yaml.safe_load((PROJECT_ROOT / "configs" / "stack.yaml").read_text())
+    stack = yaml.safe_load((cfg / "stack.yaml").read_text())
+    assert stack["versions"]["nvidia_driver"] == ours["versions"]["nvidia_driver"]
+    assert stack["versions"]["pytorch"] == "2.11.0"
+
+
+def test_histogram_means_between_two_scrapes_in_milliseconds():
+    metrics = load_engine_templates(PROJECT_ROOT / "configs" / "stack.yaml")["vllm"].metrics
+
+    def scrape(ttft_sum, ttft_count, itl_sum, itl_count) -> str:
+        return "\n".join([
+            f"# TYPE {metrics.ttft_histogram} histogram",
+            f'{metrics.ttft_histogram}_sum{{model_name="m"}} {ttft_sum}',
+            f'{metrics.ttft_histogram}_count{{model_name="m"}} {ttft_count}',
+            f"# TYPE {metrics.itl_histogram} histogram",
+            f'{metrics.itl_histogram}_sum{{model_name="m"}} {itl_sum}',
+            f'{metrics.itl_histogram}_count{{model_name="m"}} {itl_count}', ""])
+
+    before, after = scrape(1.0, 10, 2.0, 400), scrape(3.0, 20, 2.0, 400)
+    assert _hist_delta(before, after, metrics) == {"ttft_mean_ms": 200.0, "itl_mean_ms": None}
+
+
+def test_noisy_neighbour_verdict_is_within_only_when_every_ratio_is_under_the_bound():
+    alone = {"p95_ttft_ms": 100.0, "mean_itl_ms": 10.0}
+    ok = degradation(alone, {"p95_ttft_ms": 109.0, "mean_itl_ms": 10.5}, 0.10)
+    assert ok["within"] and ok["bound"] == 1.1 and ok["ratios"]["p95_ttft_ms"] == 1.09
+    worse = degradation(alone, {"p95_ttft_ms": 105.0, "mean_itl_ms": 11.5}, 0.10)
+    assert not worse["within"]
+    unmeasured = degradation({"p95_ttft_ms": 0.0, "mean_itl_ms": 10.0},
+                             {"p95_ttft_ms": 50.0, "mean_itl_ms": 10.0}, 0.10)
+    assert unmeasured["ratios"] == {"mean_itl_ms": 1.0} and unmeasured["within"]
