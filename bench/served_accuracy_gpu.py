@@ -30,7 +30,6 @@ import os
 import shutil
 import sys
 import time
-import types
 from dataclasses import asdict
 from pathlib import Path
 
@@ -44,74 +43,26 @@ def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:7.1f} s] {msg}", flush=True)
 
 
-def _tenacity_stand_in() -> None:
-    """lm-eval's API models retry with tenacity; the GPU image may lack it (pyproject pins it).
-    The stand-in keeps the three names lm-eval uses and their meaning: retry up to N attempts
-    with exponential waits, re-raising the last error."""
+def _require_tenacity() -> None:
+    """lm-eval's API models (the served mode) import tenacity; the GPU site may lack it."""
     try:
         import tenacity  # noqa: F401
-        return
     except ImportError:
-        pass
-    import asyncio
-    import functools
-    import inspect
-
-    def stop_after_attempt(n):
-        return n
-
-    def wait_exponential(multiplier=1.0, **bounds):  # tenacity's keywords: min, max
-        low, high = bounds.get("min", 0), bounds.get("max", 10)
-        return lambda attempt: max(low, min(high, multiplier * 2 ** attempt))
-
-    def retry(stop=3, wait=lambda a: 0, reraise=True, before_sleep=None):
-        def wrap(fn):
-            if inspect.iscoroutinefunction(fn):
-                @functools.wraps(fn)
-                async def arun(*a, **k):
-                    for attempt in range(stop):
-                        try:
-                            return await fn(*a, **k)
-                        except Exception:
-                            if attempt + 1 == stop:
-                                raise
-                            await asyncio.sleep(wait(attempt))
-                return arun
-
-            @functools.wraps(fn)
-            def run(*a, **k):
-                for attempt in range(stop):
-                    try:
-                        return fn(*a, **k)
-                    except Exception:
-                        if attempt + 1 == stop:
-                            raise
-                        time.sleep(wait(attempt))
-            return run
-        return wrap
-
-    shim = types.ModuleType("tenacity")
-    shim.retry, shim.stop_after_attempt, shim.wait_exponential = (retry, stop_after_attempt,
-                                                                  wait_exponential)
-    shim.RetryError = type("RetryError", (Exception,), {})
-    sys.modules["tenacity"] = shim
-    log("tenacity not installed: using the script's stand-in (retry, stop_after_attempt, "
-        "wait_exponential)")
+        raise SystemExit("tenacity is not installed: lm-eval's local-completions model needs it. "
+                         "Carry its wheel (.gpu7, docs/gpu.md) and install it with "
+                         "`bash bench/gpu_device.sh install`, or pip install tenacity==9.2.1 "
+                         "--target /tmp/site.") from None
 
 
 def engine_bin_dir(work: Path, given: str | None) -> Path:
-    """The directory holding a `vllm` executable: given, the CPU engine's venv, or a wrapper."""
+    """The directory holding `vllm` and `python`: given, the CPU engine's venv, or wrappers."""
     if given:
         return Path(given)
     local = ROOT / ".venv-engine" / "bin"
     if (local / "vllm").is_file():
         return local
-    bin_dir = work / "bin"
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    wrapper = bin_dir / "vllm"
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m vllm.entrypoints.cli.main "$@"\n')
-    wrapper.chmod(0o755)
-    return bin_dir
+    from bench.gpu_serving import engine_bin  # `vllm` and `python`: the Engine reads the
+    return engine_bin(work)                   # installed version through the latter
 
 
 def version(dist: str) -> str | None:
@@ -176,7 +127,7 @@ def main() -> None:
     from quantize_gpu import _dagster_stand_in
 
     _dagster_stand_in()
-    _tenacity_stand_in()
+    _require_tenacity()
     import torch
     import yaml
 

@@ -67,3 +67,21 @@ def test_noisy_neighbour_verdict_is_within_only_when_every_ratio_is_under_the_bo
     unmeasured = degradation({"p95_ttft_ms": 0.0, "mean_itl_ms": 10.0},
                              {"p95_ttft_ms": 50.0, "mean_itl_ms": 10.0}, 0.10)
     assert unmeasured["ratios"] == {"mean_itl_ms": 1.0} and unmeasured["within"]
+
+
+def test_served_accuracy_script_gives_the_engine_a_python_to_read_its_version(tmp_path,
+                                                                             monkeypatch):
+    """Away from the CPU engine's venv (the GPU machine), bench/served_accuracy_gpu.py used to
+    write only a `vllm` wrapper, so the Engine found no `bin_dir/python` and took the engine
+    version as 'unknown' (the version keys the engine's flags). It now makes gpu_serving's
+    two wrappers; the `python` one is the running interpreter with its packages."""
+    import subprocess
+
+    import bench.served_accuracy_gpu as script
+
+    monkeypatch.setattr(script, "ROOT", tmp_path / "no-engine-venv-here")
+    bin_dir = script.engine_bin_dir(tmp_path / "work", None)
+    assert {p.name for p in bin_dir.iterdir()} == {"vllm", "python"}
+    out = subprocess.run([str(bin_dir / "python"), "-c", "import yaml; print(yaml.__name__)"],
+                         capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "yaml"
