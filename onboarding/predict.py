@@ -773,6 +773,10 @@ POOLING_NOT_COVERED = ("not predicted: a pooling model (embed/rerank) has no dec
                        "AIConfigurator models generation (prefill + decode)")
 
 
+def _pooling_not_predicted(req: PredictionRequest) -> Prediction:
+    return Prediction(req, "not_covered", "", "", notes=(POOLING_NOT_COVERED,))
+
+
 def model_config_for(spec: ModelSpec, checkpoint_config: dict[str, Any] | None
                      ) -> tuple[dict[str, Any], str]:
     """The config the library reads: the fetched checkpoint's config.json, else the catalog's
@@ -822,8 +826,7 @@ def predict_model(cfg: PredictConfig, spec: ModelSpec, model_config: dict[str, A
     target concurrency, each with plan.py's memory verdict; and the SLA choice per node type."""
     cache: dict[PredictionRequest, Prediction] = {}
     if spec.task != "generate":
-        def predict(req: PredictionRequest) -> Prediction:
-            return Prediction(req, "not_covered", "", "", notes=(POOLING_NOT_COVERED,))
+        predict = _pooling_not_predicted  # never ask the library about a model with no decode
     ep = bool(spec.engine_args.get("enable_expert_parallel"))
     kv = spec.engine_args.get("kv_cache_dtype")
 
