@@ -124,3 +124,12 @@ def write_spec(config_dir: Path | ConfigFiles, model_id: str, source: str, **ext
     path.write_text(yaml.safe_dump({"id": model_id, "source": source,
                                     "served_name": model_id, **extra}))
     return path
+
+
+def assert_golden(path: Path, text: str, changed: str) -> None:
+    """`text` is the reviewed file at `path`; UPDATE_GOLDEN=1 rewrites it first, for review."""
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.is_file(), f"{path} missing: run with UPDATE_GOLDEN=1 once and review it"
+    assert text == path.read_text(), changed

@@ -243,28 +243,13 @@ def manifest_set(stored: Stored, root: Path):
                         for nt, h in hashes.items()}, dict(stored.published))
 
 
-def store_upstream(instance, key: str, **values) -> None:
-    """Materialize stand-ins of the upstream stages that store exactly `values`."""
-    import dagster as dg
-
-    from assets.partitions import models_partitions
-
-    def stand_in(name, value):
-        @dg.asset(name=name, partitions_def=models_partitions)
-        def _stand_in():
-            return value
-        return _stand_in
-
-    assert dg.materialize([stand_in(n, v) for n, v in values.items()], instance=instance,
-                          partition_key=key).success
-
-
 def store_model(instance, stored: Stored, configs, outputs) -> None:
     """Register the partition, copy its catalog entry, store every upstream value and the
     sweep CSV serving_benchmark writes."""
     import shutil
 
     from onboarding.tables import write_csv
+    from tests.dagster_support import store_upstream
 
     shutil.copy(CONFIGS / "models" / f"{stored.model}.yaml", configs.models_path)
     instance.add_dynamic_partitions("models", [stored.model])

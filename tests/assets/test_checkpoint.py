@@ -45,6 +45,23 @@ def _checks(result) -> dict[str, bool]:
     return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
 
 
+def _rot(data: bytes) -> bytes:
+    """Bit rot: the last byte flipped, the size unchanged (a size check cannot see it)."""
+    return data[:-1] + bytes([data[-1] ^ 0xFF])
+
+
+@pytest.fixture
+def rotten_shard(instance, resources, config_dir, s3_store, tiny_checkpoint, unique_prefix
+                 ) -> Path:
+    """A fetched, verified cache entry with one shard rotted on disk since."""
+    s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
+    write_spec(config_dir, "tiny", f"s3://models/{unique_prefix}")
+    ref = _run(instance, resources).output_for_node("checkpoint")
+    shard = Path(ref.path) / shard_names(tiny_checkpoint)[1]
+    shard.write_bytes(_rot(shard.read_bytes()))
+    return shard
+
+
 def test_materializes_with_metadata_checks_and_content_version(
         instance, resources, config_dir, s3_store, tiny_checkpoint, unique_prefix):
     s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
@@ -77,9 +94,8 @@ def test_corrupt_object_fails_integrity_and_keeps_the_earlier_entry(
     good = _run(instance, resources).output_for_node("checkpoint")
     shard = shard_names(tiny_checkpoint)[0]
     head = s3_store.client().head_object(Bucket="models", Key=unique_prefix + shard)
-    data = bytearray((tiny_checkpoint / shard).read_bytes())
-    data[-1] ^= 0xFF
-    s3_store.client().put_object(Bucket="models", Key=unique_prefix + shard, Body=bytes(data),
+    s3_store.client().put_object(Bucket="models", Key=unique_prefix + shard,
+                                 Body=_rot((tiny_checkpoint / shard).read_bytes()),
                                  Metadata=head["Metadata"])
     bad = _run(instance, resources)
     assert not bad.success
@@ -88,19 +104,6 @@ def test_corrupt_object_fails_integrity_and_keeps_the_earlier_entry(
     assert resources["nvme_cache"].verify(Path(good.path), full=True) == []
     latest = instance.get_latest_materialization_event(dg.AssetKey("checkpoint"))
     assert latest.asset_materialization.metadata["cache_path"].value == good.path
-
-
-def test_bytes_changed_on_disk_fail_the_integrity_check(
-        instance, resources, config_dir, s3_store, tiny_checkpoint, unique_prefix):
-    s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
-    write_spec(config_dir, "tiny", f"s3://models/{unique_prefix}")
-    ref = _run(instance, resources).output_for_node("checkpoint")
-    shard = Path(ref.path) / shard_names(tiny_checkpoint)[1]
-    data = bytearray(shard.read_bytes())
-    data[-1] ^= 0xFF  # bit rot: same size, so the warm path's size check cannot see it
-    shard.write_bytes(bytes(data))
-    result = _run(instance, resources)
-    assert _checks(result) == {COMPLETE: True, INTACT: False}
 
 
 def test_missing_shard_fails_completeness(instance, resources, config_dir, s3_store,
@@ -113,22 +116,15 @@ def test_missing_shard_fails_completeness(instance, resources, config_dir, s3_st
     assert not result.success and _checks(result) == {COMPLETE: False}
 
 
-def test_the_run_after_a_bit_rot_failure_fetches_again_and_passes(
-        instance, resources, config_dir, s3_store, tiny_checkpoint, unique_prefix):
-    s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
-    write_spec(config_dir, "tiny", f"s3://models/{unique_prefix}")
-    ref = _run(instance, resources).output_for_node("checkpoint")
-    shard = Path(ref.path) / shard_names(tiny_checkpoint)[1]
-    data = bytearray(shard.read_bytes())
-    data[-1] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    rotten = _run(instance, resources)
+def test_bytes_rotted_on_disk_fail_integrity_and_the_next_run_fetches_again(
+        instance, resources, tiny_checkpoint, rotten_shard):
+    rotten = _run(instance, resources)  # the warm path's size check cannot see the rot
     assert _checks(rotten) == {COMPLETE: True, INTACT: False}
     healed = _run(instance, resources)
     assert healed.success and _checks(healed) == {COMPLETE: True, INTACT: True}
     mat = healed.asset_materializations_for_node("checkpoint")[0]
     assert mat.metadata["warm_cache"].value is False
-    assert shard.read_bytes() == (tiny_checkpoint / shard.name).read_bytes()
+    assert rotten_shard.read_bytes() == (tiny_checkpoint / rotten_shard.name).read_bytes()
 
 
 def test_the_integrity_check_says_which_evidence_verified_each_file(

@@ -30,6 +30,7 @@ from resources.manifest_validator import DEFAULT_CRD_DIR, ManifestValidator
 from resources.s3 import S3ObjectStore
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
+from tests.dagster_support import metadata, store_upstream
 
 # The upstream stages exist in this graph only as what they stored (external asset specs).
 UPSTREAM = [dg.AssetSpec(n, partitions_def=models_partitions)
@@ -70,27 +71,8 @@ def materialize(instance: dg.DagsterInstance, key: str, configs: ConfigFiles,
                           resources=resources(configs, outputs, validator))
 
 
-def store_upstream(instance: dg.DagsterInstance, key: str, **values) -> None:
-    """Materialize stand-ins of the upstream stages that store exactly `values`."""
-    def stand_in(name, value):
-        @dg.asset(name=name, partitions_def=models_partitions)
-        def _stand_in():
-            return value
-        return _stand_in
-
-    stand_ins = [stand_in(name, value) for name, value in values.items()]
-    assert dg.materialize(stand_ins, instance=instance, partition_key=key).success
-
-
 def checks(result: dg.ExecuteInJobResult) -> dict[str, dg.AssetCheckEvaluation]:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
-
-
-def metadata(result: dg.ExecuteInJobResult, asset: str) -> dict:
-    for e in result.get_asset_materialization_events():
-        if e.asset_key == dg.AssetKey(asset):
-            return {k: v.value for k, v in e.materialization.metadata.items()}
-    raise AssertionError(f"{asset} was not materialized")
 
 
 def test_plan_only_models_render_valid_manifests_marked_as_estimates(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from pathlib import Path
 
 import dagster as dg
@@ -33,6 +32,8 @@ from resources.manifest_validator import ManifestValidator
 from resources.s3 import S3ObjectStore
 from resources.upstream import optional_upstream
 from tests import gpu_recordings as rec
+from tests.conftest import assert_golden
+from tests.dagster_support import metadata, store_upstream
 
 GOLDEN = PROJECT_ROOT / "tests" / "golden"
 UPSTREAM = [dg.AssetSpec(n, partitions_def=models_partitions)
@@ -74,15 +75,7 @@ def replay(instance: dg.DagsterInstance, configs: ConfigFiles, outputs: OutputDi
               "published_variant": rec.published("B")}
     if with_load_timing:
         values["load_timing"] = rec.load_timing_result()
-
-    def stand_in(name, value):
-        @dg.asset(name=name, partitions_def=models_partitions)
-        def _stand_in():
-            return value
-        return _stand_in
-
-    assert dg.materialize([stand_in(k, v) for k, v in values.items()], instance=instance,
-                          partition_key=rec.MODEL).success
+    store_upstream(instance, rec.MODEL, **values)
     return dg.materialize(
         [serving_config, kserve_manifest, *UPSTREAM], instance=instance,
         partition_key=rec.MODEL, raise_on_error=False,
@@ -91,13 +84,6 @@ def replay(instance: dg.DagsterInstance, configs: ConfigFiles, outputs: OutputDi
                    "s3": S3ObjectStore(endpoint_url="http://127.0.0.1:1",
                                        access_key_id="unused-id", secret_access_key="unused"),
                    "hf": HuggingFaceStore(), "optional_upstream": optional_upstream})
-
-
-def metadata(result: dg.ExecuteInJobResult, asset: str) -> dict:
-    for e in result.get_asset_materialization_events():
-        if e.asset_key == dg.AssetKey(asset):
-            return {k: getattr(v, "value", v) for k, v in e.materialization.metadata.items()}
-    raise AssertionError(f"{asset} was not materialized")
 
 
 def rendered(result: dg.ExecuteInJobResult, node_type: str) -> str:
@@ -120,14 +106,6 @@ def without_startup_probe(text: str) -> tuple[list[str], list[dict]]:
             doc["metadata"]["annotations"].pop("model-onboarding.io/startup-probe")
             doc["spec"]["predictor"]["model"]["startupProbe"].pop("failureThreshold")
     return header, docs
-
-
-def golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.write_text(text)
-    assert path.is_file(), f"{path} missing: run with UPDATE_GOLDEN=1 once and review it"
-    assert text == path.read_text(), f"{name}: the replayed rendering changed"
 
 
 def test_the_recorded_checkpoint_config_is_the_one_fetched_there():
@@ -165,7 +143,8 @@ def test_with_the_load_timing_measured_there_only_the_startup_probe_changes(
     result = replay(instance, run_configs, outputs, tmp_path, with_load_timing=True)
     assert result.success, [e.metadata for e in result.get_asset_check_evaluations()]
     text = rendered(result, "h200")
-    golden("smollm2-135m-h200-replayed.yaml", text)
+    assert_golden(GOLDEN / "smollm2-135m-h200-replayed.yaml", text,
+                  "smollm2-135m-h200-replayed.yaml: the replayed rendering changed")
     device = (rec.H200 / "manifests" / "h200.yaml").read_text()
     assert without_startup_probe(text) == without_startup_probe(device)
     assert text != device

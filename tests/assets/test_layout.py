@@ -20,7 +20,7 @@ from assets.partitions import models_partitions
 from onboarding.paths import PROJECT_ROOT
 from onboarding.serving_stats import ServingBenchmarkResult
 from resources.manifest_validator import ManifestValidator
-from tests.assets.test_deploy import store_upstream
+from tests.dagster_support import store_upstream
 
 UPSTREAM = [dg.AssetSpec(n, partitions_def=models_partitions)
             for n in ("checkpoint", "serving_variant", "serving_benchmark")]

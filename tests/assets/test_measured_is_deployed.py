@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import stat
-import sys
 from pathlib import Path
 
 import dagster as dg
@@ -30,7 +28,7 @@ from resources.manifest_validator import ManifestValidator
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
-from tests.fakes.openai_stream_server import THIS_FILE
+from tests.fakes.openai_stream_server import install_as_vllm
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 KEY = "tiny-model"
@@ -58,15 +56,11 @@ def model_dir(tiny_checkpoint, tmp_path) -> Path:
 @pytest.fixture
 def h200_engine(tmp_path, monkeypatch, configs) -> Engine:
     """The fake engine as vLLM on an H200: hardware sm90, the pinned engine version."""
-    d = tmp_path / "bin"
-    d.mkdir()
-    exe = d / "vllm"
-    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {THIS_FILE} "$@"\n')
-    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("FAKE_TTFT_MS", "5")
     monkeypatch.setenv("FAKE_ITL_MS", "1")
     monkeypatch.setenv("FAKE_ENGINE_RECORD", str(tmp_path / "record.json"))
-    return Engine(bin_dir=str(d), hardware="sm90", node_type="h200", start_timeout_s=30,
+    return Engine(bin_dir=str(install_as_vllm(tmp_path / "bin")), hardware="sm90",
+                  node_type="h200", start_timeout_s=30,
                   log_dir=str(tmp_path / "logs"), configs=configs,
                   engine_version=configs.stack().engine_version)
 

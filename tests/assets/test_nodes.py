@@ -30,6 +30,7 @@ from resources.node_probe import NodeProbe
 from resources.nvme_cache import NvmeCache
 from resources.s3 import S3ObjectStore
 from resources.upstream import optional_upstream
+from tests.dagster_support import stand_in
 from tests.resources.test_node_probe import crafted_sysfs, replay_smi
 
 DATA = Path(__file__).parents[1] / "data" / "acceptance" / "crafted-h200x2-healthy"
@@ -117,14 +118,6 @@ def recorded_parts(s: acc.NodeSetting, inv: acc.NodeInventory) -> dict:
                 (DATA / acc.RAW_MEMORY).read_text()), "")}
 
 
-def stand_in(name: str, value):
-    @dg.asset(name=name, partitions_def=nodes_partitions)
-    def _stand_in():
-        return value
-
-    return _stand_in
-
-
 def accept_recorded_node(instance, config_dir, configs, outputs, tmp_path
                          ) -> dg.ExecuteInJobResult:
     register(config_dir, gpus=2)
@@ -141,8 +134,8 @@ def accept_recorded_node(instance, config_dir, configs, outputs, tmp_path
         "driver": acc.NOT_CHECKED, "nic_mtu": acc.NOT_CHECKED, "nvme_smart": acc.NOT_CHECKED}
     s = acc.node_setting(configs.acceptance(), configs.nodes(), NODE, "test")
     parts = recorded_parts(s, inv)
-    assert dg.materialize([stand_in(n, v) for n, v in parts.items()], instance=instance,
-                          partition_key=NODE).success
+    assert dg.materialize([stand_in(n, v, nodes_partitions) for n, v in parts.items()],
+                          instance=instance, partition_key=NODE).success
     upstream = [dg.AssetSpec(n, partitions_def=nodes_partitions) for n in
                 ("node_inventory", "gpu_health", "interconnect", "memory_bandwidth",
                  "storage_read")]

@@ -22,13 +22,13 @@ from assets.report import fleet_report, readiness_report
 from onboarding.paths import PROJECT_ROOT
 from onboarding.report import FleetReport, ModelReport
 from resources.upstream import materialized_at
+from tests.dagster_support import metadata, store_upstream
 from tests.report_facts import (
     BIG,
     materialize_reports,
     ready_model,
     stand_in_model,
     store_model,
-    store_upstream,
 )
 
 SMALL = "llama-3-1-8b-instruct"  # a second catalog entry, plan-only: never judged
@@ -42,13 +42,6 @@ def instance():
 
 def output(result: dg.ExecuteInJobResult, asset: str):
     return result.output_for_node(asset)
-
-
-def metadata(result: dg.ExecuteInJobResult, asset: str) -> dict:
-    for e in result.get_asset_materialization_events():
-        if e.asset_key == dg.AssetKey(asset):
-            return {k: v.value for k, v in e.materialization.metadata.items()}
-    raise AssertionError(f"{asset} was not materialized")
 
 
 def test_model_and_fleet_pages_from_the_stored_values(instance, configs, outputs):

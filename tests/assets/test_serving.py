@@ -2,8 +2,6 @@
 fixture (fast); the real vLLM CPU engine is exercised in tests/e2e/test_serving_vllm.py."""
 
 import shutil
-import stat
-import sys
 from pathlib import Path
 
 import dagster as dg
@@ -27,7 +25,8 @@ from resources.loadgen import LoadGenerator
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
-from tests.fakes.openai_stream_server import THIS_FILE
+from tests.dagster_support import metadata
+from tests.fakes.openai_stream_server import install_as_vllm
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 KEY = "tiny-model"
@@ -47,14 +46,10 @@ def model_dir(tiny_checkpoint, tmp_path) -> Path:
 
 @pytest.fixture
 def fake_engine(tmp_path, monkeypatch, configs: ConfigFiles) -> Engine:
-    d = tmp_path / "bin"
-    d.mkdir()
-    exe = d / "vllm"
-    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {THIS_FILE} "$@"\n')
-    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("FAKE_TTFT_MS", "5")
     monkeypatch.setenv("FAKE_ITL_MS", "2")
-    return Engine(bin_dir=str(d), hardware="cpu", node_type="cpu", start_timeout_s=30,
+    return Engine(bin_dir=str(install_as_vllm(tmp_path / "bin")), hardware="cpu",
+                  node_type="cpu", start_timeout_s=30,
                   log_dir=str(tmp_path / "logs"), configs=configs)
 
 
@@ -100,11 +95,6 @@ def materialize(upstream, engine: Engine, run_config=RUN_CONFIG, instance=None):
                                      "telemetry": GpuTelemetry(),
                                      "optional_upstream": optional_upstream, "configs": engine.configs,
                    "outputs": outputs}, run_config=run_config, raise_on_error=False)
-
-
-def metadata(result, asset: str) -> dict:
-    mat = next(m for m in result.asset_materializations_for_node(asset))
-    return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
 
 
 def b_hash(result) -> str:

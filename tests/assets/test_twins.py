@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import stat
-import sys
 import uuid
 from pathlib import Path
 
@@ -52,7 +50,8 @@ from resources.s3 import S3ObjectStore
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import ACCESS_KEY, SECRET_KEY
-from tests.fakes.openai_stream_server import THIS_FILE
+from tests.dagster_support import metadata
+from tests.fakes.openai_stream_server import install_as_vllm
 
 KEY = "llama-3-1-8b-instruct-twin"
 ASSETS = [checkpoint, quantized, accuracy, served_accuracy, serving_variant, serving_config,
@@ -80,11 +79,7 @@ def twin(tmp_path_factory, s3_server):
                        secret_access_key=SECRET_KEY, chunk_size_mb=1)
     s3.upload_dir(twin_source_dir(KEY, tmp / "source"), "models", prefix)
     configs = ConfigFiles(config_dir=str(config_dir), discovered_dir=str(tmp / "found"))
-    fake_bin = tmp / "bin"
-    fake_bin.mkdir()
-    exe = fake_bin / "vllm"
-    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {THIS_FILE} "$@"\n')
-    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    fake_bin = install_as_vllm(tmp / "bin")
     resources = {
         "configs": configs, "s3": s3, "hf": HuggingFaceStore(),
         "outputs": OutputDirs(manifests_dir=str(tmp / "manifests"),
@@ -113,11 +108,6 @@ def run(twin, selection: list, **resources) -> dg.ExecuteInJobResult:
 def checks(result) -> dict[str, dg.AssetCheckEvaluation]:
     return {f"{e.asset_key.to_user_string()}.{e.check_name}": e
             for e in result.get_asset_check_evaluations()}
-
-
-def metadata(result, asset: str) -> dict:
-    mat = next(m for m in result.asset_materializations_for_node(asset))
-    return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
 
 
 def error(result, step: str) -> str:

@@ -47,6 +47,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -334,6 +335,15 @@ def running_fake_server(port: int | None = None, **cfg: object) -> Iterator[str]
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def install_as_vllm(bin_dir: Path) -> Path:
+    """Put this fake in `bin_dir` as a `vllm` executable, for an Engine(bin_dir=...)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    exe = bin_dir / "vllm"
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {THIS_FILE} "$@"\n')
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return bin_dir
 
 
 def _engine_main(argv: list[str]) -> None:

@@ -40,6 +40,7 @@ from onboarding.refs import PublishedVariant
 from onboarding.serving_config import load_engine_templates
 from onboarding.serving_plan import serving_plan
 from onboarding.serving_stats import LoadTimingResult
+from tests.conftest import assert_golden
 
 CONFIGS = PROJECT_ROOT / "configs"
 GOLDEN = PROJECT_ROOT / "tests" / "golden"
@@ -85,12 +86,8 @@ def isvc(r):
 @pytest.mark.parametrize("node_type", ["b300", "h200"])
 def test_golden_manifests(model_id: str, node_type: str):
     text = to_yaml(rendered(model_id, node_type).docs)
-    path = GOLDEN / f"{model_id}-{node_type}.yaml"
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.is_file(), f"{path} missing: run with UPDATE_GOLDEN=1 once and review it"
-    assert text == path.read_text(), f"rendering of {model_id} on {node_type} changed"
+    assert_golden(GOLDEN / f"{model_id}-{node_type}.yaml", text,
+                  f"rendering of {model_id} on {node_type} changed")
 
 
 def test_gpu_resources_selector_toleration_and_shm_follow_the_plan():

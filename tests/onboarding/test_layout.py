@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import pytest
 import yaml
@@ -38,6 +37,7 @@ from onboarding.plan import (
 )
 from onboarding.serving_config import load_slo_section
 from onboarding.serving_stats import ServingBenchmarkResult
+from tests.conftest import assert_golden
 
 CONFIGS = PROJECT_ROOT / "configs"
 GOLDEN = PROJECT_ROOT / "tests" / "golden" / "layouts"
@@ -88,12 +88,7 @@ def test_seed_cases_golden(name, expected, precision):
     assert {x.precision for x in p.placements if x.task == "generate"} == {precision}
     assert {x.throughput_basis for x in p.placements} == {"rule"}, "nothing measured here"
     text = json.dumps(layout_summary(p), indent=1) + "\n"
-    path = GOLDEN / f"{name}.json"
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.is_file(), f"{path} missing: run with UPDATE_GOLDEN=1 once and review it"
-    assert text == path.read_text(), f"the plan of {name} changed"
+    assert_golden(GOLDEN / f"{name}.json", text, f"the plan of {name} changed")
 
 
 def test_every_placement_stays_in_its_numa_half_unless_tp8_and_memory_fits():

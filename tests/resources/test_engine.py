@@ -5,7 +5,6 @@ import json
 import os
 import re
 import socket
-import stat
 import sys
 from pathlib import Path
 
@@ -13,17 +12,12 @@ import pytest
 
 from onboarding.refs import VariantRef
 from resources.engine import REAP_GRACE_AFTER_DEADLINE_S, Engine, EngineError
-from tests.fakes.openai_stream_server import THIS_FILE
+from tests.fakes.openai_stream_server import install_as_vllm
 
 
 @pytest.fixture
 def fake_bin(tmp_path) -> Path:
-    d = tmp_path / "bin"
-    d.mkdir()
-    exe = d / "vllm"
-    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {THIS_FILE} "$@"\n')
-    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    return d
+    return install_as_vllm(tmp_path / "bin")
 
 
 @pytest.fixture
