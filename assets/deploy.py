@@ -25,6 +25,7 @@ from assets.step_tags import cache_step_tags
 from onboarding import twins
 from onboarding.catalog import ModelSpec
 from onboarding.errors import OnboardingError
+from onboarding.files import write_atomic
 from onboarding.kserve import (
     Rendered,
     Route,
@@ -32,7 +33,6 @@ from onboarding.kserve import (
     inline_secret_findings,
     route_table,
     to_yaml,
-    write_atomic,
 )
 from onboarding.plan import (
     DeploymentPlan,

@@ -16,7 +16,7 @@ import dagster as dg
 
 from assets.deploy import OPTIONAL, build_plan
 from assets.partitions import models_partitions
-from onboarding.kserve import write_atomic
+from onboarding.files import write_atomic
 from onboarding.predict import Calibration, PredictionTable, calibrate_points, predict_model
 from onboarding.predict import model_config_for as config_for
 from onboarding.refs import CheckpointRef, VariantRef

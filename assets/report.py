@@ -21,7 +21,7 @@ import dagster as dg
 from assets.deploy import ManifestSet
 from assets.partitions import models_partitions, nodes_partitions
 from onboarding.errors import OnboardingError
-from onboarding.kserve import write_atomic
+from onboarding.files import write_atomic
 from onboarding.readiness import Readiness
 from onboarding.report import (
     FleetEntry,

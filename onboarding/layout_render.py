@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from onboarding.catalog import ModelSpec, format_validation_error
 from onboarding.engine_config import ServingConfig, evidence
+from onboarding.files import write_atomic
 from onboarding.kserve import (
     ISVC_NAME_MAX,
     LABEL_PREFIX,
@@ -35,7 +36,6 @@ from onboarding.kserve import (
     render,
     storage_for,
     to_yaml,
-    write_atomic,
 )
 from onboarding.layout import LayoutPlan, LayoutsConfig, Placement, QosClass
 from onboarding.names import is_dns1123_subdomain, to_dns1123_label
@@ -432,5 +432,7 @@ def layout_files(plan: LayoutPlan, r: RenderedLayout) -> dict[str, str]:
 def write_layout_files(directory: Path, plan: LayoutPlan, r: RenderedLayout) -> Path:
     """`layout_files` under `directory`, each written atomically; the launchers executable."""
     for rel, text in layout_files(plan, r).items():
-        write_atomic(directory / rel, text).chmod(0o755 if rel.endswith(".sh") else 0o644)
+        path = write_atomic(directory / rel, text)
+        if rel.endswith(".sh"):
+            path.chmod(0o755)
     return directory

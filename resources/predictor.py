@@ -27,7 +27,7 @@ import dagster as dg
 from pydantic import Field
 
 from onboarding.errors import OnboardingError
-from onboarding.kserve import write_atomic
+from onboarding.files import write_atomic
 from onboarding.predict import Prediction, PredictionRequest, classify_coverage
 
 DISTRIBUTION = "aiconfigurator"

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onboarding.kserve import write_atomic
+from onboarding.files import write_atomic
 from onboarding.predict import Scenario, add_points, points_from_sweep_rows
 from resources.config_files import ConfigFiles
 

@@ -297,7 +297,7 @@ def test_rendered_files_are_readable_like_any_file_the_user_writes(tmp_path: Pat
     mode the user's umask gives an ordinary file."""
     import os
 
-    from onboarding.kserve import write_atomic
+    from onboarding.files import write_atomic
 
     umask = os.umask(0o022)
     try:
