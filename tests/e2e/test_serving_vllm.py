@@ -8,6 +8,7 @@ when the engine venv or the model has not been built.
 
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -162,9 +163,11 @@ def _group_members(pgid: int) -> list[int]:
 
 def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_points(
         config_dir, configs, outputs, tmp_path, model_dir):
-    """SIGKILL to the vLLM API server once the second point (concurrency 4) is under way: the
-    readiness probe, point 1 (2 warm-up + 8) and point 2's warm-up are 13 first tokens in the
-    server's own TTFT histogram; the kill comes at 15."""
+    """SIGKILL to the vLLM API server once the second point (concurrency 4) is under way: point
+    1 runs one request at a time, so the server's own `num_requests_running` gauge first reads 2
+    or more in point 2. The point the kill lands in is the harness's timing, not the code's
+    behaviour (a slow scrape can let it land later), so the test reads it from the error and
+    holds the partial CSV to it: every earlier point complete, the dying one marked."""
     write_spec(config_dir, KEY, "s3://models/smollm2-135m-instruct/", scenarios=["chat"],
                engine_args={"max_model_len": 1024, "max_num_seqs": 16})
 
@@ -194,7 +197,7 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
                     seen = parse_metrics(r.read().decode())
             except OSError:
                 continue
-            if seen.get("vllm:time_to_first_token_seconds_count", 0) >= 15:
+            if seen.get("vllm:num_requests_running", 0) >= 2:
                 pid = _group_leader(port)
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
@@ -226,12 +229,16 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     message = failure.event_specific_data.error.to_string()
-    assert "was killed by SIGKILL (exit code -9) during point chat @ 4" in message
-    assert "last lines:" in message
+    said = message[message.find("EngineError"):][:600]
+    dying = re.search(r"was killed by SIGKILL \(exit code -9\) during point chat @ (\d+);", message)
+    assert dying, said
+    assert "last lines:" in message, said
     [csv] = list((outputs.reports / KEY).glob("serving_benchmark.partial-*.csv"))
     rows = pd.read_csv(csv)
-    assert list(rows["load"]) == [1, 4] and list(rows["engine_exited"]) == [False, True]
-    assert rows["completed"][0] == 8 and rows["failed"][1] > 0
+    assert int(dying.group(1)) in (4, 8) and rows["load"].iloc[-1] == int(dying.group(1)), said
+    assert list(rows["load"]) == [1, 4, 8][:len(rows)] and len(rows) >= 2
+    assert list(rows["engine_exited"]) == [False] * (len(rows) - 1) + [True]
+    assert (rows["completed"][:-1] == 8).all() and rows["failed"].iloc[-1] > 0
     assert _group_members(killed["pid"]) == []  # EngineCore and workers reaped too
     print(json.dumps({"error": message[message.index("EngineError"):][:400],
                       "rows": rows[["load", "completed", "failed", "errors_by_cause",
