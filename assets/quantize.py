@@ -267,7 +267,9 @@ def gate_check(name: str, outcome: GateOutcome | None, rows: tuple[dict, ...], p
     meta: dict = {"verdict": outcome.verdict, "reason": outcome.reason,
                   "source": outcome.source, "items_used": outcome.items,
                   "inconclusive_policy": gates.inconclusive.policy,
-                  "interval": f"drop ± {gates.z:g} se ({gates.confidence:.0%} two-sided)"}
+                  "interval": f"drop ± z·se: z {gates.z:g} ({gates.confidence:.0%} two-sided) "
+                              "for one look at every item, wider at a look that more items "
+                              "may follow (group-sequential; per task below)"}
     for r in rows:
         if r["precision"] == precision:
             t = r["task"]
@@ -276,6 +278,8 @@ def gate_check(name: str, outcome: GateOutcome | None, rows: tuple[dict, ...], p
             meta[f"{t}_delta"] = float(r["delta"])
             meta[f"{t}_se_delta"] = float(r["se_delta"])
             meta[f"{t}_drop_interval"] = f"[{r['drop_low']:.4f}, {r['drop_high']:.4f}]"
+            if r.get("z") is not None:
+                meta[f"{t}_z"] = float(r["z"])
             meta[f"{t}_allowed_drop"] = float(r["allowed_drop"])
             meta[f"{t}_tolerance"] = gates.tolerance_for(t).describe(float(r["baseline"]))
             meta[f"{t}_verdict"] = r["verdict"]

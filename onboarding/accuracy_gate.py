@@ -6,13 +6,15 @@ there, and from lm-eval's two stderrs otherwise. The drop is reported with the i
 `drop ± z·se`; a task **passes** when the interval's upper end (the worst plausible drop) is
 within the allowed drop, **fails** when its lower end is beyond it, and is **inconclusive**
 otherwise. An inconclusive variant is re-evaluated on more items (`decide`) up to the task's
-size or the configured cap, then the configured policy applies (default: fail closed).
+size or the configured cap, then the configured policy applies (default: fail closed). Each
+such look spends part of the gate's α (`onboarding.sequential`), so looking again cannot make a
+variant at the limit pass more often than one look at the configured `z` would.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -21,6 +23,7 @@ from pydantic import Field, model_validator
 
 from onboarding.catalog import StrictConfig, load_yaml, validate_config
 from onboarding.errors import ConfigError
+from onboarding.sequential import look_z
 
 Verdict = Literal["pass", "fail", "inconclusive"]
 MAX_ROUNDS = 8  # re-evaluation rounds per variant; each round at least doubles the items
@@ -246,6 +249,8 @@ class TaskVerdict:
     drop_high: float = 0.0
     tolerance: str = ""  # the rule in words
     size: int = 0  # the task's items in all (0: unknown)
+    z: float = 0.0  # the interval's half-width at this look, in standard errors
+    fraction: float = 1.0  # this look's items ÷ the most the task may be judged on
 
     @property
     def passed(self) -> bool:
@@ -256,13 +261,27 @@ class TaskVerdict:
         return -self.delta
 
 
-def judge_task(base: TaskScore, var: TaskScore, gates: AccuracyGates) -> TaskVerdict:
+def look_fraction(n: int, size: int, gates: AccuracyGates) -> float:
+    """How far into the task's items a look at `n` is: 1 where no later look can add items."""
+    cap = item_cap(size, gates)
+    return 1.0 if cap <= 0 or n >= cap else n / cap
+
+
+def judge_task(base: TaskScore, var: TaskScore, gates: AccuracyGates,
+               earlier: Sequence[float] = ()) -> TaskVerdict:
+    """The verdict at this look; `earlier` are the information fractions the task was already
+    judged at (`decide` keeps them), which the look's interval is widened for."""
     tol = gates.tolerance_for(base.task)
     d = paired_difference(base, var)
     allowed = tol.allowed_drop(d.mean_a)
     drop = -d.diff
-    low, high = drop - gates.z * d.se, drop + gates.z * d.se
-    interval = f"drop {drop:.4f} [{low:.4f}, {high:.4f}]"
+    size = max(base.size, var.size)
+    t = look_fraction(d.n, size, gates)
+    z = look_z(gates.z, earlier, t) if d.n >= gates.min_items else gates.z
+    low, high = drop - z * d.se, drop + z * d.se
+    looks = 1 + sum(1 for f in earlier if f < t - 1e-9)
+    interval = (f"drop {drop:.4f} [{low:.4f}, {high:.4f}]"
+                + ("" if z == gates.z else f" (look {looks}, {t:.0%} of the items, z {z:.2f})"))
     if d.n < gates.min_items:
         verdict: Verdict = "inconclusive"
         reason = (f"only {d.n} items scored, the gate needs {gates.min_items} to tell a drop "
@@ -275,7 +294,7 @@ def judge_task(base: TaskScore, var: TaskScore, gates: AccuracyGates) -> TaskVer
         verdict, reason = "inconclusive", f"{interval} straddles allowed {allowed:.4f}"
     return TaskVerdict(base.task, base.metric, d.mean_a, d.mean_b, d.diff, base.stderr,
                        var.stderr, d.se, d.paired, d.n, allowed, verdict, reason, low, high,
-                       tol.describe(d.mean_a), max(base.size, var.size))
+                       tol.describe(d.mean_a), size, z, t)
 
 
 @dataclass(frozen=True)
@@ -285,6 +304,8 @@ class GateResult:
     verdicts: tuple[TaskVerdict, ...]
     reason: str
     passed: bool  # the decision: a pass, or an inconclusive verdict under policy `pass`
+    # per task, the information fractions of the looks `decide` made (a replay passes them back)
+    looks: dict[str, tuple[float, ...]] = field(default_factory=dict, compare=False)
 
     @property
     def items(self) -> int:
@@ -293,13 +314,16 @@ class GateResult:
 
 
 def judge_variant(precision: str, baseline: dict[str, TaskScore], variant: dict[str, TaskScore],
-                  gates: AccuracyGates) -> GateResult:
-    """The evidence as it stands: fail if a task fails, inconclusive if one is, else pass."""
+                  gates: AccuracyGates, looks: dict[str, list[float]] | None = None
+                  ) -> GateResult:
+    """The evidence as it stands: fail if a task fails, inconclusive if one is, else pass.
+    `looks`: per task, the information fractions already judged (see `judge_task`)."""
     missing = sorted(set(baseline) - set(variant))
     if missing or not baseline:
         return GateResult(precision, "fail", (), "no scores for tasks: "
                           + (", ".join(missing) or "(no tasks evaluated)"), False)
-    verdicts = tuple(judge_task(baseline[t], variant[t], gates) for t in sorted(baseline))
+    verdicts = tuple(judge_task(baseline[t], variant[t], gates, (looks or {}).get(t, ()))
+                     for t in sorted(baseline))
     for verdict in ("fail", "inconclusive"):
         hit = [v for v in verdicts if v.verdict == verdict]
         if hit:
@@ -334,7 +358,7 @@ def next_items(v: TaskVerdict, gates: AccuracyGates, cap: int) -> int:
     least twice as many as now and `min_items`, at most `cap`."""
     margin = abs(v.drop - v.allowed_drop)
     if v.se_delta > 0 and margin > 0:
-        needed = math.ceil(v.n * (gates.z * v.se_delta / margin) ** 2)
+        needed = math.ceil(v.n * (max(v.z, gates.z) * v.se_delta / margin) ** 2)
     elif margin == 0:
         needed = cap
     else:
@@ -370,10 +394,21 @@ class ScoreBook:
 def decide(precision: str, baseline: ScoreBook, variant: ScoreBook, gates: AccuracyGates,
            log: Callable[[str], None] | None = None) -> GateResult:
     """Judge; while inconclusive, re-evaluate the inconclusive tasks (baseline and variant) on
-    more items, up to each task's cap; then apply the inconclusive policy."""
+    more items, up to each task's cap; then apply the inconclusive policy. Every look at a task
+    is remembered, so the next one's interval is the group-sequential one."""
     asked: dict[str, int] = {}
+    looks: dict[str, list[float]] = {}
+
+    def judge() -> GateResult:
+        gate = judge_variant(precision, baseline.scores, variant.scores, gates, looks)
+        for v in gate.verdicts:
+            seen = looks.setdefault(v.task, [])
+            if v.n >= gates.min_items and (not seen or v.fraction > seen[-1] + 1e-9):
+                seen.append(v.fraction)
+        return replace(gate, looks={t: tuple(f) for t, f in looks.items() if f})
+
     for _ in range(MAX_ROUNDS):
-        gate = judge_variant(precision, baseline.scores, variant.scores, gates)
+        gate = judge()
         if gate.verdict != "inconclusive":
             return gate
         plan: dict[int, list[str]] = {}
@@ -391,14 +426,14 @@ def decide(precision: str, baseline: ScoreBook, variant: ScoreBook, gates: Accur
                     f"{items} items")
             baseline.ensure(tasks, items)
             variant.ensure(tasks, items)
-    return apply_policy(judge_variant(precision, baseline.scores, variant.scores, gates), gates)
+    return apply_policy(judge(), gates)
 
 
 def baseline_rows(precision: str, scores: dict[str, TaskScore]) -> list[dict]:
     """Rows of the accuracy table for the baseline itself (the reference of every verdict)."""
     return [{"task": s.task, "metric": s.metric, "precision": precision, "baseline": s.value,
              "variant": s.value, "delta": 0.0, "drop_low": None, "drop_high": None,
-             "allowed_drop": None, "stderr": s.stderr, "se_delta": 0.0, "n": s.n,
+             "allowed_drop": None, "stderr": s.stderr, "se_delta": 0.0, "z": None, "n": s.n,
              "verdict": "reference", "passed": True} for s in scores.values()]
 
 
@@ -407,5 +442,5 @@ def gate_rows(precision: str, gate: GateResult) -> list[dict]:
     return [{"task": t.task, "metric": t.metric, "precision": precision, "baseline": t.baseline,
              "variant": t.variant, "delta": t.delta, "drop_low": t.drop_low,
              "drop_high": t.drop_high, "allowed_drop": t.allowed_drop,
-             "stderr": t.stderr_variant, "se_delta": t.se_delta, "n": t.n,
+             "stderr": t.stderr_variant, "se_delta": t.se_delta, "z": t.z, "n": t.n,
              "verdict": t.verdict, "passed": t.passed} for t in gate.verdicts]

@@ -65,6 +65,8 @@ class GateOutcome:
     verdict: str = ""  # pass | fail | inconclusive (empty: taken from `passed`)
     source: str = IN_PROCESS  # which score decided: in_process | served
     items: int = 0  # the most items a task was judged on
+    # per task, the information fractions the gate looked at (accuracy_gate.decide)
+    looks: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if not self.verdict:
@@ -72,7 +74,8 @@ class GateOutcome:
 
     @classmethod
     def of(cls, gate: GateResult, source: str) -> GateOutcome:
-        return cls(gate.precision, gate.passed, gate.reason, gate.verdict, source, gate.items)
+        return cls(gate.precision, gate.passed, gate.reason, gate.verdict, source, gate.items,
+                   {t: list(f) for t, f in gate.looks.items()})
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 items and the inconclusive policy, config validation."""
 
 import math
+from statistics import NormalDist
 
 import pytest
 
@@ -19,6 +20,7 @@ from onboarding.accuracy_gate import (
     scores_from_lm_eval,
 )
 from onboarding.errors import ConfigError
+from onboarding.sequential import boundaries
 
 BASE_CFG = {
     "tolerance": {"max_abs_drop": 0.03, "max_rel_drop": 0.05}, "z": 1.645, "min_items": 10,
@@ -137,6 +139,31 @@ def test_inconclusive_re_evaluates_only_that_task_up_to_its_size_then_fails_clos
     decide("nvfp4", baseline, ScoreBook.first(
         FakeEvaluator({"onb_arith_gen": [0.0] * 280, "onb_facts_mc": mc}, 100), []), GATES)
     assert len(base_eval.calls) == 2
+
+
+def test_an_early_look_is_judged_on_the_group_sequential_interval_not_the_single_look_one():
+    """100 of 400 items, one lost: drop 0.010 ± 1.645 × 0.010 would pass a 0.028 allowance at
+    the first look, but a first look that may be followed by three more spends only part of α
+    (z 2.10 here), so it is inconclusive and looked at again, where the second look's interval
+    is the group-sequential one for looks at 25 % and 50 % of the task."""
+    base = [1.0] * 60 + [0.0] * 40
+    var = [0.0] + [1.0] * 59 + [0.0] * 40  # one item lost in the first 100
+    gates = gates_with(tolerance={"max_abs_drop": 0.028})
+    single = judge_task(score(base), score(var), gates)  # the whole task: one look
+    assert single.verdict == "pass" and single.z == gates.z
+    first = judge_task(score(base, size=400), score(var, size=400), gates)
+    assert first.fraction == 0.25 and first.z == pytest.approx(2.10, abs=0.01)
+    assert first.verdict == "inconclusive" and "(look 1, 25% of the items, z 2.10)" in first.reason
+    evals = (FakeEvaluator({"t": base * 4}, 100), FakeEvaluator({"t": var + base * 3}, 100))
+    logs: list[str] = []
+    gate = decide("fp8", ScoreBook.first(evals[0], []), ScoreBook.first(evals[1], []), gates,
+                  log=logs.append)
+    assert logs == ["fp8: inconclusive on t; re-evaluating on 200 items"]
+    [v] = gate.verdicts
+    alpha = 1 - NormalDist().cdf(gates.z)
+    assert (v.n, v.fraction) == (200, 0.5) and v.z == pytest.approx(
+        boundaries(alpha, [0.25, 0.5])[-1], abs=1e-9)
+    assert gate.verdict == "pass" and "(look 2, 50% of the items" in v.reason
 
 
 def test_the_cap_and_the_open_policy():

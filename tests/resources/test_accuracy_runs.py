@@ -280,8 +280,9 @@ def test_an_inconclusive_served_gate_restarts_the_engines_for_more_items(world):
     gate = report.gate("nvfp4")
     assert gate.items == limits[-1] == report.record("nvfp4").scores["onb_arith_gen"].n
     assert gate.verdict != "inconclusive" or gate.items == size
+    assert len(gate.looks["onb_arith_gen"]) >= 2  # each look kept, the last judged after them
     final = judge_variant("nvfp4", report.record("bf16").scores,
-                          report.record("nvfp4").scores, gates)
+                          report.record("nvfp4").scores, gates, gate.looks)
     assert (gate.verdict, gate.passed) == (final.verdict, apply_policy(final, gates).passed)
 
 
@@ -296,7 +297,8 @@ def test_recorded_h200_run_replays_to_the_verdicts_it_recorded():
     for p, found in data["agreements"].items():
         assert agreement(p, in_process[p], served[p], gates).verdict == found["verdict"], p
     for p, found in data["served_gates"].items():
-        assert judge_variant(p, served["bf16"], served[p], gates).verdict == found["verdict"]
+        assert judge_variant(p, served["bf16"], served[p], gates,
+                             found.get("looks")).verdict == found["verdict"]
     bf16 = agreement("bf16", in_process["bf16"], served["bf16"], gates)
     assert bf16.verdict != "disagree", bf16.reason  # vLLM's bf16 is the checkpoint as it is
     # the FP8 case does not pass on noise, whichever source decides
