@@ -53,7 +53,7 @@ def task_agreement(in_process: TaskScore, served: TaskScore, gates: AccuracyGate
                    ) -> TaskAgreement:
     tol = gates.served_agreement.max_abs_diff
     d = paired_difference(in_process, served)
-    low, high = d.diff - gates.z * d.se, d.diff + gates.z * d.se
+    low, high = d.interval(gates.z)
     numbers = (f"served {d.mean_b:.4f} vs in process {d.mean_a:.4f} on {d.n} items: "
                f"diff {d.diff:+.4f} [{low:+.4f}, {high:+.4f}]")
     if low > tol + 1e-12 or high < -tol - 1e-12:

@@ -17,6 +17,7 @@ from onboarding.accuracy_gate import (
     judge_variant,
     load_accuracy_gates,
     next_items,
+    paired_difference,
     scores_from_lm_eval,
 )
 from onboarding.errors import ConfigError
@@ -52,11 +53,28 @@ def fp8_smollm2_arithmetic() -> tuple[list[float], list[float]]:
     return base, var
 
 
-def test_identical_answers_pass_with_zero_paired_stderr():
+def test_identical_answers_pass_on_enough_items_and_their_interval_is_not_zero_wide():
+    """No item differs, yet 100 items cannot show a drop below ~1 %: the adjusted interval
+    (one added to each discordant count) says so where the plain one was zero-wide."""
     base = score([1, 0] * 50)
     v = judge_task(base, score([1, 0] * 50), GATES)
     assert v.verdict == "pass" and v.passed and v.paired
-    assert v.se_delta == 0 and v.delta == 0 and v.drop_low == v.drop_high == 0
+    assert v.delta == 0 and v.se_delta == pytest.approx(math.sqrt(2) / 102)
+    assert v.drop_high == pytest.approx(-v.drop_low) == pytest.approx(1.645 * v.se_delta)
+    few = judge_task(score([1, 0] * 10), score([1, 0] * 10), GATES)
+    assert few.verdict == "inconclusive" and few.drop_high > few.allowed_drop  # 20 items
+
+
+def test_the_adjusted_interval_is_bonett_prices_on_0_1_items_and_plain_on_fractions():
+    base, var = [1.0] * 60 + [0.0] * 40, [0.0] * 5 + [1.0] * 55 + [1.0] * 2 + [0.0] * 38
+    d = paired_difference(score(base), score(var))  # 5 lost, 2 gained of 100
+    assert d.diff == pytest.approx(-0.03) and d.center == pytest.approx((3 - 6) / 102)
+    assert d.se == pytest.approx(math.sqrt((6 / 102 + 3 / 102 - (3 / 102) ** 2) / 102))
+    assert "Bonett-Price" in d.method
+    partial = paired_difference(score([0.5, 1.0, 0.0, 1.0]), score([0.25, 1.0, 0.0, 0.5]))
+    assert partial.center is None and partial.method == "paired Wald"
+    assert partial.interval(1.0) == pytest.approx((partial.diff - partial.se,
+                                                   partial.diff + partial.se))
 
 
 def test_a_drop_whose_whole_interval_is_beyond_tolerance_fails_with_numbers():
@@ -65,7 +83,8 @@ def test_a_drop_whose_whole_interval_is_beyond_tolerance_fails_with_numbers():
     v = judge_task(base, var, GATES)
     assert v.verdict == "fail"
     assert v.delta == pytest.approx(-0.3)
-    assert v.drop_low == pytest.approx(0.3 - 1.645 * v.se_delta) and v.drop_low > v.allowed_drop
+    assert v.drop_low == pytest.approx(30 / 102 - 1.645 * v.se_delta)  # adjusted center
+    assert v.drop_low > v.allowed_drop
     assert "entirely beyond allowed 0.0300" in v.reason and "[0.2" in v.reason
 
 
@@ -102,7 +121,7 @@ def test_fp8_smollm2_case_does_not_pass_on_noise():
                                       GATES), GATES)
     assert gate.verdict == "inconclusive" and not gate.passed
     assert gate.reason.startswith("inconclusive after 280 items (fails closed")
-    assert "onb_arith_gen: drop 0.0464 [0.0119, 0.0809] straddles allowed 0.0218" in gate.reason
+    assert "onb_arith_gen: drop 0.0464 [0.0109, 0.0813] straddles allowed 0.0218" in gate.reason
 
 
 class FakeEvaluator:
@@ -142,13 +161,13 @@ def test_inconclusive_re_evaluates_only_that_task_up_to_its_size_then_fails_clos
 
 
 def test_an_early_look_is_judged_on_the_group_sequential_interval_not_the_single_look_one():
-    """100 of 400 items, one lost: drop 0.010 ± 1.645 × 0.010 would pass a 0.028 allowance at
-    the first look, but a first look that may be followed by three more spends only part of α
-    (z 2.10 here), so it is inconclusive and looked at again, where the second look's interval
-    is the group-sequential one for looks at 25 % and 50 % of the task."""
+    """100 of 400 items, one lost and one gained: drop 0 ± 1.645 × 0.0196 would pass a 0.035
+    allowance at the first look, but a first look that may be followed by more spends only part
+    of α (z 2.10 here), so it is inconclusive and looked at again, where the second look's
+    interval is the group-sequential one for looks at 25 % and 50 % of the task."""
     base = [1.0] * 60 + [0.0] * 40
-    var = [0.0] + [1.0] * 59 + [0.0] * 40  # one item lost in the first 100
-    gates = gates_with(tolerance={"max_abs_drop": 0.028})
+    var = [0.0] + [1.0] * 59 + [1.0] + [0.0] * 39  # one lost, one gained in the first 100
+    gates = gates_with(tolerance={"max_abs_drop": 0.035})
     single = judge_task(score(base), score(var), gates)  # the whole task: one look
     assert single.verdict == "pass" and single.z == gates.z
     first = judge_task(score(base, size=400), score(var, size=400), gates)
@@ -249,9 +268,9 @@ def test_per_task_override_loosens_one_task():
 
 
 def test_variant_fails_when_a_task_is_missing_or_fails_and_fail_beats_inconclusive():
-    base = {"a": score([1] * 20, "a"), "b": score([1] * 20, "b")}
+    base = {"a": score([1] * 200, "a"), "b": score([1] * 200, "b")}
     assert judge_variant("fp8", base, {"a": base["a"]}, GATES).verdict == "fail"
-    bad = {"a": score([1] * 19 + [0], "a"), "b": score([0] * 20, "b")}
+    bad = {"a": score([1] * 199 + [0], "a"), "b": score([0] * 200, "b")}
     r = judge_variant("nvfp4", base, bad, GATES)
     assert r.verdict == "fail" and r.reason.startswith("b:")
     assert judge_variant("fp8", base, dict(base), GATES).verdict == "pass"

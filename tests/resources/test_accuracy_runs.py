@@ -255,8 +255,10 @@ def test_on_the_cpu_engine_only_bf16_is_served_and_the_in_process_gate_decides(w
 
 def test_an_inconclusive_served_gate_restarts_the_engines_for_more_items(world):
     """In process scored 20 items; served on those 20, NVFP4's planted fault (every 7th
-    arithmetic answer wrong) is not yet decisive, so bf16 and NVFP4 are served again on every
-    recorded item of that task (the task's size here), and the gate decides there."""
+    arithmetic answer wrong) is not yet decisive, so bf16 and NVFP4 are served again on more
+    recorded items of that task (up to the task's size here), and the gate decides there. Twenty
+    identical answers do not prove FP8 within 0.03 either (the adjusted interval is ±0.11 wide),
+    so FP8 is served again on what 20 items left undecided, and nothing else is."""
     size, served, gates = world["n"], world["served"], world["gates"]
     for scores in world["by_path"].values():  # the recorded items are the whole task here
         for t, s in list(scores.items()):
@@ -264,18 +266,21 @@ def test_an_inconclusive_served_gate_restarts_the_engines_for_more_items(world):
     nvfp4_served = lose(world["by_path"][world["checkpoint"].path], "onb_arith_gen", every=7)
     world["by_path"][world["qset"].get("nvfp4").path] = nvfp4_served
     world["gates"] = gates = gates.model_copy(update={"min_items": 20})
-    assert judge_variant("nvfp4", first(served, 20), first(nvfp4_served, 20),
-                         gates).verdict == "inconclusive"
+    at20 = {p: judge_variant(p, first(served, 20), first(scores, 20), gates)
+            for p, scores in (("nvfp4", nvfp4_served), ("fp8", served))}
+    assert at20["nvfp4"].verdict == "inconclusive"
+    undecided = {(p, v.task) for p, g in at20.items() for v in g.verdicts
+                 if v.verdict == "inconclusive"}
     short = AccuracyReport("m", (), world["accuracy"].gates, {}, tuple(
         AccuracyRecord(r.precision, r.source, r.content_hash, first(r.scores, 20))
         for r in world["accuracy"].records))
     report, engine, evaluator = run(world, accuracy=short)
     starts = [p for p, _ in engine.starts]
     assert starts[:3] == ["bf16", "nvfp4", "fp8"] and len(starts) > 3
-    assert set(starts[3:]) == {"bf16", "nvfp4"}  # FP8 served as bf16 did: decided at 20
+    assert set(starts[3:]) == {"bf16"} | {p for p, _ in undecided}
     more = evaluator.calls[3:]
-    assert {c[1] for c in more} == {("onb_arith_gen",)}  # only the inconclusive task
-    limits = [c[2] for c in more]
+    assert {(c[0], t) for c in more if c[0] != "rev" for t in c[1]} <= undecided
+    limits = [c[2] for c in more if c[0] == "nvfp4"]
     assert limits == sorted(limits) and limits[0] >= 40  # at least doubled each round
     gate = report.gate("nvfp4")
     assert gate.items == limits[-1] == report.record("nvfp4").scores["onb_arith_gen"].n
