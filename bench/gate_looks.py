@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
-import math
 import statistics
 import sys
 import time
@@ -38,13 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from onboarding import accuracy_gate
-from onboarding.accuracy_gate import (
-    AccuracyGates,
-    PairedDifference,
-    ScoreBook,
-    TaskScore,
-    decide,
-)
+from onboarding.accuracy_gate import AccuracyGates, ScoreBook, TaskScore, decide
 
 BASELINE_P = 0.6  # the baseline's accuracy
 GAIN = 0.05  # chance a wrong baseline answer is right in the variant (rounding both ways)
@@ -75,18 +69,6 @@ def evaluator(values: list[float], first: int):
     return evaluate
 
 
-def plain_interval(a: TaskScore, b: TaskScore) -> PairedDifference:
-    """The interval the gate had before: normal, on the per-item differences as they are."""
-    common = sorted(set(a.per_item) & set(b.per_item))
-    n = len(common)
-    diffs = [b.per_item[i] - a.per_item[i] for i in common]
-    mean = sum(diffs) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-    return PairedDifference(sum(a.per_item[i] for i in common) / n,
-                            sum(b.per_item[i] for i in common) / n, mean, sd / math.sqrt(n),
-                            True, n)
-
-
 def run(gates: AccuracyGates, runs: int, size: int, true_drop: float, seed: int,
         sequential: bool, adjusted: bool, first: int | None = None) -> dict:
     """`runs` simulated variants through `decide`, its first look at `first` items (default
@@ -99,8 +81,9 @@ def run(gates: AccuracyGates, runs: int, size: int, true_drop: float, seed: int,
             stack.enter_context(mock.patch.object(accuracy_gate, "look_z",
                                                   lambda z, earlier, now: z))
         if not adjusted:
-            stack.enter_context(mock.patch.object(accuracy_gate, "paired_difference",
-                                                  plain_interval))
+            stack.enter_context(mock.patch.object(
+                accuracy_gate, "paired_difference",
+                functools.partial(accuracy_gate.paired_difference, adjusted=False)))
         for _ in range(runs):
             base, var = items(rng, size, true_drop)
             calls: list[str] = []  # one log line per re-evaluation

@@ -23,7 +23,7 @@ from pydantic import Field, model_validator
 
 from onboarding.catalog import StrictConfig, load_yaml, validate_config
 from onboarding.errors import ConfigError
-from onboarding.sequential import look_z
+from onboarding.sequential import look_z, looks_before
 
 Verdict = Literal["pass", "fail", "inconclusive"]
 MAX_ROUNDS = 8  # re-evaluation rounds per variant; each round at least doubles the items
@@ -218,7 +218,6 @@ class PairedDifference:
     paired: bool
     n: int
     center: float | None = None  # the interval's center; None: `diff`
-    method: str = "paired Wald"
 
     def interval(self, z: float) -> tuple[float, float]:
         """The interval for b − a at half-width z."""
@@ -226,29 +225,29 @@ class PairedDifference:
         return c - z * self.se, c + z * self.se
 
 
-def paired_difference(a: TaskScore, b: TaskScore) -> PairedDifference:
+def paired_difference(a: TaskScore, b: TaskScore, adjusted: bool = True) -> PairedDifference:
     """Paired when both logged the same items: the means are over those items only, so a
-    baseline scored on more items than the variant is compared on the variant's items."""
+    baseline scored on more items than the variant is compared on the variant's items.
+    `adjusted=False` keeps the plain interval for 0/1 items too (the gate before Bonett–Price;
+    bench/gate_looks.py measures both)."""
     common = sorted(set(a.per_item) & set(b.per_item))
     if len(common) >= 2:
         n = len(common)
         mean_a = sum(a.per_item[i] for i in common) / n
         mean_b = sum(b.per_item[i] for i in common) / n
-        if all(a.per_item[i] in (0, 1) and b.per_item[i] in (0, 1) for i in common):
+        if adjusted and all(a.per_item[i] in (0, 1) and b.per_item[i] in (0, 1) for i in common):
             lost = sum(1 for i in common if a.per_item[i] > b.per_item[i])
             gained = sum(1 for i in common if a.per_item[i] < b.per_item[i])
             p_lost, p_gained = (lost + 1) / (n + 2), (gained + 1) / (n + 2)
             center = p_gained - p_lost
             se = math.sqrt((p_lost + p_gained - center ** 2) / (n + 2))
-            return PairedDifference(mean_a, mean_b, (gained - lost) / n, se, True, n, center,
-                                    "paired adjusted Wald (Bonett-Price)")
+            return PairedDifference(mean_a, mean_b, (gained - lost) / n, se, True, n, center)
         diffs = [b.per_item[i] - a.per_item[i] for i in common]
         mean = sum(diffs) / n
         var_d = sum((d - mean) ** 2 for d in diffs) / (n - 1)
         return PairedDifference(mean_a, mean_b, mean, math.sqrt(var_d / n), True, n)
     se = math.sqrt((a.stderr or 0.0) ** 2 + (b.stderr or 0.0) ** 2)
-    return PairedDifference(a.value, b.value, b.value - a.value, se, False, min(a.n, b.n),
-                            method="unpaired (lm-eval stderrs)")
+    return PairedDifference(a.value, b.value, b.value - a.value, se, False, min(a.n, b.n))
 
 
 @dataclass(frozen=True)
@@ -301,7 +300,7 @@ def judge_task(base: TaskScore, var: TaskScore, gates: AccuracyGates,
     z = look_z(gates.z, earlier, t) if d.n >= gates.min_items else gates.z
     diff_low, diff_high = d.interval(z)
     low, high = -diff_high, -diff_low
-    looks = 1 + sum(1 for f in earlier if f < t - 1e-9)
+    looks = 1 + len(looks_before(earlier, t))
     interval = (f"drop {drop:.4f} [{low:.4f}, {high:.4f}]"
                 + ("" if z == gates.z else f" (look {looks}, {t:.0%} of the items, z {z:.2f})"))
     if d.n < gates.min_items:
@@ -383,7 +382,7 @@ def next_items(v: TaskVerdict, gates: AccuracyGates, cap: int) -> int:
     if v.n < gates.min_items:
         needed = gates.min_items
     elif v.se_delta > 0 and margin > 0:
-        needed = math.ceil(v.n * (max(v.z, gates.z) * v.se_delta / margin) ** 2)
+        needed = math.ceil(v.n * (v.z * v.se_delta / margin) ** 2)
     elif margin == 0:
         needed = cap
     else:
@@ -428,7 +427,7 @@ def decide(precision: str, baseline: ScoreBook, variant: ScoreBook, gates: Accur
         gate = judge_variant(precision, baseline.scores, variant.scores, gates, looks)
         for v in gate.verdicts:
             seen = looks.setdefault(v.task, [])
-            if v.n >= gates.min_items and (not seen or v.fraction > seen[-1] + 1e-9):
+            if v.n >= gates.min_items and v.fraction not in seen:  # a new look
                 seen.append(v.fraction)
         return replace(gate, looks={t: tuple(f) for t, f in looks.items() if f})
 

@@ -89,10 +89,16 @@ def _trapezoid(z: np.ndarray) -> np.ndarray:
     return w
 
 
+def looks_before(earlier: Sequence[float], now: float) -> list[float]:
+    """The distinct looks in `earlier` made before one at fraction `now` (the same look judged
+    again is not an earlier one), rounded as `boundaries` keys them."""
+    return sorted({round(t, 6) for t in earlier if round(t, 6) < round(now, 6)})
+
+
 def look_z(z_single: float, earlier: Sequence[float], now: float) -> float:
     """The half-width (in standard errors) for a look at fraction `now` after looks at
     `earlier`, for a gate whose single-look half-width is `z_single` (one-sided α = 1 − Φ(z))."""
-    fractions = sorted({round(t, 6) for t in earlier if t < now - 1e-9} | {round(now, 6)})
+    fractions = [*looks_before(earlier, now), round(now, 6)]
     if fractions == [1.0]:
         return z_single  # one look with every item: all of α, the configured interval
     return boundaries(1.0 - _NORMAL.cdf(z_single), fractions)[-1]
