@@ -56,6 +56,7 @@ from resources.huggingface import HuggingFaceStore
 from resources.manifest_validator import ManifestValidator
 from resources.publisher import publish_variant
 from resources.s3 import S3ObjectStore
+from resources.upstream import by_model
 
 GROUP = "deploy"
 OPTIONAL = "optional_upstream"
@@ -372,11 +373,7 @@ def _manifest_metadata(value: ManifestSet, rendered: list[Rendered], texts: dict
 )
 def gateway_routes(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                    kserve_manifest) -> dg.MaterializeResult:
-    # partition -> ManifestSet; the IO manager hands over the bare value (None when missing)
-    # when the fleet has one partition
-    manifests: dict[str, ManifestSet] = (
-        kserve_manifest if isinstance(kserve_manifest, dict)
-        else {} if kserve_manifest is None else {kserve_manifest.model: kserve_manifest})
+    manifests: dict[str, ManifestSet] = by_model(kserve_manifest)
     routes = [r for _, m in sorted(manifests.items()) if m.valid for r in m.routes]
     invalid = sorted(k for k, m in manifests.items() if not m.valid)
     table = route_table(routes, configs.deploy())

@@ -39,6 +39,7 @@ from onboarding.layout_render import (
 from onboarding.tables import md_table
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.manifest_validator import ManifestValidator
+from resources.upstream import by_model
 
 GROUP = "layout"  # its own group: the jobs select it (or leave it out) by group
 FITS_CHECK = "every_model_fits_its_slo"
@@ -56,14 +57,6 @@ class NodeLayouts:
     @property
     def infeasible(self) -> dict[str, str]:
         return {n: p.reason for n, p in self.plans.items() if not p.feasible}
-
-
-def _by_model(value: Any) -> dict[str, Any]:
-    """partition -> stored value; the IO manager hands over the bare value for one partition."""
-    if value is None:
-        return {}
-    items = value.values() if isinstance(value, dict) else [value]
-    return {v.model: v for v in items if v is not None}
 
 
 def plan_and_render(configs: ConfigFiles, upstream: dict[str, dict[str, Any]]
@@ -145,8 +138,8 @@ def _metadata(plans: dict[str, LayoutPlan], pngs: dict[str, bytes],
 def node_layout(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                 manifest_validator: ManifestValidator, checkpoint, serving_variant,
                 serving_benchmark):
-    upstream = {"checkpoint": _by_model(checkpoint), "serving_variant": _by_model(serving_variant),
-                "serving_benchmark": _by_model(serving_benchmark)}
+    upstream = {"checkpoint": by_model(checkpoint), "serving_variant": by_model(serving_variant),
+                "serving_benchmark": by_model(serving_benchmark)}
     plans, rendered = plan_and_render(configs, upstream)
     pngs = {name: layout_png(plans[name]) for name in rendered}
     directories = {name: str(write_layout(outputs.manifests, plans[name], r, pngs[name]))

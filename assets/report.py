@@ -42,7 +42,7 @@ from onboarding.report import (
 from onboarding.serving_config import resolve_slo
 from onboarding.variants import choose_precision
 from resources.config_files import ConfigFiles, OutputDirs
-from resources.upstream import materialized_at, stored_value
+from resources.upstream import by_model, materialized_at, stored_value
 
 GROUP = "report"
 OPTIONAL = "optional_upstream"
@@ -53,12 +53,6 @@ MODEL_PAGE = "readiness.html"
 FLEET_PAGE = "fleet.html"
 # issue 15's node assets: partitioned by GPU node (assets/partitions.py `nodes_partitions` there)
 NODE_ACCEPTANCE = dg.AssetKey("node_acceptance")
-
-
-def _publish(path: Path, text: str) -> Path:
-    """Written atomically, readable by whoever serves or reads the reports directory."""
-    write_atomic(path, text)
-    return path
 
 
 def _manifest_rows(m: ManifestSet | None) -> tuple[ManifestRow, ...] | None:
@@ -119,7 +113,7 @@ def readiness_report(context: dg.AssetExecutionContext, configs: ConfigFiles,
     verdict = carry_since(previous, readiness,
                           materialized_at(context.instance, "readiness", model) or 0.0)
     page = model_page(model_facts(configs, outputs, verdict, upstream))
-    path = _publish(outputs.reports / model / MODEL_PAGE, to_html(page))
+    path = write_atomic(outputs.reports / model / MODEL_PAGE, to_html(page))
     value = dataclasses.replace(verdict, html_path=str(path))
     context.log.info(f"{model}: {verdict.summary} (since {verdict.since:.0f}); report {path}")
     return dg.Output(value, metadata={
@@ -161,11 +155,7 @@ def node_acceptances(io_manager: dg.IOManager, instance: dg.DagsterInstance
 def fleet_report(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                  io_manager: dg.ResourceParam[dg.IOManager], readiness_report
                  ) -> dg.Output[FleetReport]:
-    # partition -> ModelReport; the IO manager hands over the bare value when one partition
-    # exists, and None when that one was never materialized
-    reports: dict[str, ModelReport] = (
-        readiness_report if isinstance(readiness_report, dict) else {}
-        if readiness_report is None else {readiness_report.model: readiness_report})
+    reports: dict[str, ModelReport] = by_model(readiness_report)
     specs = configs.catalog().specs
     targets = configs.deploy().target_node_types
     entries = [FleetEntry(m, bool(specs[m].plan_only) if m in specs else False, reports.get(m),
@@ -175,7 +165,7 @@ def fleet_report(context: dg.AssetExecutionContext, configs: ConfigFiles, output
     value = FleetReport(fleet_rows(entries, targets), str(path),
                         node_acceptances(io_manager, context.instance))
     page = fleet_page(value, targets)
-    _publish(path, to_html(page))
+    write_atomic(path, to_html(page))
     return dg.Output(value, metadata={
         "models": len(entries), "ready_models": dg.MetadataValue.json(value.ready_models()),
         "page": dg.MetadataValue.path(str(path)),

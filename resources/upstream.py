@@ -14,6 +14,16 @@ from typing import Any
 import dagster as dg
 
 
+def by_model(value: Any) -> dict[str, Any]:
+    """partition -> stored value of a fan-in input over every model partition: the IO manager
+    hands over the bare value when one partition exists, and None when it was never
+    materialized."""
+    if value is None:
+        return {}
+    items = value.values() if isinstance(value, dict) else [value]
+    return {v.model: v for v in items if v is not None}
+
+
 def _latest_record(instance: dg.DagsterInstance, asset: dg.AssetKey | str,
                    partition: str | None) -> dg.EventLogRecord | None:
     records = instance.fetch_materializations(
