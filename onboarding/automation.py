@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from onboarding.catalog import StrictConfig, load_yaml, validate_config
+from onboarding.catalog import StrictConfig, load_config_file
 from onboarding.errors import ConfigError
 
 
@@ -87,8 +87,5 @@ class AutomationConfig(StrictConfig):
 
 
 def load_automation(path: Path) -> AutomationConfig:
-    if not path.is_file():
-        raise ConfigError(str(path), "does not exist",
-                          "Restore configs/automation.yaml or set ONBOARDING_CONFIG_DIR.")
-    return validate_config(AutomationConfig, load_yaml(path), path, path,
-                           "Fix automation.yaml (docs/automation.md lists the fields).")
+    return load_config_file(AutomationConfig, path,
+                            "Fix automation.yaml (docs/automation.md lists the fields).")
