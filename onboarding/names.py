@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # namespaces, partition keys, label-ish names
 MAX_LABEL = 63
 # Dot-separated labels, at most 253 characters: Kubernetes node names, most object names.
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -13,7 +13,7 @@ MAX_SUBDOMAIN = 253
 
 
 def is_dns1123_label(name: str) -> bool:
-    return len(name) <= MAX_LABEL and bool(_DNS1123_LABEL.match(name))
+    return len(name) <= MAX_LABEL and bool(re.match(DNS1123_LABEL, name))
 
 
 def is_dns1123_subdomain(name: str) -> bool:

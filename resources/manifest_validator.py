@@ -26,7 +26,7 @@ import yaml
 from pydantic import Field
 
 from onboarding.errors import ConfigError
-from onboarding.names import DNS1123_SUBDOMAIN, MAX_SUBDOMAIN
+from onboarding.names import DNS1123_LABEL, DNS1123_SUBDOMAIN, MAX_LABEL, MAX_SUBDOMAIN
 from onboarding.paths import PROJECT_ROOT
 
 CRD_PATHS_ENV = "KSERVE_CRD_PATHS"
@@ -43,8 +43,7 @@ OBJECT_META_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "properties": {
         "name": {"type": "string", "maxLength": MAX_SUBDOMAIN, "pattern": DNS1123_SUBDOMAIN},
-        "namespace": {"type": "string", "maxLength": 63,
-                      "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+        "namespace": {"type": "string", "maxLength": MAX_LABEL, "pattern": DNS1123_LABEL},
         "labels": {"type": "object",
                    "propertyNames": {"maxLength": 316, "pattern": _QUALIFIED_NAME},
                    "additionalProperties": {"type": "string", "maxLength": 63,
