@@ -37,7 +37,7 @@ from onboarding.catalog import (
 )
 from onboarding.errors import ConfigError
 from onboarding.plan import NodePlan, NodesConfig, PlanInputs, plan_node
-from onboarding.serving_stats import PointStats, Slo
+from onboarding.serving_stats import PointStats, Slo, parse_error_causes
 from onboarding.tables import md_table
 
 Status = Literal["covered", "fallback", "not_covered", "oom", "not_applicable"]
@@ -893,8 +893,7 @@ def points_from_sweep_rows(rows: Iterable[dict[str, Any]], scenarios: dict[str, 
             raise ConfigError(f"sweep row {row['scenario']!r}", "a scenario not in the profile "
                               f"({', '.join(scenarios)})", "Pass the profile the sweep ran.")
         load = float(row["load"])
-        causes = {c.split("=")[0].strip() for c in str(row.get("errors_by_cause") or "")
-                  .split(",") if c.strip()}
+        causes = set(parse_error_causes(row.get("errors_by_cause")))
         client_only = bool(causes) and causes <= client_error_causes
         if not load.is_integer() or not num("completed") \
                 or ((num("failed") or 0) > 0 and not client_only) \

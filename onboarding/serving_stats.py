@@ -106,6 +106,14 @@ class Slo:
     cold_start_p95_max_s: float | None = None
 
 
+def parse_error_causes(text: object) -> dict[str, int]:
+    """`connect_failed=3, no_content=1` (a table's `errors_by_cause`, as `PointStats.row`
+    writes it) back to counts; empty or missing: none."""
+    causes = "" if text is None else str(text)
+    return {k.strip(): int(v) for k, _, v in (c.partition("=") for c in causes.split(","))
+            if k.strip()}
+
+
 @dataclass(frozen=True)
 class PointStats:
     """One load point (a concurrency or a request rate) of one scenario."""
@@ -168,9 +176,7 @@ class PointStats:
             return Dist(*(num(f"{name}_{stat}_{unit}") for stat in ("mean", "p50", "p90", "p95",
                                                                      "p99")))
 
-        causes = str(row.get("errors_by_cause") or "")
-        errors = {k: int(v) for k, _, v in (c.strip().partition("=") for c in causes.split(","))
-                  if k}
+        errors = parse_error_causes(row.get("errors_by_cause"))
         goodput = num("goodput_rps")
         return cls(
             requests=int(num("requests")), completed=int(num("completed")),
