@@ -79,11 +79,6 @@ def points(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, PointStats]]
     return out
 
 
-def twin_rows() -> list[dict[str, Any]]:
-    """The 8B FP8 twin's sweep rows (twins.json), the same columns as the CSV."""
-    return recording("twins")["steps"]["llama-3-1-8b-instruct-twin:fp8"]["rows"]
-
-
 def slo(configs: ConfigFiles) -> Slo:
     """The SLO serving_benchmark judges smollm2-135m on h200 by, as `configs` resolve it."""
     return resolve_slo(configs.slo_section(), NODE_TYPE, configs.spec(MODEL))

@@ -28,6 +28,7 @@ from resources.manifest_validator import ManifestValidator
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
+from tests.dagster_support import metadata
 from tests.fakes.openai_stream_server import install_as_vllm
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
@@ -108,11 +109,6 @@ def run(instance, model_dir, engine, configs, outputs, s3_store):
                    "optional_upstream": optional_upstream})
 
 
-def md(result, asset: str) -> dict:
-    mat = next(iter(result.asset_materializations_for_node(asset)))
-    return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
-
-
 def _normalized(args: list[str], model_path: str, port: int) -> list[str]:
     """The parts that must differ between a test node and a pod: where the model is, which
     port, which bind address."""
@@ -129,13 +125,13 @@ def test_the_benchmarked_engine_command_is_the_rendered_container_args(
     instance.add_dynamic_partitions("models", [KEY])
     result = run(instance, model_dir, h200_engine, configs, outputs, s3_store)
     assert result.success
-    plan_hash = md(result, "serving_config")["config_hashes"]["h200"]
-    timed, bench = md(result, "load_timing"), md(result, "serving_benchmark")
+    plan_hash = metadata(result, "serving_config")["config_hashes"]["h200"]
+    timed, bench = metadata(result, "load_timing"), metadata(result, "serving_benchmark")
     assert timed["config_hash"] == bench["config_hash"] == plan_hash  # the planned one
 
     record = json.loads((tmp_path / "record.json").read_text())  # the benchmark's start
     started = record["argv"][record["argv"].index("serve") + 1:]
-    manifest = md(result, "kserve_manifest")
+    manifest = metadata(result, "kserve_manifest")
     docs = list(yaml.safe_load_all(Path(manifest["path_h200"]).read_text()))
     isvc = next(d for d in docs if d["kind"] == "InferenceService")
     model = isvc["spec"]["predictor"]["model"]
@@ -151,7 +147,7 @@ def test_the_benchmarked_engine_command_is_the_rendered_container_args(
     assert labels["model-onboarding.io/config-hash"] == plan_hash
     assert labels["model-onboarding.io/measured"] == "true"
     assert labels["model-onboarding.io/published"] == "true"
-    published = md(result, "published_variant")
+    published = metadata(result, "published_variant")
     assert model["storageUri"] == published["uri_bf16"]
     assert model["storageUri"].startswith("s3://model-serving/tiny-model/bf16/")
     assert "derived pull" in notes["model-onboarding.io/startup-probe"]

@@ -168,7 +168,7 @@ def test_a_probed_node_is_judged_from_its_files_as_it_was_on_the_node(recorded):
     assert judged["acceptance"].qualified is summary["qualified"]
     assert list(judged["acceptance"].reasons) == summary["reasons"].removeprefix("- ").split(
         "\n- ")
-    assert summary["gate"]["passed"] is summary["qualified"]
+    assert summary["gate"]["passed"] is judged["acceptance"].qualified  # the node's gate
 
 
 def test_docs_h200_table_is_the_probes_checks_file():

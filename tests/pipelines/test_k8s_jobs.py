@@ -17,12 +17,11 @@ from dagster._core.test_utils import instance_for_test
 from assets.step_tags import CACHE_ASSETS, GPU_BOUND_ASSETS, cache_step_tags, gpu_step_tags
 from onboarding.cluster import load_cluster_config, load_node_type
 from onboarding.paths import DEFAULT_CONFIG_DIR, PROJECT_ROOT
-from pipelines.executors import step_placements, step_run_config
+from pipelines.executors import K8S_CONFIG_TAG, step_placements, step_run_config
 from tests.pipelines.k8s_render import KUBECONFIG, k8s_run_launcher_overrides, render_step_job
 from tests.pipelines.stand_in_graph import EDGES
 
 CPU_STAGES = [s for s in EDGES if s not in CACHE_ASSETS]
-K8S_CONFIG_TAG = "dagster-k8s/config"
 
 
 def load_cluster():
