@@ -5,13 +5,15 @@ says which file is what): the sweep from serving_benchmark.csv, its headline and
 recomputed by the asset's own function (`serving_stats.headline`) at the SLO the check recorded,
 load timing from load_timing's `starts`, quantize and the accuracy gate from their metadata and
 checks, the twin from twins.json. Writes the sections between docs/gpu.md's `generated`
-markers; nothing is typed by hand. Runs on a CPU in a second:
+markers; nothing is typed by hand. Runs on a CPU in a second; `--check` writes nothing and
+fails when the page differs (tests/scripts/test_gpu_scripts.py holds the page to it):
 
-    .venv/bin/python bench/gpu_h200_doc.py
+    .venv/bin/python bench/gpu_h200_doc.py [--check]
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import math
@@ -45,9 +47,9 @@ def checks(call: str) -> dict[tuple[str, str], dict]:
     return out
 
 
-def job_seconds(call: str, model: str = MODEL) -> float:
+def job_seconds(call: str) -> float:
     return next(float(b["seconds"]) for s, b in load(f"onboard-{call}")["steps"].items()
-                if model in s.split())
+                if MODEL in s.split())
 
 
 def num(text) -> float:
@@ -202,14 +204,31 @@ def twin_section() -> str:
         f"{step['seconds']:.0f} s.")])
 
 
-def main() -> None:
-    doc = DOC.read_text()
+def regenerated(doc: str) -> str:
+    """docs/gpu.md with its four generated sections computed again from the recordings."""
     for name, body in (("h200 sweep", sweep_section()), ("h200 load timing",
                        load_timing_section()), ("h200 quantize", quantize_section()),
                        ("h200 twins", twin_section())):
         doc = splice_generated(doc, name, body)
-    DOC.write_text(doc)
-    print(f"wrote {DOC}")
+    return doc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 when docs/gpu.md's tables differ from the data")
+    ap.add_argument("--doc", type=Path, default=DOC, help="the page (default: docs/gpu.md)")
+    a = ap.parse_args()
+    doc = a.doc.read_text()
+    new = regenerated(doc)
+    if a.check:
+        if new != doc:
+            sys.exit(f"{a.doc}: the generated tables differ from the recordings; run "
+                     "`.venv/bin/python bench/gpu_h200_doc.py` and commit the result")
+        print(f"{a.doc}: the generated tables match the recordings")
+        return
+    a.doc.write_text(new)
+    print(f"wrote {a.doc}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import json
 
 import yaml
 
+from bench.gpu_h200_doc import regenerated
 from bench.gpu_serving import BUDGET_SWEEP, _hist_delta, pinned_configs
 from onboarding.paths import PROJECT_ROOT
 from onboarding.serving_config import load_engine_templates
@@ -85,3 +86,13 @@ def test_served_accuracy_script_gives_the_engine_a_python_to_read_its_version(tm
     out = subprocess.run([str(bin_dir / "python"), "-c", "import yaml; print(yaml.__name__)"],
                          capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "yaml"
+
+
+def test_docs_gpu_h200_tables_are_the_recordings_computed_again():
+    """docs/gpu.md says every number in its H200 tables is computed from tests/data/gpu/h200;
+    regenerating them changes nothing, and a number typed over is put back."""
+    doc = (PROJECT_ROOT / "docs" / "gpu.md").read_text()
+    assert regenerated(doc) == doc
+    typed = doc.replace("Job A (fetch, quantize, gate, plan, publish) took 171 s.",
+                        "Job A (fetch, quantize, gate, plan, publish) took 17 s.")
+    assert typed != doc and regenerated(typed) == doc
