@@ -109,8 +109,7 @@ def revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: Config
                       run_config=cfg.launch.run_config(cfg.launch.automatic_sweep, stages),
                       tags={"onboarding/trigger": "revalidation",
                             "onboarding/stack_fingerprint": fp,
-                            "onboarding/ready_before": str(
-                                verdicts[model].startswith("ready")).lower(),
+                            "onboarding/ready_before": verdicts[model],
                             "onboarding/stale_assets": ",".join(sorted(assets))})
         for model, assets in stale.items()
     ]

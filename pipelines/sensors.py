@@ -129,7 +129,7 @@ def _run_request(model: str, source: str, folder: Folder, known: Known, cfg: Aut
               "onboarding/content_id": known.content_id,
               "onboarding/sweep": launch.automatic_sweep,
               # the verdict this run starts from (the readiness asset's words, as the
-              # re-validation schedule reports it); the run's own verdict follows it
+              # re-validation schedule tags its runs); the run's own verdict follows it
               "onboarding/ready_before": ready_before})
 
 

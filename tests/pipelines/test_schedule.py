@@ -16,6 +16,7 @@ from assets.stack import current_stack, observe_stack
 from onboarding.stack import diff, fingerprint, flatten
 from pipelines.schedules import (
     STACK_INPUT_TAG,
+    readiness_verdict,
     revalidation_schedule,
     stack_dependent,
     stale_ready_models,
@@ -139,6 +140,9 @@ def test_stack_edit_marks_dependents_stale_and_revalidates_exactly_the_ready_mod
         assert request.run_key == f"revalidate-{request.partition_key}@{fp_after[:16]}"
         assert request.tags["onboarding/stack_fingerprint"] == fp_after
         assert request.tags["onboarding/stale_assets"].split(",") == sorted(STACK_DEPENDENT)
+        # the verdict before, in the readiness asset's words, as the checkpoint sensor tags it
+        assert request.tags["onboarding/ready_before"] == readiness_verdict(
+            instance, request.partition_key) != ""
 
     revalidation = defs.resolve_job_def("revalidate_model")
     assert "checkpoint" not in {k.to_user_string()
