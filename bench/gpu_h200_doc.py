@@ -14,8 +14,6 @@ fails when the page differs (tests/scripts/test_gpu_scripts.py holds the page to
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import math
 import re
 import sys
@@ -24,17 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onboarding.serving_stats import PointStats, Slo, headline
+from onboarding.serving_stats import Slo, headline
 from onboarding.tables import md_table, read_md_table, splice_generated
+from tests.gpu_recordings import H200, MODEL, points, sweep_rows
+from tests.gpu_recordings import recording as load
 
-H200 = ROOT / "tests" / "data" / "gpu" / "h200"
 DOC = ROOT / "docs" / "gpu.md"
-MODEL = "smollm2-135m"
 TWIN = "llama-3-1-8b-instruct-twin:fp8"
-
-
-def load(name: str) -> dict:
-    return json.loads((H200 / f"{name}.json").read_text())
 
 
 def checks(call: str) -> dict[tuple[str, str], dict]:
@@ -78,22 +72,13 @@ def point_row(r: dict, gpus: int) -> dict:
         "meets SLO": "yes" if str(r["meets_slo"]) == "True" else "no"}
 
 
-def slo_of(expected: dict) -> Slo:
-    return Slo(**expected)
-
-
 def sweep_section() -> str:
-    with open(H200 / "serving_benchmark.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = sweep_rows()
     stored = load("onboard-B")["assets"][MODEL]["serving_benchmark"]
     check = checks("B")[("serving_benchmark", "slo_at_target_concurrency")]
-    slo = slo_of(check["metadata"]["expected"])
-    points: dict[str, list] = {}
-    for r in rows:
-        points.setdefault(r["scenario"], []).append((int(float(r["load"])),
-                                                     PointStats.from_row(r)))
-    result, basis, violations = headline(MODEL, "bf16", "h200", stored["gpus"], slo, points,
-                                         True)
+    slo = Slo(**check["metadata"]["expected"])
+    result, basis, violations = headline(MODEL, "bf16", "h200", stored["gpus"], slo,
+                                         points(rows), True)
     table = md_table([point_row(r, stored["gpus"]) for r in rows])
     return "\n".join([
         (f"SmolLM2-135M-Instruct, bf16 (what `serving_variant` chose), configuration "
