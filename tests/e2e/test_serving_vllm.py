@@ -305,29 +305,51 @@ def _point_vs_engine(engine: Engine, r, tokenizer, out_tokens: int) -> dict:
             "server_ttft_s": histogram_mean_delta(before, after, m.ttft_histogram)}
 
 
+def stutter_plan(steady_itl_ms: float, tokens_per_stop: float = 3.0,
+                 stopped_share: float = 0.3) -> tuple[float, float]:
+    """(stop_s, period_s) for a SIGSTOP that spans `tokens_per_stop` of the engine's steps.
+
+    The fault must cause what it is for on any machine: the API server stopped long enough for
+    about three tokens to pile up per request, whatever one token takes here (54 ms on a quiet
+    2-core machine, 122 ms on a slower one, where a fixed 0.15 s stop spanned about one token
+    and hardly merged anything: issue 31). Never shorter than the 0.15 s it was tuned with;
+    stopped `stopped_share` of the time."""
+    stop_s = max(0.15, tokens_per_stop * steady_itl_ms / 1e3)
+    return stop_s, stop_s / stopped_share
+
+
+def test_stutter_scales_with_the_measured_itl():
+    assert stutter_plan(54.0) == pytest.approx((0.162, 0.54))
+    assert stutter_plan(122.5) == pytest.approx((0.3675, 1.225))
+    assert stutter_plan(10.0) == pytest.approx((0.15, 0.5))  # the floor it was tuned with
+
+
 def test_client_itl_is_the_engines_even_when_its_api_server_lags(running, tokenizer):
     """Mean ITL per token agrees with vLLM's `inter_token_latency_seconds` histogram.
 
     On 2 cores vLLM hardly coalesces by itself: the CPU engine's step grows with the batch, so
     its API server keeps up (1.0002 tokens per chunk measured at 256 concurrent requests). A
     starved API server is made here the way it happens on a GPU, by stopping it: SIGSTOP for
-    0.15 s every 0.5 s while the engine core keeps generating. Its outputs pile up and go out
-    merged (1.15-1.20 tokens per chunk measured), which read as one token per chunk would be
-    15-20 % too slow. Tolerance 3 %: a pause over a request's first or last chunk shifts its
-    sum of gaps by at most 0.15 s over 127 gaps (2.2 % of a ~54 ms ITL); the pooled mean
-    measured within 0.2 %.
+    about three of the steady point's ITLs, 30 % of the time, while the engine core keeps
+    generating (`stutter_plan`). Its outputs pile up and go out merged (1.15-1.20 tokens per
+    chunk measured), which read as one token per chunk would be 15-20 % too slow. Tolerance
+    3 %: a pause over a request's first or last chunk shifts its sum of gaps by at most three
+    ITLs over 127 gaps (2.4 %); the pooled mean measured within 0.2 %. Where the stops still
+    merged too little to tell the two readings apart, that is said with the numbers (a skip),
+    since the property the test is about needs merged chunks to be shown at all.
     """
     engine, r = running
     steady = _point_vs_engine(engine, r, tokenizer, 128)
     assert steady["completed"] == 32 and steady["itl_basis"] == "per token"
     assert steady["client_itl_ms"] == pytest.approx(steady["server_itl_ms"], rel=0.03)
+    stop_s, period_s = stutter_plan(steady["server_itl_ms"])
     stop = threading.Event()
 
     def stutter() -> None:
-        while not stop.wait(0.5):
+        while not stop.wait(period_s - stop_s):
             os.kill(r.pid, signal.SIGSTOP)
             try:
-                time.sleep(0.15)
+                time.sleep(stop_s)
             finally:
                 os.kill(r.pid, signal.SIGCONT)
 
@@ -338,9 +360,19 @@ def test_client_itl_is_the_engines_even_when_its_api_server_lags(running, tokeni
     finally:
         stop.set()
         lagging.join()
-    print(json.dumps({"steady": steady, "stalled_api_server": stalled}))
-    assert stalled["completed"] == 32 and stalled["tokens_per_chunk"] > 1.05
+    measured = {"steady": steady, "stalled_api_server": stalled,
+                "stop_s": stop_s, "period_s": period_s}
+    print(json.dumps(measured))
+    assert stalled["completed"] == 32
+    # The property holds or fails whatever merged; assert it before deciding whether it showed.
     assert stalled["client_itl_ms"] == pytest.approx(stalled["server_itl_ms"], rel=0.03)
+    if stalled["tokens_per_chunk"] <= 1.05:
+        pytest.skip(f"stopping the API server {stop_s:.3f} s every {period_s:.3f} s merged only "
+                    f"{stalled['tokens_per_chunk']:.3f} tokens per chunk (need > 1.05 to tell a "
+                    f"per-token reading from a per-chunk one); steady ITL "
+                    f"{steady['server_itl_ms']:.1f} ms, stalled client "
+                    f"{stalled['client_itl_ms']:.2f} ms vs engine "
+                    f"{stalled['server_itl_ms']:.2f} ms")
     assert stalled["per_text_chunk_itl_ms"] > 1.05 * stalled["server_itl_ms"]
 
 
