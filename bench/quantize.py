@@ -1,6 +1,7 @@
 """Benchmark: our `quantized` step against Model Optimizer called directly, same run, same data.
 
     .venv/bin/python bench/quantize.py [--checkpoint DIR] [--precision nvfp4] [--rounds 2]
+        [--eval-items-per-task 50]   (0: no eval timing)   [--config-dir DIR]  (default configs/)
 
 Peer: load the checkpoint, `mtq.quantize` with the same config and calibration batches, then
 `export_hf_checkpoint` (plus the CPU NVFP4 backend, without which the peer cannot run on a CPU).
@@ -66,13 +67,15 @@ def main() -> None:
     ap.add_argument("--precision", default="nvfp4", choices=["nvfp4", "fp8"])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--eval-items-per-task", type=int, default=50)
+    ap.add_argument("--config-dir", default="", help="configs/ to read quantization.yaml from")
     args = ap.parse_args()
 
     from onboarding.variants import QuantizedVariant
+    from resources.config_files import ConfigFiles
     from resources.evaluator import LmEvalEvaluator
     from resources.quantizer import STATE_SUFFIX, ModelOptQuantizer
 
-    quantizer = ModelOptQuantizer()
+    quantizer = ModelOptQuantizer(configs=ConfigFiles(config_dir=args.config_dir))
     work = Path(tempfile.mkdtemp(prefix="bench-quantize-"))
     try:
         ckpt = work / "model" / "rev"
@@ -95,7 +98,8 @@ def main() -> None:
         print(f"export check alone: {check_s:.2f} s = {check_s / peer_med:.2f}x the peer's "
               f"quantize+export (passed: {check.passed})", flush=True)
         v = QuantizedVariant(args.precision, str(last), str(state), export_valid=True)
-
+        if args.eval_items_per_task == 0:
+            return
         ev = LmEvalEvaluator(limit=args.eval_items_per_task)
         base = ev.evaluate(ckpt, None, [])
         model, tok = quantizer.load_for_eval(ckpt, v)

@@ -7,6 +7,8 @@ against the engine's own /metrics histograms over the same requests (the named p
 server-side measurement).
 
     .venv/bin/python bench/serving_sweep.py [--scenarios chat rag codegen] [--cold 3 --warm 2]
+        [--concurrency 1 4 ...] [--requests-per-point N]   (default: the cpu profile's sweep)
+        [--dry-run]   build the job and its resources, start nothing (the suite's smoke test)
 """
 
 from __future__ import annotations
@@ -31,9 +33,14 @@ import yaml
 from assets.partitions import models_partitions
 from assets.serving import load_timing, serving_benchmark
 from onboarding.refs import CheckpointRef, VariantRef
+from onboarding.serving_plan import ServingPlan
+from onboarding.variants import QuantizedSet
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator
+from resources.telemetry import GpuTelemetry
+from resources.upstream import optional_upstream
+from tests.dagster_support import stand_in
 
 SMOL = ROOT / ".cache" / "smollm2-135m-instruct"
 KEY = "smollm2-135m"
@@ -44,7 +51,13 @@ def main() -> None:
     ap.add_argument("--scenarios", nargs="+", default=["chat", "rag", "codegen"])
     ap.add_argument("--cold", type=int, default=3)
     ap.add_argument("--warm", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=None)
+    ap.add_argument("--requests-per-point", type=int, default=None)
+    ap.add_argument("--dry-run", action="store_true", help="validate the job, start nothing")
     args = ap.parse_args()
+    sweep = {k: v for k, v in {"concurrency": args.concurrency,
+                               "requests_per_point": args.requests_per_point}.items()
+             if v is not None}
     work = Path(tempfile.mkdtemp(prefix="serving-sweep-", dir=ROOT / ".cache"))
     try:
         model = work / "model"
@@ -72,14 +85,30 @@ def main() -> None:
 
         instance = dg.DagsterInstance.ephemeral()
         instance.add_dynamic_partitions("models", [KEY])
-        result = dg.materialize(
-            [checkpoint, serving_variant, load_timing, serving_benchmark], partition_key=KEY,
-            instance=instance, resources={
-                "engine": Engine(hardware="cpu", log_dir=str(work / "logs"),
-                                 configs=config_files),
-                "loadgen": LoadGenerator(), "configs": config_files, "outputs": outputs},
-            run_config={"ops": {"load_timing": {"config": {"cold_repeats": args.cold,
-                                                            "warm_repeats": args.warm}}}})
+        # Nothing quantized (the bf16 checkpoint is served) and no planned node type: the CPU
+        # engine runs its own configuration, as in the demo.
+        upstream = [checkpoint, serving_variant,
+                    stand_in("quantized", QuantizedSet(KEY, "", 1, ())),
+                    stand_in("serving_config", ServingPlan(plan=None, configs={}))]
+        assets = [*upstream, load_timing, serving_benchmark]
+        resources = {"engine": Engine(hardware="cpu", log_dir=str(work / "logs"),
+                                      configs=config_files),
+                     "loadgen": LoadGenerator(), "telemetry": GpuTelemetry(),
+                     "optional_upstream": optional_upstream, "configs": config_files,
+                     "outputs": outputs}
+        run_config = {"ops": {"load_timing": {"config": {"cold_repeats": args.cold,
+                                                          "warm_repeats": args.warm}},
+                              "serving_benchmark": {"config": sweep}}}
+        if args.dry_run:  # every resource an asset asks for, and the run config, checked
+            defs = dg.Definitions(assets=assets, resources=resources)
+            dg.Definitions.validate_loadable(defs)
+            job = defs.resolve_implicit_global_asset_job_def()
+            checked = dg.validate_run_config(job, run_config)
+            print(f"dry run: {len(assets)} assets, resources {sorted(resources)}, run config "
+                  f"{checked['ops']['serving_benchmark']['config']} valid")
+            return
+        result = dg.materialize(assets, partition_key=KEY, instance=instance,
+                                resources=resources, run_config=run_config)
         t = {k: getattr(v, "value", v) for k, v in next(
             iter(result.asset_materializations_for_node("load_timing"))).metadata.items()}
         print("\n## load_timing\n")

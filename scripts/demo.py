@@ -26,7 +26,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = ROOT / ".data"
+# The S3 server's data, credentials and the CLI's env file; a test points it elsewhere.
+DATA = Path(os.environ.get("ONBOARDING_DATA_DIR") or ROOT / ".data")
 MODEL_DIR = ROOT / ".cache" / "smollm2-135m-instruct"
 TWINS_DIR = ROOT / "twins"
 DEMO_MODEL = "smollm2-135m"

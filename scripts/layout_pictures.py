@@ -1,11 +1,12 @@
 """Render the picture of every layout in configs/layouts.yaml into docs/ (plan-only: from the
 catalog's architecture hints, nothing measured), as docs/layout.md shows them.
 
-    .venv/bin/python scripts/layout_pictures.py
+    .venv/bin/python scripts/layout_pictures.py [--out DIR]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -20,6 +21,11 @@ from onboarding.serving_config import load_slo_section
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=PROJECT_ROOT / "docs",
+                    help="where the PNGs go (default: docs/, where docs/layout.md shows them)")
+    out = ap.parse_args().out
+    out.mkdir(parents=True, exist_ok=True)
     nodes = load_nodes(DEFAULT_CONFIG_DIR / "nodes.yaml")
     catalog = load_catalog(DEFAULT_CONFIG_DIR / "models")
     cfg = load_layouts(DEFAULT_CONFIG_DIR / "layouts.yaml")
@@ -32,9 +38,9 @@ def main() -> int:
         if not plan.feasible:
             print(f"{name}: infeasible: {plan.reason}")
             continue
-        path = PROJECT_ROOT / "docs" / f"layout-{name}.png"
+        path = out / f"layout-{name}.png"
         path.write_bytes(layout_png(plan))
-        print(f"{name}: {path.relative_to(PROJECT_ROOT)}")
+        print(f"{name}: {path}")
     return 0
 
 
