@@ -1,0 +1,266 @@
+"""Every script under bench/ and scripts/ runs to its end here, or a named test runs it.
+
+A script nothing runs breaks quietly: bench/fetch.py measured its cold fetch and then died in its
+warm-path part when the assets started taking their configuration from the `configs` resource
+(issue 31), and bench/serving_sweep.py lost its upstream assets the same way. Each script gets
+the smallest arguments that reach its end (or its dry run), and the inventory below must name
+every file in those folders, so a new script cannot arrive without one. A script CI cannot run
+to its end (it needs a GPU) is run as far as a CPU goes, and the test says where it stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onboarding.paths import PROJECT_ROOT
+
+SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+VLLM = PROJECT_ROOT / ".venv-engine" / "bin" / "vllm"
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "DAGSTER_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1", "VLLM_NO_USAGE_STATS": "1"}
+
+# Scripts run to their end by a test elsewhere: the test file must name the script.
+ELSEWHERE = {
+    "bench/gpu_h200_doc.py": "tests/scripts/test_gpu_scripts.py",  # --check
+    "scripts/add_measured_points.py": "tests/onboarding/test_predict.py",
+    "scripts/check_gateway_config.py": "tests/onboarding/test_layout_render.py",
+    "scripts/gpu_node_probe.py": "tests/e2e/test_gpu_node_probe.py",
+    "scripts/gpu_noisy_neighbour.py": "tests/onboarding/test_layout_render.py",  # --dry-run
+}
+# Scripts this module runs, each by the test named.
+HERE = {
+    "bench/fetch.py": "test_fetch_bench_reaches_its_warm_path",
+    "bench/gate_looks.py": "test_gate_looks_prints_the_ratio_against_the_rule_before",
+    "bench/gpu_device.sh": "test_shell_scripts_parse_and_gpu_device_refuses_an_unknown_step",
+    "bench/gpu_serving.py":
+        "test_gpu_serving_prepare_builds_the_model_and_pins_the_configs_on_a_cpu",
+    "bench/loadgen.py": "test_loadgen_against_the_fake_server_reaches_its_summary",
+    "bench/predictions.py": "test_predictions_record_is_the_committed_recording",
+    "bench/quantize.py": "test_quantize_bench_prints_its_ratio_against_modelopt_direct",
+    "bench/quantize_gpu.py": "test_quantize_gpu_tiny_runs_the_quantize_stage_on_a_cpu",
+    "bench/served_accuracy_gpu.py": "test_served_accuracy_gpu_scores_bf16_through_the_cpu_engine",
+    "bench/serving_sweep.py": "test_serving_sweep_dry_run_builds_its_job_with_every_resource",
+    "scripts/build_smollm2.py": "test_build_smollm2_keeps_a_complete_output",
+    "scripts/demo.py": "test_demo_fetch_only_reaches_its_summary",
+    "scripts/dev.sh": "test_shell_scripts_parse_and_gpu_device_refuses_an_unknown_step",
+    "scripts/layout_pictures.py": "test_layout_pictures_draws_every_feasible_layout",
+    "scripts/make_quantize_data.py": "test_make_quantize_data_reproduces_the_committed_files",
+    "scripts/setup_engine.sh": "test_shell_scripts_parse_and_gpu_device_refuses_an_unknown_step",
+    "scripts/setup_litellm.sh": "test_shell_scripts_parse_and_gpu_device_refuses_an_unknown_step",
+}
+
+
+def _scripts() -> set[str]:
+    return {str(p.relative_to(PROJECT_ROOT)) for d in ("bench", "scripts")
+            for p in (PROJECT_ROOT / d).iterdir() if p.suffix in (".py", ".sh")}
+
+
+def test_every_script_is_run_by_a_test():
+    assert _scripts() == set(ELSEWHERE) | set(HERE), (
+        "a script under bench/ or scripts/ without a smoke test (add it to HERE with a test "
+        "below, or to ELSEWHERE with the test that runs it)")
+    for script, test in ELSEWHERE.items():
+        text = (PROJECT_ROOT / test).read_text()  # by path, or imported by its module name
+        assert script in text or Path(script).stem in text, f"{test} does not run {script}"
+    for script, test in HERE.items():
+        assert callable(globals().get(test)), f"{script}: no {test} in this module"
+
+
+def run_script(argv: list[str], tmp_path: Path, timeout_s: float = 600,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *argv], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=timeout_s, check=False,
+                          env={**os.environ, **OFFLINE, "PYTHONPATH": str(PROJECT_ROOT),
+                               "TMPDIR": str(tmp_path), **(env or {})})
+    assert proc.returncode == 0, f"{argv[0]} exited {proc.returncode}:\n" \
+        f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def needs_model():
+    if not (SMOL / "model.safetensors").is_file():
+        pytest.skip(f"needs the SmolLM2 checkpoint ({SMOL}; `bash scripts/dev.sh setup`)")
+
+
+def needs_engine():
+    needs_model()
+    if not VLLM.is_file():
+        pytest.skip(f"needs the vLLM CPU engine ({VLLM}; `bash scripts/dev.sh setup`)")
+
+
+# ---- fast: pure computation or the fake server ----
+
+def test_gate_looks_prints_the_ratio_against_the_rule_before(tmp_path):
+    out = tmp_path / "looks.json"
+    proc = run_script(["bench/gate_looks.py", "--runs", "40", "--size", "100", "--json",
+                       str(out)], tmp_path)
+    assert "error at the limit, shipped ÷ before:" in proc.stdout
+    rows = json.loads(out.read_text())
+    assert rows["runs"] == 40 and 0 <= rows["at_limit/shipped"]["pass_rate"] <= 1
+
+
+@pytest.mark.slow
+def test_predictions_record_is_the_committed_recording(tmp_path):
+    """`--record` asks AIConfigurator for the calibration points and one model's ladder (about
+    a minute here; regenerating docs/predictions.md asks for every model, three): what it
+    writes must be, byte for byte, the recording the CPU tests replay."""
+    out = tmp_path / "recorded.json"
+    run_script(["bench/predictions.py", "--record", str(out)], tmp_path)
+    committed = PROJECT_ROOT / "tests" / "data" / "predict" / "recorded_predictions.json"
+    assert out.read_text() == committed.read_text(), \
+        "the library answers otherwise now: run bench/predictions.py --record and the docs"
+
+
+def test_layout_pictures_draws_every_feasible_layout(tmp_path):
+    proc = run_script(["scripts/layout_pictures.py", "--out", str(tmp_path)], tmp_path)
+    drawn = sorted(p.name for p in tmp_path.glob("layout-*.png"))
+    assert drawn and all((tmp_path / n).read_bytes()[:4] == b"\x89PNG" for n in drawn)
+    assert len(drawn) == proc.stdout.count(".png")
+
+
+def test_make_quantize_data_reproduces_the_committed_files(tmp_path):
+    """The generator is seeded: run into an empty directory, it writes exactly what configs/
+    holds (a list edited without re-running the script shows here)."""
+    run_script(["scripts/make_quantize_data.py", str(tmp_path)], tmp_path)
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert written
+    for p in written:
+        committed = PROJECT_ROOT / "configs" / p.relative_to(tmp_path)
+        assert committed.is_file(), f"{committed} is not committed"
+        assert p.read_bytes() == committed.read_bytes(), f"{committed} differs from its generator"
+
+
+def test_loadgen_against_the_fake_server_reaches_its_summary(tmp_path):
+    out = tmp_path / "rows.json"
+    proc = run_script(["bench/loadgen.py", "--quick", "--repeats", "1", "--tools",
+                       "ours (aiohttp)", "--json", str(out)], tmp_path)
+    rows = json.loads(out.read_text())
+    assert rows and all("error" not in r and r["completed"] > 0 for r in rows), rows
+    assert "| case | tool |" in proc.stdout
+
+
+def test_shell_scripts_parse_and_gpu_device_refuses_an_unknown_step(tmp_path):
+    """dev.sh and setup_engine.sh run in full on every CI run (`.ci/run` is `dev.sh test`, whose
+    setup calls setup_engine.sh); setup_litellm.sh makes the gateway check's venv and
+    gpu_device.sh runs only on the H200: here they are parsed, and gpu_device.sh's dispatcher
+    is run as far as a CPU goes."""
+    for script in ("scripts/dev.sh", "scripts/setup_engine.sh", "scripts/setup_litellm.sh",
+                   "bench/gpu_device.sh"):
+        done = subprocess.run(["bash", "-n", script], cwd=PROJECT_ROOT, capture_output=True,
+                              text=True, check=False)
+        assert done.returncode == 0, f"{script}: {done.stderr}"
+    done = subprocess.run(["bash", "bench/gpu_device.sh", "no-such-step"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, check=False,
+                          env={**os.environ, "OUT": str(tmp_path)})
+    assert done.returncode == 2 and "unknown step no-such-step" in done.stderr
+
+
+# ---- slow: real services, the real model, the real engine ----
+
+@pytest.mark.slow
+def test_fetch_bench_reaches_its_warm_path(tmp_path):
+    """The run that died in issue 31: the cold fetch against boto3 and awscli, then the warm
+    `checkpoint` materialization with its checks, on a 20 MB two-file checkpoint."""
+    proc = run_script(["bench/fetch.py", "--gb", "0.02", "--files", "2", "--reps", "1"],
+                      tmp_path)
+    assert "transfer: best peer" in proc.stdout
+    assert "warm re-materialization of the verified" in proc.stdout
+
+
+@pytest.mark.slow
+def test_quantize_gpu_tiny_runs_the_quantize_stage_on_a_cpu(tmp_path):
+    """Its GPU run needs the H200; `--tiny` is the same code on a model small enough here."""
+    needs_model()
+    run_script(["bench/quantize_gpu.py", "--out", str(tmp_path / "out"), "--work",
+                str(tmp_path / "work"), "--tiny", "--skip-eval"], tmp_path)
+    [report] = list((tmp_path / "out").glob("gpu_*.json"))
+    body = json.loads(report.read_text())
+    assert body["device"] == "cpu"
+
+
+@pytest.mark.slow
+def test_quantize_bench_prints_its_ratio_against_modelopt_direct(tmp_path):
+    needs_model()
+    import yaml
+
+    configs = tmp_path / "configs"  # a smaller calibration, the same for ours and the peer
+    shutil.copytree(PROJECT_ROOT / "configs", configs)
+    q = yaml.safe_load((configs / "quantization.yaml").read_text())
+    q["calibration"].update(samples=4, seq_len=64, batch_size=4)
+    q["export_check"].update(samples=1, seq_len=64)
+    (configs / "quantization.yaml").write_text(yaml.safe_dump(q, sort_keys=False))
+    proc = run_script(["bench/quantize.py", "--rounds", "1", "--eval-items-per-task", "0",
+                       "--config-dir", str(configs)], tmp_path)
+    assert "vs modelopt direct" in proc.stdout and "(passed: True)" in proc.stdout
+
+
+@pytest.mark.slow
+def test_gpu_serving_prepare_builds_the_model_and_pins_the_configs_on_a_cpu(tmp_path):
+    """`prepare` (the first device call) without the node probe; `onboard` and `twins` need the
+    H200 and run there (bench/gpu_device.sh), their recordings replayed in tests/assets/."""
+    needs_model()
+    out, work = tmp_path / "out", tmp_path / "work"
+    run_script(["bench/gpu_serving.py", "prepare", "--out", str(out), "--work", str(work),
+                "--probe-burn-s", "0", "--node-type", "cpu"], tmp_path)
+    assert (work / "smollm2-135m-instruct" / "model.safetensors").is_file()  # build_smollm2.py
+    assert (work / "configs" / "stack.yaml").is_file()
+
+
+@pytest.mark.slow
+def test_demo_fetch_only_reaches_its_summary(tmp_path):
+    """The README's first command as far as `--select checkpoint`: the local S3 server, the
+    upload, the Dagster run, the summary; its own data dir and instance, not the checkout's."""
+    needs_model()
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(PROJECT_ROOT / "configs" / "dagster.yaml", home / "dagster.yaml")
+    proc = run_script(["scripts/demo.py", "--select", "checkpoint"], tmp_path, env={
+        "ONBOARDING_DATA_DIR": str(tmp_path / "data"), "DAGSTER_HOME": str(home),
+        "ONBOARDING_CACHE_ROOT": str(tmp_path / "nvme"),
+        "ONBOARDING_OUTPUT_DIR": str(tmp_path / "manifests"),
+        "ONBOARDING_REPORTS_DIR": str(tmp_path / "reports"),
+        "ONBOARDING_DISCOVERED_DIR": str(tmp_path / "discovered")})
+    assert "onboard_model[smollm2-135m]: SUCCESS" in proc.stdout, proc.stdout[-2000:]
+    assert "materialized: checkpoint" in proc.stdout
+    [fetched] = list((tmp_path / "nvme").rglob("model.safetensors"))
+    assert fetched.stat().st_size == (SMOL / "model.safetensors").stat().st_size
+    assert (tmp_path / "data" / "s3-credentials.json").is_file()
+
+
+def test_serving_sweep_dry_run_builds_its_job_with_every_resource(tmp_path):
+    """Its real run is four engine starts (the full cpu profile by default); the e2e test of
+    the same assets (tests/e2e/test_serving_vllm.py) runs the engine. Here what broke it:
+    each resource the assets ask for, and the run config, checked without starting one."""
+    needs_model()
+    proc = run_script(["bench/serving_sweep.py", "--scenarios", "chat", "--concurrency", "2",
+                       "--requests-per-point", "4", "--dry-run"], tmp_path)
+    assert "'concurrency': [2]" in proc.stdout and "valid" in proc.stdout
+
+
+@pytest.mark.slow
+def test_served_accuracy_gpu_scores_bf16_through_the_cpu_engine(tmp_path):
+    """Its documented CPU mode (bf16 only: the CPU build serves nothing else)."""
+    needs_engine()
+    run_script(["bench/served_accuracy_gpu.py", "--out", str(tmp_path / "out"), "--work",
+                str(tmp_path / "work"), "--precisions", "bf16", "--limit", "4",
+                "--checkpoint", str(SMOL)], tmp_path, timeout_s=900)
+    [report] = list((tmp_path / "out").glob("served_accuracy_*.json"))
+    body = json.loads(report.read_text())
+    assert "bf16" in json.dumps(body)
+
+
+def test_build_smollm2_keeps_a_complete_output(tmp_path):
+    """Setup runs it in full on every fresh machine (CI included), and gpu_serving's prepare
+    above does too; here its idempotence: an existing complete output is kept, not rebuilt."""
+    needs_model()
+    before = (SMOL / "model.safetensors").stat()
+    run_script(["scripts/build_smollm2.py", str(SMOL)], tmp_path)
+    after = (SMOL / "model.safetensors").stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
