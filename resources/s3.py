@@ -370,35 +370,42 @@ class S3ObjectStore(ObjectStore):
     def fetch(self, remote: RemoteCheckpoint, source: SourceRef, staging: Path,
               on_progress: ProgressFn, on_file_done: FileDoneFn,
               log: LogFn = log_to_python) -> int:
+        """Every object is finished here or fails the run: a part whose journal an earlier run
+        completed (killed between its last journal write and its rename) is hashed and renamed
+        like one whose last chunk lands now, so it is verified like any other file."""
         chunk = self.chunk_size_mb << 20
         resumed = 0
-        jobs: list[tuple[_PartFile, int]] = []
+        jobs: list[tuple[_PartFile, int | None]] = []  # None: every chunk is in; finish it
         parts: list[_PartFile] = []
         for obj in remote.objects:
             final = staging / obj.path
+            part = _PartFile(obj, final, chunk)
             if final.is_file() and final.stat().st_size == obj.size:
+                part.drop_leftovers()  # a run killed between the rename and the journal's unlink
                 resumed += obj.size
                 on_progress(obj.size)
                 on_file_done(obj, final, None)  # finished by an earlier run; hashed by the cache
                 continue
-            part = _PartFile(obj, final, chunk)
             done = part.open()
             resumed += sum(part.chunk_len(i) for i in done)
             on_progress(sum(part.chunk_len(i) for i in done))
             parts.append(part)
-            jobs.extend((part, i) for i in range(part.n_chunks) if i not in done)
+            missing = [(part, i) for i in range(part.n_chunks) if i not in done]
+            jobs.extend(missing or [(part, None)])  # complete already (or empty): finish it
         if not parts:
             return resumed
         stop = threading.Event()
 
-        def run(part: _PartFile, index: int) -> None:
+        def run(part: _PartFile, index: int | None) -> None:
             if stop.is_set():
                 raise _Cancelled
-            self._get_range(source, part, index, on_progress, stop, log)
-            last = part.commit(index)  # synced, then journaled
-            part.hash_ready(wait=last)
-            if last:
-                on_file_done(part.obj, part.final, part.finish())
+            if index is not None:
+                self._get_range(source, part, index, on_progress, stop, log)
+                if not part.commit(index):  # synced, then journaled
+                    part.hash_ready(wait=False)
+                    return
+            part.hash_ready(wait=True)  # the whole file is durable: hash the rest, finish
+            on_file_done(part.obj, part.final, part.finish())
 
         try:
             with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="s3-get") as pool:
@@ -410,9 +417,6 @@ class S3ObjectStore(ObjectStore):
                     for other in futures:
                         other.cancel()
                     raise next(e for e in failures if not isinstance(e, _Cancelled))
-            for part in parts:  # zero-length objects have no chunks to complete them
-                if part.n_chunks == 0:
-                    on_file_done(part.obj, part.final, part.finish())
         finally:
             for part in parts:
                 part.close()
@@ -590,6 +594,12 @@ class _PartFile:
 
     def chunk_len(self, i: int) -> int:
         return min(self.chunk, self.obj.size - i * self.chunk)
+
+    def drop_leftovers(self) -> None:
+        """The file is already under its final name: a part or journal beside it is what a
+        run killed after the rename left; kept, it would land in the cache entry."""
+        self.part.unlink(missing_ok=True)
+        self.journal.unlink(missing_ok=True)
 
     def open(self) -> set[int]:
         self.final.parent.mkdir(parents=True, exist_ok=True)
