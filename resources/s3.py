@@ -91,8 +91,9 @@ class S3ObjectStore(ObjectStore):
                                        "waiting for a listing page, a HEAD or a small object")
     range_read_timeout_s: float = Field(default=30.0, gt=0, description="silence allowed while a "
                                         "range streams (per read, not for the whole range)")
-    list_deadline_s: float = Field(default=60.0, gt=0, description="every attempt of one listing "
-                                   "page, HEAD or small read together")
+    list_deadline_s: float = Field(default=25.0, gt=0, description="every attempt of one listing "
+                                   "page, HEAD or small read together; a hung endpoint fails "
+                                   "within it")
     range_deadline_s: float = Field(default=300.0, gt=0, description="every attempt of one range "
                                     "together")
 
@@ -171,6 +172,12 @@ class S3ObjectStore(ObjectStore):
             return "dropped", f"the connection dropped ({type(exc).__name__})"
         return None
 
+    def _timed_out_s(self, exc: Exception, read_timeout_s: float) -> float:
+        """The timeout that ended an attempt, 0 when none did."""
+        if isinstance(exc, ConnectTimeoutError):
+            return self.connect_timeout_s
+        return read_timeout_s if isinstance(exc, ReadTimeoutError) else 0.0
+
     def _give_up(self, what: str, retry: _Retry, scope: str, detail: str = "") -> FetchError:
         """The error after the last attempt: the true count, the causes, timeouts named."""
         where = self.endpoint_url or "AWS S3"
@@ -180,7 +187,8 @@ class S3ObjectStore(ObjectStore):
         attempts = f"{n} attempt{'s' if n != 1 else ''} in {retry.elapsed_s:.1f} s"
         causes = ", ".join(f"{count}x {cause}" if count > 1 else cause
                            for cause, count in Counter(retry.causes).items())
-        ran_out = f"; the {deadline_knob} of {deadline_s:g} s ran out" if retry.deadline_hit else ""
+        ran_out = (f"; no time was left for another attempt in the {deadline_knob} of "
+                   f"{deadline_s:g} s" if retry.deadline_hit else "")
         prefix = f"{detail}: " if detail else ""
         if retry.last_kind == "unreachable":
             return FetchError(what, f"{prefix}cannot reach the S3 endpoint {where} after "
@@ -216,7 +224,7 @@ class S3ObjectStore(ObjectStore):
                     if probe and isinstance(exc, ClientError):
                         return None
                     raise self._explain(exc, what) from None
-                if not retry.failed(*found):
+                if not retry.failed(*found, self._timed_out_s(exc, self.list_read_timeout_s)):
                     raise self._give_up(what, retry, "list") from None
                 continue
             retry.succeeded()
@@ -458,15 +466,17 @@ class S3ObjectStore(ObjectStore):
                 if found is None:
                     raise self._explain(exc, where) from None
                 kind, cause = found
+                timed_out_s = self._timed_out_s(exc, self.range_read_timeout_s)
             else:
                 if pos == end:
                     retry.succeeded()
                     return
                 kind, cause = "dropped", f"the server sent {pos - start} of {end - start} bytes"
+                timed_out_s = 0.0
                 if retry.elapsed_s >= self.range_deadline_s:
                     kind, cause = "timeout", f"{pos - start} of {end - start} bytes in the deadline"
             on_progress(-(pos - start))  # the retry fetches these again
-            if not retry.failed(kind, cause):
+            if not retry.failed(kind, cause, timed_out_s):
                 raise self._give_up(where, retry, "range",
                                     f"{span} (object of {part.obj.size} bytes)") from None
 
@@ -522,14 +532,18 @@ class _Retry:
             self.log(f"{self.what}: succeeded on attempt {self.attempt}/{self.max_attempts} "
                      f"after {self.causes[-1]}")
 
-    def failed(self, kind: str, cause: str) -> bool:
-        """Record a failed attempt and wait out the backoff; False when none is left."""
+    def failed(self, kind: str, cause: str, timed_out_s: float = 0.0) -> bool:
+        """Record a failed attempt and wait out the backoff; False when none is left.
+
+        `timed_out_s`: the timeout that ended this attempt. The next attempt is expected to
+        wait as long, and is not made when that would end past the deadline: so a hung
+        endpoint fails within the deadline, not one whole timeout after it."""
         self.causes.append(cause)
         self.last_kind = kind
         if self.attempt >= self.max_attempts:
             return False
         delay_s = min(8.0, self.base_s * 2 ** (self.attempt - 1)) * (0.5 + random.random())
-        if self.elapsed_s + delay_s >= self.deadline_s:
+        if self.elapsed_s + delay_s + timed_out_s >= self.deadline_s:
             self.deadline_hit = True
             return False
         self.log(f"retry {self.attempt + 1}/{self.max_attempts} for {self.what}: {cause} "
