@@ -298,6 +298,12 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in v.split(".") if p.isdigit())
 
 
+def _not_read(g: GpuFacts, field: str) -> str:
+    """`GPU0 not read`, with the unreadable values behind it where nvidia-smi printed some."""
+    values = [u for u in g.unreadable if field in u]
+    return f"GPU{g.index} not read" + (f" ({', '.join(values)})" if values else "")
+
+
 def _per_gpu(gpus: Sequence[GpuFacts], bad: Iterable[str]) -> str:
     bad = list(bad)
     return "; ".join(bad) if bad else f"all {len(gpus)} GPU(s)"
@@ -340,6 +346,9 @@ def inventory_checks(s: NodeSetting, smi: SmiReport | None, smi_error: str,
     else:
         _gpu_checks(c, s, smi)
         _fabric_check(c, s, smi)
+        if smi.unreadable:  # said beside the checks that then judged fewer GPUs or none
+            c.skip(2, "nvidia_smi_values", "nvidia-smi printed values that are not numbers, "
+                   "taken as missing: " + "; ".join(smi.unreadable), required=False)
     _nvlink_check(c, s, smi, topo, topo_error, nvlinks, nvlink_error)
     _system_checks(c, t, system)
     return c.checks
@@ -382,11 +391,15 @@ def _gpu_checks(c: Checker, s: NodeSetting, smi: SmiReport) -> None:
            for g in gpus if g.power_limit_w is not None and g.power_limit_default_w
            and g.power_limit_w < t.power_limit_min_fraction * g.power_limit_default_w]
     unread = [g for g in gpus if g.power_limit_w is None or not g.power_limit_default_w]
+    not_read = "; ".join(_not_read(g, "power_limit") for g in unread)
     if len(unread) == len(gpus):
-        c.skip(2, "power_limit", "nvidia-smi reported no power limits")
+        c.skip(2, "power_limit", f"nvidia-smi reported no power limits ({not_read})"
+               if not_read else "nvidia-smi reported no power limits")
     else:
-        c.add(2, "power_limit", not low, _per_gpu(gpus, low) if low else
-              f"{gpus[0].power_limit_w} W", f">= {t.power_limit_min_fraction:.0%} of default",
+        read = next(g for g in gpus if g not in unread)
+        c.add(2, "power_limit", not low, (_per_gpu(gpus, low) if low else
+              f"{read.power_limit_w} W") + (f"; {not_read}" if not_read else ""),
+              f">= {t.power_limit_min_fraction:.0%} of default",
               "power capped below the default: " + "; ".join(low))
 
 

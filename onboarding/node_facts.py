@@ -4,7 +4,9 @@
 Pure functions over the tools' own text, so the recorded outputs of a real node
 (tests/data/acceptance/) and crafted failing ones go through the same code. Every value a tool
 prints as unavailable ("N/A", "[Not Supported]", "Requested functionality has been
-deprecated", ...) becomes None, which the checks report as "not checked", never as a pass.
+deprecated", ...) becomes None, which the checks report as "not checked", never as a pass. A
+value that is neither a number nor such a word (a field a new driver prints differently) also
+becomes None, and is named in `GpuFacts.unreadable`, which the inventory's checks show.
 The XML parser reads the current layout (driver 550+: `gpu_power_readings`,
 `clocks_event_reasons`, `sram_*`/`dram_*` ECC counters, `remapped_rows`) and the older one
 (`power_readings`, `clocks_throttle_reasons`, `single_bit`/`double_bit`).
@@ -40,13 +42,19 @@ def text(el: ET.Element | None, path: str) -> str | None:
     return None if value.lower() in _UNAVAILABLE else value
 
 
-def number(el: ET.Element | None, path: str) -> float | None:
-    """`700.00 W`, `16x`, `81559 MiB`, `41 C` -> the leading number; None when unavailable."""
+def number(el: ET.Element | None, path: str, unreadable: list[str] | None = None,
+           at: str = "") -> float | None:
+    """`700.00 W`, `16x`, `81559 MiB`, `41 C` -> the leading number; None when unavailable.
+    A value with no number is None too, and `at + path` with the value goes to `unreadable`."""
     value = text(el, path)
     if value is None:
         return None
     m = _NUMBER.match(value)
-    return float(m.group(1)) if m else None
+    if m is None:
+        if unreadable is not None:
+            unreadable.append(f"{at}{path}: {value!r}")
+        return None
+    return float(m.group(1))
 
 
 def _int(value: float | None) -> int | None:
@@ -100,6 +108,8 @@ class GpuFacts:
     clock_reasons_active: tuple[str, ...]
     fabric_state: str | None
     fabric_status: str | None
+    # Fields printed with a value that is not a number, taken as missing: "<path>: '<value>'"
+    unreadable: tuple[str, ...] = ()
 
     @property
     def row(self) -> dict[str, Any]:
@@ -120,8 +130,14 @@ class SmiReport:
     timestamp: str | None
     gpus: tuple[GpuFacts, ...]
 
+    @property
+    def unreadable(self) -> tuple[str, ...]:
+        """Every GPU's unreadable fields, `GPU<i> <path>: '<value>'`."""
+        return tuple(f"GPU{g.index} {u}" for g in self.gpus for u in g.unreadable)
 
-def _ecc_counts(errors: ET.Element | None, scope: str) -> tuple[int | None, int | None]:
+
+def _ecc_counts(errors: ET.Element | None, scope: str, unreadable: list[str] | None = None
+                ) -> tuple[int | None, int | None]:
     """(correctable, uncorrectable) summed over one scope ("volatile" / "aggregate"), across
     both layouts: `sram_correctable`/`dram_uncorrectable`/... or `single_bit`/`double_bit`
     with a `total`. None when the GPU reports no counter (ECC off or not supported)."""
@@ -130,14 +146,19 @@ def _ecc_counts(errors: ET.Element | None, scope: str) -> tuple[int | None, int 
         return None, None
     corr: int | None = None
     unc: int | None = None
+    at = f"ecc_errors/{scope}/"
     for child in node:
         tag = child.tag
-        value = number(child, "total") if len(child) else number(node, tag)
+        uncorrectable = "uncorrectable" in tag or tag == "double_bit"
+        if not uncorrectable and "correctable" not in tag and tag != "single_bit":
+            continue  # not a count (`sram_threshold_exceeded` is Yes/No)
+        value = (number(child, "total", unreadable, f"{at}{tag}/") if len(child)
+                 else number(node, tag, unreadable, at))
         if value is None:
             continue
-        if "uncorrectable" in tag or tag == "double_bit":
+        if uncorrectable:
             unc = (unc or 0) + int(value)
-        elif "correctable" in tag or tag == "single_bit":
+        else:
             corr = (corr or 0) + int(value)
     return corr, unc
 
@@ -158,45 +179,54 @@ def _gpu(index: int, g: ET.Element) -> GpuFacts:
     power = power if power is not None else g.find("power_readings")
     link = g.find("pci/pci_gpu_link_info")
     errors = g.find("ecc_errors")
-    vol_c, vol_u = _ecc_counts(errors, "volatile")
-    agg_c, agg_u = _ecc_counts(errors, "aggregate")
+    unreadable: list[str] = []
+    vol_c, vol_u = _ecc_counts(errors, "volatile", unreadable)
+    agg_c, agg_u = _ecc_counts(errors, "aggregate", unreadable)
+
+    def num(el: ET.Element | None, path: str) -> float | None:
+        """`number`, naming an unreadable value by its path under <gpu>."""
+        at = "" if el is g or el is None else "pci/pci_gpu_link_info/" if el is link \
+            else f"{el.tag}/"
+        return number(el, path, unreadable, at)
+
     return GpuFacts(
         index=index,
         name=text(g, "product_name"), bus_id=g.get("id") or text(g, "pci/pci_bus_id"),
         uuid=text(g, "uuid"), serial=text(g, "serial"), vbios=text(g, "vbios_version"),
-        memory_total_mib=_int(number(g, "fb_memory_usage/total")),
+        memory_total_mib=_int(num(g, "fb_memory_usage/total")),
         persistence_mode=text(g, "persistence_mode"), mig_mode=text(g, "mig_mode/current_mig"),
         ecc_mode=text(g, "ecc_mode/current_ecc"),
         ecc_volatile_correctable=vol_c, ecc_volatile_uncorrectable=vol_u,
         ecc_aggregate_correctable=agg_c, ecc_aggregate_uncorrectable=agg_u,
-        retired_pages_double_bit=_int(number(
+        retired_pages_double_bit=_int(num(
             g, "retired_pages/double_bit_retirement/retired_count")),
         retired_pages_pending=text(g, "retired_pages/pending_retirement"),
-        remapped_rows_uncorrectable=_int(number(g, "remapped_rows/remapped_row_unc")),
+        remapped_rows_uncorrectable=_int(num(g, "remapped_rows/remapped_row_unc")),
         remapped_rows_pending=text(g, "remapped_rows/remapped_row_pending"),
         remapped_rows_failure=text(g, "remapped_rows/remapped_row_failure"),
-        pcie_gen_current=_int(number(link, "pcie_gen/current_link_gen")),
-        pcie_gen_max=_int(number(link, "pcie_gen/max_link_gen")),
-        pcie_gen_device_max=_int(number(link, "pcie_gen/max_device_link_gen")),
-        pcie_gen_host_max=_int(number(link, "pcie_gen/max_host_link_gen")),
-        pcie_width_current=_int(number(link, "link_widths/current_link_width")),
-        pcie_width_max=_int(number(link, "link_widths/max_link_width")),
-        pcie_replay_count=_int(number(g, "pci/replay_counter")),
-        power_limit_w=_first(number(power, "current_power_limit"),
-                             number(power, "enforced_power_limit"),
-                             number(power, "power_limit")),
-        power_limit_default_w=number(power, "default_power_limit"),
-        power_limit_max_w=number(power, "max_power_limit"),
-        power_draw_w=_first(number(power, "instant_power_draw"),
-                            number(power, "average_power_draw"), number(power, "power_draw")),
-        sm_clock_mhz=number(g, "clocks/sm_clock"),
-        sm_clock_max_mhz=number(g, "max_clocks/sm_clock"),
-        mem_clock_max_mhz=number(g, "max_clocks/mem_clock"),
-        temp_c=number(g, "temperature/gpu_temp"),
-        temp_slowdown_c=number(g, "temperature/gpu_temp_slow_threshold"),
-        temp_shutdown_c=number(g, "temperature/gpu_temp_max_threshold"),
+        pcie_gen_current=_int(num(link, "pcie_gen/current_link_gen")),
+        pcie_gen_max=_int(num(link, "pcie_gen/max_link_gen")),
+        pcie_gen_device_max=_int(num(link, "pcie_gen/max_device_link_gen")),
+        pcie_gen_host_max=_int(num(link, "pcie_gen/max_host_link_gen")),
+        pcie_width_current=_int(num(link, "link_widths/current_link_width")),
+        pcie_width_max=_int(num(link, "link_widths/max_link_width")),
+        pcie_replay_count=_int(num(g, "pci/replay_counter")),
+        power_limit_w=_first(num(power, "current_power_limit"),
+                             num(power, "enforced_power_limit"),
+                             num(power, "power_limit")),
+        power_limit_default_w=num(power, "default_power_limit"),
+        power_limit_max_w=num(power, "max_power_limit"),
+        power_draw_w=_first(num(power, "instant_power_draw"),
+                            num(power, "average_power_draw"), num(power, "power_draw")),
+        sm_clock_mhz=num(g, "clocks/sm_clock"),
+        sm_clock_max_mhz=num(g, "max_clocks/sm_clock"),
+        mem_clock_max_mhz=num(g, "max_clocks/mem_clock"),
+        temp_c=num(g, "temperature/gpu_temp"),
+        temp_slowdown_c=num(g, "temperature/gpu_temp_slow_threshold"),
+        temp_shutdown_c=num(g, "temperature/gpu_temp_max_threshold"),
         clock_reasons_active=_clock_reasons(g),
         fabric_state=text(g, "fabric/state"), fabric_status=text(g, "fabric/status"),
+        unreadable=tuple(unreadable),
     )
 
 

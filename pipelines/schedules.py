@@ -1,5 +1,9 @@
 """Re-validation: on a cron from configs/automation.yaml, re-run the stack-dependent stages of
-every ready model whose results were measured on another serving stack.
+every onboarded model whose results were measured on another serving stack.
+
+Onboarded means every `revalidation.ready_assets` is materialized for the partition, whatever
+the model's `readiness` verdict: a new stack can turn "not ready" into "ready" (or back), so a
+model that missed its SLOs is re-validated too; the verdict before is tagged on the run.
 
 A schedule, not declarative automation, on purpose: re-validating a fleet is GPU-hours, so it
 runs at a stated time, only for models that finished onboarding (`ready_assets`), one run per
@@ -61,10 +65,11 @@ def readiness_verdict(instance: dg.DagsterInstance, model: str) -> str:
     return str(verdict.value) if verdict is not None else "not judged yet"
 
 
-def stale_ready_models(instance: dg.DagsterInstance, fingerprint: str,
-                       ready_assets: list[str], dependent: list[str]
-                       ) -> dict[str, dict[str, Any]]:
-    """Ready models whose stack-dependent materializations were produced on another stack.
+def stale_onboarded_models(instance: dg.DagsterInstance, fingerprint: str,
+                           ready_assets: list[str], dependent: list[str]
+                           ) -> dict[str, dict[str, Any]]:
+    """Onboarded models (every `ready_assets` materialized, whatever their readiness verdict)
+    whose stack-dependent materializations were produced on another stack.
 
     Returns model -> {stale asset: the fingerprint it was measured on, or `unknown`}.
     """
@@ -87,17 +92,18 @@ def stale_ready_models(instance: dg.DagsterInstance, fingerprint: str,
     execution_timezone=AT_LOAD.timezone,
     job_name=REVALIDATE_JOB,
     default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Re-validates ready models whose results were measured on another serving "
-    "stack (configs/automation.yaml `revalidation`).",
+    description="Re-validates onboarded models (every revalidation.ready_assets materialized), "
+    "whatever their readiness verdict, whose results were measured on another serving stack "
+    "(configs/automation.yaml `revalidation`).",
 )
 def revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: ConfigFiles):
     AT_LOAD.check()
     fp, _ = current_stack(configs)
     cfg = configs.automation()
-    stale = stale_ready_models(context.instance, fp, cfg.revalidation.ready_assets,
+    stale = stale_onboarded_models(context.instance, fp, cfg.revalidation.ready_assets,
                                stack_dependent(context.repository_def.asset_graph))
     if not stale:
-        return dg.SkipReason(f"every ready model is current with stack {fp[:16]}")
+        return dg.SkipReason(f"every onboarded model is current with stack {fp[:16]}")
     verdicts = {model: readiness_verdict(context.instance, model) for model in stale}
     for model, assets in stale.items():
         context.log.info(f"{model} ({verdicts[model]}): stale against "

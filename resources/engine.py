@@ -162,6 +162,24 @@ def detect_hardware() -> str:
     return f"sm{int(major)}{int(minor or 0)}"
 
 
+def _check_model_dir(variant: VariantRef) -> None:
+    """Refuse a model path the engine cannot load before starting it: vLLM finds out only
+    after importing itself (16 s on the CPU build), with the cause deep in its log."""
+    path = Path(variant.path)
+    if not path.exists():
+        cause = "does not exist"
+    elif not path.is_dir():
+        cause = "is not a directory"
+    elif not (path / "config.json").is_file():
+        cause = "holds no config.json (the engine reads the model's architecture from it)"
+    else:
+        return
+    raise EngineError(f"model path {path} of {variant.model} ({variant.precision})", cause,
+                      "Re-materialize the variant (checkpoint, or quantized for a quantized "
+                      "precision) so the path it records holds the model again; on a node, "
+                      "check that the cache volume is mounted.")
+
+
 def weight_files(checkpoint_dir: Path) -> list[Path]:
     files = sorted(checkpoint_dir.rglob("*.safetensors"))
     if not files:
@@ -361,6 +379,7 @@ class Engine(dg.ConfigurableResource):
                               f"is for hardware {config.hardware}, this engine runs on {hw}",
                               "Start the configuration of the node type at hand (the engine "
                               "resource's node_type and hardware).")
+        _check_model_dir(variant)
         port = self.port or free_port()
         if not port_is_free(port):
             raise EngineError(f"port {port} on 127.0.0.1", "already in use by another process",

@@ -277,23 +277,47 @@ def _no_content(rec: RequestRecord, usage_chunks: int) -> str:
     return "no chunk carried text"
 
 
-async def _scrape(session: aiohttp.ClientSession, url: str | None, timeout_s: float,
-                  run: PointRun) -> str | None:
-    """One /metrics scrape, bounded by `timeout_s`; a failure is counted on `run`, not raised."""
-    if url is None:
+class _Scraper:
+    """The /metrics scrapes of one point, each bounded by `timeout_s`; a failure is counted on
+    `run`, never raised. The first scrape that times out ends scraping for the point: a
+    stalled endpoint would otherwise cost each later scrape (the one after the point too) the
+    whole timeout again, and the point its bound."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str | None, timeout_s: float,
+                 run: PointRun):
+        self.session, self.url, self.timeout_s, self.run = session, url, timeout_s, run
+        self.stalled = False
+
+    async def scrape(self) -> str | None:
+        url, run = self.url, self.run
+        if url is None:
+            return None
+        if self.stalled:
+            run.scrape_failed(f"{url}: not scraped: an earlier scrape of this point timed out "
+                              f"after {self.timeout_s:g} s")
+            return None
+        try:
+            async with self.session.get(
+                    url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    run.scrape_failed(f"{url}: HTTP {resp.status} {text[:80]!r}")
+                    return None
+                return text
+        except TimeoutError:
+            self.stalled = True
+            run.scrape_failed(f"{url}: timed out after {self.timeout_s:g} s")
+        except (aiohttp.ClientError, OSError) as exc:
+            run.scrape_failed(f"{url}: {_describe(exc)}")
         return None
-    try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            text = await resp.text()
-            if resp.status != 200:
-                run.scrape_failed(f"{url}: HTTP {resp.status} {text[:80]!r}")
-                return None
-            return text
-    except TimeoutError:
-        run.scrape_failed(f"{url}: timed out after {timeout_s:g} s")
-    except (aiohttp.ClientError, OSError) as exc:
-        run.scrape_failed(f"{url}: {_describe(exc)}")
-    return None
+
+    async def loop(self, interval_s: float, stop: asyncio.Event) -> None:
+        while self.url is not None and not self.stalled and not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), interval_s)
+            except TimeoutError:
+                if (text := await self.scrape()) is not None:
+                    self.run.metrics_during.append(text)
 
 
 async def run_point_async(
@@ -306,8 +330,9 @@ async def run_point_async(
 
     Bounded twice: no request starts after `max_seconds`, and each request is cut at
     `request_timeout_s`. Warm-up requests run first and are not recorded. Scrapes are bounded
-    by `scrape_timeout_s`, and one in flight when the requests are done is abandoned, so
-    /metrics never holds the point past its end.
+    by `scrape_timeout_s`, one in flight when the requests are done is abandoned, and after
+    one timed out the point scrapes no more: a stalled /metrics costs a point at most one
+    `scrape_timeout_s` in all, never one per scrape.
     """
     if (concurrency is None) == (rate_rps is None):
         raise ValueError("give exactly one of concurrency and rate_rps")
@@ -323,10 +348,10 @@ async def run_point_async(
             await _fixed_concurrency(session, url, warmup_bodies, w, time.perf_counter(),
                                      float("inf"))
         run = PointRun(records=[], duration_s=0.0)
-        run.metrics_before = await _scrape(session, metrics_url, scrape_timeout_s, run)
+        scrapes = _Scraper(session, metrics_url, scrape_timeout_s, run)
+        run.metrics_before = await scrapes.scrape()
         stop = asyncio.Event()
-        scraper = asyncio.create_task(
-            _scrape_loop(session, metrics_url, scrape_interval_s, scrape_timeout_s, stop, run))
+        scraper = asyncio.create_task(scrapes.loop(scrape_interval_s, stop))
         start = time.perf_counter()
         try:
             if concurrency is not None:
@@ -341,7 +366,7 @@ async def run_point_async(
             scraper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await scraper
-        run.metrics_after = await _scrape(session, metrics_url, scrape_timeout_s, run)
+        run.metrics_after = await scrapes.scrape()
     run.drop_unparseable()
     return run
 
@@ -372,18 +397,6 @@ async def _poisson(session, url, bodies, rate_rps, start, deadline, seed):
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(send_one(session, url, body, start)))
     return list(await asyncio.gather(*tasks))
-
-
-async def _scrape_loop(session, url, interval_s, timeout_s, stop: asyncio.Event,
-                       run: PointRun) -> None:
-    if url is None:
-        return
-    while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), interval_s)
-        except TimeoutError:
-            if (text := await _scrape(session, url, timeout_s, run)) is not None:
-                run.metrics_during.append(text)
 
 
 def _run(coro):

@@ -257,10 +257,10 @@ class NvmeCache(dg.ConfigurableResource):
                     "interrupted run")
             results = {p: f.result() for p, f in hashes.items()}
         progress.finish()
-        files, problems, evidence = [], [], {}
+        files, problems, never, evidence = [], [], [], {}
         for obj in remote.objects:
             if obj.path not in results:
-                problems.append((obj, f"{obj.path}: never completed"))
+                never.append(obj)
                 continue
             size, sha, computed = results[obj.path]
             kind, expected = obj.evidence()
@@ -282,14 +282,8 @@ class NvmeCache(dg.ConfigurableResource):
             files.append(FileEntry(obj.path, size, sha))
             evidence[obj.path] = (kind if kind != "size_only"
                                   else f"size_only ({obj.size_only_reason()})")
-        if problems:
-            where = self._quarantine_files(model, remote.revision, staging, [o for o, _ in problems])
-            raise IntegrityError(
-                f"{remote.source} ({remote.revision})",
-                f"{len(problems)} object(s) failed verification: "
-                + "; ".join(msg for _, msg in problems),
-                f"The bad bytes were moved to {where}; the previous good cache entry is untouched. "
-                "Re-upload the object(s) at the source (or fix their recorded checksum), then re-run.")
+        if problems or never:
+            raise self._verification_failed(model, remote, staging, problems, never)
         return CheckpointManifest(source=remote.source, revision=remote.revision,
                                   files=files), resumed, evidence
 
@@ -298,15 +292,50 @@ class NvmeCache(dg.ConfigurableResource):
         stamp = time.strftime("%Y%m%dT%H%M%S")
         return self.root_path() / ".quarantine" / model / f"{revision}-{stamp}"
 
-    def _quarantine_files(self, model, revision, staging: Path, objs: list[RemoteObject]) -> Path:
+    def _verification_failed(self, model: str, remote: RemoteCheckpoint, staging: Path,
+                             problems: list[tuple[RemoteObject, str]],
+                             never: list[RemoteObject]) -> IntegrityError:
+        """Move what failed out of staging, then say what was moved where: the next run then
+        fetches those objects again instead of failing the same way on the same leftovers.
+
+        A file that failed verification may have been corrupted in transit or at the source;
+        one that never completed is the store's bug (every store finishes or raises), and
+        its part and journal go too, so nothing of it is trusted on the next run."""
+        bad = [o for o, _ in problems]
+        target, moved = self._quarantine_files(model, remote.revision, staging, bad, never)
+        causes = [msg for _, msg in problems] + [
+            f"{o.path}: never completed (the store returned without finishing it)" for o in never]
+        if moved:
+            fix = f"Moved out of staging to {target}: {', '.join(moved)}."
+        else:
+            fix = "Nothing of them was left in staging."
+        fix += (" The next run fetches them again; the previous good cache entry is "
+                "untouched.")
+        if bad:
+            fix += (" If a file fails the same way again, its bytes at the source differ from "
+                    "what the source recorded: re-upload it (or fix its recorded checksum).")
+        if never:
+            fix += " A file that never completed is a bug in the object store: report it."
+        return IntegrityError(f"{remote.source} ({remote.revision})",
+                              f"{len(causes)} object(s) failed verification: "
+                              + "; ".join(causes), fix)
+
+    def _quarantine_files(self, model, revision, staging: Path, bad: list[RemoteObject],
+                          never: list[RemoteObject] = ()) -> tuple[Path, list[str]]:
+        """Move the bad files, and whatever a never-completed object left (the file, its part,
+        its journal), into quarantine; returns the directory and what was really moved."""
         target = self._quarantine_dir(model, revision)
-        for obj in objs:
-            src = staging / obj.path
+        names = [o.path for o in bad] + [
+            name for o in never for name in (o.path, f"{o.path}.part", f"{o.path}.part.chunks")]
+        moved = []
+        for name in names:
+            src = staging / name
             if src.exists():
-                dst = target / obj.path
+                dst = target / name
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(src, dst)
-        return target
+                moved.append(name)
+        return target, moved
 
     def _quarantine(self, model: str, revision: str, entry: Path, why: str) -> Path:
         target = self._quarantine_dir(model, revision)

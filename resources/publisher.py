@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import BotoCoreError, ClientError
 
 from onboarding.catalog import parse_source
@@ -137,9 +138,12 @@ def publish_variant(s3: S3ObjectStore, local_dir: Path, model: str, precision: s
         raise PublishError(f"{local_dir}", f"a file of the manifest is missing on disk "
                            f"({exc.filename})", "Re-materialize the variant; nothing points "
                            "at the partial upload and earlier versions are intact.") from None
-    except (ClientError, BotoCoreError) as exc:
+    except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
+        # S3UploadFailedError: boto3's wrapper of an upload that failed every attempt; it is
+        # neither of botocore's two, so without it here boto3's own message escapes.
         raise PublishError(uri, f"{type(exc).__name__}: {exc}", "Check the serving bucket "
-                           "exists and the credentials may write to it; re-run. Earlier "
+                           "exists, the credentials may write to it and the S3 endpoint's "
+                           "logs (an error that outlasts max_attempts); re-run. Earlier "
                            "versions are intact.") from None
     log(f"{precision}: {'already published' if skipped else f'published {uploaded:,} bytes'} "
         f"at {uri}")

@@ -91,8 +91,9 @@ class S3ObjectStore(ObjectStore):
                                        "waiting for a listing page, a HEAD or a small object")
     range_read_timeout_s: float = Field(default=30.0, gt=0, description="silence allowed while a "
                                         "range streams (per read, not for the whole range)")
-    list_deadline_s: float = Field(default=60.0, gt=0, description="every attempt of one listing "
-                                   "page, HEAD or small read together")
+    list_deadline_s: float = Field(default=25.0, gt=0, description="every attempt of one listing "
+                                   "page, HEAD or small read together; a hung endpoint fails "
+                                   "within it")
     range_deadline_s: float = Field(default=300.0, gt=0, description="every attempt of one range "
                                     "together")
 
@@ -171,6 +172,12 @@ class S3ObjectStore(ObjectStore):
             return "dropped", f"the connection dropped ({type(exc).__name__})"
         return None
 
+    def _timed_out_s(self, exc: Exception, read_timeout_s: float) -> float:
+        """The timeout that ended an attempt, 0 when none did."""
+        if isinstance(exc, ConnectTimeoutError):
+            return self.connect_timeout_s
+        return read_timeout_s if isinstance(exc, ReadTimeoutError) else 0.0
+
     def _give_up(self, what: str, retry: _Retry, scope: str, detail: str = "") -> FetchError:
         """The error after the last attempt: the true count, the causes, timeouts named."""
         where = self.endpoint_url or "AWS S3"
@@ -180,7 +187,8 @@ class S3ObjectStore(ObjectStore):
         attempts = f"{n} attempt{'s' if n != 1 else ''} in {retry.elapsed_s:.1f} s"
         causes = ", ".join(f"{count}x {cause}" if count > 1 else cause
                            for cause, count in Counter(retry.causes).items())
-        ran_out = f"; the {deadline_knob} of {deadline_s:g} s ran out" if retry.deadline_hit else ""
+        ran_out = (f"; no time was left for another attempt in the {deadline_knob} of "
+                   f"{deadline_s:g} s" if retry.deadline_hit else "")
         prefix = f"{detail}: " if detail else ""
         if retry.last_kind == "unreachable":
             return FetchError(what, f"{prefix}cannot reach the S3 endpoint {where} after "
@@ -216,7 +224,7 @@ class S3ObjectStore(ObjectStore):
                     if probe and isinstance(exc, ClientError):
                         return None
                     raise self._explain(exc, what) from None
-                if not retry.failed(*found):
+                if not retry.failed(*found, self._timed_out_s(exc, self.list_read_timeout_s)):
                     raise self._give_up(what, retry, "list") from None
                 continue
             retry.succeeded()
@@ -370,35 +378,42 @@ class S3ObjectStore(ObjectStore):
     def fetch(self, remote: RemoteCheckpoint, source: SourceRef, staging: Path,
               on_progress: ProgressFn, on_file_done: FileDoneFn,
               log: LogFn = log_to_python) -> int:
+        """Every object is finished here or fails the run: a part whose journal an earlier run
+        completed (killed between its last journal write and its rename) is hashed and renamed
+        like one whose last chunk lands now, so it is verified like any other file."""
         chunk = self.chunk_size_mb << 20
         resumed = 0
-        jobs: list[tuple[_PartFile, int]] = []
+        jobs: list[tuple[_PartFile, int | None]] = []  # None: every chunk is in; finish it
         parts: list[_PartFile] = []
         for obj in remote.objects:
             final = staging / obj.path
+            part = _PartFile(obj, final, chunk)
             if final.is_file() and final.stat().st_size == obj.size:
+                part.drop_leftovers()  # a run killed between the rename and the journal's unlink
                 resumed += obj.size
                 on_progress(obj.size)
                 on_file_done(obj, final, None)  # finished by an earlier run; hashed by the cache
                 continue
-            part = _PartFile(obj, final, chunk)
             done = part.open()
             resumed += sum(part.chunk_len(i) for i in done)
             on_progress(sum(part.chunk_len(i) for i in done))
             parts.append(part)
-            jobs.extend((part, i) for i in range(part.n_chunks) if i not in done)
+            missing = [(part, i) for i in range(part.n_chunks) if i not in done]
+            jobs.extend(missing or [(part, None)])  # complete already (or empty): finish it
         if not parts:
             return resumed
         stop = threading.Event()
 
-        def run(part: _PartFile, index: int) -> None:
+        def run(part: _PartFile, index: int | None) -> None:
             if stop.is_set():
                 raise _Cancelled
-            self._get_range(source, part, index, on_progress, stop, log)
-            last = part.commit(index)  # synced, then journaled
-            part.hash_ready(wait=last)
-            if last:
-                on_file_done(part.obj, part.final, part.finish())
+            if index is not None:
+                self._get_range(source, part, index, on_progress, stop, log)
+                if not part.commit(index):  # synced, then journaled
+                    part.hash_ready(wait=False)
+                    return
+            part.hash_ready(wait=True)  # the whole file is durable: hash the rest, finish
+            on_file_done(part.obj, part.final, part.finish())
 
         try:
             with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="s3-get") as pool:
@@ -410,9 +425,6 @@ class S3ObjectStore(ObjectStore):
                     for other in futures:
                         other.cancel()
                     raise next(e for e in failures if not isinstance(e, _Cancelled))
-            for part in parts:  # zero-length objects have no chunks to complete them
-                if part.n_chunks == 0:
-                    on_file_done(part.obj, part.final, part.finish())
         finally:
             for part in parts:
                 part.close()
@@ -454,15 +466,17 @@ class S3ObjectStore(ObjectStore):
                 if found is None:
                     raise self._explain(exc, where) from None
                 kind, cause = found
+                timed_out_s = self._timed_out_s(exc, self.range_read_timeout_s)
             else:
                 if pos == end:
                     retry.succeeded()
                     return
                 kind, cause = "dropped", f"the server sent {pos - start} of {end - start} bytes"
+                timed_out_s = 0.0
                 if retry.elapsed_s >= self.range_deadline_s:
                     kind, cause = "timeout", f"{pos - start} of {end - start} bytes in the deadline"
             on_progress(-(pos - start))  # the retry fetches these again
-            if not retry.failed(kind, cause):
+            if not retry.failed(kind, cause, timed_out_s):
                 raise self._give_up(where, retry, "range",
                                     f"{span} (object of {part.obj.size} bytes)") from None
 
@@ -518,14 +532,18 @@ class _Retry:
             self.log(f"{self.what}: succeeded on attempt {self.attempt}/{self.max_attempts} "
                      f"after {self.causes[-1]}")
 
-    def failed(self, kind: str, cause: str) -> bool:
-        """Record a failed attempt and wait out the backoff; False when none is left."""
+    def failed(self, kind: str, cause: str, timed_out_s: float = 0.0) -> bool:
+        """Record a failed attempt and wait out the backoff; False when none is left.
+
+        `timed_out_s`: the timeout that ended this attempt. The next attempt is expected to
+        wait as long, and is not made when that would end past the deadline: so a hung
+        endpoint fails within the deadline, not one whole timeout after it."""
         self.causes.append(cause)
         self.last_kind = kind
         if self.attempt >= self.max_attempts:
             return False
         delay_s = min(8.0, self.base_s * 2 ** (self.attempt - 1)) * (0.5 + random.random())
-        if self.elapsed_s + delay_s >= self.deadline_s:
+        if self.elapsed_s + delay_s + timed_out_s >= self.deadline_s:
             self.deadline_hit = True
             return False
         self.log(f"retry {self.attempt + 1}/{self.max_attempts} for {self.what}: {cause} "
@@ -590,6 +608,12 @@ class _PartFile:
 
     def chunk_len(self, i: int) -> int:
         return min(self.chunk, self.obj.size - i * self.chunk)
+
+    def drop_leftovers(self) -> None:
+        """The file is already under its final name: a part or journal beside it is what a
+        run killed after the rename left; kept, it would land in the cache entry."""
+        self.part.unlink(missing_ok=True)
+        self.journal.unlink(missing_ok=True)
 
     def open(self) -> set[int]:
         self.final.parent.mkdir(parents=True, exist_ok=True)

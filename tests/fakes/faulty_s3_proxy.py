@@ -5,7 +5,8 @@ too, so SigV4 signatures made for the proxy's address still verify upstream), ex
 of an object a test chose to break:
 
 - `fail(key, status=503, code="SlowDown")`: answer an S3 error instead (optionally only `times`
-  times, only for ranges starting at or after `from_byte`, after waiting `delay_s`);
+  times, only for ranges starting at or after `from_byte`, after waiting `delay_s`); with
+  `method="PUT"` the uploads of the object fail instead of its GETs;
 - `stall(key)`: accept the request and never answer (until `clear()`);
 - `drop(key, after_bytes)`: forward, send the headers and the first bytes, then cut the
   connection;
@@ -47,6 +48,7 @@ class Seen:
 class _Fault:
     key: str
     kind: str  # fail | stall | drop | hold | corrupt
+    method: str = "GET"  # the requests it breaks: GETs, or PUTs (uploads, parts) for `fail`
     status: int = 503
     code: str = "SlowDown"
     times: int | None = None  # None: every matching GET
@@ -56,8 +58,9 @@ class _Fault:
     at_byte: int = 0
     released: threading.Event = field(default_factory=threading.Event)
 
-    def matches(self, key: str, range_start: int, range_end: int) -> bool:
-        if key != self.key or self.times == 0 or range_start < self.from_byte:
+    def matches(self, method: str, key: str, range_start: int, range_end: int) -> bool:
+        if method != self.method or key != self.key or self.times == 0 or \
+                range_start < self.from_byte:
             return False
         return self.kind != "corrupt" or range_start <= self.at_byte <= range_end
 
@@ -76,8 +79,8 @@ class FaultyS3Proxy:
 
     # -- faults ---------------------------------------------------------------------------------
     def fail(self, key: str, status: int = 503, code: str = "SlowDown", times: int | None = None,
-             from_byte: int = 0, delay_s: float = 0.0) -> None:
-        self._add(_Fault(key, "fail", status=status, code=code, times=times,
+             from_byte: int = 0, delay_s: float = 0.0, method: str = "GET") -> None:
+        self._add(_Fault(key, "fail", method=method, status=status, code=code, times=times,
                          from_byte=from_byte, delay_s=delay_s))
 
     def stall(self, key: str, times: int | None = None) -> None:
@@ -171,8 +174,9 @@ class FaultyS3Proxy:
             return
         fault = None
         with self._lock:
-            if h.command == "GET" and key:
-                fault = next((f for f in self._faults if f.matches(key, start, end)), None)
+            if key:
+                fault = next((f for f in self._faults if f.matches(h.command, key, start, end)),
+                             None)
                 if fault is not None and fault.times is not None:
                     fault.times -= 1
             self.requests.append(Seen(h.command, key, rng, fault.kind if fault else ""))

@@ -98,6 +98,7 @@ class Truth:
     itl_count: int = 0
     chunks: int = 0
     tokens: int = 0
+    metrics_scrapes: int = 0  # GET /metrics, answered or not
 
     def finished(self, token_times: list[float], t0: float, chunks: int) -> None:
         """One request's token times (seconds, perf_counter) become its TTFT and ITLs."""
@@ -252,6 +253,7 @@ def build_app(cfg: FakeConfig) -> web.Application:
         return web.Response(status=503 if cfg.never_ready else 200)
 
     async def metrics(_: web.Request) -> web.Response:
+        truth.metrics_scrapes += 1
         if cfg.metrics_fault == "404":
             return web.Response(status=404, text="404: Not Found")
         if cfg.metrics_fault == "stall":
@@ -281,7 +283,8 @@ def build_app(cfg: FakeConfig) -> web.Application:
     async def get_truth(_: web.Request) -> web.Response:
         return web.json_response({"requests": truth.requests, "completed": truth.completed,
                                   "ttft_s": truth.ttft_s, "itl_s": truth.itl_s,
-                                  "chunks": truth.chunks, "tokens": truth.tokens})
+                                  "chunks": truth.chunks, "tokens": truth.tokens,
+                                  "metrics_scrapes": truth.metrics_scrapes})
 
     async def reset_truth(_: web.Request) -> web.Response:
         truth.__init__()

@@ -128,6 +128,21 @@ def test_a_failing_nvidia_smi_is_a_failed_check(configs):
     assert by_name(garbled.checks)["nvidia_smi"].status == acc.FAIL
 
 
+def test_an_unreadable_value_is_named_in_the_checks(configs):
+    """Issue 30, item 5: GPU0's power limit is printed as words; the power check judges GPU1
+    alone, so the checks' table must say which field of which GPU could not be read."""
+    xml = (HEALTHY / acc.RAW_SMI_XML).read_text().replace(
+        "<current_power_limit>700.00 W</current_power_limit>",
+        "<current_power_limit>seven hundred W</current_power_limit>", 1)
+    checks = by_name(inventory(setting(configs), xml=xml).checks)
+    said = "GPU0 gpu_power_readings/current_power_limit: 'seven hundred W'"
+    assert said in checks["nvidia_smi_values"].reason
+    assert not checks["nvidia_smi_values"].required  # said, not a verdict of its own
+    assert "GPU0 not read (gpu_power_readings/current_power_limit: 'seven hundred W')" in \
+        checks["power_limit"].measured  # it judged GPU1 alone, and says so
+    assert "nvidia_smi_values" not in by_name(inventory(setting(configs)).checks)
+
+
 def test_gpus_of_another_type_fail_the_model_check(configs):
     inv = inventory(setting(configs, node_type="h100"))
     check = by_name(inv.checks)["gpu_model"]

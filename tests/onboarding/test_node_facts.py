@@ -223,3 +223,18 @@ def test_busbw_is_nccl_tests_formula():
                                             ("Unknown", None), (None, None)])
 def test_sysfs_link_speed_to_generation(speed, gen):
     assert pcie_gen(speed) == gen
+
+
+def test_a_value_that_is_not_a_number_is_named_not_dropped_silently():
+    """Issue 30, item 5: inside otherwise valid XML, a field whose value is neither a number
+    nor one of nvidia-smi's words for unavailable is taken as missing, and said to be."""
+    xml = (DATA / "crafted-h200x2-healthy" / "nvidia-smi-q.xml").read_text()
+    xml = xml.replace("<current_power_limit>700.00 W</current_power_limit>",
+                      "<current_power_limit>seven hundred W</current_power_limit>", 1)
+    smi = parse_smi_xml(xml)
+    g0, g1 = smi.gpus
+    assert g0.power_limit_w is None and g1.power_limit_w == 700
+    assert g0.unreadable == ("gpu_power_readings/current_power_limit: 'seven hundred W'",)
+    assert g1.unreadable == ()
+    assert smi.unreadable == ("GPU0 gpu_power_readings/current_power_limit: 'seven hundred W'",)
+    assert parse_smi_xml(OLD_LAYOUT).unreadable == ()  # N/A is unavailable, not unreadable

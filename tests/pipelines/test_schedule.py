@@ -19,7 +19,7 @@ from pipelines.schedules import (
     readiness_verdict,
     revalidation_schedule,
     stack_dependent,
-    stale_ready_models,
+    stale_onboarded_models,
 )
 from pipelines.sensors import serving_stack_sensor
 from tests.pipelines.automation_graph import BROKEN_VLLM, GATE, build_defs
@@ -154,6 +154,26 @@ def test_stack_edit_marks_dependents_stale_and_revalidates_exactly_the_ready_mod
     assert after_one.run_requests[0].run_key == tick.run_requests[1].run_key
 
 
+def test_an_onboarded_model_is_revalidated_whatever_its_readiness_verdict(
+        instance, defs, config_dir):
+    """Issue 30, item 5: the schedule takes every model with each `revalidation.ready_assets`
+    materialized, whatever its `readiness` verdict (a stack change can turn "not ready"
+    either way); what the UI shows of the schedule says the same, not "ready models"."""
+    _observe(instance, defs)
+    for model in ("ready-a", "ready-b"):
+        _onboard(instance, defs, model)
+    not_ready = "not ready on cpu: ttft_p95_s 4.1 > 2.0 (chat, concurrency 8)"
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        "readiness", partition="ready-b", metadata={"verdict": not_ready}))
+    _bump_vllm(config_dir, "0.33.0")
+    _observe(instance, defs)
+    requests = {r.partition_key: r for r in _schedule_tick(instance, defs).run_requests}
+    assert sorted(requests) == ["ready-a", "ready-b"]
+    assert requests["ready-b"].tags["onboarding/ready_before"] == not_ready
+    said = revalidation_schedule.description
+    assert "onboarded models" in said and "whatever their readiness verdict" in said
+
+
 def test_a_revalidation_that_flips_the_gate_is_visible_in_metadata(instance, defs, config_dir):
     _observe(instance, defs)
     _onboard(instance, defs, "ready-a")
@@ -209,14 +229,14 @@ def test_a_model_onboarded_before_any_stack_observation_is_current_until_the_sta
     fp = first.asset_events[0].tags["dagster/data_version"]
     tick = _schedule_tick(instance, defs)
     assert tick.run_requests == [] and "current" in tick.skip_message
-    assert stale_ready_models(instance, fp, ["kserve_manifest"], STACK_DEPENDENT) == {}
+    assert stale_onboarded_models(instance, fp, ["kserve_manifest"], STACK_DEPENDENT) == {}
 
     _bump_vllm(config_dir, "0.33.0")
     changed = _observe(instance, defs).asset_events[0].tags["dagster/data_version"]
     [request] = _schedule_tick(instance, defs).run_requests
     assert request.partition_key == "ready-a"
     assert request.run_key == f"revalidate-ready-a@{changed[:16]}"
-    assert stale_ready_models(instance, changed, ["kserve_manifest"], STACK_DEPENDENT)[
+    assert stale_onboarded_models(instance, changed, ["kserve_manifest"], STACK_DEPENDENT)[
         "ready-a"] == {a: fp for a in STACK_DEPENDENT}
 
 
@@ -225,11 +245,11 @@ def test_a_model_whose_stack_is_unknown_is_revalidated(instance, defs, STACK_DEP
     on, so it is re-validated rather than assumed current."""
     _onboard(instance, defs, "ready-a", ALL_STAGES)
     fp = _observe(instance, defs).asset_events[0].tags["dagster/data_version"]
-    assert stale_ready_models(instance, fp, ["kserve_manifest"], STACK_DEPENDENT) == {}
+    assert stale_onboarded_models(instance, fp, ["kserve_manifest"], STACK_DEPENDENT) == {}
     legacy = dg.AssetMaterialization("kserve_manifest", partition="ready-a",
                                      metadata={"note": "from before fingerprints were recorded"})
     instance.report_runless_asset_event(legacy)
-    assert stale_ready_models(instance, fp, ["kserve_manifest"], STACK_DEPENDENT) == {
+    assert stale_onboarded_models(instance, fp, ["kserve_manifest"], STACK_DEPENDENT) == {
         "ready-a": {"kserve_manifest": "unknown"}}
 
 

@@ -91,6 +91,31 @@ def test_exit_during_start_carries_the_log_tail(fake_bin, tmp_path, variant, mon
     assert _fake_engine_group_gone(tmp_path / "record.json")  # its child too
 
 
+@pytest.mark.parametrize("case", ["absent", "no config.json", "a file"])
+def test_a_model_path_that_cannot_be_served_is_refused_before_the_engine_starts(
+        case, fake_bin, tmp_path, monkeypatch):
+    """Issue 30, item 4: vLLM found a missing model path only 16 s into its start, with the
+    cause buried in its log tail; the launcher says it at once, without starting anything."""
+    path = tmp_path / "models" / "tiny"
+    if case == "no config.json":
+        path.mkdir(parents=True)
+        (path / "model.safetensors").write_bytes(b"")
+    elif case == "a file":
+        path.parent.mkdir(parents=True)
+        path.write_text("{}")
+    record = tmp_path / "record.json"
+    monkeypatch.setenv("FAKE_ENGINE_RECORD", str(record))
+    broken = VariantRef(model="tiny", precision="bf16", path=str(path), total_bytes=0,
+                        content_hash="x")
+    with pytest.raises(EngineError) as info:
+        start_once(engine(fake_bin, tmp_path), broken)
+    assert str(path) in info.value.what
+    said = {"absent": "does not exist", "no config.json": "holds no config.json",
+            "a file": "is not a directory"}[case]
+    assert said in info.value.cause and "Re-materialize" in info.value.fix
+    assert not record.exists()  # the engine was never started
+
+
 def test_never_ready_times_out_and_is_reaped(fake_bin, tmp_path, variant, monkeypatch):
     monkeypatch.setenv("FAKE_ENGINE_NEVER_READY", "1")
     monkeypatch.setenv("FAKE_ENGINE_CHILD", "1")

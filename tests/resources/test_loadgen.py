@@ -190,6 +190,27 @@ def test_a_broken_metrics_endpoint_never_costs_the_point(metrics_fault, said):
                                   "scrape_last_error": r.scrape_last_error}
 
 
+def test_a_stalled_metrics_endpoint_costs_a_point_one_scrape_timeout_not_one_per_scrape():
+    """Issue 30, item 2: the scrape before the point times out; nothing more is asked of that
+    /metrics in the point (neither during it nor after it), so the point ends within its
+    bound plus that one timeout."""
+    import time
+
+    timeout_s = 3.0
+    with running_fake_server(itl_ms=1, metrics_fault="stall") as url:
+        started = time.monotonic()
+        r = LoadGenerator(scrape_timeout_s=timeout_s).run_point(
+            url, completion_bodies("fake", ["a b c"] * 20, 8), concurrency=4, max_seconds=60,
+            request_timeout_s=30, scrape_interval_s=0.05)
+        elapsed_s = time.monotonic() - started
+        scrapes = truth(url)["metrics_scrapes"]
+    assert summarize(r.records, r.duration_s).completed == 20
+    assert scrapes == 1  # the first scrape timed out: none after it
+    assert r.scrape_failures == 2 and "timed out" in r.scrape_last_error  # before; after, skipped
+    # Before: a timeout before the point and another after it. Generous: one whole timeout.
+    assert elapsed_s < r.duration_s + 2 * timeout_s
+
+
 def test_a_server_that_exits_mid_stream_keeps_every_record():
     """The process dies during request 10: those in flight are dropped, the rest cannot
     connect, /metrics stops answering; every record is kept and the point ends."""

@@ -4,6 +4,7 @@ an interrupted upload never disturbs what was published before."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -115,3 +116,30 @@ def test_a_missing_bucket_names_the_cause(store, variant):
     with pytest.raises(PublishError, match="serving bucket does not exist.*Create the bucket"):
         publish_variant(store, variant, "tiny", "fp8", "s3://no-such-serving-bucket/x/",
                         read_back_mib=1, log=print)
+
+
+def test_an_upload_that_keeps_failing_is_a_publish_error_with_its_advice(s3_proxy, store,
+                                                                         variant):
+    """Issue 30, item 1: boto3 wraps a failed upload in S3UploadFailedError, which is neither a
+    ClientError nor a BotoCoreError; it must still reach the user as a PublishError."""
+    uri = base()
+    manifest = json.loads((variant / MANIFEST_NAME).read_text())
+    prefix = f"{uri.split(f's3://{BUCKET}/', 1)[1]}{manifest['content_hash'][:16]}/"
+    victim = manifest["files"][0]["path"]
+    s3_proxy.fail(prefix + victim, method="PUT")  # every upload of it: 503 SlowDown
+    via_proxy = S3ObjectStore(endpoint_url=s3_proxy.endpoint_url, access_key_id=ACCESS_KEY,
+                              secret_access_key=SECRET_KEY, max_attempts=2)
+    with pytest.raises(PublishError, match=rf"{re.escape(victim)}.*SlowDown.*re-run. Earlier "
+                       "versions are intact"):
+        publish_variant(via_proxy, variant, "tiny", "fp8", uri, read_back_mib=1, log=print)
+    assert s3_proxy.count("PUT", prefix + victim) == 2  # it did keep failing
+    assert _head_or_none(store, prefix + MARKER) is None  # never marked published
+
+
+def _head_or_none(store, key):
+    from botocore.exceptions import ClientError
+
+    try:
+        return store.client().head_object(Bucket=BUCKET, Key=key)
+    except ClientError:
+        return None

@@ -1,0 +1,271 @@
+"""Resuming a fetch that was killed: whatever a run left in staging, the next run ends with the
+source's bytes, and a failed verification never repeats itself on the next run (issue 30)."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from onboarding.catalog import parse_source
+from onboarding.checkpoint_manifest import MANIFEST_NAME
+from onboarding.errors import IntegrityError
+from resources.nvme_cache import NvmeCache
+from resources.s3 import S3ObjectStore
+
+MIB = 1 << 20
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assert_byte_exact(result, source_dir: Path) -> None:
+    """The entry holds exactly the source's files, each with the source's bytes, and nothing
+    else: no journal, no part, no staging or quarantine left behind."""
+    expected = {p.name: _sha(p) for p in source_dir.iterdir() if p.is_file()}
+    held = {p.name: _sha(p) for p in result.path.iterdir() if p.name != MANIFEST_NAME}
+    assert held == expected
+    assert not list(result.path.parent.glob(".staging-*"))
+
+
+def lay_killed_staging(cache: NvmeCache, model: str, revision: str, source_dir: Path,
+                       killed: str, data: bytes | None = None) -> Path:
+    """What a run killed after `killed`'s last chunk was journaled, before its rename, leaves:
+    the other files finished, `killed` as `.part` with every chunk in its journal."""
+    staging = Path(cache.root) / model / f".staging-{revision}"
+    staging.mkdir(parents=True)
+    for path in source_dir.iterdir():
+        if path.name != killed:
+            shutil.copyfile(path, staging / path.name)
+    body = (source_dir / killed).read_bytes() if data is None else data
+    (staging / f"{killed}.part").write_bytes(body)
+    n_chunks = -(-len(body) // MIB)
+    (staging / f"{killed}.part.chunks").write_text("".join(f"{i}\n" for i in range(n_chunks)))
+    return staging
+
+
+@pytest.fixture
+def uploaded(s3_store, tiny_checkpoint, unique_prefix):
+    s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
+    source = parse_source(f"s3://models/{unique_prefix}")
+    return source, s3_store.describe(source).revision
+
+
+@pytest.mark.parametrize("killed", ["config.json", "model.safetensors.index.json"])
+def test_a_part_whose_journal_is_complete_is_verified_and_finished(
+        killed, s3_store, tiny_checkpoint, uploaded, tmp_path):
+    source, revision = uploaded
+    cache = NvmeCache(root=str(tmp_path / "cache"), reserve_gb=0)
+    lay_killed_staging(cache, "tiny", revision, tiny_checkpoint, killed)
+    result = cache.fetch("tiny", s3_store, source)
+    assert_byte_exact(result, tiny_checkpoint)
+    assert result.bytes_resumed == result.manifest.total_bytes  # nothing fetched again
+    assert not (Path(cache.root) / ".quarantine").exists()
+
+
+def test_a_complete_part_with_wrong_bytes_is_quarantined_and_the_next_run_refetches_it(
+        s3_store, tiny_checkpoint, uploaded, tmp_path):
+    source, revision = uploaded
+    cache = NvmeCache(root=str(tmp_path / "cache"), reserve_gb=0)
+    good = (tiny_checkpoint / "config.json").read_bytes()
+    bad = good[:-2] + bytes([good[-2] ^ 0x01]) + good[-1:]  # one bit, same size
+    lay_killed_staging(cache, "tiny", revision, tiny_checkpoint, "config.json", bad)
+    with pytest.raises(IntegrityError, match=r"config.json: sha256 .* but the source recorded"
+                       ) as info:
+        cache.fetch("tiny", s3_store, source)
+    moved = list((Path(cache.root) / ".quarantine" / "tiny").rglob("config.json"))
+    assert len(moved) == 1 and moved[0].read_bytes() == bad  # really moved where it says
+    assert str(moved[0].parent) in info.value.fix
+    again = cache.fetch("tiny", s3_store, source)
+    assert_byte_exact(again, tiny_checkpoint)
+    assert again.bytes_fetched == len(good)  # only the quarantined file was fetched again
+
+
+class _LosesOneFile(S3ObjectStore):
+    """The real store, except that the cache never hears that `lost` completed: what a store
+    with a bug in its bookkeeping would do. The only way left to reach "never completed"."""
+
+    lost: str = ""
+
+    def fetch(self, remote, source, staging, on_progress, on_file_done, log=print):
+        def told(obj, path, sha256):
+            if obj.path != self.lost:
+                on_file_done(obj, path, sha256)
+        return super().fetch(remote, source, staging, on_progress, told, log)
+
+
+def test_never_completed_says_what_happened_and_the_next_run_does_not_repeat_it(
+        s3_server, s3_store, tiny_checkpoint, uploaded, tmp_path):
+    from tests.conftest import ACCESS_KEY, SECRET_KEY
+
+    source, _ = uploaded
+    cache = NvmeCache(root=str(tmp_path / "cache"), reserve_gb=0)
+    buggy = _LosesOneFile(endpoint_url=s3_server.endpoint_url, access_key_id=ACCESS_KEY,
+                          secret_access_key=SECRET_KEY, chunk_size_mb=1,
+                          lost="model.safetensors.index.json")
+    with pytest.raises(IntegrityError, match="model.safetensors.index.json: never completed"
+                       ) as info:
+        cache.fetch("tiny", buggy, source)
+    message = str(info.value)
+    assert "Re-upload" not in message  # the source is fine
+    quarantine = Path(cache.root) / ".quarantine"
+    moved = list(quarantine.rglob("model.safetensors.index.json*"))
+    if moved:  # whatever it says was moved is there
+        assert all(str(p.parent) in message for p in moved)
+    else:
+        assert ".quarantine" not in message
+    staging = next((Path(cache.root) / "tiny").glob(".staging-*"))
+    assert not list(staging.glob("model.safetensors.index.json*"))  # nothing left to repeat
+    assert "next run fetches" in message
+    assert_byte_exact(cache.fetch("tiny", s3_store, source), tiny_checkpoint)
+
+
+# -- a fetch killed at chosen points, then run again ------------------------------------------
+
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+BIG = SHARDS[0]  # three chunks of 1 MiB: it can be killed between chunks
+
+
+@pytest.fixture(scope="module")
+def five_files(tmp_path_factory) -> Path:
+    """config.json, generation_config.json, a shard index and two shards, one of them three
+    chunks long: a five-file fetch like the issue's."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    src = tmp_path_factory.mktemp("five-files")
+    (src / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (src / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    rng = np.random.default_rng(30)
+    save_file({"a": rng.integers(0, 255, (5 * MIB) // 2, dtype=np.uint8)}, str(src / SHARDS[0]))
+    save_file({"b": rng.integers(0, 255, 4096, dtype=np.uint8)}, str(src / SHARDS[1]))
+    (src / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"a": SHARDS[0], "b": SHARDS[1]}}))
+    return src
+
+
+def _die() -> None:
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)  # what an operator's `kill -9` does: nothing runs after
+
+
+def _install_kill_point(point: str, name: str | None) -> None:
+    """In the forked child only: SIGKILL the fetch at `point` of file `name`.
+
+    mid: after the first of several chunks is journaled; before_last_journal: every byte
+    written, the last chunk not yet journaled; before_rename: the journal complete, the part
+    not yet renamed; after_rename: renamed, the journal not yet unlinked; after_finish: the
+    file finished, the cache not yet told; manifest_written: every file verified and the
+    manifest written, staging not yet renamed; entry_renamed: the entry in place, the old
+    stagings not yet dropped."""
+    import os
+
+    from resources import nvme_cache
+    from resources.s3 import _PartFile
+
+    commit, finish, replace, dir_fsync = (_PartFile.commit, _PartFile.finish, os.replace,
+                                          nvme_cache.dir_fsync)
+
+    def killing_commit(self, i):
+        if point == "before_last_journal" and self.obj.path == name and \
+                len(self._written | {i}) == self.n_chunks:
+            _die()
+        last = commit(self, i)
+        if point == "mid" and self.obj.path == name and 0 < len(self._done) < self.n_chunks:
+            _die()
+        return last
+
+    def killing_finish(self):
+        if point == "before_rename" and self.obj.path == name:
+            _die()
+        sha = finish(self)
+        if point == "after_finish" and self.obj.path == name:
+            _die()
+        return sha
+
+    def killing_replace(src, dst, **kw):
+        replace(src, dst, **kw)
+        if point == "after_rename" and name and str(dst).endswith("/" + name):
+            _die()
+        if point == "entry_renamed" and Path(src).name.startswith(".staging-"):
+            _die()
+
+    def killing_dir_fsync(path):
+        dir_fsync(path)
+        if point == "manifest_written" and path.name.startswith(".staging-"):
+            _die()
+
+    _PartFile.commit, _PartFile.finish, os.replace = killing_commit, killing_finish, \
+        killing_replace
+    nvme_cache.dir_fsync = killing_dir_fsync
+
+
+def _fetch_killed_at(point: str, name: str | None, root: Path, endpoint: str, source) -> None:
+    """Fork, fetch in the child with a kill point installed, and insist that it was killed
+    there (not finished, not failed)."""
+    import os
+    import signal
+    import time
+
+    from tests.conftest import ACCESS_KEY, SECRET_KEY
+
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            _install_kill_point(point, name)
+            store = S3ObjectStore(endpoint_url=endpoint, access_key_id=ACCESS_KEY,
+                                  secret_access_key=SECRET_KEY, chunk_size_mb=1,
+                                  # one worker journals one chunk at a time: "mid" is then
+                                  # reached every time (four may journal all three together)
+                                  max_concurrency=1 if point == "mid" else 4, max_attempts=2)
+            NvmeCache(root=str(root), reserve_gb=0).fetch("m", store, source)
+        except BaseException:  # noqa: BLE001 - said on stderr, then the exit status tells
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(3)  # the kill point was never reached
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(f"the fetch killed at {point} of {name} hung")
+        time.sleep(0.01)
+    status = done[1]
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, \
+        f"{point} of {name} was never reached (exit status {status})"
+
+
+FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", *SHARDS)
+KILL_POINTS = [("mid", BIG)] + [
+    (point, name) for name in FILES
+    for point in ("before_last_journal", "before_rename", "after_rename", "after_finish")
+] + [("manifest_written", None), ("entry_renamed", None)]
+
+
+def test_a_fetch_killed_at_any_point_ends_byte_exact_on_the_next_run(
+        s3_server, s3_store, five_files, unique_prefix, tmp_path):
+    """Issue 30: the fetch is SIGKILLed before, during and after each file's last journal
+    write and rename, and after the manifest and the entry's rename; every re-run must end
+    with the source's bytes, with nothing quarantined and nothing left in staging."""
+    s3_store.upload_dir(five_files, "models", unique_prefix)
+    source = parse_source(f"s3://models/{unique_prefix}")
+    wrong = []
+    for n, (point, name) in enumerate(KILL_POINTS):
+        root = tmp_path / f"cache-{n}"
+        _fetch_killed_at(point, name, root, s3_server.endpoint_url, source)
+        try:
+            result = NvmeCache(root=str(root), reserve_gb=0).fetch("m", s3_store, source)
+            assert_byte_exact(result, five_files)
+            assert not (root / ".quarantine").exists(), "something was quarantined"
+        except (IntegrityError, AssertionError) as exc:
+            wrong.append(f"killed at {point} of {name}: {type(exc).__name__}: {exc}")
+    assert not wrong, "\n".join(wrong)
