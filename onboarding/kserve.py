@@ -160,10 +160,77 @@ class EngineSwitch(StrictConfig):
                 and (self.archs is None or arch in self.archs))
 
 
+class TagRule(StrictConfig):
+    """The tags one range of engine releases publishes, per CUDA major: `{version}` is filled."""
+
+    versions: str = Field(description="PEP 440 specifier over versions.<engine>")
+    cuda: dict[int, str] = Field(min_length=1)
+
+    @field_validator("versions")
+    @classmethod
+    def _specifier(cls, v: str) -> str:
+        try:
+            SpecifierSet(v)
+        except InvalidSpecifier:
+            raise ValueError(f"{v!r} is not a PEP 440 version specifier (e.g. '>=0.20')") from None
+        return v
+
+    @field_validator("cuda")
+    @classmethod
+    def _templates_carry_the_version(cls, v: dict[int, str]) -> dict[int, str]:
+        bad = [t for t in v.values() if "{version}" not in t]
+        if bad:
+            raise ValueError(f"tag templates {bad} do not carry {{version}}")
+        return v
+
+
+class EngineImages(StrictConfig):
+    repository: str = Field(pattern=r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+$")
+    tags: list[TagRule] = Field(min_length=1)
+
+    def image(self, engine: str, version: str, cuda_major: int) -> str:
+        """The image of `version` built for `cuda_major`: the first rule whose range holds it;
+        refused when that release publishes no build for that CUDA major."""
+        for rule in self.tags:
+            if SpecifierSet(rule.versions).contains(version, prereleases=True):
+                if cuda_major not in rule.cuda:
+                    raise ValueError(
+                        f"images.{engine}: {engine} {version} publishes no CUDA {cuda_major} "
+                        f"build (its tags: {sorted(rule.cuda)} only, rule {rule.versions!r})")
+                return f"{self.repository}:{rule.cuda[cuda_major].format(version=version)}"
+        raise ValueError(f"images.{engine}: no tag rule covers {engine} {version}")
+
+
+# Blackwell (sm100 B200, sm103 B300) runs the CUDA 13 builds of the pinned stack: PyTorch and
+# FlashInfer's SM100/SM103 kernels in it are built for cu130 (issue 23).
+_MIN_CUDA_MAJOR = {"sm100": 13, "sm103": 13}
+
+
 class ImagesConfig(StrictConfig):
+    """Serving images by rule, not by hand: repository + tag template per engine release range
+    and CUDA major, and the CUDA major each GPU architecture runs (tests/deploy/
+    test_image_rule.py cites the registries' tag conventions)."""
+
     engine: Engine
-    vllm: dict[str, str] = Field(default_factory=dict)
-    sglang: dict[str, str] = Field(default_factory=dict)
+    cuda_major: dict[str, int] = Field(min_length=1)
+    vllm: EngineImages | None = None
+    sglang: EngineImages | None = None
+
+    @field_validator("cuda_major")
+    @classmethod
+    def _blackwell_needs_cuda13(cls, v: dict[str, int]) -> dict[str, int]:
+        for arch, low in _MIN_CUDA_MAJOR.items():
+            if arch in v and v[arch] < low:
+                raise ValueError(f"images.cuda_major.{arch}: {v[arch]}; {arch} needs the CUDA "
+                                 f"{low} build of the stack")
+        return v
+
+    def per_arch(self, engine: str, version: str) -> dict[str, str]:
+        rules = getattr(self, engine)
+        if rules is None:
+            raise ValueError(f"images.{engine}: no repository and tag rule")
+        return {arch: rules.image(engine, version, major)
+                for arch, major in self.cuda_major.items()}
 
 
 class _StackSections(BaseModel):
@@ -175,16 +242,13 @@ class _StackSections(BaseModel):
     engine_switches: list[EngineSwitch] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _tags_carry_versions(self) -> _StackSections:
-        for engine in ("vllm", "sglang"):
-            version = self.versions.get(engine)
-            for arch, image in getattr(self.images, engine).items():
-                tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
-                if version and version not in tag:
-                    raise ValueError(
-                        f"images.{engine}.{arch}: tag of {image!r} does not carry "
-                        f"versions.{engine} {version!r}"
-                    )
+    def _rule_covers_the_engine(self) -> _StackSections:
+        engine = self.images.engine
+        if engine not in self.versions:
+            raise ValueError(f"versions.{engine}: missing; images.engine names it")
+        for name in ("vllm", "sglang"):  # every engine's rule, not only the one rendered
+            if name == engine or (getattr(self.images, name) and name in self.versions):
+                self.images.per_arch(name, self.versions[name])
         return self
 
 
@@ -214,8 +278,9 @@ def _load_stack(path: Path, mtime_ns: int) -> Stack:
                                "Fix the versions:/images:/engine_switches: sections of "
                                "stack.yaml.")
     engine = sections.images.engine
-    return Stack(engine=engine, engine_version=sections.versions.get(engine, "unknown"),
-                 images=dict(getattr(sections.images, engine)),
+    version = sections.versions[engine]
+    return Stack(engine=engine, engine_version=version,
+                 images=sections.images.per_arch(engine, version),
                  switches=tuple(sections.engine_switches), fingerprint=stack_fingerprint(data),
                  kserve_version=sections.versions.get("kserve", "0.16.0"))
 
@@ -547,8 +612,16 @@ def render(ri: RenderInputs) -> Rendered:
         )
     if node_t.arch not in stack.images:
         raise ConfigError(
-            f"stack.yaml images.{stack.engine}.{node_t.arch}", "required but missing",
-            f"Add the {stack.engine} image built for {node_t.arch} ({ri.node_type} nodes).",
+            f"stack.yaml images.cuda_major.{node_t.arch}", "required but missing",
+            f"Add the CUDA major {ri.node_type} nodes ({node_t.arch}) run to images.cuda_major.",
+        )
+    if c.image != stack.images[node_t.arch]:
+        raise ConfigError(
+            f"configuration {c.hash} of {spec.id!r} on {ri.node_type}",
+            f"image {c.image!r} is not the tag stack.yaml's image rule produces for "
+            f"{stack.engine} {stack.engine_version} on {node_t.arch} "
+            f"({stack.images[node_t.arch]!r})",
+            "Re-materialize serving_config with the current stack.yaml.",
         )
     name = service_name(spec.id, ri.node_type)
     startup = startup_probe_plan(ri.evidence.cold_start_p95_s, cfg.probes, ri.storage.pull_s)
