@@ -128,6 +128,19 @@ class EngineSwitch(StrictConfig):
     precisions: list[str] | None = None
     moe: bool | None = None
     archs: list[str] | None = None
+    # A kernel choice (a MoE/attention backend the engine would otherwise pick itself, with its
+    # own fallbacks) applies only where `pinned` says why: the configuration was benchmarked
+    # with it, or a reason to force it. Unpinned, the engine's `auto` stays (issue 23).
+    kernel_choice: bool = False
+    pinned: str | None = None
+
+    @field_validator("pinned")
+    @classmethod
+    def _pinned_says_why(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("pinned: say why the kernel is forced (the benchmark at which "
+                             "configuration, or the reason), or leave pinned out")
+        return v
 
     @field_validator("versions")
     @classmethod
@@ -154,6 +167,7 @@ class EngineSwitch(StrictConfig):
 
     def applies(self, engine: str, version: str, precision: str, moe: bool, arch: str) -> bool:
         return (self.engine == engine
+                and (not self.kernel_choice or self.pinned is not None)
                 and SpecifierSet(self.versions).contains(version, prereleases=True)
                 and (self.precisions is None or precision in self.precisions)
                 and (self.moe is None or self.moe == moe)
@@ -594,6 +608,7 @@ def _annotations(ri: RenderInputs, node: NodePlan, startup: StartupProbePlan,
     if switches:
         annotations[f"{LABEL_PREFIX}/engine-switches"] = "; ".join(
             f"{' '.join([*(f'{k}={v}' for k, v in sorted(s.env.items())), *s.args])}: {s.why}"
+            + (f" (pinned: {s.pinned})" if s.pinned else "")
             for s in switches)
     if ri.config.notes:
         annotations[f"{LABEL_PREFIX}/configuration-notes"] = "; ".join(ri.config.notes)

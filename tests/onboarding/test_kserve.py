@@ -115,24 +115,50 @@ def _model(r):
     return isvc(r)["spec"]["predictor"]["model"]
 
 
-def test_moe_backend_flag_only_for_quantized_moe_on_blackwell():
-    """vLLM 0.32 (the pinned engine) takes --moe-backend; the seed-era env switch is gone."""
+def test_no_kernel_choice_flag_unless_benchmarked_or_pinned():
+    """Issue 23, 5: vLLM's `auto` MoE backend tries FlashInfer TRT-LLM-gen before CUTLASS and
+    falls back; a named backend raises on a shape it does not support (vllm
+    model_executor/layers/fused_moe/oracle/). The shipped stack pins none, so none renders."""
     assert STACK.engine_version == "0.32.0"
     qwen_b300 = _model(rendered("qwen3-235b-a22b-instruct", "b300"))
-    assert "--moe-backend=flashinfer_cutlass" in qwen_b300["args"]
+    assert not any(a.startswith("--moe-backend") for a in qwen_b300["args"])
     assert not any(e["name"].startswith("VLLM_USE_FLASHINFER") for e in qwen_b300.get("env", []))
-    assert "--moe-backend=flashinfer_cutlass" not in _model(
-        rendered("qwen3-235b-a22b-instruct", "h200"))["args"]  # Hopper: engine default
+    annotations = isvc(rendered("qwen3-235b-a22b-instruct", "b300"))["metadata"]["annotations"]
+    assert "model-onboarding.io/engine-switches" not in annotations
+
+
+def _pinned(stack, reason="benchmarked at configuration abc on b300 (docs/gpu.md)"):
+    return dataclasses.replace(stack, switches=tuple(
+        s.model_copy(update={"pinned": reason}) if s.kernel_choice else s
+        for s in stack.switches))
+
+
+def test_a_pinned_moe_backend_renders_only_for_quantized_moe_on_blackwell():
+    stack = _pinned(STACK)
+    qwen_b300 = _model(rendered("qwen3-235b-a22b-instruct", "b300", stack=stack))
+    assert "--moe-backend=flashinfer_cutlass" in qwen_b300["args"]
+    assert "--moe-backend=flashinfer_cutlass" not in _model(rendered(
+        "qwen3-235b-a22b-instruct", "h200", stack=stack))["args"]  # Hopper: engine default
     assert not any(a.startswith("--moe-backend") for a in _model(
-        rendered("llama-3-1-70b-instruct", "b300"))["args"])  # dense
-    annotation = isvc(rendered("qwen3-235b-a22b-instruct", "b300"))["metadata"]["annotations"]
-    assert "--moe-backend=flashinfer_cutlass: FlashInfer" in annotation[
-        "model-onboarding.io/engine-switches"]
+        rendered("llama-3-1-70b-instruct", "b300", stack=stack))["args"])  # dense
+    annotation = isvc(rendered("qwen3-235b-a22b-instruct", "b300", stack=stack))["metadata"][
+        "annotations"]["model-onboarding.io/engine-switches"]
+    assert "--moe-backend=flashinfer_cutlass: FlashInfer" in annotation
+    assert "pinned: benchmarked at configuration abc" in annotation
+
+
+def test_a_kernel_choice_switch_pinned_without_a_reason_is_refused(tmp_path: Path):
+    data = yaml.safe_load((CONFIGS / "stack.yaml").read_text())
+    data["engine_switches"][0]["pinned"] = " "
+    path = tmp_path / "stack.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="pinned"):
+        load_stack(path)
 
 
 def test_switches_are_keyed_by_engine_version():
     """The same model and node on a seed-era vLLM gets the env switch, not the flag."""
-    old = dataclasses.replace(STACK, engine_version="0.20.0")
+    old = _pinned(dataclasses.replace(STACK, engine_version="0.20.0"))
     model = _model(rendered("qwen3-235b-a22b-instruct", "b300", stack=old))
     assert {"name": "VLLM_USE_FLASHINFER_MOE_FP4", "value": "1"} in model["env"]
     assert not any(a.startswith("--moe-backend") for a in model["args"])
