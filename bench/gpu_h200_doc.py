@@ -89,7 +89,9 @@ def sweep_section() -> str:
         (f"SLO ({', '.join(f'{k} {v}' for k, v in slo.__dict__.items())}): "
         f"**{'met' if result.slo_pass else 'missed'}** (recomputed from the CSV: "
         f"{'same' if result.slo_pass == check['passed'] else 'DIFFERENT'} as the recorded "
-        f"blocking check); notes: {'; '.join(violations) or 'none'}. Headline: "
+        f"blocking check; the run judged the unswept target 32 at 16, below it, and the "
+        f"verdict is now taken at the next point above, issue 23); notes: "
+        f"{'; '.join(violations) or 'none'}. Headline: "
         f"**{result.tokens_per_s_per_gpu:.1f} tokens/s/GPU** ({basis}), saturation "
         f"concurrency {result.saturation_concurrency}; job B took "
         f"{job_seconds('B'):.0f} s on the device.")])

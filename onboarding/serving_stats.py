@@ -276,9 +276,21 @@ def saturation_concurrency(points: Iterable[tuple[int, PointStats]], slo: Slo) -
 
 def nearest_point(points: Sequence[tuple[int, PointStats]], concurrency: int
                   ) -> tuple[int, PointStats] | None:
-    """The measured point at `concurrency`, else the highest one below it."""
+    """The measured point at `concurrency`, else the highest one below it (for throughput at a
+    saturation point, never for an SLO verdict: see `point_at_or_above`)."""
     below = [p for p in points if p[0] <= concurrency]
     return max(below, key=lambda p: p[0]) if below else None
+
+
+NOT_AT_TARGET = "not measured at target concurrency"
+
+
+def point_at_or_above(points: Sequence[tuple[int, PointStats]], concurrency: int
+                      ) -> tuple[int, PointStats] | None:
+    """The measured point at `concurrency`, else the lowest one above it; None when the sweep
+    stops below. Latency grows with load, so a point below the target cannot vouch for it."""
+    above = [p for p in points if p[0] >= concurrency]
+    return min(above, key=lambda p: p[0]) if above else None
 
 
 # ---- Prometheus /metrics: a server-side cross-check of the client ----
@@ -358,8 +370,9 @@ def headline(model: str, precision: str, node_type: str, gpus: int, slo: Slo,
     """A sweep's result, conservative across scenarios: the lowest saturation and the lowest
     tokens/s there. Returns (result, the throughput's basis, the SLO violations).
 
-    SLOs are judged at the target concurrency (or the highest measured point below it); a
-    target that is not in the sweep is named, not counted as a violation.
+    SLOs are judged at the target concurrency, or the next measured point above it (named, not
+    counted as a violation); a sweep with no point at or above the target is "not measured at
+    target concurrency", a violation (issue 23: latency grows with load).
     """
     violations: list[str] = []
     sats: list[int] = []
@@ -376,14 +389,14 @@ def headline(model: str, precision: str, node_type: str, gpus: int, slo: Slo,
             at = min(pts, key=lambda p: p[0])
             basis = "lowest measured concurrency: no point met the SLOs"
         tps.append(at[1].output_tokens_per_s)
-        target = nearest_point(pts, slo.target_concurrency)
+        target = point_at_or_above(pts, slo.target_concurrency)
         if target is None:
-            violations.append(f"{name}: no point at or below concurrency "
-                              f"{slo.target_concurrency}")
+            violations.append(f"{name}: {NOT_AT_TARGET} {slo.target_concurrency} (highest "
+                              f"point {max(p[0] for p in pts)})")
             continue
         if target[0] != slo.target_concurrency:
             violations.append(f"{name}: target concurrency {slo.target_concurrency} not in the "
-                              f"sweep; judged at {target[0]}")
+                              f"sweep; judged at {target[0]}, the next point above")
         violations += [f"{name} @ {target[0]}: {v}" for v in slo_violations(target[1], slo)]
     hard = [v for v in violations if "judged at" not in v]
     result = ServingBenchmarkResult(
