@@ -81,6 +81,8 @@ class ProbeConfig(StrictConfig):
     liveness_period_s: int = Field(ge=1)
     liveness_failure_threshold: int = Field(ge=1)
     include_pull_time: bool = True
+    # fewer fully cold starts than this: no p95 is claimed, the window is max x safety_factor
+    min_p95_samples: int = Field(default=3, ge=1)
 
 
 class Replicas(StrictConfig):
@@ -339,15 +341,19 @@ class StartupProbePlan:
 
 
 def startup_probe_plan(cold_start_p95_s: float | None, cfg: ProbeConfig,
-                       pull_s: float | None = None) -> StartupProbePlan:
+                       pull_s: float | None = None, samples: int | None = None,
+                       max_s: float | None = None) -> StartupProbePlan:
     """window = max(min_startup_s, ceil(safety_factor x (fully cold p95 + pull))).
 
-    The pull (the storage initializer copying the published variant, at the GET throughput
-    measured reading it back) is counted when `probes.include_pull_time`: Kubernetes starts the
-    startup probe's clock after init containers finish, so this is conservative for KServe's
-    initializer and exact when the runtime pulls the weights itself. Unmeasured: the default.
-    Kubernetes allows a container `failureThreshold x periodSeconds` to start, so the
-    threshold is the window divided by the period, rounded up.
+    With fewer than `probes.min_p95_samples` fully cold starts (`samples`) a p95 is not a
+    p95 (of one start it is that start): the window is sized from the slowest start (`max_s`)
+    instead, and the explanation says n (issue 23). The pull (the storage initializer copying
+    the published variant, at the GET throughput measured reading it back) is counted when
+    `probes.include_pull_time`: Kubernetes starts the startup probe's clock after init
+    containers finish, so this is conservative for KServe's initializer and exact when the
+    runtime pulls the weights itself. Unmeasured: the default. Kubernetes allows a container
+    `failureThreshold x periodSeconds` to start, so the threshold is the window divided by the
+    period, rounded up.
     """
     if cold_start_p95_s is None:
         window = cfg.unmeasured_startup_s
@@ -355,13 +361,18 @@ def startup_probe_plan(cold_start_p95_s: float | None, cfg: ProbeConfig,
                "(configs/deploy.yaml probes.unmeasured_startup_s)")
         basis: Literal["measured", "default"] = "default"
     else:
+        few = samples is not None and samples < cfg.min_p95_samples
+        start_s = (max_s if max_s is not None else cold_start_p95_s) if few else cold_start_p95_s
         pull = pull_s if (cfg.include_pull_time and pull_s is not None) else 0.0
-        scaled = math.ceil(cfg.safety_factor * (cold_start_p95_s + pull))
+        scaled = math.ceil(cfg.safety_factor * (start_s + pull))
         window = max(cfg.min_startup_s, scaled)
         pull_note = (f" + derived pull {pull:.1f} s" if pull else
                      " (pull not counted)" if not cfg.include_pull_time else
                      " (pull unknown: nothing published)")
-        why = (f"measured: fully cold start p95 {cold_start_p95_s:.1f} s{pull_note}, x safety "
+        n = "" if samples is None else f" (n={samples})"
+        stat = (f"max {start_s:.1f} s (n={samples}: fewer than {cfg.min_p95_samples} starts, "
+                "too few for a percentile)" if few else f"p95 {start_s:.1f} s{n}")
+        why = (f"measured: fully cold start {stat}{pull_note}, x safety "
                f"{cfg.safety_factor:g} = {scaled} s, floor {cfg.min_startup_s} s -> {window} s")
         basis = "measured"
     threshold = max(1, math.ceil(window / cfg.period_s))
@@ -639,7 +650,8 @@ def render(ri: RenderInputs) -> Rendered:
             "Re-materialize serving_config with the current stack.yaml.",
         )
     name = service_name(spec.id, ri.node_type)
-    startup = startup_probe_plan(ri.evidence.cold_start_p95_s, cfg.probes, ri.storage.pull_s)
+    startup = startup_probe_plan(ri.evidence.cold_start_p95_s, cfg.probes, ri.storage.pull_s,
+                                 ri.evidence.cold_start_samples, ri.evidence.cold_start_max_s)
     switches = stack.switches_for(node.precision, ri.plan.inputs.shape.moe, node_t.arch)
     predictor: dict[str, Any] = {
         "minReplicas": cfg.replicas.min,

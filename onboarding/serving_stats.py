@@ -344,6 +344,8 @@ class LoadTimingResult:
     node_type: str = ""
     config_hash: str = ""
     random_weights: bool = False  # a performance twin: the starts read no weights
+    cold_start_samples: int = 0  # fully cold starts behind cold_start_p95_s (its n)
+    cold_start_max_s: float | None = None  # fully cold: the slowest start
 
 
 @dataclass(frozen=True)
@@ -444,4 +446,5 @@ def summarize_load_timing(model: str, precision: str, samples: Sequence[StartSam
         raw_read_gbps=raw_read_gbps,
         cold_weights_p50_s=percentile(cold_w, 50) if cold_w else None,
         cold_weights_p95_s=percentile(cold_w, 95) if cold_w else None,
+        cold_start_samples=len(cold), cold_start_max_s=max(cold) if cold else None,
     )

@@ -171,6 +171,9 @@ def test_with_the_load_timing_measured_there_only_the_startup_probe_changes(
     assert labels["model-onboarding.io/probe-basis"] == "measured"
     assert labels["model-onboarding.io/config-hash"] == rec.RUN_CONFIG_HASH
     assert "108.8" in notes["model-onboarding.io/startup-probe"]  # the fully cold start
+    # one fully cold start (issue 23, 7): no p95 claimed from it; the probe is its max x margin
+    assert "max 108.8 s (n=1" in notes["model-onboarding.io/startup-probe"]
+    assert "p95" not in notes["model-onboarding.io/startup-probe"]
     probe = doc["spec"]["predictor"]["model"]["startupProbe"]
     device_probe = isvc(device)["spec"]["predictor"]["model"]["startupProbe"]
     assert probe["failureThreshold"] < device_probe["failureThreshold"]  # 1800 s default

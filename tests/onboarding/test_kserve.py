@@ -410,3 +410,20 @@ def test_route_table_groups_node_types_under_one_model_name():
         assert m["litellm_params"]["api_base"] == (
             f"http://{svc}-predictor.{DEPLOY.namespace}.{DEPLOY.gateway.cluster_domain}/v1")
         assert m["litellm_params"]["model"].startswith(f"{DEPLOY.gateway.provider}/")
+
+
+def test_a_start_p95_from_fewer_than_three_starts_is_labelled_and_the_probe_uses_the_max():
+    """Issue 23, 7: a p95 of one start is that start; below 3 starts the probe is sized from the
+    maximum x margin, and the annotation says n."""
+    from onboarding.serving_stats import StartSample, summarize_load_timing
+
+    starts = [StartSample("fully_cold", 0.0, 10.0, 9.0, 50.0, 100.0),
+              StartSample("fully_cold", 0.0, 10.0, 9.0, 50.0, 140.0)]
+    timing = summarize_load_timing("m", "bf16", starts, 10**9, None)
+    assert (timing.cold_start_samples, timing.cold_start_max_s) == (2, 140.0)
+    cfg = DEPLOY.probes
+    plan2 = startup_probe_plan(timing.cold_start_p95_s, cfg, samples=2, max_s=140.0)
+    assert "max 140.0 s (n=2" in plan2.explanation and "p95" not in plan2.explanation
+    assert plan2.window_s >= cfg.safety_factor * 140.0
+    plan3 = startup_probe_plan(120.0, cfg, samples=3, max_s=140.0)
+    assert "p95 120.0 s (n=3)" in plan3.explanation
