@@ -91,9 +91,16 @@ class Replicas(StrictConfig):
 
 
 class GatewayConfig(StrictConfig):
+    """LiteLLM proxy routes. `timeout` limits a whole response and `stream_timeout` a streamed
+    one's wait (LiteLLM proxy docs, "Timeouts"): both from what was measured at the target
+    concurrency, x margin; a route nothing measured gets the labelled default."""
+
     provider: str = "hosted_vllm"
     cluster_domain: str = "svc.cluster.local"
     routing_strategy: str = "simple-shuffle"
+    timeout_margin: float = Field(default=1.5, ge=1.0)
+    stream_timeout_margin: float = Field(default=2.0, ge=1.0)
+    unmeasured_timeout_s: int = Field(default=600, ge=1)
 
 
 class DeployConfig(StrictConfig):
@@ -498,6 +505,49 @@ class Route:
     node_type: str
     precision: str
     tensor_parallel: int
+    published: bool = False  # the storageUri is a variant this graph published and verified
+    measured: bool = False  # benchmarked or load-timed at exactly this configuration
+    config_hash: str = ""
+    e2e_p99_s: float | None = None  # measured at the target concurrency (slowest scenario)
+    ttft_p99_s: float | None = None
+    judged_at: int | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.service}"
+
+
+def split_routes(routes: list[Route], require_measured: bool
+                 ) -> tuple[list[Route], dict[str, str]]:
+    """The routes a gateway may send traffic to, and why each other one is left out: a pod
+    loads only a published, verified variant; a blocking (gpu) profile also wants the
+    configuration measured at its hash."""
+    routed, left_out = [], {}
+    for r in routes:
+        if not r.published:
+            left_out[r.key] = (f"not published: no verified {r.precision} variant of "
+                               f"{r.served_name} in the serving bucket; a pod could not load it")
+        elif require_measured and not r.measured:
+            left_out[r.key] = (f"not measured at configuration {r.config_hash} on {r.node_type} "
+                               "(the gpu profile routes only what was measured)")
+        else:
+            routed.append(r)
+    return routed, left_out
+
+
+def route_timeouts(r: Route, gw: GatewayConfig) -> tuple[int, int, str]:
+    """(timeout, stream_timeout, basis): measured E2E p99 x margin and TTFT p99 x margin at
+    the target concurrency; the labelled default where nothing was measured."""
+    if r.e2e_p99_s is None or r.ttft_p99_s is None:
+        d = gw.unmeasured_timeout_s
+        return d, d, (f"default {d} s (deploy.yaml gateway.unmeasured_timeout_s): no benchmark "
+                      f"at configuration {r.config_hash}")
+    timeout = math.ceil(r.e2e_p99_s * gw.timeout_margin)
+    stream = math.ceil(r.ttft_p99_s * gw.stream_timeout_margin)
+    return timeout, stream, (
+        f"measured at concurrency {r.judged_at}: E2E p99 {r.e2e_p99_s:.1f} s x "
+        f"{gw.timeout_margin:g}, TTFT p99 {r.ttft_p99_s:.2f} s x {gw.stream_timeout_margin:g} "
+        f"(configuration {r.config_hash})")
 
 
 @dataclass(frozen=True)
@@ -687,8 +737,10 @@ def render(ri: RenderInputs) -> Rendered:
         f"{LABEL_PREFIX}/qos-class": qos[0],
     }
     isvc["metadata"]["annotations"] = _annotations(ri, node, startup, switches, qos)
+    ev = ri.evidence
     route = Route(spec.served_name, name, cfg.namespace, ri.node_type, node.precision,
-                  node.tensor_parallel)
+                  node.tensor_parallel, ri.storage.published, ev.measured, c.hash,
+                  ev.e2e_p99_s, ev.ttft_p99_s, ev.judged_at)
     return Rendered(ri.node_type, name, runtime_name(c),
                     (render_servingruntime(c, stack, cfg), isvc), startup, route,
                     tuple(s.why for s in switches), qos[0], c.hash, ri.evidence.measured,
@@ -725,14 +777,18 @@ def route_table(routes: list[Route], cfg: DeployConfig) -> dict[str, Any]:
     gw = cfg.gateway
     model_list = []
     for r in sorted(routes, key=lambda r: (r.served_name, r.node_type, r.service)):
+        timeout, stream_timeout, basis = route_timeouts(r, gw)
         model_list.append({
             "model_name": r.served_name,
             "litellm_params": {
                 "model": f"{gw.provider}/{r.served_name}",
                 "api_base": f"http://{r.service}-predictor.{r.namespace}.{gw.cluster_domain}/v1",
+                "timeout": timeout,
+                "stream_timeout": stream_timeout,
             },
             "model_info": {"id": f"{r.namespace}/{r.service}", "node_type": r.node_type,
-                           "precision": r.precision, "tensor_parallel": r.tensor_parallel},
+                           "precision": r.precision, "tensor_parallel": r.tensor_parallel,
+                           "timeout_basis": basis},
         })
     return {"model_list": model_list,
             "router_settings": {"routing_strategy": gw.routing_strategy}}

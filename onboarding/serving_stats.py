@@ -361,6 +361,11 @@ class ServingBenchmarkResult:
     slo_violations: tuple[str, ...] = ()
     config_hash: str = ""
     slo_blocking: bool = False  # judged as a blocking gate (gpu profile) or a warning (cpu)
+    # at the point the SLO was judged (the target concurrency or the next above), the slowest
+    # scenario's: what a gateway route's timeouts are sized from (issue 23)
+    e2e_p99_s: float | None = None
+    ttft_p99_s: float | None = None
+    judged_at: int | None = None
 
 
 THROUGHPUT_BASIS = "output tokens/s at each scenario's saturation concurrency (min over scenarios)"
@@ -379,6 +384,7 @@ def headline(model: str, precision: str, node_type: str, gpus: int, slo: Slo,
     violations: list[str] = []
     sats: list[int] = []
     tps: list[float] = []
+    judged: list[tuple[int, PointStats]] = []
     basis = THROUGHPUT_BASIS
     for name, pts in points.items():
         if not by_concurrency:
@@ -400,12 +406,21 @@ def headline(model: str, precision: str, node_type: str, gpus: int, slo: Slo,
             violations.append(f"{name}: target concurrency {slo.target_concurrency} not in the "
                               f"sweep; judged at {target[0]}, the next point above")
         violations += [f"{name} @ {target[0]}: {v}" for v in slo_violations(target[1], slo)]
+        judged.append(target)
     hard = [v for v in violations if "judged at" not in v]
+
+    def slowest(values: list[float]) -> float | None:
+        finite = [v for v in values if not math.isnan(v)]
+        return max(finite) if finite else None
+
     result = ServingBenchmarkResult(
         model=model, precision=precision, node_type=node_type, gpus=gpus,
         servable=True, tokens_per_s_per_gpu=(min(tps) / max(gpus, 1)) if tps else 0.0,
         saturation_concurrency=min(sats) if sats else 0, slo_pass=not hard,
-        slo_violations=tuple(violations))
+        slo_violations=tuple(violations),
+        e2e_p99_s=slowest([p.e2e_s.p99 for _, p in judged]),
+        ttft_p99_s=slowest([p.ttft_s.p99 for _, p in judged]),
+        judged_at=max(c for c, _ in judged) if judged else None)
     return result, basis, violations
 
 

@@ -427,3 +427,53 @@ def test_a_start_p95_from_fewer_than_three_starts_is_labelled_and_the_probe_uses
     assert plan2.window_s >= cfg.safety_factor * 140.0
     plan3 = startup_probe_plan(120.0, cfg, samples=3, max_s=140.0)
     assert "p95 120.0 s (n=3)" in plan3.explanation
+
+
+def _published(model: str, precision: str) -> PublishedVariant:
+    return PublishedVariant(model, precision, f"s3://model-serving/{model}/{precision}/abc/",
+                            "abc", 10**9, 3, False, 0, 10**8, 0.1)
+
+
+def _benched(model_id: str, node_type: str, e2e_p99_s: float, ttft_p99_s: float,
+             published: bool = True):
+    """A manifest benchmarked at exactly its configuration (gpu profile), published or not."""
+    from onboarding.serving_stats import ServingBenchmarkResult
+
+    spec, p, config = configured(model_id, node_type)
+    bench = ServingBenchmarkResult(spec.id, config.precision, node_type, config.tensor_parallel,
+                                   True, 900.0, 32, True, (), config.hash, True)
+    bench = dataclasses.replace(bench, e2e_p99_s=e2e_p99_s, ttft_p99_s=ttft_p99_s)
+    pub = {config.precision: _published(spec.id, config.precision)} if published else None
+    return render(RenderInputs(spec, p, node_type, NODES.node_types[node_type], STACK, DEPLOY,
+                               config, evidence(config, None, bench),
+                               storage_for(spec, config.precision, "bf16", DEPLOY, pub)))
+
+
+def test_route_timeouts_come_from_the_measured_e2e_and_ttft_not_a_constant():
+    """Issue 23, 8: LiteLLM's `timeout` limits the whole response (LiteLLM proxy docs,
+    timeouts); a 2,048-token codegen answer at 30 ms/token needs 61 s, so the route's timeout
+    is the measured E2E p99 at the target concurrency x margin, `stream_timeout` the TTFT's."""
+    r = _benched("llama-3-1-70b-instruct", "h200", e2e_p99_s=61.4, ttft_p99_s=2.2)
+    [entry] = route_table([r.route], DEPLOY)["model_list"]
+    gw = DEPLOY.gateway
+    assert entry["litellm_params"].get("timeout") == math.ceil(61.4 * gw.timeout_margin)
+    assert entry["litellm_params"].get("stream_timeout") == math.ceil(
+        2.2 * gw.stream_timeout_margin)
+    assert "E2E p99 61.4 s" in entry["model_info"]["timeout_basis"]
+
+
+def test_routes_only_to_what_is_published_and_measured():
+    from onboarding.kserve import split_routes
+
+    ok = _benched("llama-3-1-70b-instruct", "h200", 61.4, 2.2).route
+    unpublished = _benched("llama-3-1-70b-instruct", "b300", 61.4, 2.2, published=False).route
+    _, _, q = configured("qwen3-235b-a22b-instruct", "h200")
+    unmeasured = rendered("qwen3-235b-a22b-instruct", "h200", published={
+        q.precision: _published("qwen3-235b-a22b-instruct", q.precision)}).route
+    routed, not_routed = split_routes([ok, unpublished, unmeasured], require_measured=True)
+    assert routed == [ok]
+    assert "not published" in not_routed[f"{DEPLOY.namespace}/{unpublished.service}"]
+    assert "not measured at configuration" in not_routed[
+        f"{DEPLOY.namespace}/{unmeasured.service}"]
+    routed, _ = split_routes([ok, unpublished, unmeasured], require_measured=False)
+    assert routed == [ok, unmeasured]
