@@ -103,6 +103,29 @@ class GatewayConfig(StrictConfig):
     unmeasured_timeout_s: int = Field(default=600, ge=1)
 
 
+class CacheNode(StrictConfig):
+    """One node type's NVMe model cache, as KServe's LocalModelNodeGroup sees it."""
+
+    cache_root: str = Field(pattern=r"^/", description="the NVMe cache root on the node")
+    storage_limit_gib: int = Field(ge=1, description="what KServe may cache there per node")
+
+
+class LocalModelCacheConfig(StrictConfig):
+    """KServe LocalModelCache + LocalModelNodeGroup per node type (docs/deploy.md, "Weights on
+    the node"): node types listed here deploy published variants from the node's cache."""
+
+    storage_class: str = "local-nvme-models"
+    node_types: dict[str, CacheNode] = Field(default_factory=dict)
+
+
+class EphemeralStorageConfig(StrictConfig):
+    """Where no cache is configured, the storage initializer downloads into an emptyDir: the
+    pod requests ephemeral-storage of the weights x (1 + margin) + extra_gib."""
+
+    margin: float = Field(default=0.1, ge=0)
+    extra_gib: int = Field(default=20, ge=0)
+
+
 class DeployConfig(StrictConfig):
     namespace: str
     target_node_types: list[str] = Field(min_length=1)
@@ -120,6 +143,8 @@ class DeployConfig(StrictConfig):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     # false: a node type whose configuration was never measured gets no manifest (only why)
     render_unmeasured: bool = True
+    local_model_cache: LocalModelCacheConfig = Field(default_factory=LocalModelCacheConfig)
+    ephemeral_storage: EphemeralStorageConfig = Field(default_factory=EphemeralStorageConfig)
 
 
 class EngineSwitch(StrictConfig):
@@ -349,7 +374,7 @@ class StartupProbePlan:
 
 def startup_probe_plan(cold_start_p95_s: float | None, cfg: ProbeConfig,
                        pull_s: float | None = None, samples: int | None = None,
-                       max_s: float | None = None) -> StartupProbePlan:
+                       max_s: float | None = None, cached: bool = False) -> StartupProbePlan:
     """window = max(min_startup_s, ceil(safety_factor x (fully cold p95 + pull))).
 
     With fewer than `probes.min_p95_samples` fully cold starts (`samples`) a p95 is not a
@@ -370,10 +395,11 @@ def startup_probe_plan(cold_start_p95_s: float | None, cfg: ProbeConfig,
     else:
         few = samples is not None and samples < cfg.min_p95_samples
         start_s = (max_s if max_s is not None else cold_start_p95_s) if few else cold_start_p95_s
-        pull = pull_s if (cfg.include_pull_time and pull_s is not None) else 0.0
+        pull = pull_s if (cfg.include_pull_time and pull_s is not None and not cached) else 0.0
         scaled = math.ceil(cfg.safety_factor * (start_s + pull))
         window = max(cfg.min_startup_s, scaled)
-        pull_note = (f" + derived pull {pull:.1f} s" if pull else
+        pull_note = (" (weights cached on the node by LocalModelCache: no pull)" if cached else
+                     f" + derived pull {pull:.1f} s" if pull else
                      " (pull not counted)" if not cfg.include_pull_time else
                      " (pull unknown: nothing published)")
         n = "" if samples is None else f" (n={samples})"
@@ -402,6 +428,7 @@ class Storage:
     published: bool
     why: str
     pull_s: float | None = None  # derived: published bytes / GET throughput measured
+    total_bytes: int | None = None  # the published variant's bytes
 
 
 def storage_for(spec: ModelSpec, precision: str, source_prec: str, cfg: DeployConfig,
@@ -411,7 +438,7 @@ def storage_for(spec: ModelSpec, precision: str, source_prec: str, cfg: DeployCo
     p = (published or {}).get(precision)
     if p is not None:
         return Storage(p.uri, True, f"published and verified: {p.uri} (sha256 per file)",
-                       p.pull_s)
+                       p.pull_s, p.total_bytes)
     if precision == source_prec:
         ref = spec.source_ref
         uri = (f"hf://{ref.location}" + (f":{ref.revision}" if ref.revision else "")
@@ -420,6 +447,101 @@ def storage_for(spec: ModelSpec, precision: str, source_prec: str, cfg: DeployCo
                        "graph")
     return Storage(cfg.storage.variants_uri.format(model=spec.id, precision=precision), False,
                    f"unpublished: no {precision} variant was published for this model")
+
+
+# ---- weights on the node: KServe LocalModelCache ----------------------------------------------
+# How KServe (the commit of ../shared/kserve/SOURCE) serves a cached model:
+# - the ISVC defaulter (pkg/apis/serving/v1beta1/inference_service_defaults.go setLocalModelLabel)
+#   matches the predictor's storageUri to a LocalModelCache's sourceModelUri (equal, or a "/"
+#   below it: pkg/apis/serving/v1alpha1/storage_uri_utils.go MatchStorageURI) whose nodeGroups
+#   hold the ISVC's `serving.kserve.io/nodegroup` annotation, and records the PVC
+#   `<cache>-<node group>`;
+# - the pod mutator (pkg/webhook/admission/pod/storage_initializer_injector.go) rewrites the
+#   source to pvc://<pvc>/models/<storage key>/ and mounts it at /mnt/models: no init container;
+# - the node agent (pkg/controller/v1alpha1/localmodelnode/controller.go) keeps the weights in
+#   <node group PV root>/models/<storage key>/, storage key = sha256(sourceModelUri)[:16]
+#   (local_model_cache_types.go GetStorageKey), and deletes any other folder under models/.
+NODE_GROUP_ANNOTATION = "serving.kserve.io/nodegroup"  # pkg/constants NodeGroupAnnotationKey
+
+
+def storage_key(source_uri: str) -> str:
+    return hashlib.sha256(source_uri.encode()).hexdigest()[:16]
+
+
+def agent_model_dir(cache_root: str, source_uri: str) -> str:
+    """Where the node holds a cached variant: KServe's agent layout under the cache root. The
+    pipeline's own cache (`<root>/<model>/<revision>/`) lives beside it, never under models/."""
+    return f"{cache_root.rstrip('/')}/models/{storage_key(source_uri)}"
+
+
+def match_storage_uri(cached_uri: str, storage_uri: str) -> bool:
+    """KServe's MatchStorageURI: equal, or storage_uri is a path below cached_uri."""
+    cached, storage = cached_uri.rstrip("/"), storage_uri.rstrip("/")
+    return storage == cached or (storage.startswith(cached) and storage[len(cached)] == "/")
+
+
+def node_group_name(node_type: str) -> str:
+    return to_dns1123_label(f"{node_type}-nvme-cache", 30)
+
+
+def cache_name(model_id: str, precision: str, uri: str, node_type: str) -> str:
+    """Cluster-scoped, one per published variant and node type; KServe names the PVC
+    `<cache>-<node group>`, so it stays short."""
+    base = to_dns1123_label(f"{model_id}-{precision}", 20)
+    return to_dns1123_label(f"{base}-{storage_key(uri)[:8]}-{node_type}", 40)
+
+
+def _gi(n_bytes: int) -> int:
+    return max(1, math.ceil(n_bytes / GIB))
+
+
+def render_node_group(node_type: str, node: NodeType, cfg: LocalModelCacheConfig
+                      ) -> dict[str, Any]:
+    """The node type's NVMe cache root as KServe's LocalModelNodeGroup: a local PV at the root
+    on the nodes of this GPU product, and the PVC spec KServe copies per namespace."""
+    c = cfg.node_types[node_type]
+    size = f"{c.storage_limit_gib}Gi"
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1", "kind": "LocalModelNodeGroup",
+        "metadata": {"name": node_group_name(node_type),
+                     "labels": {"app.kubernetes.io/part-of": "model-onboarding",
+                                f"{LABEL_PREFIX}/node-type": node_type}},
+        "spec": {
+            "storageLimit": size,
+            "persistentVolumeSpec": {
+                "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+                "capacity": {"storage": size}, "local": {"path": c.cache_root},
+                "storageClassName": cfg.storage_class,
+                "persistentVolumeReclaimPolicy": "Retain",
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{
+                    "key": "nvidia.com/gpu.product", "operator": "In",
+                    "values": [node.gpu_product]}]}]}}},
+            "persistentVolumeClaimSpec": {
+                "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+                "resources": {"requests": {"storage": size}},
+                "storageClassName": cfg.storage_class},
+        },
+    }
+
+
+def render_local_model_cache(name: str, uri: str, total_bytes: int, group: str,
+                             service_account: str, model_id: str, precision: str
+                             ) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1", "kind": "LocalModelCache",
+        "metadata": {"name": name, "labels": {
+            "app.kubernetes.io/part-of": "model-onboarding",
+            f"{LABEL_PREFIX}/model": label_value(model_id),
+            f"{LABEL_PREFIX}/precision": precision, f"{LABEL_PREFIX}/published": "true"}},
+        "spec": {"sourceModelUri": uri, "modelSize": f"{_gi(total_bytes)}Gi",
+                 "nodeGroups": [group], "serviceAccountName": service_account},
+    }
+
+
+def _cached(ri: RenderInputs) -> bool:
+    """A published variant on a node type with a configured cache deploys from the cache."""
+    return (ri.storage.published and ri.storage.total_bytes is not None
+            and ri.node_type in ri.deploy.local_model_cache.node_types)
 
 
 def _probe(path: str, port: int, period: int, threshold: int, timeout: int) -> dict[str, Any]:
@@ -444,15 +566,17 @@ def _uses_storage_initializer(uri: str, cfg: StorageInitializerConfig) -> bool:
     return uri.split("://", 1)[0] in ("s3", "gs", "hf", "http", "https", "azure")
 
 
-def predicted_pod(isvc: dict[str, Any], cfg: DeployConfig) -> dict[str, Any]:
+def predicted_pod(isvc: dict[str, Any], cfg: DeployConfig, cached: bool = False
+                  ) -> dict[str, Any]:
     """The predictor pod's containers as KServe builds them: the model container, and the
     storage-initializer init container when the storageUri needs one (its resources come from
-    the cluster's ConfigMap, mirrored in deploy.yaml `storage_initializer`)."""
+    the cluster's ConfigMap, mirrored in deploy.yaml `storage_initializer`). A storageUri a
+    LocalModelCache matches (`cached`) becomes a pvc:// source the mutator mounts directly."""
     model = isvc["spec"]["predictor"]["model"]
     pod: dict[str, Any] = {"containers": [{"name": RUNTIME_CONTAINER,
                                            "resources": model.get("resources", {})}]}
     si = cfg.storage_initializer
-    if _uses_storage_initializer(model.get("storageUri", ""), si):
+    if not cached and _uses_storage_initializer(model.get("storageUri", ""), si):
         pod["initContainers"] = [{"name": "storage-initializer", "resources": {
             "requests": {"cpu": si.cpu_request, "memory": si.memory_request},
             "limits": {"cpu": si.cpu_limit, "memory": si.memory_limit}}}]
@@ -618,13 +742,16 @@ def _model(ri: RenderInputs, startup: StartupProbePlan) -> dict[str, Any]:
     resources = {"cpu": str(tp * node_t.cpu_per_gpu),
                  "memory": f"{tp * node_t.host_memory_gib_per_gpu + shm_gib}Gi",
                  "nvidia.com/gpu": str(tp)}
+    requests = dict(resources)
+    if not _cached(ri) and _uses_storage_initializer(ri.storage.uri, cfg.storage_initializer):
+        requests["ephemeral-storage"] = f"{ephemeral_gib(ri)}Gi"
     model: dict[str, Any] = {
         "modelFormat": {"name": c.engine},
         "runtime": runtime_name(c),
         "storageUri": ri.storage.uri,
         "args": c.args(MODEL_DIR, port),
         "env": env,
-        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "resources": {"requests": requests, "limits": dict(resources)},
         "startupProbe": _probe(probes.path, port, probes.period_s, startup.failure_threshold,
                                probes.timeout_s),
         "readinessProbe": _probe(probes.path, port, probes.period_s,
@@ -637,6 +764,32 @@ def _model(ri: RenderInputs, startup: StartupProbePlan) -> dict[str, Any]:
     if shm_gib:
         model["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     return model
+
+
+def _weight_bytes(ri: RenderInputs) -> int:
+    return ri.storage.total_bytes or ri.plan.node(ri.node_type).weight_bytes or 0
+
+
+def ephemeral_gib(ri: RenderInputs) -> int:
+    """The storage initializer's emptyDir: the weights x (1 + margin) + extra, in GiB."""
+    es = ri.deploy.ephemeral_storage
+    return math.ceil(_weight_bytes(ri) * (1 + es.margin) / GIB) + es.extra_gib
+
+
+def _weights_on_node(ri: RenderInputs) -> str:
+    if _cached(ri):
+        root = ri.deploy.local_model_cache.node_types[ri.node_type].cache_root
+        return (f"cached: LocalModelCache on node group {node_group_name(ri.node_type)}, the "
+                f"node's {agent_model_dir(root, ri.storage.uri)}; the pod mounts it, no pod "
+                "downloads at start")
+    if not _uses_storage_initializer(ri.storage.uri, ri.deploy.storage_initializer):
+        return f"mounted from {ri.storage.uri.split('://')[0]}:// (no download)"
+    es = ri.deploy.ephemeral_storage
+    why = ("unpublished" if not ri.storage.published else
+           f"no cache configured for {ri.node_type} in deploy.yaml local_model_cache")
+    return (f"downloaded at every pod start by the storage initializer into an emptyDir "
+            f"(no LocalModelCache: {why}); ephemeral-storage request {ephemeral_gib(ri)}Gi = "
+            f"weights {gib(_weight_bytes(ri))} GiB x {1 + es.margin:g} + {es.extra_gib} GiB")
 
 
 def _annotations(ri: RenderInputs, node: NodePlan, startup: StartupProbePlan,
@@ -661,6 +814,7 @@ def _annotations(ri: RenderInputs, node: NodePlan, startup: StartupProbePlan,
                                  "align them with CPUs only for a Guaranteed pod (qos-class)"),
         f"{LABEL_PREFIX}/qos-class": f"{qos[0]}: {qos[1]}",
         f"{LABEL_PREFIX}/startup-probe": startup.explanation,
+        f"{LABEL_PREFIX}/weights-on-node": _weights_on_node(ri),
         f"{LABEL_PREFIX}/throughput": throughput,
     }
     if ev.slo_pass is not None:
@@ -700,8 +854,10 @@ def render(ri: RenderInputs) -> Rendered:
             "Re-materialize serving_config with the current stack.yaml.",
         )
     name = service_name(spec.id, ri.node_type)
+    cached = _cached(ri)
     startup = startup_probe_plan(ri.evidence.cold_start_p95_s, cfg.probes, ri.storage.pull_s,
-                                 ri.evidence.cold_start_samples, ri.evidence.cold_start_max_s)
+                                 ri.evidence.cold_start_samples, ri.evidence.cold_start_max_s,
+                                 cached)
     switches = stack.switches_for(node.precision, ri.plan.inputs.shape.moe, node_t.arch)
     predictor: dict[str, Any] = {
         "minReplicas": cfg.replicas.min,
@@ -720,7 +876,7 @@ def render(ri: RenderInputs) -> Rendered:
     isvc = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
             "metadata": {"name": name, "namespace": cfg.namespace}, "spec":
             {"predictor": predictor}}
-    qos = pod_qos_class(predicted_pod(isvc, cfg))
+    qos = pod_qos_class(predicted_pod(isvc, cfg, cached))
     isvc["metadata"]["labels"] = {
         "app.kubernetes.io/name": name,
         "app.kubernetes.io/part-of": "model-onboarding",
@@ -737,12 +893,21 @@ def render(ri: RenderInputs) -> Rendered:
         f"{LABEL_PREFIX}/qos-class": qos[0],
     }
     isvc["metadata"]["annotations"] = _annotations(ri, node, startup, switches, qos)
+    cache_docs: list[dict[str, Any]] = []
+    if cached:
+        group = node_group_name(ri.node_type)
+        isvc["metadata"]["annotations"][NODE_GROUP_ANNOTATION] = group
+        cache_docs = [render_node_group(ri.node_type, node_t, cfg.local_model_cache),
+                      render_local_model_cache(
+                          cache_name(spec.id, node.precision, ri.storage.uri, ri.node_type),
+                          ri.storage.uri, ri.storage.total_bytes or 0, group,
+                          cfg.service_account, spec.id, node.precision)]
     ev = ri.evidence
     route = Route(spec.served_name, name, cfg.namespace, ri.node_type, node.precision,
                   node.tensor_parallel, ri.storage.published, ev.measured, c.hash,
                   ev.e2e_p99_s, ev.ttft_p99_s, ev.judged_at)
     return Rendered(ri.node_type, name, runtime_name(c),
-                    (render_servingruntime(c, stack, cfg), isvc), startup, route,
+                    (render_servingruntime(c, stack, cfg), *cache_docs, isvc), startup, route,
                     tuple(s.why for s in switches), qos[0], c.hash, ri.evidence.measured,
                     ri.storage.published)
 

@@ -105,6 +105,27 @@ def device_manifest_now(result: dg.ExecuteInJobResult, node_type: str, old_hash:
             .replace("-cu130", ""))
 
 
+ISSUE23_KINDS = ("LocalModelNodeGroup", "LocalModelCache")
+ISSUE23_NOTES = ("model-onboarding.io/weights-on-node", "serving.kserve.io/nodegroup")
+
+
+def before_the_node_cache(text: str) -> tuple[list[str], list[dict]]:
+    """A manifest less what deploying from the node cache added (issue 23): the
+    LocalModelNodeGroup and LocalModelCache documents, the weights-on-node and nodegroup
+    annotations, the ephemeral-storage request, the startup window (no pull counted), and the
+    QoS class: without the storage initializer the cached pod is Guaranteed."""
+    header, docs = without_startup_probe(text)
+    docs = [d for d in docs if d["kind"] not in ISSUE23_KINDS]
+    for d in docs:
+        if d["kind"] == "InferenceService":
+            for k in (*ISSUE23_NOTES, "model-onboarding.io/qos-class"):
+                d["metadata"]["annotations"].pop(k, None)
+            d["metadata"]["labels"].pop("model-onboarding.io/qos-class", None)
+            d["spec"]["predictor"]["model"]["resources"]["requests"].pop(
+                "ephemeral-storage", None)
+    return header, docs
+
+
 def isvc(text: str) -> dict:
     return next(d for d in yaml.safe_load_all(text) if d["kind"] == "InferenceService")
 
@@ -144,8 +165,16 @@ def test_at_the_run_stack_the_h200_manifest_is_the_one_rendered_there(
     # configurations hash differently; nothing else moved
     assert {nt for nt in hashes if hashes[nt] != recorded[nt]} == {"b300", "b200"}
     for node_type in ("h200", "b300"):
-        assert rendered(result, node_type) == device_manifest_now(
-            result, node_type, recorded[node_type], hashes[node_type]), node_type
+        assert before_the_node_cache(rendered(result, node_type)) == before_the_node_cache(
+            device_manifest_now(result, node_type, recorded[node_type], hashes[node_type])), \
+            node_type
+    # both serve the published bf16 variant, and both node types have a cache in deploy.yaml:
+    # the pods mount it (no storage initializer, so Guaranteed; the device's were Burstable)
+    for node_type in ("h200", "b300"):
+        text = rendered(result, node_type)
+        kinds = [d["kind"] for d in yaml.safe_load_all(text)]
+        assert kinds == ["ServingRuntime", *ISSUE23_KINDS, "InferenceService"], node_type
+        assert isvc(text)["metadata"]["labels"]["model-onboarding.io/qos-class"] == "Guaranteed"
     notes = isvc(rendered(result, "h200"))["metadata"]["annotations"]
     assert notes["model-onboarding.io/throughput"] == (
         f"measured: 11239.6 tokens/s/GPU at configuration {rec.RUN_CONFIG_HASH} on h200")
@@ -164,7 +193,7 @@ def test_with_the_load_timing_measured_there_only_the_startup_probe_changes(
     assert_golden(GOLDEN / "smollm2-135m-h200-replayed.yaml", text,
                   "smollm2-135m-h200-replayed.yaml: the replayed rendering changed")
     device = device_manifest_now(result, "h200", rec.RUN_CONFIG_HASH, rec.RUN_CONFIG_HASH)
-    assert without_startup_probe(text) == without_startup_probe(device)
+    assert before_the_node_cache(text) == before_the_node_cache(device)
     assert text != device
     doc = isvc(text)
     labels, notes = doc["metadata"]["labels"], doc["metadata"]["annotations"]

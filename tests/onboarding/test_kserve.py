@@ -90,12 +90,27 @@ def test_golden_manifests(model_id: str, node_type: str):
                   f"rendering of {model_id} on {node_type} changed")
 
 
+def test_golden_manifest_from_the_node_cache():
+    """A published variant on a node type with a cache: LocalModelNodeGroup, LocalModelCache and
+    the InferenceService whose storageUri KServe's defaulter matches (issue 23, 2)."""
+    _, _, config = configured("qwen3-235b-a22b-instruct", "b300")
+    pub = dataclasses.replace(_published("qwen3-235b-a22b-instruct", config.precision),
+                              total_bytes=134 * 10**9)  # Qwen3-235B NVFP4's order of size
+    text = to_yaml(rendered("qwen3-235b-a22b-instruct", "b300", cold_p95_s=300.0,
+                            published={config.precision: pub}).docs)
+    assert_golden(GOLDEN / "qwen3-235b-a22b-instruct-b300-cached.yaml", text,
+                  "rendering of the cached qwen3 manifest on b300 changed")
+
+
 def test_gpu_resources_selector_toleration_and_shm_follow_the_plan():
     for node_type, tp in (("b300", 1), ("h200", 2)):
         doc = isvc(rendered("llama-3-1-70b-instruct", node_type))
         pred = doc["spec"]["predictor"]
         res = pred["model"]["resources"]
-        assert res["requests"] == res["limits"]
+        # requests = limits for cpu, memory and GPUs (Guaranteed); ephemeral-storage is a
+        # request only (the storage initializer's download, issue 23)
+        assert {k: v for k, v in res["requests"].items() if k != "ephemeral-storage"} == \
+            res["limits"]
         assert res["limits"]["nvidia.com/gpu"] == str(tp)
         assert f"--tensor-parallel-size={tp}" in pred["model"]["args"]
         product = NODES.node_types[node_type].gpu_product
@@ -303,12 +318,19 @@ def test_the_startup_probe_counts_the_derived_pull_of_the_published_variant():
     spec, _, config = configured("llama-3-1-70b-instruct", "h200")
     pub = PublishedVariant(spec.id, config.precision, "s3://model-serving/x/fp8/0123/", "0123",
                            70 * 10**9, 20, False, read_back_bytes=10**9, read_back_s=1.0)
+    no_cache = DEPLOY.model_copy(update={"local_model_cache": DEPLOY.local_model_cache.model_copy(
+        update={"node_types": {}})})
     r = rendered("llama-3-1-70b-instruct", "h200", cold_p95_s=100.0,
-                 published={config.precision: pub})
+                 published={config.precision: pub}, deploy=no_cache)
     cfg = DEPLOY.probes
     window = max(cfg.min_startup_s, math.ceil(cfg.safety_factor * (100.0 + 70.0)))
     assert r.startup.window_s == -(-window // cfg.period_s) * cfg.period_s
     assert "derived pull 70.0 s" in r.startup.explanation
+    # from the node cache (h200 has one in deploy.yaml) the window drops the pull, and says so
+    cached = rendered("llama-3-1-70b-instruct", "h200", cold_p95_s=100.0,
+                      published={config.precision: pub})
+    assert cached.startup.window_s == max(cfg.min_startup_s, 200)
+    assert "cached on the node" in cached.startup.explanation
     labels = isvc(r)["metadata"]["labels"]
     assert labels["model-onboarding.io/published"] == "true"
     assert labels["model-onboarding.io/measured"] == "true"
@@ -477,3 +499,65 @@ def test_routes_only_to_what_is_published_and_measured():
         f"{DEPLOY.namespace}/{unmeasured.service}"]
     routed, _ = split_routes([ok, unpublished, unmeasured], require_measured=False)
     assert routed == [ok, unmeasured]
+
+
+# ---- issue 23, 2: weights from the node cache (KServe LocalModelCache) ---------------------
+
+def _storage_key(uri: str) -> str:
+    """kserve pkg/apis/serving/v1alpha1/local_model_cache_types.go GetStorageKey."""
+    import hashlib
+
+    return hashlib.sha256(uri.encode()).hexdigest()[:16]
+
+
+def _webhook_matches(cached: str, storage: str) -> bool:
+    """kserve pkg/apis/serving/v1alpha1/storage_uri_utils.go MatchStorageURI, as written."""
+    cached, storage = cached.rstrip("/"), storage.rstrip("/")
+    return storage == cached or (storage.startswith(cached) and storage[len(cached)] == "/")
+
+
+def test_a_published_variant_deploys_from_the_node_cache_not_a_download():
+    _, _, config = configured("llama-3-1-70b-instruct", "b300")
+    pub = _published("llama-3-1-70b-instruct", config.precision)
+    r = rendered("llama-3-1-70b-instruct", "b300", published={config.precision: pub},
+                 cold_p95_s=100.0)
+    kinds = [d["kind"] for d in r.docs]
+    assert "LocalModelNodeGroup" in kinds and "LocalModelCache" in kinds
+    group = next(d for d in r.docs if d["kind"] == "LocalModelNodeGroup")
+    cache = next(d for d in r.docs if d["kind"] == "LocalModelCache")
+    svc = isvc(r)
+    # the ISVC defaulter (kserve pkg/apis/serving/v1beta1/inference_service_defaults.go
+    # setLocalModelLabel) matches storageUri to sourceModelUri and the nodegroup annotation
+    assert _webhook_matches(cache["spec"]["sourceModelUri"], _model(r)["storageUri"])
+    assert svc["metadata"]["annotations"]["serving.kserve.io/nodegroup"] == \
+        group["metadata"]["name"] == cache["spec"]["nodeGroups"][0]
+    assert cache["spec"]["modelSize"] == f"{math.ceil(pub.total_bytes / 2**30)}Gi"
+    # the agent fills <PV root>/models/<storage key>/ (kserve pkg/controller/v1alpha1/
+    # localmodelnode/controller.go launchJob SubPath; its hostPath is the same root)
+    root = DEPLOY.local_model_cache.node_types["b300"].cache_root
+    assert group["spec"]["persistentVolumeSpec"]["local"]["path"] == root
+    from onboarding.kserve import agent_model_dir
+    assert agent_model_dir(root, pub.uri) == f"{root}/models/{_storage_key(pub.uri)}"
+    # the pod mounts the PVC: no storage initializer, no pull in the startup window
+    assert "initContainers" not in predicted_pod(svc, DEPLOY, cached=True)
+    assert "cached on the node by LocalModelCache: no pull" in r.startup.explanation
+    assert "derived pull" not in r.startup.explanation
+    assert "no pod downloads at start" in svc["metadata"]["annotations"][
+        "model-onboarding.io/weights-on-node"]
+
+
+def test_without_a_node_cache_the_pod_requests_ephemeral_storage_for_the_weights():
+    import dataclasses as dc
+
+    deploy = DEPLOY.model_copy(update={"local_model_cache": DEPLOY.local_model_cache.model_copy(
+        update={"node_types": {}})})
+    _, p, config = configured("llama-3-1-70b-instruct", "b300")
+    pub = _published("llama-3-1-70b-instruct", config.precision)
+    r = rendered("llama-3-1-70b-instruct", "b300", published={config.precision: pub},
+                 deploy=deploy)
+    assert [d["kind"] for d in r.docs] == ["ServingRuntime", "InferenceService"]
+    req = _model(r)["resources"]["requests"]["ephemeral-storage"]
+    es = deploy.ephemeral_storage
+    want = math.ceil(pub.total_bytes * (1 + es.margin) / 2**30) + es.extra_gib
+    assert req == f"{want}Gi"
+    del dc, p
