@@ -9,6 +9,7 @@ KServe will create is predicted (`predicted_pod`), so its QoS class is computed,
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -144,6 +145,9 @@ class DeployConfig(StrictConfig):
     # false: a node type whose configuration was never measured gets no manifest (only why)
     render_unmeasured: bool = True
     local_model_cache: LocalModelCacheConfig = Field(default_factory=LocalModelCacheConfig)
+    # node types whose file also carries a KServe LLMInferenceService (llm-d) of the same
+    # configuration, beside the InferenceService
+    llm_inference_service_node_types: list[str] = Field(default_factory=list)
     ephemeral_storage: EphemeralStorageConfig = Field(default_factory=EphemeralStorageConfig)
 
 
@@ -903,13 +907,57 @@ def render(ri: RenderInputs) -> Rendered:
                           ri.storage.uri, ri.storage.total_bytes or 0, group,
                           cfg.service_account, spec.id, node.precision)]
     ev = ri.evidence
+    extra_docs = ([render_llm_inference_service(ri, isvc, c)]
+                  if ri.node_type in cfg.llm_inference_service_node_types else [])
     route = Route(spec.served_name, name, cfg.namespace, ri.node_type, node.precision,
                   node.tensor_parallel, ri.storage.published, ev.measured, c.hash,
                   ev.e2e_p99_s, ev.ttft_p99_s, ev.judged_at)
     return Rendered(ri.node_type, name, runtime_name(c),
-                    (render_servingruntime(c, stack, cfg), *cache_docs, isvc), startup, route,
+                    (render_servingruntime(c, stack, cfg), *cache_docs, isvc, *extra_docs),
+                    startup, route,
                     tuple(s.why for s in switches), qos[0], c.hash, ri.evidence.measured,
                     ri.storage.published)
+
+
+def render_llm_inference_service(ri: RenderInputs, isvc: dict[str, Any], c: ServingConfig
+                                 ) -> dict[str, Any]:
+    """KServe's LLMInferenceService (v1alpha2, the llm-d path) of exactly the configuration the
+    InferenceService runs: the same image, args, env, resources, probes, node selection, the
+    same labels (measured / published / config hash) and the nodegroup annotation, which its
+    defaulter matches to a LocalModelCache the same way (kserve
+    pkg/webhook/admission/llminferenceservice/defaulter.go SetLocalModelLabel). The main
+    container is `main` (pkg/controller/v1alpha2/llmisvc), and the router is left to KServe's
+    managed defaults (route, gateway, endpoint-picker scheduler)."""
+    pred, model = isvc["spec"]["predictor"], isvc["spec"]["predictor"]["model"]
+    main: dict[str, Any] = {
+        "name": "main", "image": c.image, "command": list(c.container_command),
+        "args": list(model["args"]),
+        "ports": [{"containerPort": ri.deploy.container_port, "protocol": "TCP"}],
+        "resources": copy.deepcopy(model["resources"])}
+    for k in ("env", "startupProbe", "readinessProbe", "livenessProbe", "volumeMounts"):
+        if k in model:
+            main[k] = copy.deepcopy(model[k])
+    template: dict[str, Any] = {"serviceAccountName": pred["serviceAccountName"],
+                                "nodeSelector": dict(pred["nodeSelector"]),
+                                "tolerations": copy.deepcopy(pred["tolerations"]),
+                                "containers": [main]}
+    if "volumes" in pred:
+        template["volumes"] = copy.deepcopy(pred["volumes"])
+    annotations = {k: v for k, v in isvc["metadata"]["annotations"].items()
+                   if k.startswith(LABEL_PREFIX) or k == NODE_GROUP_ANNOTATION}
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha2", "kind": "LLMInferenceService",
+        "metadata": {"name": f"{isvc['metadata']['name']}-llm",
+                     "namespace": isvc["metadata"]["namespace"],
+                     "labels": dict(isvc["metadata"]["labels"]), "annotations": annotations},
+        "spec": {
+            "model": {"uri": model["storageUri"], "name": ri.spec.served_name},
+            "replicas": ri.deploy.replicas.min,
+            "parallelism": {"tensor": c.tensor_parallel},
+            "router": {"route": {}, "gateway": {}, "scheduler": {}},
+            "template": template,
+        },
+    }
 
 
 def _tolerations(node: NodeType) -> list[dict[str, str]]:

@@ -231,10 +231,11 @@ def test_manifest_invalid_for_the_configured_crd_blocks_the_routes(env: Path, tm
     del schema["properties"]["spec"]["properties"]["predictor"]["properties"]["maxReplicas"]
     old = tmp_path / "old-isvc-crd.yaml"
     old.write_text(yaml.safe_dump(crd))
-    runtimes = DEFAULT_CRD_DIR / "serving.kserve.io_servingruntimes.yaml"
+    others = [DEFAULT_CRD_DIR / f"serving.kserve.io_{k}.yaml" for k in (
+        "servingruntimes", "llminferenceservices", "localmodelcaches", "localmodelnodegroups")]
     instance.add_dynamic_partitions("models", [PLAN_ONLY[0]])
     result = materialize(instance, PLAN_ONLY[0], configs, outputs,
-                         ManifestValidator(crd_paths=[str(old), str(runtimes)]))
+                         ManifestValidator(crd_paths=[str(old), *map(str, others)]))
     gate = checks(result)["manifests_valid"]
     assert not gate.passed
     errors = gate.metadata["errors"].value

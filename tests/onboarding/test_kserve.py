@@ -555,9 +555,35 @@ def test_without_a_node_cache_the_pod_requests_ephemeral_storage_for_the_weights
     pub = _published("llama-3-1-70b-instruct", config.precision)
     r = rendered("llama-3-1-70b-instruct", "b300", published={config.precision: pub},
                  deploy=deploy)
-    assert [d["kind"] for d in r.docs] == ["ServingRuntime", "InferenceService"]
+    assert not {"LocalModelCache", "LocalModelNodeGroup"} & {d["kind"] for d in r.docs}
     req = _model(r)["resources"]["requests"]["ephemeral-storage"]
     es = deploy.ephemeral_storage
     want = math.ceil(pub.total_bytes * (1 + es.margin) / 2**30) + es.extra_gib
     assert req == f"{want}Gi"
     del dc, p
+
+
+# ---- issue 23: a second deployment target, KServe's LLMInferenceService (llm-d) --------------
+
+def test_llm_inference_service_is_rendered_from_the_same_configuration():
+    _, _, config = configured("qwen3-235b-a22b-instruct", "b300")
+    pub = _published("qwen3-235b-a22b-instruct", config.precision)
+    deploy = DEPLOY.model_copy(update={"llm_inference_service_node_types": ["b300"]})
+    r = rendered("qwen3-235b-a22b-instruct", "b300", published={config.precision: pub},
+                 deploy=deploy, cold_p95_s=300.0)
+    llm = next((d for d in r.docs if d["kind"] == "LLMInferenceService"), None)
+    assert llm is not None, [d["kind"] for d in r.docs]
+    svc = isvc(r)
+    main = llm["spec"]["template"]["containers"][0]
+    assert main["name"] == "main" and main["image"] == config.image
+    assert main["args"] == _model(r)["args"] and main["resources"] == _model(r)["resources"]
+    assert llm["spec"]["model"]["uri"] == _model(r)["storageUri"]
+    assert llm["spec"]["parallelism"]["tensor"] == config.tensor_parallel
+    for k in ("measured", "published", "config-hash"):
+        key = f"model-onboarding.io/{k}"
+        assert llm["metadata"]["labels"][key] == svc["metadata"]["labels"][key]
+    # the LLMInferenceService defaulter matches the node cache the same way
+    # (kserve pkg/webhook/admission/llminferenceservice/defaulter.go SetLocalModelLabel)
+    assert llm["metadata"]["annotations"]["serving.kserve.io/nodegroup"] == "b300-nvme-cache"
+    h200 = rendered("qwen3-235b-a22b-instruct", "h200", deploy=deploy)
+    assert "LLMInferenceService" not in [d["kind"] for d in h200.docs]  # not asked for there
