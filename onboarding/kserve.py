@@ -488,11 +488,13 @@ def node_group_name(node_type: str) -> str:
     return to_dns1123_label(f"{node_type}-nvme-cache", 30)
 
 
-def cache_name(model_id: str, precision: str, uri: str, node_type: str) -> str:
-    """Cluster-scoped, one per published variant and node type; KServe names the PVC
-    `<cache>-<node group>`, so it stays short."""
-    base = to_dns1123_label(f"{model_id}-{precision}", 20)
-    return to_dns1123_label(f"{base}-{storage_key(uri)[:8]}-{node_type}", 40)
+def cache_name(model_id: str, precision: str, uri: str) -> str:
+    """Cluster-scoped, one per published variant: KServe refuses a second LocalModelCache with
+    the same sourceModelUri (pkg/webhook/admission/localmodelcache/localmodelcache_validator.go),
+    so every node type serving it shares this one. KServe names the PVC `<cache>-<node group>`,
+    so it stays short."""
+    base = to_dns1123_label(f"{model_id}-{precision}", 24)
+    return to_dns1123_label(f"{base}-{storage_key(uri)[:8]}", 33)
 
 
 def _gi(n_bytes: int) -> int:
@@ -528,7 +530,7 @@ def render_node_group(node_type: str, node: NodeType, cfg: LocalModelCacheConfig
     }
 
 
-def render_local_model_cache(name: str, uri: str, total_bytes: int, group: str,
+def render_local_model_cache(name: str, uri: str, total_bytes: int, groups: list[str],
                              service_account: str, model_id: str, precision: str
                              ) -> dict[str, Any]:
     return {
@@ -538,7 +540,7 @@ def render_local_model_cache(name: str, uri: str, total_bytes: int, group: str,
             f"{LABEL_PREFIX}/model": label_value(model_id),
             f"{LABEL_PREFIX}/precision": precision, f"{LABEL_PREFIX}/published": "true"}},
         "spec": {"sourceModelUri": uri, "modelSize": f"{_gi(total_bytes)}Gi",
-                 "nodeGroups": [group], "serviceAccountName": service_account},
+                 "nodeGroups": groups, "serviceAccountName": service_account},
     }
 
 
@@ -623,6 +625,9 @@ class RenderInputs:
     config: ServingConfig
     evidence: Evidence
     storage: Storage
+    # node types whose manifests deploy this same published variant from a node cache: one
+    # LocalModelCache holds all their node groups (empty: this node type alone)
+    cache_node_types: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -903,8 +908,9 @@ def render(ri: RenderInputs) -> Rendered:
         isvc["metadata"]["annotations"][NODE_GROUP_ANNOTATION] = group
         cache_docs = [render_node_group(ri.node_type, node_t, cfg.local_model_cache),
                       render_local_model_cache(
-                          cache_name(spec.id, node.precision, ri.storage.uri, ri.node_type),
-                          ri.storage.uri, ri.storage.total_bytes or 0, group,
+                          cache_name(spec.id, node.precision, ri.storage.uri),
+                          ri.storage.uri, ri.storage.total_bytes or 0,
+                          sorted({group, *map(node_group_name, ri.cache_node_types)}),
                           cfg.service_account, spec.id, node.precision)]
     ev = ri.evidence
     extra_docs = ([render_llm_inference_service(ri, isvc, c)]

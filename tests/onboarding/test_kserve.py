@@ -587,3 +587,25 @@ def test_llm_inference_service_is_rendered_from_the_same_configuration():
     assert llm["metadata"]["annotations"]["serving.kserve.io/nodegroup"] == "b300-nvme-cache"
     h200 = rendered("qwen3-235b-a22b-instruct", "h200", deploy=deploy)
     assert "LLMInferenceService" not in [d["kind"] for d in h200.docs]  # not asked for there
+
+
+def test_one_local_model_cache_per_published_variant_across_node_types():
+    """KServe refuses a second LocalModelCache with the same sourceModelUri (kserve
+    pkg/webhook/admission/localmodelcache/localmodelcache_validator.go ValidateCreate): a variant
+    served on two node types is one cache whose nodeGroups hold both, the same document in
+    both files."""
+    from onboarding.serving_plan import render_targets
+
+    spec = CATALOG["llama-3-1-70b-instruct"].model_copy(update={"precision_ladder": ["fp8"]})
+    p = plan(plan_inputs(spec, NODES, shape_from_hint(spec.architecture, spec.id),
+                         NOTHING_MEASURED), NODES)
+    splan = serving_plan(spec, p, NODES, STACK, TEMPLATES["vllm"])
+    assert {splan.config(nt).precision for nt in ("b300", "h200")} == {"fp8"}
+    rendered_, _ = render_targets(spec, splan, NODES, STACK, DEPLOY, None, None, None,
+                                  {"fp8": _published(spec.id, "fp8")})
+    caches = [next(d for d in r.docs if d["kind"] == "LocalModelCache") for r in rendered_]
+    assert len(caches) == 2 and caches[0] == caches[1]
+    assert sorted(caches[0]["spec"]["nodeGroups"]) == ["b300-nvme-cache", "h200-nvme-cache"]
+    for r in rendered_:
+        assert isvc(r)["metadata"]["annotations"]["serving.kserve.io/nodegroup"] == \
+            f"{r.node_type}-nvme-cache"
