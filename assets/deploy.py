@@ -32,6 +32,7 @@ from onboarding.kserve import (
     gib,
     inline_secret_findings,
     route_table,
+    split_routes,
     to_yaml,
 )
 from onboarding.plan import (
@@ -374,20 +375,31 @@ def _manifest_metadata(value: ManifestSet, rendered: list[Rendered], texts: dict
 def gateway_routes(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                    kserve_manifest) -> dg.MaterializeResult:
     manifests: dict[str, ManifestSet] = by_model(kserve_manifest)
-    routes = [r for _, m in sorted(manifests.items()) if m.valid for r in m.routes]
+    valid = [r for _, m in sorted(manifests.items()) if m.valid for r in m.routes]
     invalid = sorted(k for k, m in manifests.items() if not m.valid)
+    # the serving profile the GPU node types are measured in: a blocking one (gpu) routes only
+    # configurations measured at their hash
+    profile_name, profile = configs.profile(None, "gpu")
+    routes, not_routed = split_routes(valid, require_measured=profile.slo_severity == "error")
     table = route_table(routes, configs.deploy())
     text = to_yaml([table], "LiteLLM proxy config rendered by model-onboarding "
                    "(litellm --config litellm-config.yaml).")
     path = write_atomic(outputs.manifests / "gateway" / "litellm-config.yaml", text)
     rows = [{"model_name": r.served_name, "service": r.service, "node_type": r.node_type,
-             "precision": r.precision, "tp": r.tensor_parallel} for r in routes]
+             "precision": r.precision, "tp": r.tensor_parallel, "routed": "yes"}
+            for r in routes] + [{"model_name": "", "service": k, "node_type": "",
+                                 "precision": "", "tp": "", "routed": f"no: {why}"}
+                                for k, why in sorted(not_routed.items())]
     return dg.MaterializeResult(data_version=_version(table), metadata={
         "path": dg.MetadataValue.path(str(path)),
         "routes": dg.MetadataValue.md(md_table(rows)),
         "route_count": len(routes),
         "models": len({r.served_name for r in routes}),
         "left_out_invalid": dg.MetadataValue.json(invalid),
+        "not_routed": dg.MetadataValue.json(not_routed),
+        "routing_rule": "published and verified"
+        + (f", and measured at its configuration ({profile_name} profile)"
+           if profile.slo_severity == "error" else f" ({profile_name} profile)"),
         "config": dg.MetadataValue.md(f"```yaml\n{text}```"),
     })
 

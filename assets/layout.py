@@ -30,6 +30,7 @@ from onboarding.layout import LayoutPlan, layout_entries, placement_rows, plan_l
 from onboarding.layout_plot import layout_png
 from onboarding.layout_render import (
     RenderedLayout,
+    check_configmap,
     check_gateway,
     check_priority_class,
     check_prometheus,
@@ -93,6 +94,9 @@ def validate_outputs(validator: ManifestValidator, rendered: dict[str, RenderedL
                 errors[f"{name} {doc['kind']}/{doc['metadata']['name']}"] = validator.validate(doc)
         for doc in r.priority_classes:
             errors[f"{name} PriorityClass/{doc['metadata']['name']}"] = check_priority_class(doc)
+        for doc in r.gpu_sharing:
+            errors[f"{name} ConfigMap/{doc['metadata']['name']}"] = check_configmap(doc)
+        errors[f"{name} GPUs the cluster can grant"] = list(r.grant_problems)
         errors[f"{name} litellm-config.yaml"] = check_gateway(r.gateway)
         errors[f"{name} prometheus.yml"] = check_prometheus(r.prometheus)
         docs = [d for ds in r.manifests.values() for d in ds]

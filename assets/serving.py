@@ -370,10 +370,13 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
         yield _unservable_check(SLO_CHECK, setup.reason)
         yield node_check
         return
-    sweep = setup.profile.sweep.model_copy(update={k: v for k, v in {
+    asked = setup.profile.sweep.model_copy(update={k: v for k, v in {
         "concurrency": config.concurrency, "mode": config.mode,
         "requests_per_point": config.requests_per_point,
         "max_seconds_per_point": config.max_seconds_per_point}.items() if v is not None})
+    # a blocking (gpu) profile always sweeps the target concurrency, where its SLO is judged
+    sweep = setup.profile.model_copy(update={"sweep": asked}).sweep_for(
+        setup.slo.target_concurrency)
     wanted = spec.model_copy(update={"scenarios": config.scenarios}) if config.scenarios else spec
     scenarios = scenarios_for(wanted, setup.profile,
                               f"configs/scenarios.yaml profile {setup.profile_name}")

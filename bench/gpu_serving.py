@@ -159,11 +159,7 @@ def pinned_configs(work: Path, versions: dict[str, str]) -> tuple[Path, dict]:
     if driver:
         changed["versions.nvidia_driver"] = [stack["versions"]["nvidia_driver"], driver]
         stack["versions"]["nvidia_driver"] = driver
-    for arch, image in list(stack["images"]["vllm"].items()):
-        repo, _, tag = image.rpartition(":")
-        new = f"{repo}:v{vllm}" + ("-cu130" if tag.endswith("-cu130") else "")
-        stack["images"]["vllm"][arch] = new
-        changed[f"images.vllm.{arch}"] = [image, new]
+    # images follow versions.vllm through stack.yaml's tag rule (issue 23): nothing to pin
     (cfg / "stack.yaml").write_text(yaml.safe_dump(stack, sort_keys=False))
     scen = yaml.safe_load((cfg / "scenarios.yaml").read_text())
     scen["profiles"]["gpu"]["require_node_acceptance"] = False

@@ -207,8 +207,13 @@ class Evidence:
     measured: bool
     basis: str  # one sentence: "measured on h200 at configuration abc" / "unmeasured: ..."
     cold_start_p95_s: float | None = None  # fully cold
+    cold_start_samples: int | None = None  # its n (None: not recorded, an older result)
+    cold_start_max_s: float | None = None
     tokens_per_s_per_gpu: float | None = None
     slo_pass: bool | None = None
+    e2e_p99_s: float | None = None  # at the judged (target) concurrency, slowest scenario
+    ttft_p99_s: float | None = None
+    judged_at: int | None = None
 
 
 def evidence(config: ServingConfig, timing: LoadTimingResult | None,
@@ -229,5 +234,10 @@ def evidence(config: ServingConfig, timing: LoadTimingResult | None,
         h, True, f"measured on {config.node_type} at configuration {h} ({config.engine} "
         f"{config.engine_version})",
         cold_start_p95_s=timing.cold_start_p95_s if timed else None,
+        cold_start_samples=(getattr(timing, "cold_start_samples", 0) or None) if timed else None,
+        cold_start_max_s=getattr(timing, "cold_start_max_s", None) if timed else None,
         tokens_per_s_per_gpu=bench.tokens_per_s_per_gpu if benched and bench.servable else None,
-        slo_pass=bench.slo_pass if benched else None)
+        slo_pass=bench.slo_pass if benched else None,
+        e2e_p99_s=getattr(bench, "e2e_p99_s", None) if benched else None,
+        ttft_p99_s=getattr(bench, "ttft_p99_s", None) if benched else None,
+        judged_at=getattr(bench, "judged_at", None) if benched else None)

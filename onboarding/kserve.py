@@ -9,6 +9,7 @@ KServe will create is predicted (`predicted_pod`), so its QoS class is computed,
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -81,6 +82,8 @@ class ProbeConfig(StrictConfig):
     liveness_period_s: int = Field(ge=1)
     liveness_failure_threshold: int = Field(ge=1)
     include_pull_time: bool = True
+    # fewer fully cold starts than this: no p95 is claimed, the window is max x safety_factor
+    min_p95_samples: int = Field(default=3, ge=1)
 
 
 class Replicas(StrictConfig):
@@ -89,9 +92,39 @@ class Replicas(StrictConfig):
 
 
 class GatewayConfig(StrictConfig):
+    """LiteLLM proxy routes. `timeout` limits a whole response and `stream_timeout` a streamed
+    one's wait (LiteLLM proxy docs, "Timeouts"): both from what was measured at the target
+    concurrency, x margin; a route nothing measured gets the labelled default."""
+
     provider: str = "hosted_vllm"
     cluster_domain: str = "svc.cluster.local"
     routing_strategy: str = "simple-shuffle"
+    timeout_margin: float = Field(default=1.5, ge=1.0)
+    stream_timeout_margin: float = Field(default=2.0, ge=1.0)
+    unmeasured_timeout_s: int = Field(default=600, ge=1)
+
+
+class CacheNode(StrictConfig):
+    """One node type's NVMe model cache, as KServe's LocalModelNodeGroup sees it."""
+
+    cache_root: str = Field(pattern=r"^/", description="the NVMe cache root on the node")
+    storage_limit_gib: int = Field(ge=1, description="what KServe may cache there per node")
+
+
+class LocalModelCacheConfig(StrictConfig):
+    """KServe LocalModelCache + LocalModelNodeGroup per node type (docs/deploy.md, "Weights on
+    the node"): node types listed here deploy published variants from the node's cache."""
+
+    storage_class: str = "local-nvme-models"
+    node_types: dict[str, CacheNode] = Field(default_factory=dict)
+
+
+class EphemeralStorageConfig(StrictConfig):
+    """Where no cache is configured, the storage initializer downloads into an emptyDir: the
+    pod requests ephemeral-storage of the weights x (1 + margin) + extra_gib."""
+
+    margin: float = Field(default=0.1, ge=0)
+    extra_gib: int = Field(default=20, ge=0)
 
 
 class DeployConfig(StrictConfig):
@@ -111,6 +144,11 @@ class DeployConfig(StrictConfig):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     # false: a node type whose configuration was never measured gets no manifest (only why)
     render_unmeasured: bool = True
+    local_model_cache: LocalModelCacheConfig = Field(default_factory=LocalModelCacheConfig)
+    # node types whose file also carries a KServe LLMInferenceService (llm-d) of the same
+    # configuration, beside the InferenceService
+    llm_inference_service_node_types: list[str] = Field(default_factory=list)
+    ephemeral_storage: EphemeralStorageConfig = Field(default_factory=EphemeralStorageConfig)
 
 
 class EngineSwitch(StrictConfig):
@@ -128,6 +166,19 @@ class EngineSwitch(StrictConfig):
     precisions: list[str] | None = None
     moe: bool | None = None
     archs: list[str] | None = None
+    # A kernel choice (a MoE/attention backend the engine would otherwise pick itself, with its
+    # own fallbacks) applies only where `pinned` says why: the configuration was benchmarked
+    # with it, or a reason to force it. Unpinned, the engine's `auto` stays (issue 23).
+    kernel_choice: bool = False
+    pinned: str | None = None
+
+    @field_validator("pinned")
+    @classmethod
+    def _pinned_says_why(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("pinned: say why the kernel is forced (the benchmark at which "
+                             "configuration, or the reason), or leave pinned out")
+        return v
 
     @field_validator("versions")
     @classmethod
@@ -154,16 +205,84 @@ class EngineSwitch(StrictConfig):
 
     def applies(self, engine: str, version: str, precision: str, moe: bool, arch: str) -> bool:
         return (self.engine == engine
+                and (not self.kernel_choice or self.pinned is not None)
                 and SpecifierSet(self.versions).contains(version, prereleases=True)
                 and (self.precisions is None or precision in self.precisions)
                 and (self.moe is None or self.moe == moe)
                 and (self.archs is None or arch in self.archs))
 
 
+class TagRule(StrictConfig):
+    """The tags one range of engine releases publishes, per CUDA major: `{version}` is filled."""
+
+    versions: str = Field(description="PEP 440 specifier over versions.<engine>")
+    cuda: dict[int, str] = Field(min_length=1)
+
+    @field_validator("versions")
+    @classmethod
+    def _specifier(cls, v: str) -> str:
+        try:
+            SpecifierSet(v)
+        except InvalidSpecifier:
+            raise ValueError(f"{v!r} is not a PEP 440 version specifier (e.g. '>=0.20')") from None
+        return v
+
+    @field_validator("cuda")
+    @classmethod
+    def _templates_carry_the_version(cls, v: dict[int, str]) -> dict[int, str]:
+        bad = [t for t in v.values() if "{version}" not in t]
+        if bad:
+            raise ValueError(f"tag templates {bad} do not carry {{version}}")
+        return v
+
+
+class EngineImages(StrictConfig):
+    repository: str = Field(pattern=r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+$")
+    tags: list[TagRule] = Field(min_length=1)
+
+    def image(self, engine: str, version: str, cuda_major: int) -> str:
+        """The image of `version` built for `cuda_major`: the first rule whose range holds it;
+        refused when that release publishes no build for that CUDA major."""
+        for rule in self.tags:
+            if SpecifierSet(rule.versions).contains(version, prereleases=True):
+                if cuda_major not in rule.cuda:
+                    raise ValueError(
+                        f"images.{engine}: {engine} {version} publishes no CUDA {cuda_major} "
+                        f"build (its tags: {sorted(rule.cuda)} only, rule {rule.versions!r})")
+                return f"{self.repository}:{rule.cuda[cuda_major].format(version=version)}"
+        raise ValueError(f"images.{engine}: no tag rule covers {engine} {version}")
+
+
+# Blackwell (sm100 B200, sm103 B300) runs the CUDA 13 builds of the pinned stack: PyTorch and
+# FlashInfer's SM100/SM103 kernels in it are built for cu130 (issue 23).
+_MIN_CUDA_MAJOR = {"sm100": 13, "sm103": 13}
+
+
 class ImagesConfig(StrictConfig):
+    """Serving images by rule, not by hand: repository + tag template per engine release range
+    and CUDA major, and the CUDA major each GPU architecture runs (tests/deploy/
+    test_image_rule.py cites the registries' tag conventions)."""
+
     engine: Engine
-    vllm: dict[str, str] = Field(default_factory=dict)
-    sglang: dict[str, str] = Field(default_factory=dict)
+    cuda_major: dict[str, int] = Field(min_length=1)
+    vllm: EngineImages | None = None
+    sglang: EngineImages | None = None
+
+    @field_validator("cuda_major")
+    @classmethod
+    def _blackwell_needs_cuda13(cls, v: dict[str, int]) -> dict[str, int]:
+        for arch, low in _MIN_CUDA_MAJOR.items():
+            if arch in v and v[arch] < low:
+                raise ValueError(f"images.cuda_major.{arch}: {v[arch]}; {arch} needs the CUDA "
+                                 f"{low} build of the stack")
+        return v
+
+    def per_arch(self, engine: str, version: str) -> dict[str, str]:
+        rules = getattr(self, engine)
+        if rules is None:
+            raise ValueError(f"images.{engine}: no repository and tag rule")
+        return {arch: rules.image(engine, version, major)
+                for arch, major in self.cuda_major.items()}
 
 
 class _StackSections(BaseModel):
@@ -175,16 +294,13 @@ class _StackSections(BaseModel):
     engine_switches: list[EngineSwitch] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _tags_carry_versions(self) -> _StackSections:
-        for engine in ("vllm", "sglang"):
-            version = self.versions.get(engine)
-            for arch, image in getattr(self.images, engine).items():
-                tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
-                if version and version not in tag:
-                    raise ValueError(
-                        f"images.{engine}.{arch}: tag of {image!r} does not carry "
-                        f"versions.{engine} {version!r}"
-                    )
+    def _rule_covers_the_engine(self) -> _StackSections:
+        engine = self.images.engine
+        if engine not in self.versions:
+            raise ValueError(f"versions.{engine}: missing; images.engine names it")
+        for name in ("vllm", "sglang"):  # every engine's rule, not only the one rendered
+            if name == engine or (getattr(self.images, name) and name in self.versions):
+                self.images.per_arch(name, self.versions[name])
         return self
 
 
@@ -214,8 +330,9 @@ def _load_stack(path: Path, mtime_ns: int) -> Stack:
                                "Fix the versions:/images:/engine_switches: sections of "
                                "stack.yaml.")
     engine = sections.images.engine
-    return Stack(engine=engine, engine_version=sections.versions.get(engine, "unknown"),
-                 images=dict(getattr(sections.images, engine)),
+    version = sections.versions[engine]
+    return Stack(engine=engine, engine_version=version,
+                 images=sections.images.per_arch(engine, version),
                  switches=tuple(sections.engine_switches), fingerprint=stack_fingerprint(data),
                  kserve_version=sections.versions.get("kserve", "0.16.0"))
 
@@ -260,15 +377,19 @@ class StartupProbePlan:
 
 
 def startup_probe_plan(cold_start_p95_s: float | None, cfg: ProbeConfig,
-                       pull_s: float | None = None) -> StartupProbePlan:
+                       pull_s: float | None = None, samples: int | None = None,
+                       max_s: float | None = None, cached: bool = False) -> StartupProbePlan:
     """window = max(min_startup_s, ceil(safety_factor x (fully cold p95 + pull))).
 
-    The pull (the storage initializer copying the published variant, at the GET throughput
-    measured reading it back) is counted when `probes.include_pull_time`: Kubernetes starts the
-    startup probe's clock after init containers finish, so this is conservative for KServe's
-    initializer and exact when the runtime pulls the weights itself. Unmeasured: the default.
-    Kubernetes allows a container `failureThreshold x periodSeconds` to start, so the
-    threshold is the window divided by the period, rounded up.
+    With fewer than `probes.min_p95_samples` fully cold starts (`samples`) a p95 is not a
+    p95 (of one start it is that start): the window is sized from the slowest start (`max_s`)
+    instead, and the explanation says n (issue 23). The pull (the storage initializer copying
+    the published variant, at the GET throughput measured reading it back) is counted when
+    `probes.include_pull_time`: Kubernetes starts the startup probe's clock after init
+    containers finish, so this is conservative for KServe's initializer and exact when the
+    runtime pulls the weights itself. Unmeasured: the default. Kubernetes allows a container
+    `failureThreshold x periodSeconds` to start, so the threshold is the window divided by the
+    period, rounded up.
     """
     if cold_start_p95_s is None:
         window = cfg.unmeasured_startup_s
@@ -276,13 +397,19 @@ def startup_probe_plan(cold_start_p95_s: float | None, cfg: ProbeConfig,
                "(configs/deploy.yaml probes.unmeasured_startup_s)")
         basis: Literal["measured", "default"] = "default"
     else:
-        pull = pull_s if (cfg.include_pull_time and pull_s is not None) else 0.0
-        scaled = math.ceil(cfg.safety_factor * (cold_start_p95_s + pull))
+        few = samples is not None and samples < cfg.min_p95_samples
+        start_s = (max_s if max_s is not None else cold_start_p95_s) if few else cold_start_p95_s
+        pull = pull_s if (cfg.include_pull_time and pull_s is not None and not cached) else 0.0
+        scaled = math.ceil(cfg.safety_factor * (start_s + pull))
         window = max(cfg.min_startup_s, scaled)
-        pull_note = (f" + derived pull {pull:.1f} s" if pull else
+        pull_note = (" (weights cached on the node by LocalModelCache: no pull)" if cached else
+                     f" + derived pull {pull:.1f} s" if pull else
                      " (pull not counted)" if not cfg.include_pull_time else
                      " (pull unknown: nothing published)")
-        why = (f"measured: fully cold start p95 {cold_start_p95_s:.1f} s{pull_note}, x safety "
+        n = "" if samples is None else f" (n={samples})"
+        stat = (f"max {start_s:.1f} s (n={samples}: fewer than {cfg.min_p95_samples} starts, "
+                "too few for a percentile)" if few else f"p95 {start_s:.1f} s{n}")
+        why = (f"measured: fully cold start {stat}{pull_note}, x safety "
                f"{cfg.safety_factor:g} = {scaled} s, floor {cfg.min_startup_s} s -> {window} s")
         basis = "measured"
     threshold = max(1, math.ceil(window / cfg.period_s))
@@ -305,6 +432,7 @@ class Storage:
     published: bool
     why: str
     pull_s: float | None = None  # derived: published bytes / GET throughput measured
+    total_bytes: int | None = None  # the published variant's bytes
 
 
 def storage_for(spec: ModelSpec, precision: str, source_prec: str, cfg: DeployConfig,
@@ -314,7 +442,7 @@ def storage_for(spec: ModelSpec, precision: str, source_prec: str, cfg: DeployCo
     p = (published or {}).get(precision)
     if p is not None:
         return Storage(p.uri, True, f"published and verified: {p.uri} (sha256 per file)",
-                       p.pull_s)
+                       p.pull_s, p.total_bytes)
     if precision == source_prec:
         ref = spec.source_ref
         uri = (f"hf://{ref.location}" + (f":{ref.revision}" if ref.revision else "")
@@ -323,6 +451,103 @@ def storage_for(spec: ModelSpec, precision: str, source_prec: str, cfg: DeployCo
                        "graph")
     return Storage(cfg.storage.variants_uri.format(model=spec.id, precision=precision), False,
                    f"unpublished: no {precision} variant was published for this model")
+
+
+# ---- weights on the node: KServe LocalModelCache ----------------------------------------------
+# How KServe (the commit of ../shared/kserve/SOURCE) serves a cached model:
+# - the ISVC defaulter (pkg/apis/serving/v1beta1/inference_service_defaults.go setLocalModelLabel)
+#   matches the predictor's storageUri to a LocalModelCache's sourceModelUri (equal, or a "/"
+#   below it: pkg/apis/serving/v1alpha1/storage_uri_utils.go MatchStorageURI) whose nodeGroups
+#   hold the ISVC's `serving.kserve.io/nodegroup` annotation, and records the PVC
+#   `<cache>-<node group>`;
+# - the pod mutator (pkg/webhook/admission/pod/storage_initializer_injector.go) rewrites the
+#   source to pvc://<pvc>/models/<storage key>/ and mounts it at /mnt/models: no init container;
+# - the node agent (pkg/controller/v1alpha1/localmodelnode/controller.go) keeps the weights in
+#   <node group PV root>/models/<storage key>/, storage key = sha256(sourceModelUri)[:16]
+#   (local_model_cache_types.go GetStorageKey), and deletes any other folder under models/.
+NODE_GROUP_ANNOTATION = "serving.kserve.io/nodegroup"  # pkg/constants NodeGroupAnnotationKey
+
+
+def storage_key(source_uri: str) -> str:
+    return hashlib.sha256(source_uri.encode()).hexdigest()[:16]
+
+
+def agent_model_dir(cache_root: str, source_uri: str) -> str:
+    """Where the node holds a cached variant: KServe's agent layout under the cache root. The
+    pipeline's own cache (`<root>/<model>/<revision>/`) lives beside it, never under models/."""
+    return f"{cache_root.rstrip('/')}/models/{storage_key(source_uri)}"
+
+
+def match_storage_uri(cached_uri: str, storage_uri: str) -> bool:
+    """KServe's MatchStorageURI: equal, or storage_uri is a path below cached_uri."""
+    cached, storage = cached_uri.rstrip("/"), storage_uri.rstrip("/")
+    return storage == cached or (storage.startswith(cached) and storage[len(cached)] == "/")
+
+
+def node_group_name(node_type: str) -> str:
+    return to_dns1123_label(f"{node_type}-nvme-cache", 30)
+
+
+def cache_name(model_id: str, precision: str, uri: str) -> str:
+    """Cluster-scoped, one per published variant: KServe refuses a second LocalModelCache with
+    the same sourceModelUri (pkg/webhook/admission/localmodelcache/localmodelcache_validator.go),
+    so every node type serving it shares this one. KServe names the PVC `<cache>-<node group>`,
+    so it stays short."""
+    base = to_dns1123_label(f"{model_id}-{precision}", 24)
+    return to_dns1123_label(f"{base}-{storage_key(uri)[:8]}", 33)
+
+
+def _gi(n_bytes: int) -> int:
+    return max(1, math.ceil(n_bytes / GIB))
+
+
+def render_node_group(node_type: str, node: NodeType, cfg: LocalModelCacheConfig
+                      ) -> dict[str, Any]:
+    """The node type's NVMe cache root as KServe's LocalModelNodeGroup: a local PV at the root
+    on the nodes of this GPU product, and the PVC spec KServe copies per namespace."""
+    c = cfg.node_types[node_type]
+    size = f"{c.storage_limit_gib}Gi"
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1", "kind": "LocalModelNodeGroup",
+        "metadata": {"name": node_group_name(node_type),
+                     "labels": {"app.kubernetes.io/part-of": "model-onboarding",
+                                f"{LABEL_PREFIX}/node-type": node_type}},
+        "spec": {
+            "storageLimit": size,
+            "persistentVolumeSpec": {
+                "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+                "capacity": {"storage": size}, "local": {"path": c.cache_root},
+                "storageClassName": cfg.storage_class,
+                "persistentVolumeReclaimPolicy": "Retain",
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{
+                    "key": "nvidia.com/gpu.product", "operator": "In",
+                    "values": [node.gpu_product]}]}]}}},
+            "persistentVolumeClaimSpec": {
+                "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+                "resources": {"requests": {"storage": size}},
+                "storageClassName": cfg.storage_class},
+        },
+    }
+
+
+def render_local_model_cache(name: str, uri: str, total_bytes: int, groups: list[str],
+                             service_account: str, model_id: str, precision: str
+                             ) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1", "kind": "LocalModelCache",
+        "metadata": {"name": name, "labels": {
+            "app.kubernetes.io/part-of": "model-onboarding",
+            f"{LABEL_PREFIX}/model": label_value(model_id),
+            f"{LABEL_PREFIX}/precision": precision, f"{LABEL_PREFIX}/published": "true"}},
+        "spec": {"sourceModelUri": uri, "modelSize": f"{_gi(total_bytes)}Gi",
+                 "nodeGroups": groups, "serviceAccountName": service_account},
+    }
+
+
+def _cached(ri: RenderInputs) -> bool:
+    """A published variant on a node type with a configured cache deploys from the cache."""
+    return (ri.storage.published and ri.storage.total_bytes is not None
+            and ri.node_type in ri.deploy.local_model_cache.node_types)
 
 
 def _probe(path: str, port: int, period: int, threshold: int, timeout: int) -> dict[str, Any]:
@@ -347,15 +572,17 @@ def _uses_storage_initializer(uri: str, cfg: StorageInitializerConfig) -> bool:
     return uri.split("://", 1)[0] in ("s3", "gs", "hf", "http", "https", "azure")
 
 
-def predicted_pod(isvc: dict[str, Any], cfg: DeployConfig) -> dict[str, Any]:
+def predicted_pod(isvc: dict[str, Any], cfg: DeployConfig, cached: bool = False
+                  ) -> dict[str, Any]:
     """The predictor pod's containers as KServe builds them: the model container, and the
     storage-initializer init container when the storageUri needs one (its resources come from
-    the cluster's ConfigMap, mirrored in deploy.yaml `storage_initializer`)."""
+    the cluster's ConfigMap, mirrored in deploy.yaml `storage_initializer`). A storageUri a
+    LocalModelCache matches (`cached`) becomes a pvc:// source the mutator mounts directly."""
     model = isvc["spec"]["predictor"]["model"]
     pod: dict[str, Any] = {"containers": [{"name": RUNTIME_CONTAINER,
                                            "resources": model.get("resources", {})}]}
     si = cfg.storage_initializer
-    if _uses_storage_initializer(model.get("storageUri", ""), si):
+    if not cached and _uses_storage_initializer(model.get("storageUri", ""), si):
         pod["initContainers"] = [{"name": "storage-initializer", "resources": {
             "requests": {"cpu": si.cpu_request, "memory": si.memory_request},
             "limits": {"cpu": si.cpu_limit, "memory": si.memory_limit}}}]
@@ -398,6 +625,9 @@ class RenderInputs:
     config: ServingConfig
     evidence: Evidence
     storage: Storage
+    # node types whose manifests deploy this same published variant from a node cache: one
+    # LocalModelCache holds all their node groups (empty: this node type alone)
+    cache_node_types: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -408,6 +638,49 @@ class Route:
     node_type: str
     precision: str
     tensor_parallel: int
+    published: bool = False  # the storageUri is a variant this graph published and verified
+    measured: bool = False  # benchmarked or load-timed at exactly this configuration
+    config_hash: str = ""
+    e2e_p99_s: float | None = None  # measured at the target concurrency (slowest scenario)
+    ttft_p99_s: float | None = None
+    judged_at: int | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.service}"
+
+
+def split_routes(routes: list[Route], require_measured: bool
+                 ) -> tuple[list[Route], dict[str, str]]:
+    """The routes a gateway may send traffic to, and why each other one is left out: a pod
+    loads only a published, verified variant; a blocking (gpu) profile also wants the
+    configuration measured at its hash."""
+    routed, left_out = [], {}
+    for r in routes:
+        if not r.published:
+            left_out[r.key] = (f"not published: no verified {r.precision} variant of "
+                               f"{r.served_name} in the serving bucket; a pod could not load it")
+        elif require_measured and not r.measured:
+            left_out[r.key] = (f"not measured at configuration {r.config_hash} on {r.node_type} "
+                               "(the gpu profile routes only what was measured)")
+        else:
+            routed.append(r)
+    return routed, left_out
+
+
+def route_timeouts(r: Route, gw: GatewayConfig) -> tuple[int, int, str]:
+    """(timeout, stream_timeout, basis): measured E2E p99 x margin and TTFT p99 x margin at
+    the target concurrency; the labelled default where nothing was measured."""
+    if r.e2e_p99_s is None or r.ttft_p99_s is None:
+        d = gw.unmeasured_timeout_s
+        return d, d, (f"default {d} s (deploy.yaml gateway.unmeasured_timeout_s): no benchmark "
+                      f"at configuration {r.config_hash}")
+    timeout = math.ceil(r.e2e_p99_s * gw.timeout_margin)
+    stream = math.ceil(r.ttft_p99_s * gw.stream_timeout_margin)
+    return timeout, stream, (
+        f"measured at concurrency {r.judged_at}: E2E p99 {r.e2e_p99_s:.1f} s x "
+        f"{gw.timeout_margin:g}, TTFT p99 {r.ttft_p99_s:.2f} s x {gw.stream_timeout_margin:g} "
+        f"(configuration {r.config_hash})")
 
 
 @dataclass(frozen=True)
@@ -478,13 +751,16 @@ def _model(ri: RenderInputs, startup: StartupProbePlan) -> dict[str, Any]:
     resources = {"cpu": str(tp * node_t.cpu_per_gpu),
                  "memory": f"{tp * node_t.host_memory_gib_per_gpu + shm_gib}Gi",
                  "nvidia.com/gpu": str(tp)}
+    requests = dict(resources)
+    if not _cached(ri) and _uses_storage_initializer(ri.storage.uri, cfg.storage_initializer):
+        requests["ephemeral-storage"] = f"{ephemeral_gib(ri)}Gi"
     model: dict[str, Any] = {
         "modelFormat": {"name": c.engine},
         "runtime": runtime_name(c),
         "storageUri": ri.storage.uri,
         "args": c.args(MODEL_DIR, port),
         "env": env,
-        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "resources": {"requests": requests, "limits": dict(resources)},
         "startupProbe": _probe(probes.path, port, probes.period_s, startup.failure_threshold,
                                probes.timeout_s),
         "readinessProbe": _probe(probes.path, port, probes.period_s,
@@ -497,6 +773,32 @@ def _model(ri: RenderInputs, startup: StartupProbePlan) -> dict[str, Any]:
     if shm_gib:
         model["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     return model
+
+
+def _weight_bytes(ri: RenderInputs) -> int:
+    return ri.storage.total_bytes or ri.plan.node(ri.node_type).weight_bytes or 0
+
+
+def ephemeral_gib(ri: RenderInputs) -> int:
+    """The storage initializer's emptyDir: the weights x (1 + margin) + extra, in GiB."""
+    es = ri.deploy.ephemeral_storage
+    return math.ceil(_weight_bytes(ri) * (1 + es.margin) / GIB) + es.extra_gib
+
+
+def _weights_on_node(ri: RenderInputs) -> str:
+    if _cached(ri):
+        root = ri.deploy.local_model_cache.node_types[ri.node_type].cache_root
+        return (f"cached: LocalModelCache on node group {node_group_name(ri.node_type)}, the "
+                f"node's {agent_model_dir(root, ri.storage.uri)}; the pod mounts it, no pod "
+                "downloads at start")
+    if not _uses_storage_initializer(ri.storage.uri, ri.deploy.storage_initializer):
+        return f"mounted from {ri.storage.uri.split('://')[0]}:// (no download)"
+    es = ri.deploy.ephemeral_storage
+    why = ("unpublished" if not ri.storage.published else
+           f"no cache configured for {ri.node_type} in deploy.yaml local_model_cache")
+    return (f"downloaded at every pod start by the storage initializer into an emptyDir "
+            f"(no LocalModelCache: {why}); ephemeral-storage request {ephemeral_gib(ri)}Gi = "
+            f"weights {gib(_weight_bytes(ri))} GiB x {1 + es.margin:g} + {es.extra_gib} GiB")
 
 
 def _annotations(ri: RenderInputs, node: NodePlan, startup: StartupProbePlan,
@@ -521,6 +823,7 @@ def _annotations(ri: RenderInputs, node: NodePlan, startup: StartupProbePlan,
                                  "align them with CPUs only for a Guaranteed pod (qos-class)"),
         f"{LABEL_PREFIX}/qos-class": f"{qos[0]}: {qos[1]}",
         f"{LABEL_PREFIX}/startup-probe": startup.explanation,
+        f"{LABEL_PREFIX}/weights-on-node": _weights_on_node(ri),
         f"{LABEL_PREFIX}/throughput": throughput,
     }
     if ev.slo_pass is not None:
@@ -529,6 +832,7 @@ def _annotations(ri: RenderInputs, node: NodePlan, startup: StartupProbePlan,
     if switches:
         annotations[f"{LABEL_PREFIX}/engine-switches"] = "; ".join(
             f"{' '.join([*(f'{k}={v}' for k, v in sorted(s.env.items())), *s.args])}: {s.why}"
+            + (f" (pinned: {s.pinned})" if s.pinned else "")
             for s in switches)
     if ri.config.notes:
         annotations[f"{LABEL_PREFIX}/configuration-notes"] = "; ".join(ri.config.notes)
@@ -547,11 +851,22 @@ def render(ri: RenderInputs) -> Rendered:
         )
     if node_t.arch not in stack.images:
         raise ConfigError(
-            f"stack.yaml images.{stack.engine}.{node_t.arch}", "required but missing",
-            f"Add the {stack.engine} image built for {node_t.arch} ({ri.node_type} nodes).",
+            f"stack.yaml images.cuda_major.{node_t.arch}", "required but missing",
+            f"Add the CUDA major {ri.node_type} nodes ({node_t.arch}) run to images.cuda_major.",
+        )
+    if c.image != stack.images[node_t.arch]:
+        raise ConfigError(
+            f"configuration {c.hash} of {spec.id!r} on {ri.node_type}",
+            f"image {c.image!r} is not the tag stack.yaml's image rule produces for "
+            f"{stack.engine} {stack.engine_version} on {node_t.arch} "
+            f"({stack.images[node_t.arch]!r})",
+            "Re-materialize serving_config with the current stack.yaml.",
         )
     name = service_name(spec.id, ri.node_type)
-    startup = startup_probe_plan(ri.evidence.cold_start_p95_s, cfg.probes, ri.storage.pull_s)
+    cached = _cached(ri)
+    startup = startup_probe_plan(ri.evidence.cold_start_p95_s, cfg.probes, ri.storage.pull_s,
+                                 ri.evidence.cold_start_samples, ri.evidence.cold_start_max_s,
+                                 cached)
     switches = stack.switches_for(node.precision, ri.plan.inputs.shape.moe, node_t.arch)
     predictor: dict[str, Any] = {
         "minReplicas": cfg.replicas.min,
@@ -570,7 +885,7 @@ def render(ri: RenderInputs) -> Rendered:
     isvc = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
             "metadata": {"name": name, "namespace": cfg.namespace}, "spec":
             {"predictor": predictor}}
-    qos = pod_qos_class(predicted_pod(isvc, cfg))
+    qos = pod_qos_class(predicted_pod(isvc, cfg, cached))
     isvc["metadata"]["labels"] = {
         "app.kubernetes.io/name": name,
         "app.kubernetes.io/part-of": "model-onboarding",
@@ -587,12 +902,68 @@ def render(ri: RenderInputs) -> Rendered:
         f"{LABEL_PREFIX}/qos-class": qos[0],
     }
     isvc["metadata"]["annotations"] = _annotations(ri, node, startup, switches, qos)
+    cache_docs: list[dict[str, Any]] = []
+    if cached:
+        group = node_group_name(ri.node_type)
+        isvc["metadata"]["annotations"][NODE_GROUP_ANNOTATION] = group
+        cache_docs = [render_node_group(ri.node_type, node_t, cfg.local_model_cache),
+                      render_local_model_cache(
+                          cache_name(spec.id, node.precision, ri.storage.uri),
+                          ri.storage.uri, ri.storage.total_bytes or 0,
+                          sorted({group, *map(node_group_name, ri.cache_node_types)}),
+                          cfg.service_account, spec.id, node.precision)]
+    ev = ri.evidence
+    extra_docs = ([render_llm_inference_service(ri, isvc, c)]
+                  if ri.node_type in cfg.llm_inference_service_node_types else [])
     route = Route(spec.served_name, name, cfg.namespace, ri.node_type, node.precision,
-                  node.tensor_parallel)
+                  node.tensor_parallel, ri.storage.published, ev.measured, c.hash,
+                  ev.e2e_p99_s, ev.ttft_p99_s, ev.judged_at)
     return Rendered(ri.node_type, name, runtime_name(c),
-                    (render_servingruntime(c, stack, cfg), isvc), startup, route,
+                    (render_servingruntime(c, stack, cfg), *cache_docs, isvc, *extra_docs),
+                    startup, route,
                     tuple(s.why for s in switches), qos[0], c.hash, ri.evidence.measured,
                     ri.storage.published)
+
+
+def render_llm_inference_service(ri: RenderInputs, isvc: dict[str, Any], c: ServingConfig
+                                 ) -> dict[str, Any]:
+    """KServe's LLMInferenceService (v1alpha2, the llm-d path) of exactly the configuration the
+    InferenceService runs: the same image, args, env, resources, probes, node selection, the
+    same labels (measured / published / config hash) and the nodegroup annotation, which its
+    defaulter matches to a LocalModelCache the same way (kserve
+    pkg/webhook/admission/llminferenceservice/defaulter.go SetLocalModelLabel). The main
+    container is `main` (pkg/controller/v1alpha2/llmisvc), and the router is left to KServe's
+    managed defaults (route, gateway, endpoint-picker scheduler)."""
+    pred, model = isvc["spec"]["predictor"], isvc["spec"]["predictor"]["model"]
+    main: dict[str, Any] = {
+        "name": "main", "image": c.image, "command": list(c.container_command),
+        "args": list(model["args"]),
+        "ports": [{"containerPort": ri.deploy.container_port, "protocol": "TCP"}],
+        "resources": copy.deepcopy(model["resources"])}
+    for k in ("env", "startupProbe", "readinessProbe", "livenessProbe", "volumeMounts"):
+        if k in model:
+            main[k] = copy.deepcopy(model[k])
+    template: dict[str, Any] = {"serviceAccountName": pred["serviceAccountName"],
+                                "nodeSelector": dict(pred["nodeSelector"]),
+                                "tolerations": copy.deepcopy(pred["tolerations"]),
+                                "containers": [main]}
+    if "volumes" in pred:
+        template["volumes"] = copy.deepcopy(pred["volumes"])
+    annotations = {k: v for k, v in isvc["metadata"]["annotations"].items()
+                   if k.startswith(LABEL_PREFIX) or k == NODE_GROUP_ANNOTATION}
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha2", "kind": "LLMInferenceService",
+        "metadata": {"name": f"{isvc['metadata']['name']}-llm",
+                     "namespace": isvc["metadata"]["namespace"],
+                     "labels": dict(isvc["metadata"]["labels"]), "annotations": annotations},
+        "spec": {
+            "model": {"uri": model["storageUri"], "name": ri.spec.served_name},
+            "replicas": ri.deploy.replicas.min,
+            "parallelism": {"tensor": c.tensor_parallel},
+            "router": {"route": {}, "gateway": {}, "scheduler": {}},
+            "template": template,
+        },
+    }
 
 
 def _tolerations(node: NodeType) -> list[dict[str, str]]:
@@ -625,14 +996,18 @@ def route_table(routes: list[Route], cfg: DeployConfig) -> dict[str, Any]:
     gw = cfg.gateway
     model_list = []
     for r in sorted(routes, key=lambda r: (r.served_name, r.node_type, r.service)):
+        timeout, stream_timeout, basis = route_timeouts(r, gw)
         model_list.append({
             "model_name": r.served_name,
             "litellm_params": {
                 "model": f"{gw.provider}/{r.served_name}",
                 "api_base": f"http://{r.service}-predictor.{r.namespace}.{gw.cluster_domain}/v1",
+                "timeout": timeout,
+                "stream_timeout": stream_timeout,
             },
             "model_info": {"id": f"{r.namespace}/{r.service}", "node_type": r.node_type,
-                           "precision": r.precision, "tensor_parallel": r.tensor_parallel},
+                           "precision": r.precision, "tensor_parallel": r.tensor_parallel,
+                           "timeout_basis": basis},
         })
     return {"model_list": model_list,
             "router_settings": {"routing_strategy": gw.routing_strategy}}

@@ -94,11 +94,49 @@ class Layout(StrictConfig):
         return self
 
 
+SharingMode = Literal["mig", "time-slicing", "mps"]
+
+
+class MigShare(StrictConfig):
+    """The MIG profile a shared GPU is cut into (mixed strategy), and how many per GPU."""
+
+    profile: str = Field(pattern=r"^[1-7]g\.[0-9]+gb$")
+    per_gpu: int = Field(ge=1, le=7)
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.profile.split(".")[1].removesuffix("gb")) * 10**9
+
+
+class SharingNode(StrictConfig):
+    modes: list[SharingMode] = Field(min_length=1)
+    mig_profiles: list[str] = Field(default_factory=list)  # the GPU's MIG profiles by name
+    mig_share: MigShare | None = None
+
+    @model_validator(mode="after")
+    def _share_is_a_profile(self) -> SharingNode:
+        if self.mig_share and self.mig_share.profile not in self.mig_profiles:
+            raise ValueError(f"mig_share.profile {self.mig_share.profile!r} is not one of this "
+                             f"GPU's MIG profiles {self.mig_profiles}")
+        return self
+
+
+class GpuSharing(StrictConfig):
+    """How a cluster grants two engines one GPU (issue 23): MIG slices of that GPU (the GPU
+    operator's mixed strategy), or the device plugin's time-slicing / MPS replicas of
+    `nvidia.com/gpu`, which apply to every GPU of the node."""
+
+    mode: SharingMode = "mig"
+    replicas: int = Field(default=2, ge=2)  # time-slicing / MPS
+    node_types: dict[str, SharingNode] = Field(default_factory=dict)
+
+
 class LayoutsConfig(StrictConfig):
     engine: EngineSettings
     qos_classes: dict[str, QosClass] = Field(min_length=1)
     throughput_rule: ThroughputRule
     layouts: dict[str, Layout] = Field(default_factory=dict)
+    gpu_sharing: GpuSharing = Field(default_factory=GpuSharing)
 
     @model_validator(mode="after")
     def _consistent(self) -> LayoutsConfig:

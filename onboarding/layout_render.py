@@ -57,6 +57,8 @@ class RenderedLayout:
     gateway: dict[str, Any]
     prometheus: dict[str, Any]
     launchers: dict[str, str]  # file name -> script
+    gpu_sharing: tuple[dict[str, Any], ...] = ()  # the ConfigMap that makes a shared GPU
+    grant_problems: tuple[str, ...] = ()  # why the cluster could not grant these requests
 
 
 def layout_service_name(model_id: str, layout: str) -> str:
@@ -88,10 +90,30 @@ def _gpus(ids: tuple[int, ...]) -> str:
     return ",".join(map(str, ids))
 
 
-def _layout_annotations(plan: LayoutPlan, p: Placement) -> dict[str, str]:
+LAYOUT_LABEL = f"{LABEL_PREFIX}/layout"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"  # the GPU operator's MIG manager reads it
+
+
+def _mig_share(plan: LayoutPlan, cfg: LayoutsConfig):
+    node = cfg.gpu_sharing.node_types.get(plan.node_type)
+    return node.mig_share if node is not None else None
+
+
+def gpu_resource(plan: LayoutPlan, p: Placement, cfg: LayoutsConfig) -> tuple[str, int]:
+    """What the engine's pod requests: a MIG slice when it shares a GPU in mig mode (mixed
+    strategy resource name), else `tensor_parallel` x nvidia.com/gpu (replicas of one under
+    time-slicing / MPS)."""
+    share = _mig_share(plan, cfg)
+    if p.shares_gpu_with and cfg.gpu_sharing.mode == "mig" and share is not None:
+        return f"nvidia.com/mig-{share.profile}", 1
+    return "nvidia.com/gpu", p.tensor_parallel
+
+
+def _layout_annotations(plan: LayoutPlan, p: Placement, cfg: LayoutsConfig) -> dict[str, str]:
+    resource, n = gpu_resource(plan, p, cfg)
     shared = (f"; shares GPU {_gpus(p.gpu_ids)} with {', '.join(p.shares_gpu_with)} on bare "
-              "metal. In a cluster the pod gets a whole GPU unless the device plugin "
-              "time-slices (MIG stays off)") if p.shares_gpu_with else ""
+              f"metal; in the cluster {n} x {resource} ({cfg.gpu_sharing.mode}, "
+              "gpu-sharing.yaml)") if p.shares_gpu_with else ""
     return {
         f"{LABEL_PREFIX}/layout": plan.name,
         f"{LABEL_PREFIX}/layout-gpus": (f"bare-metal GPUs {_gpus(p.gpu_ids)} (NUMA "
@@ -118,8 +140,8 @@ def layout_config(plan: LayoutPlan, p: Placement, spec: ModelSpec, inputs: PlanI
 
 def render_inference_service(plan: LayoutPlan, p: Placement, spec: ModelSpec,
                              inputs: PlanInputs, nodes: NodesConfig, stack: Stack,
-                             deploy: DeployConfig, template: EngineTemplate
-                             ) -> tuple[dict[str, Any], ...]:
+                             deploy: DeployConfig, template: EngineTemplate,
+                             cfg: LayoutsConfig) -> tuple[dict[str, Any], ...]:
     """kserve.py's ServingRuntime + InferenceService, named `<model>-<layout>`, with the layout's
     PriorityClass, labels and annotations."""
     config = layout_config(plan, p, spec, inputs, nodes, stack, template)
@@ -136,8 +158,17 @@ def render_inference_service(plan: LayoutPlan, p: Placement, spec: ModelSpec,
     labels[f"{LABEL_PREFIX}/layout"] = label_value(plan.name)
     labels[f"{LABEL_PREFIX}/layout-qos"] = label_value(p.qos)
     labels[f"{LABEL_PREFIX}/throughput-basis"] = p.throughput_basis
-    isvc["metadata"]["annotations"].update(_layout_annotations(plan, p))
-    isvc["spec"]["predictor"]["priorityClassName"] = priority_class_name(p.qos)
+    isvc["metadata"]["annotations"].update(_layout_annotations(plan, p, cfg))
+    predictor = isvc["spec"]["predictor"]
+    predictor["priorityClassName"] = priority_class_name(p.qos)
+    # every member of the layout on the one node labelled for it
+    predictor["nodeSelector"][LAYOUT_LABEL] = label_value(plan.name)
+    resource, n = gpu_resource(plan, p, cfg)
+    if resource != "nvidia.com/gpu":
+        for side in ("requests", "limits"):
+            res = predictor["model"]["resources"][side]
+            res.pop("nvidia.com/gpu", None)
+            res[resource] = str(n)
     return runtime, isvc
 
 
@@ -281,7 +312,7 @@ def render_layout(plan: LayoutPlan, specs: dict[str, ModelSpec], inputs: dict[st
     if not plan.feasible:
         raise ValueError(f"layout {plan.name} is infeasible: {plan.reason}")
     manifests = {p.model: render_inference_service(plan, p, specs[p.model], inputs[p.model],
-                                                   nodes, stack, deploy, template)
+                                                   nodes, stack, deploy, template, cfg)
                  for p in plan.placements}
     launchers = {f"{p.model}.sh": launcher_script(plan, p, specs[p.model], inputs[p.model],
                                                   nodes, cfg, stack, template)
@@ -290,7 +321,84 @@ def render_layout(plan: LayoutPlan, specs: dict[str, ModelSpec], inputs: dict[st
     return RenderedLayout(plan.name, manifests,
                           render_priority_classes(cfg, {p.qos for p in plan.placements}),
                           gateway_config(plan, cfg, deploy), prometheus_config(plan, cfg),
-                          launchers)
+                          launchers, gpu_sharing_objects(plan, cfg, nodes),
+                          tuple(grant_problems(plan, manifests, cfg, nodes)))
+
+
+def gpu_sharing_objects(plan: LayoutPlan, cfg: LayoutsConfig, nodes: NodesConfig
+                        ) -> tuple[dict[str, Any], ...]:
+    """The ConfigMap that makes the layout's shared GPU: the GPU operator's mig-parted config
+    (shared GPUs cut into the MIG share, the others whole) or the device plugin's time-slicing
+    / MPS config (`sharing.timeSlicing` / `sharing.mps`, `replicas` per GPU)."""
+    shared = sorted({g for p in plan.placements if p.shares_gpu_with for g in p.gpu_ids})
+    if not shared:
+        return ()
+    gs, share = cfg.gpu_sharing, _mig_share(plan, cfg)
+    meta = {"namespace": "gpu-operator", "labels": {
+        "app.kubernetes.io/part-of": "model-onboarding", LAYOUT_LABEL: label_value(plan.name)}}
+    if gs.mode == "mig" and share is not None:
+        whole = [g for g in range(nodes.node_types[plan.node_type].gpus_per_node)
+                 if g not in shared]
+        config = {"version": "v1", "mig-configs": {plan.name: [
+            {"devices": whole, "mig-enabled": False},
+            {"devices": shared, "mig-enabled": True,
+             "mig-devices": {share.profile: share.per_gpu}}]}}
+        return ({"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": to_dns1123_label(f"{plan.name}-mig-parted-config"), **meta},
+                 "data": {"config.yaml": to_yaml([config])}},)
+    key = "timeSlicing" if gs.mode == "time-slicing" else "mps"
+    config = {"version": "v1", "sharing": {key: {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": gs.replicas}]}}}
+    return ({"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": to_dns1123_label(f"{plan.name}-device-plugin-config"),
+                          **meta},
+             "data": {plan.name: to_yaml([config])}},)
+
+
+def grant_problems(plan: LayoutPlan, manifests: dict[str, tuple[dict[str, Any], ...]],
+                   cfg: LayoutsConfig, nodes: NodesConfig) -> list[str]:
+    """Why a cluster could not grant the layout's pods on one node: whole GPUs requested plus
+    GPUs cut into MIG slices above the node's, more slices than a cut GPU has, a sharing mode
+    the node type lacks, or time-slicing / MPS (which shares every GPU of the node) beside an
+    engine whose QoS class must own its GPUs."""
+    node = nodes.node_types[plan.node_type]
+    gs = cfg.gpu_sharing
+    sharing = [p for p in plan.placements if p.shares_gpu_with]
+    out: list[str] = []
+    if sharing:
+        kinds = gs.node_types.get(plan.node_type)
+        if kinds is None or gs.mode not in kinds.modes:
+            out.append(f"{plan.name}: gpu_sharing.mode {gs.mode!r} is not available on "
+                       f"{plan.node_type} ({kinds.modes if kinds else 'no gpu_sharing entry'})")
+        if gs.mode == "mig" and (kinds is None or kinds.mig_share is None):
+            out.append(f"{plan.name}: no mig_share for {plan.node_type} in layouts.yaml")
+        if gs.mode != "mig":
+            owners = [p.model for p in plan.placements
+                      if not cfg.qos_classes[p.qos].shares_gpu]
+            if owners:
+                out.append(f"{plan.name}: {gs.mode} shares every GPU of the node, also those "
+                           f"of {', '.join(owners)} (QoS shares_gpu: false); use mig")
+    whole = slices = 0
+    for docs in manifests.values():
+        req = next(d for d in docs if d["kind"] == "InferenceService")["spec"]["predictor"][
+            "model"]["resources"]["requests"]
+        whole += int(req.get("nvidia.com/gpu", 0))
+        slices += sum(int(v) for k, v in req.items() if k.startswith("nvidia.com/mig-"))
+    cut = len({g for p in sharing for g in p.gpu_ids}) if gs.mode == "mig" else 0
+    allocatable = node.gpus_per_node * (gs.replicas if sharing and gs.mode != "mig" else 1)
+    if whole + cut > allocatable:
+        out.append(f"{plan.name}: {whole} whole GPU(s) + {cut} cut into MIG slices requested on "
+                   f"one {plan.node_type} node of {allocatable} allocatable")
+    share = _mig_share(plan, cfg)
+    if cut and share is not None and slices > cut * share.per_gpu:
+        out.append(f"{plan.name}: {slices} MIG slices of {share.profile} requested, {cut} GPU(s)"
+                   f" x {share.per_gpu} exist")
+    if cut and share is not None:
+        for p in sharing:
+            if p.need_bytes_per_gpu > share.memory_bytes:
+                out.append(f"{plan.name}: {p.model} needs {p.need_bytes_per_gpu / 1e9:.1f} GB, a "
+                           f"{share.profile} slice has {share.memory_bytes / 1e9:.0f} GB")
+    return out
 
 
 # ---- structural checks (the real parsers run in the tests) ------------------------------------
@@ -368,6 +476,23 @@ def check_prometheus(doc: dict[str, Any]) -> list[str]:
     return errors
 
 
+def check_configmap(doc: dict[str, Any]) -> list[str]:
+    """A core/v1 ConfigMap as the Kubernetes API takes it: name a DNS-1123 subdomain, namespace
+    a label, `data` string to string with keys of [-._a-zA-Z0-9]."""
+    out = []
+    if doc.get("apiVersion") != "v1" or doc.get("kind") != "ConfigMap":
+        out.append("$: expected apiVersion v1, kind ConfigMap")
+    meta = doc.get("metadata") or {}
+    if not is_dns1123_subdomain(str(meta.get("name", ""))):
+        out.append(f"$.metadata.name: {meta.get('name')!r} is not a DNS-1123 subdomain")
+    if set(doc) - {"apiVersion", "kind", "metadata", "data", "binaryData", "immutable"}:
+        out.append(f"$: unknown fields {sorted(set(doc) - {'apiVersion', 'kind', 'metadata', 'data'})}")
+    for k, v in (doc.get("data") or {}).items():
+        if not re.fullmatch(r"[-._a-zA-Z0-9]+", k) or not isinstance(v, str):
+            out.append(f"$.data.{k}: keys are [-._a-zA-Z0-9]+ and values strings")
+    return out
+
+
 def check_priority_class(doc: dict[str, Any]) -> list[str]:
     """scheduling.k8s.io/v1 PriorityClass as the API server validates it."""
     errors = []
@@ -419,6 +544,11 @@ def layout_files(plan: LayoutPlan, r: RenderedLayout) -> dict[str, str]:
     head = f"Rendered by model-onboarding for layout {plan.name} on {plan.node_type}."
     files = {f"{model}.yaml": to_yaml(docs, head) for model, docs in r.manifests.items()}
     files["priority-classes.yaml"] = to_yaml(r.priority_classes, head)
+    if r.gpu_sharing:
+        files["gpu-sharing.yaml"] = to_yaml(r.gpu_sharing, f"{head}\nLabel the node "
+                                            f"{LAYOUT_LABEL}={plan.name}"
+                                            + (f" and {MIG_CONFIG_LABEL}={plan.name}"
+                                               if cfg_mode(r) == "mig" else "") + ".")
     files["litellm-config.yaml"] = to_yaml(
         [r.gateway], f"{head}\nRun: launchers/gateway.sh (litellm --config litellm-config.yaml "
         "--port <gateway_port>).")
@@ -427,6 +557,11 @@ def layout_files(plan: LayoutPlan, r: RenderedLayout) -> dict[str, str]:
     files.update({f"launchers/{name}": text for name, text in r.launchers.items()})
     files["layout.json"] = json.dumps(layout_summary(plan), indent=1) + "\n"
     return files
+
+
+def cfg_mode(r: RenderedLayout) -> str:
+    return "mig" if any("mig-parted" in d["metadata"]["name"] for d in r.gpu_sharing) else (
+        "device-plugin")
 
 
 def write_layout_files(directory: Path, plan: LayoutPlan, r: RenderedLayout) -> Path:

@@ -517,7 +517,12 @@ def _measured_blocks(f: ModelFacts) -> list[Block]:
                                  f"Start to first token per kind of start, {where}"
                                  + (f"; dashed: the cold-start budget {budget:g} s" if budget
                                     else "")))
-            blocks.append(Table(tuple({"start": k, "p50_s": p50, "p95_s": p95, "source": where}
+            n_cold = getattr(t, "cold_start_samples", 0)
+            blocks.append(Table(tuple({"start": k, "p50_s": p50, "p95_s": p95,
+                                       "n": n_cold if k == "fully_cold" and n_cold else "",
+                                       "source": where + (
+                                           f" (p95 of n={n_cold}: fewer than 3 starts)"
+                                           if k == "fully_cold" and 0 < n_cold < 3 else "")}
                                       for k, p50, p95 in phases)))
             def gbps(v: float | None) -> str:
                 return "(not measured)" if v is None else f"{v:.3g} GB/s"
@@ -592,8 +597,11 @@ def node_numbers(f: ModelFacts, node_type: str, config: ServingConfig) -> list[d
                      "value": (node.kv_bytes_per_gpu or 0) / GIB,
                      "source": f"rule: {inputs.target_concurrency} sequences x "
                      f"{inputs.context_tokens} tokens x KV bytes per token (plan.py)"})
+    n = ev.cold_start_samples
     rows.append({"quantity": "cold start p95 (s)", "value": ev.cold_start_p95_s,
-                 "source": ev.basis if ev.cold_start_p95_s is not None else
+                 "source": ev.basis + (f" (n={n}: fewer than 3 starts, so the startup probe "
+                                       "is sized from their maximum)" if n and n < 3 else "")
+                 if ev.cold_start_p95_s is not None else
                  f"{ev.basis}: the startup probe uses configs/deploy.yaml's default"})
     pred = _predicted(f, node_type, config.precision, config.tensor_parallel)
     if ev.tokens_per_s_per_gpu is not None:

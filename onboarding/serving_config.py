@@ -169,6 +169,14 @@ class Profile(StrictConfig):
     sweep: Sweep
     load_timing: LoadTimingDefaults
 
+    def sweep_for(self, target_concurrency: int) -> Sweep:
+        """The sweep with the target concurrency added where the SLO verdict blocks
+        (slo_severity error): the verdict is taken there, never below it (issue 23)."""
+        if self.slo_severity != "error" or self.sweep.mode != "concurrency":
+            return self.sweep
+        return self.sweep.model_copy(update={"concurrency": sorted(
+            {*self.sweep.concurrency, target_concurrency})})
+
 
 class ScenariosFile(StrictConfig):
     profiles: dict[str, Profile] = Field(min_length=1)

@@ -139,7 +139,7 @@ def render_targets(spec: ModelSpec, splan: ServingPlan, nodes: NodesConfig, stac
     if spec.is_twin:
         return [], {nt: f"{NOT_READY}: a twin is never deployed (docs/twins.md)"
                     for nt in deploy.target_node_types}
-    rendered, skipped = [], {}
+    rendered, skipped, todo = [], {}, []
     for nt in deploy.target_node_types:
         config = splan.config(nt)
         if config is None or not splan.plan.node(nt).feasible:
@@ -151,6 +151,14 @@ def render_targets(spec: ModelSpec, splan: ServingPlan, nodes: NodesConfig, stac
             continue
         storage = storage_for(spec, config.precision, source_precision(config_dtype), deploy,
                               published)
+        todo.append((nt, config, ev, storage))
+    # one LocalModelCache per published variant: every node type with a cache that deploys it
+    cached = {}
+    for nt, _, _, storage in todo:
+        if storage.published and nt in deploy.local_model_cache.node_types:
+            cached.setdefault(storage.uri, []).append(nt)
+    for nt, config, ev, storage in todo:
         rendered.append(render(RenderInputs(spec, splan.plan, nt, nodes.node_types[nt], stack,
-                                            deploy, config, ev, storage)))
+                                            deploy, config, ev, storage,
+                                            tuple(cached.get(storage.uri, ())))))
     return rendered, skipped

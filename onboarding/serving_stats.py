@@ -276,9 +276,21 @@ def saturation_concurrency(points: Iterable[tuple[int, PointStats]], slo: Slo) -
 
 def nearest_point(points: Sequence[tuple[int, PointStats]], concurrency: int
                   ) -> tuple[int, PointStats] | None:
-    """The measured point at `concurrency`, else the highest one below it."""
+    """The measured point at `concurrency`, else the highest one below it (for throughput at a
+    saturation point, never for an SLO verdict: see `point_at_or_above`)."""
     below = [p for p in points if p[0] <= concurrency]
     return max(below, key=lambda p: p[0]) if below else None
+
+
+NOT_AT_TARGET = "not measured at target concurrency"
+
+
+def point_at_or_above(points: Sequence[tuple[int, PointStats]], concurrency: int
+                      ) -> tuple[int, PointStats] | None:
+    """The measured point at `concurrency`, else the lowest one above it; None when the sweep
+    stops below. Latency grows with load, so a point below the target cannot vouch for it."""
+    above = [p for p in points if p[0] >= concurrency]
+    return min(above, key=lambda p: p[0]) if above else None
 
 
 # ---- Prometheus /metrics: a server-side cross-check of the client ----
@@ -332,6 +344,8 @@ class LoadTimingResult:
     node_type: str = ""
     config_hash: str = ""
     random_weights: bool = False  # a performance twin: the starts read no weights
+    cold_start_samples: int = 0  # fully cold starts behind cold_start_p95_s (its n)
+    cold_start_max_s: float | None = None  # fully cold: the slowest start
 
 
 @dataclass(frozen=True)
@@ -347,6 +361,11 @@ class ServingBenchmarkResult:
     slo_violations: tuple[str, ...] = ()
     config_hash: str = ""
     slo_blocking: bool = False  # judged as a blocking gate (gpu profile) or a warning (cpu)
+    # at the point the SLO was judged (the target concurrency or the next above), the slowest
+    # scenario's: what a gateway route's timeouts are sized from (issue 23)
+    e2e_p99_s: float | None = None
+    ttft_p99_s: float | None = None
+    judged_at: int | None = None
 
 
 THROUGHPUT_BASIS = "output tokens/s at each scenario's saturation concurrency (min over scenarios)"
@@ -358,12 +377,14 @@ def headline(model: str, precision: str, node_type: str, gpus: int, slo: Slo,
     """A sweep's result, conservative across scenarios: the lowest saturation and the lowest
     tokens/s there. Returns (result, the throughput's basis, the SLO violations).
 
-    SLOs are judged at the target concurrency (or the highest measured point below it); a
-    target that is not in the sweep is named, not counted as a violation.
+    SLOs are judged at the target concurrency, or the next measured point above it (named, not
+    counted as a violation); a sweep with no point at or above the target is "not measured at
+    target concurrency", a violation (issue 23: latency grows with load).
     """
     violations: list[str] = []
     sats: list[int] = []
     tps: list[float] = []
+    judged: list[tuple[int, PointStats]] = []
     basis = THROUGHPUT_BASIS
     for name, pts in points.items():
         if not by_concurrency:
@@ -376,21 +397,30 @@ def headline(model: str, precision: str, node_type: str, gpus: int, slo: Slo,
             at = min(pts, key=lambda p: p[0])
             basis = "lowest measured concurrency: no point met the SLOs"
         tps.append(at[1].output_tokens_per_s)
-        target = nearest_point(pts, slo.target_concurrency)
+        target = point_at_or_above(pts, slo.target_concurrency)
         if target is None:
-            violations.append(f"{name}: no point at or below concurrency "
-                              f"{slo.target_concurrency}")
+            violations.append(f"{name}: {NOT_AT_TARGET} {slo.target_concurrency} (highest "
+                              f"point {max(p[0] for p in pts)})")
             continue
         if target[0] != slo.target_concurrency:
             violations.append(f"{name}: target concurrency {slo.target_concurrency} not in the "
-                              f"sweep; judged at {target[0]}")
+                              f"sweep; judged at {target[0]}, the next point above")
         violations += [f"{name} @ {target[0]}: {v}" for v in slo_violations(target[1], slo)]
+        judged.append(target)
     hard = [v for v in violations if "judged at" not in v]
+
+    def slowest(values: list[float]) -> float | None:
+        finite = [v for v in values if not math.isnan(v)]
+        return max(finite) if finite else None
+
     result = ServingBenchmarkResult(
         model=model, precision=precision, node_type=node_type, gpus=gpus,
         servable=True, tokens_per_s_per_gpu=(min(tps) / max(gpus, 1)) if tps else 0.0,
         saturation_concurrency=min(sats) if sats else 0, slo_pass=not hard,
-        slo_violations=tuple(violations))
+        slo_violations=tuple(violations),
+        e2e_p99_s=slowest([p.e2e_s.p99 for _, p in judged]),
+        ttft_p99_s=slowest([p.ttft_s.p99 for _, p in judged]),
+        judged_at=max(c for c, _ in judged) if judged else None)
     return result, basis, violations
 
 
@@ -431,4 +461,5 @@ def summarize_load_timing(model: str, precision: str, samples: Sequence[StartSam
         raw_read_gbps=raw_read_gbps,
         cold_weights_p50_s=percentile(cold_w, 50) if cold_w else None,
         cold_weights_p95_s=percentile(cold_w, 95) if cold_w else None,
+        cold_start_samples=len(cold), cold_start_max_s=max(cold) if cold else None,
     )

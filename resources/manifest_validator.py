@@ -32,7 +32,10 @@ from onboarding.paths import PROJECT_ROOT
 CRD_PATHS_ENV = "KSERVE_CRD_PATHS"
 KUBE_CONTEXT_ENV = "ONBOARDING_KUBE_CONTEXT"
 DEFAULT_CRD_DIR = PROJECT_ROOT.parent / "shared" / "kserve"
-DEFAULT_CRDS = ("serving.kserve.io_inferenceservices.yaml", "serving.kserve.io_servingruntimes.yaml")
+DEFAULT_CRDS = ("serving.kserve.io_inferenceservices.yaml", "serving.kserve.io_servingruntimes.yaml",
+                "serving.kserve.io_localmodelcaches.yaml",
+                "serving.kserve.io_localmodelnodegroups.yaml",
+                "serving.kserve.io_llminferenceservices.yaml")
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 _LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"

@@ -21,6 +21,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from onboarding.paths import PROJECT_ROOT
 from onboarding.refs import CheckpointRef, PublishedVariant, VariantRef
 from onboarding.serving_config import resolve_slo
@@ -157,4 +159,11 @@ def configs_at_run(target: Path) -> Path:
     shutil.copytree(PROJECT_ROOT / "configs", target)
     for f in sorted((H200 / "configs").glob("*.yaml")):
         shutil.copy(f, target / f.name)
+    # The run's stack.yaml named its images by hand (Blackwell with the -cu130 suffix vLLM
+    # stopped publishing at 0.20); images now follow versions.vllm through the repository's tag
+    # rule (issue 23), the only part of the run's stack.yaml not laid over as it was.
+    stack = yaml.safe_load((target / "stack.yaml").read_text())
+    stack["images"] = yaml.safe_load((PROJECT_ROOT / "configs" / "stack.yaml").read_text())[
+        "images"]
+    (target / "stack.yaml").write_text(yaml.safe_dump(stack, sort_keys=False))
     return target

@@ -109,10 +109,13 @@ def test_plan_only_models_render_valid_manifests_marked_as_estimates(
             assert notes["model-onboarding.io/configuration"].startswith("unmeasured")
         stored = json.loads((env / model / "serving_config.json").read_text())
         assert stored["plan"]["inputs"]["model"] == model
+    # issue 23, 3: nothing of a plan-only model was published, so no pod could load it; the
+    # gateway routes none of the four manifests and says why
     gateway = yaml.safe_load((env / "gateway" / "litellm-config.yaml").read_text())
-    names = {m["model_name"] for m in gateway["model_list"]}
-    assert names == {"llama-3.1-70b-instruct", "qwen3-235b-a22b-instruct"}
-    assert len(gateway["model_list"]) == 4  # two models x two target node types
+    assert gateway["model_list"] == []
+    not_routed = metadata(result, "gateway_routes")["not_routed"]
+    assert len(not_routed) == 4  # two models x two target node types
+    assert all("not published" in why for why in not_routed.values())
 
 
 @pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(),
@@ -228,10 +231,11 @@ def test_manifest_invalid_for_the_configured_crd_blocks_the_routes(env: Path, tm
     del schema["properties"]["spec"]["properties"]["predictor"]["properties"]["maxReplicas"]
     old = tmp_path / "old-isvc-crd.yaml"
     old.write_text(yaml.safe_dump(crd))
-    runtimes = DEFAULT_CRD_DIR / "serving.kserve.io_servingruntimes.yaml"
+    others = [DEFAULT_CRD_DIR / f"serving.kserve.io_{k}.yaml" for k in (
+        "servingruntimes", "llminferenceservices", "localmodelcaches", "localmodelnodegroups")]
     instance.add_dynamic_partitions("models", [PLAN_ONLY[0]])
     result = materialize(instance, PLAN_ONLY[0], configs, outputs,
-                         ManifestValidator(crd_paths=[str(old), str(runtimes)]))
+                         ManifestValidator(crd_paths=[str(old), *map(str, others)]))
     gate = checks(result)["manifests_valid"]
     assert not gate.passed
     errors = gate.metadata["errors"].value
@@ -268,10 +272,10 @@ def test_the_gateway_is_one_unpartitioned_table_over_every_model(env: Path, inst
     assert gateway_routes.partitions_def is None
     instance.add_dynamic_partitions("models", list(PLAN_ONLY))
     first = materialize(instance, PLAN_ONLY[0], configs, outputs)
-    assert metadata(first, "gateway_routes")["models"] == 1
+    assert len(metadata(first, "gateway_routes")["not_routed"]) == 2  # one model, unpublished
     second = materialize(instance, PLAN_ONLY[1], configs, outputs)
     md = metadata(second, "gateway_routes")
-    assert md["models"] == 2 and md["route_count"] == 4
+    assert md["route_count"] == 0 and len(md["not_routed"]) == 4  # both models, unpublished
     [event] = [e for e in second.get_asset_materialization_events()
                if e.asset_key == dg.AssetKey("gateway_routes")]
     assert event.materialization.partition is None

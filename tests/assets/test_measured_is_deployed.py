@@ -150,7 +150,11 @@ def test_the_benchmarked_engine_command_is_the_rendered_container_args(
     published = metadata(result, "published_variant")
     assert model["storageUri"] == published["uri_bf16"]
     assert model["storageUri"].startswith("s3://model-serving/tiny-model/bf16/")
-    assert "derived pull" in notes["model-onboarding.io/startup-probe"]
+    # h200 has a node cache (deploy.yaml local_model_cache): the pod mounts the published
+    # variant from it, so the startup window counts no pull (issue 23)
+    assert "cached on the node by LocalModelCache: no pull" in notes[
+        "model-onboarding.io/startup-probe"]
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/nodegroup"] == "h200-nvme-cache"
     assert f"at configuration {plan_hash}" in notes["model-onboarding.io/throughput"]
     slo = next(e for e in result.get_asset_check_evaluations() if e.check_name == SLO_CHECK)
     assert slo.passed and slo.severity == dg.AssetCheckSeverity.ERROR  # gpu: blocking

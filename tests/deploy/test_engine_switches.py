@@ -67,6 +67,11 @@ def _every_vllm_manifest():
     planned at, so every switch whose conditions can hold is rendered at least once."""
     nodes, deploy = load_nodes(CONFIGS / "nodes.yaml"), load_deploy(CONFIGS / "deploy.yaml")
     stack = load_stack(CONFIGS / "stack.yaml")
+    # kernel-choice switches render only when pinned (issue 23); pin them all here, so every
+    # flag stack.yaml can render is checked against the engine
+    stack = dataclasses.replace(stack, switches=tuple(
+        s.model_copy(update={"pinned": "checked"}) if s.kernel_choice else s
+        for s in stack.switches))
     for spec in load_catalog(CONFIGS / "models").values():
         if spec.architecture is None:
             continue
@@ -126,6 +131,9 @@ def test_the_check_catches_a_stale_switch():
     """Not vacuous: the seed-era env switch, rendered for vLLM 0.32, is unknown to it."""
     reg = engine_registry()
     stack = dataclasses.replace(load_stack(CONFIGS / "stack.yaml"), engine_version="0.20.0")
+    stack = dataclasses.replace(stack, switches=tuple(
+        s.model_copy(update={"pinned": "checked"}) if s.kernel_choice else s
+        for s in stack.switches))
     nodes, deploy = load_nodes(CONFIGS / "nodes.yaml"), load_deploy(CONFIGS / "deploy.yaml")
     spec = load_catalog(CONFIGS / "models")["qwen3-235b-a22b-instruct"]
     r = _render(spec, "b300", stack, nodes, deploy)

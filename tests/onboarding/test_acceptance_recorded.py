@@ -19,6 +19,7 @@ from onboarding import acceptance as acc
 from onboarding import telemetry as tm
 from onboarding.acceptance_report import checks_csv_table
 from onboarding.node_facts import parse_dcgm_diag, parse_smi_xml, parse_topo_matrix
+from onboarding.paths import PROJECT_ROOT
 from resources.config_files import ConfigFiles
 
 DATA = Path(__file__).parents[1] / "data" / "acceptance"
@@ -180,3 +181,29 @@ def test_docs_h200_table_is_the_probes_checks_file():
     assert "| 1 | direct_io_read | fail | 1.47 GB/s (2.0 GiB, O_DIRECT) | >= 3.0 GB/s | yes |" \
         in table
     assert "| 2 | nvlink | not checked | 1 GPU |  | no |" in table
+
+
+def test_docs_acceptance_quotes_the_steady_part_power_of_the_recorded_burn():
+    """Issue 23: docs/acceptance.md said 676 W "over the steady part"; that is the whole
+    window's mean. The steady part (after warmup_s) is what burn_power judges."""
+    import re
+
+    burn = json.loads((PROJECT_ROOT / "tests/data/acceptance/h200/burn.json").read_text())
+    start, end = burn["result"]["window_s"]
+    warmup = yaml.safe_load((PROJECT_ROOT / "configs/acceptance.yaml").read_text())
+    warmup_s = next(v for k, v in _walk(warmup) if k == "warmup_s")
+    burning = tm.window(burn["samples"], start, end)
+    steady = tm.summarize(burning, start_s=start + warmup_s)[0].power_mean_w
+    whole = tm.summarize(burning)[0].power_mean_w
+    text = (PROJECT_ROOT / "docs" / "acceptance.md").read_text()
+    quoted = re.search(r"mean (\d+) W of 700 W over the steady part", text)
+    assert quoted and int(quoted.group(1)) == round(steady) == 692
+    assert f"{round(whole)} W\nis the whole" in text or f"{round(whole)} W is the whole" in text
+
+
+def _walk(node, key=None):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _walk(v, k)
+    else:
+        yield key, node

@@ -53,7 +53,13 @@ def test_planned_gpu_configuration_carries_the_plan_and_the_switches():
     splan = serving_plan(qwen, p, NODES, STACK, TEMPLATES["vllm"])
     b300, h200 = splan.config("b300"), splan.config("h200")
     assert (b300.precision, b300.tensor_parallel) == ("nvfp4", 1)
-    assert "--moe-backend=flashinfer_cutlass" in b300.args("/mnt/models", 8080)
+    assert not any(a.startswith("--moe-backend") for a in b300.args("/mnt/models", 8080))
+    pinned = dataclasses.replace(STACK, switches=tuple(
+        s.model_copy(update={"pinned": "benchmarked"}) if s.kernel_choice else s
+        for s in STACK.switches))
+    forced = serving_plan(qwen, p, NODES, pinned, TEMPLATES["vllm"]).config("b300")
+    assert "--moe-backend=flashinfer_cutlass" in forced.args("/mnt/models", 8080)
+    assert forced.hash != b300.hash  # a kernel choice is part of what is measured
     assert "--tensor-parallel-size=1" in b300.param_args
     assert "enable_expert_parallel dropped: expert parallelism needs TP > 1" in b300.notes
     assert not any("expert-parallel" in a for a in b300.param_args)

@@ -90,12 +90,27 @@ def test_golden_manifests(model_id: str, node_type: str):
                   f"rendering of {model_id} on {node_type} changed")
 
 
+def test_golden_manifest_from_the_node_cache():
+    """A published variant on a node type with a cache: LocalModelNodeGroup, LocalModelCache and
+    the InferenceService whose storageUri KServe's defaulter matches (issue 23, 2)."""
+    _, _, config = configured("qwen3-235b-a22b-instruct", "b300")
+    pub = dataclasses.replace(_published("qwen3-235b-a22b-instruct", config.precision),
+                              total_bytes=134 * 10**9)  # Qwen3-235B NVFP4's order of size
+    text = to_yaml(rendered("qwen3-235b-a22b-instruct", "b300", cold_p95_s=300.0,
+                            published={config.precision: pub}).docs)
+    assert_golden(GOLDEN / "qwen3-235b-a22b-instruct-b300-cached.yaml", text,
+                  "rendering of the cached qwen3 manifest on b300 changed")
+
+
 def test_gpu_resources_selector_toleration_and_shm_follow_the_plan():
     for node_type, tp in (("b300", 1), ("h200", 2)):
         doc = isvc(rendered("llama-3-1-70b-instruct", node_type))
         pred = doc["spec"]["predictor"]
         res = pred["model"]["resources"]
-        assert res["requests"] == res["limits"]
+        # requests = limits for cpu, memory and GPUs (Guaranteed); ephemeral-storage is a
+        # request only (the storage initializer's download, issue 23)
+        assert {k: v for k, v in res["requests"].items() if k != "ephemeral-storage"} == \
+            res["limits"]
         assert res["limits"]["nvidia.com/gpu"] == str(tp)
         assert f"--tensor-parallel-size={tp}" in pred["model"]["args"]
         product = NODES.node_types[node_type].gpu_product
@@ -115,24 +130,50 @@ def _model(r):
     return isvc(r)["spec"]["predictor"]["model"]
 
 
-def test_moe_backend_flag_only_for_quantized_moe_on_blackwell():
-    """vLLM 0.32 (the pinned engine) takes --moe-backend; the seed-era env switch is gone."""
+def test_no_kernel_choice_flag_unless_benchmarked_or_pinned():
+    """Issue 23, 5: vLLM's `auto` MoE backend tries FlashInfer TRT-LLM-gen before CUTLASS and
+    falls back; a named backend raises on a shape it does not support (vllm
+    model_executor/layers/fused_moe/oracle/). The shipped stack pins none, so none renders."""
     assert STACK.engine_version == "0.32.0"
     qwen_b300 = _model(rendered("qwen3-235b-a22b-instruct", "b300"))
-    assert "--moe-backend=flashinfer_cutlass" in qwen_b300["args"]
+    assert not any(a.startswith("--moe-backend") for a in qwen_b300["args"])
     assert not any(e["name"].startswith("VLLM_USE_FLASHINFER") for e in qwen_b300.get("env", []))
-    assert "--moe-backend=flashinfer_cutlass" not in _model(
-        rendered("qwen3-235b-a22b-instruct", "h200"))["args"]  # Hopper: engine default
+    annotations = isvc(rendered("qwen3-235b-a22b-instruct", "b300"))["metadata"]["annotations"]
+    assert "model-onboarding.io/engine-switches" not in annotations
+
+
+def _pinned(stack, reason="benchmarked at configuration abc on b300 (docs/gpu.md)"):
+    return dataclasses.replace(stack, switches=tuple(
+        s.model_copy(update={"pinned": reason}) if s.kernel_choice else s
+        for s in stack.switches))
+
+
+def test_a_pinned_moe_backend_renders_only_for_quantized_moe_on_blackwell():
+    stack = _pinned(STACK)
+    qwen_b300 = _model(rendered("qwen3-235b-a22b-instruct", "b300", stack=stack))
+    assert "--moe-backend=flashinfer_cutlass" in qwen_b300["args"]
+    assert "--moe-backend=flashinfer_cutlass" not in _model(rendered(
+        "qwen3-235b-a22b-instruct", "h200", stack=stack))["args"]  # Hopper: engine default
     assert not any(a.startswith("--moe-backend") for a in _model(
-        rendered("llama-3-1-70b-instruct", "b300"))["args"])  # dense
-    annotation = isvc(rendered("qwen3-235b-a22b-instruct", "b300"))["metadata"]["annotations"]
-    assert "--moe-backend=flashinfer_cutlass: FlashInfer" in annotation[
-        "model-onboarding.io/engine-switches"]
+        rendered("llama-3-1-70b-instruct", "b300", stack=stack))["args"])  # dense
+    annotation = isvc(rendered("qwen3-235b-a22b-instruct", "b300", stack=stack))["metadata"][
+        "annotations"]["model-onboarding.io/engine-switches"]
+    assert "--moe-backend=flashinfer_cutlass: FlashInfer" in annotation
+    assert "pinned: benchmarked at configuration abc" in annotation
+
+
+def test_a_kernel_choice_switch_pinned_without_a_reason_is_refused(tmp_path: Path):
+    data = yaml.safe_load((CONFIGS / "stack.yaml").read_text())
+    data["engine_switches"][0]["pinned"] = " "
+    path = tmp_path / "stack.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="pinned"):
+        load_stack(path)
 
 
 def test_switches_are_keyed_by_engine_version():
     """The same model and node on a seed-era vLLM gets the env switch, not the flag."""
-    old = dataclasses.replace(STACK, engine_version="0.20.0")
+    old = _pinned(dataclasses.replace(STACK, engine_version="0.20.0"))
     model = _model(rendered("qwen3-235b-a22b-instruct", "b300", stack=old))
     assert {"name": "VLLM_USE_FLASHINFER_MOE_FP4", "value": "1"} in model["env"]
     assert not any(a.startswith("--moe-backend") for a in model["args"])
@@ -216,7 +257,7 @@ def test_stack_image_per_architecture():
     b300 = rendered("llama-3-1-70b-instruct", "b300")
     h200 = rendered("llama-3-1-70b-instruct", "h200")
     image = {r.node_type: r.docs[0]["spec"]["containers"][0]["image"] for r in (b300, h200)}
-    assert image["b300"] == STACK.images["sm103"] and "cu130" in image["b300"]
+    assert image["b300"] == STACK.images["sm103"] and not image["b300"].endswith("-cu130")
     assert image["h200"] == STACK.images["sm90"]
     assert isvc(b300)["spec"]["predictor"]["model"]["runtime"] == b300.docs[0]["metadata"]["name"]
 
@@ -277,12 +318,19 @@ def test_the_startup_probe_counts_the_derived_pull_of_the_published_variant():
     spec, _, config = configured("llama-3-1-70b-instruct", "h200")
     pub = PublishedVariant(spec.id, config.precision, "s3://model-serving/x/fp8/0123/", "0123",
                            70 * 10**9, 20, False, read_back_bytes=10**9, read_back_s=1.0)
+    no_cache = DEPLOY.model_copy(update={"local_model_cache": DEPLOY.local_model_cache.model_copy(
+        update={"node_types": {}})})
     r = rendered("llama-3-1-70b-instruct", "h200", cold_p95_s=100.0,
-                 published={config.precision: pub})
+                 published={config.precision: pub}, deploy=no_cache)
     cfg = DEPLOY.probes
     window = max(cfg.min_startup_s, math.ceil(cfg.safety_factor * (100.0 + 70.0)))
     assert r.startup.window_s == -(-window // cfg.period_s) * cfg.period_s
     assert "derived pull 70.0 s" in r.startup.explanation
+    # from the node cache (h200 has one in deploy.yaml) the window drops the pull, and says so
+    cached = rendered("llama-3-1-70b-instruct", "h200", cold_p95_s=100.0,
+                      published={config.precision: pub})
+    assert cached.startup.window_s == max(cfg.min_startup_s, 200)
+    assert "cached on the node" in cached.startup.explanation
     labels = isvc(r)["metadata"]["labels"]
     assert labels["model-onboarding.io/published"] == "true"
     assert labels["model-onboarding.io/measured"] == "true"
@@ -354,10 +402,10 @@ def test_infeasible_node_type_is_not_rendered():
 
 def test_image_tag_must_carry_the_engine_version(tmp_path: Path):
     data = yaml.safe_load((CONFIGS / "stack.yaml").read_text())
-    data["images"]["vllm"]["sm90"] = "docker.io/vllm/vllm-openai:latest"
+    data["images"]["vllm"]["tags"][0]["cuda"][13] = "latest"
     path = tmp_path / "stack.yaml"
     path.write_text(yaml.safe_dump(data))
-    with pytest.raises(ConfigError, match=r"images\.vllm\.sm90"):
+    with pytest.raises(ConfigError, match=r"\{version\}"):
         load_stack(path)
 
 
@@ -384,3 +432,180 @@ def test_route_table_groups_node_types_under_one_model_name():
         assert m["litellm_params"]["api_base"] == (
             f"http://{svc}-predictor.{DEPLOY.namespace}.{DEPLOY.gateway.cluster_domain}/v1")
         assert m["litellm_params"]["model"].startswith(f"{DEPLOY.gateway.provider}/")
+
+
+def test_a_start_p95_from_fewer_than_three_starts_is_labelled_and_the_probe_uses_the_max():
+    """Issue 23, 7: a p95 of one start is that start; below 3 starts the probe is sized from the
+    maximum x margin, and the annotation says n."""
+    from onboarding.serving_stats import StartSample, summarize_load_timing
+
+    starts = [StartSample("fully_cold", 0.0, 10.0, 9.0, 50.0, 100.0),
+              StartSample("fully_cold", 0.0, 10.0, 9.0, 50.0, 140.0)]
+    timing = summarize_load_timing("m", "bf16", starts, 10**9, None)
+    assert (timing.cold_start_samples, timing.cold_start_max_s) == (2, 140.0)
+    cfg = DEPLOY.probes
+    plan2 = startup_probe_plan(timing.cold_start_p95_s, cfg, samples=2, max_s=140.0)
+    assert "max 140.0 s (n=2" in plan2.explanation and "p95" not in plan2.explanation
+    assert plan2.window_s >= cfg.safety_factor * 140.0
+    plan3 = startup_probe_plan(120.0, cfg, samples=3, max_s=140.0)
+    assert "p95 120.0 s (n=3)" in plan3.explanation
+
+
+def _published(model: str, precision: str) -> PublishedVariant:
+    return PublishedVariant(model, precision, f"s3://model-serving/{model}/{precision}/abc/",
+                            "abc", 10**9, 3, False, 0, 10**8, 0.1)
+
+
+def _benched(model_id: str, node_type: str, e2e_p99_s: float, ttft_p99_s: float,
+             published: bool = True):
+    """A manifest benchmarked at exactly its configuration (gpu profile), published or not."""
+    from onboarding.serving_stats import ServingBenchmarkResult
+
+    spec, p, config = configured(model_id, node_type)
+    bench = ServingBenchmarkResult(spec.id, config.precision, node_type, config.tensor_parallel,
+                                   True, 900.0, 32, True, (), config.hash, True)
+    bench = dataclasses.replace(bench, e2e_p99_s=e2e_p99_s, ttft_p99_s=ttft_p99_s)
+    pub = {config.precision: _published(spec.id, config.precision)} if published else None
+    return render(RenderInputs(spec, p, node_type, NODES.node_types[node_type], STACK, DEPLOY,
+                               config, evidence(config, None, bench),
+                               storage_for(spec, config.precision, "bf16", DEPLOY, pub)))
+
+
+def test_route_timeouts_come_from_the_measured_e2e_and_ttft_not_a_constant():
+    """Issue 23, 8: LiteLLM's `timeout` limits the whole response (LiteLLM proxy docs,
+    timeouts); a 2,048-token codegen answer at 30 ms/token needs 61 s, so the route's timeout
+    is the measured E2E p99 at the target concurrency x margin, `stream_timeout` the TTFT's."""
+    r = _benched("llama-3-1-70b-instruct", "h200", e2e_p99_s=61.4, ttft_p99_s=2.2)
+    [entry] = route_table([r.route], DEPLOY)["model_list"]
+    gw = DEPLOY.gateway
+    assert entry["litellm_params"].get("timeout") == math.ceil(61.4 * gw.timeout_margin)
+    assert entry["litellm_params"].get("stream_timeout") == math.ceil(
+        2.2 * gw.stream_timeout_margin)
+    assert "E2E p99 61.4 s" in entry["model_info"]["timeout_basis"]
+
+
+def test_routes_only_to_what_is_published_and_measured():
+    from onboarding.kserve import split_routes
+
+    ok = _benched("llama-3-1-70b-instruct", "h200", 61.4, 2.2).route
+    unpublished = _benched("llama-3-1-70b-instruct", "b300", 61.4, 2.2, published=False).route
+    _, _, q = configured("qwen3-235b-a22b-instruct", "h200")
+    unmeasured = rendered("qwen3-235b-a22b-instruct", "h200", published={
+        q.precision: _published("qwen3-235b-a22b-instruct", q.precision)}).route
+    routed, not_routed = split_routes([ok, unpublished, unmeasured], require_measured=True)
+    assert routed == [ok]
+    assert "not published" in not_routed[f"{DEPLOY.namespace}/{unpublished.service}"]
+    assert "not measured at configuration" in not_routed[
+        f"{DEPLOY.namespace}/{unmeasured.service}"]
+    routed, _ = split_routes([ok, unpublished, unmeasured], require_measured=False)
+    assert routed == [ok, unmeasured]
+
+
+# ---- issue 23, 2: weights from the node cache (KServe LocalModelCache) ---------------------
+
+def _storage_key(uri: str) -> str:
+    """kserve pkg/apis/serving/v1alpha1/local_model_cache_types.go GetStorageKey."""
+    import hashlib
+
+    return hashlib.sha256(uri.encode()).hexdigest()[:16]
+
+
+def _webhook_matches(cached: str, storage: str) -> bool:
+    """kserve pkg/apis/serving/v1alpha1/storage_uri_utils.go MatchStorageURI, as written."""
+    cached, storage = cached.rstrip("/"), storage.rstrip("/")
+    return storage == cached or (storage.startswith(cached) and storage[len(cached)] == "/")
+
+
+def test_a_published_variant_deploys_from_the_node_cache_not_a_download():
+    _, _, config = configured("llama-3-1-70b-instruct", "b300")
+    pub = _published("llama-3-1-70b-instruct", config.precision)
+    r = rendered("llama-3-1-70b-instruct", "b300", published={config.precision: pub},
+                 cold_p95_s=100.0)
+    kinds = [d["kind"] for d in r.docs]
+    assert "LocalModelNodeGroup" in kinds and "LocalModelCache" in kinds
+    group = next(d for d in r.docs if d["kind"] == "LocalModelNodeGroup")
+    cache = next(d for d in r.docs if d["kind"] == "LocalModelCache")
+    svc = isvc(r)
+    # the ISVC defaulter (kserve pkg/apis/serving/v1beta1/inference_service_defaults.go
+    # setLocalModelLabel) matches storageUri to sourceModelUri and the nodegroup annotation
+    assert _webhook_matches(cache["spec"]["sourceModelUri"], _model(r)["storageUri"])
+    assert svc["metadata"]["annotations"]["serving.kserve.io/nodegroup"] == \
+        group["metadata"]["name"] == cache["spec"]["nodeGroups"][0]
+    assert cache["spec"]["modelSize"] == f"{math.ceil(pub.total_bytes / 2**30)}Gi"
+    # the agent fills <PV root>/models/<storage key>/ (kserve pkg/controller/v1alpha1/
+    # localmodelnode/controller.go launchJob SubPath; its hostPath is the same root)
+    root = DEPLOY.local_model_cache.node_types["b300"].cache_root
+    assert group["spec"]["persistentVolumeSpec"]["local"]["path"] == root
+    from onboarding.kserve import agent_model_dir
+    assert agent_model_dir(root, pub.uri) == f"{root}/models/{_storage_key(pub.uri)}"
+    # the pod mounts the PVC: no storage initializer, no pull in the startup window
+    assert "initContainers" not in predicted_pod(svc, DEPLOY, cached=True)
+    assert "cached on the node by LocalModelCache: no pull" in r.startup.explanation
+    assert "derived pull" not in r.startup.explanation
+    assert "no pod downloads at start" in svc["metadata"]["annotations"][
+        "model-onboarding.io/weights-on-node"]
+
+
+def test_without_a_node_cache_the_pod_requests_ephemeral_storage_for_the_weights():
+    import dataclasses as dc
+
+    deploy = DEPLOY.model_copy(update={"local_model_cache": DEPLOY.local_model_cache.model_copy(
+        update={"node_types": {}})})
+    _, p, config = configured("llama-3-1-70b-instruct", "b300")
+    pub = _published("llama-3-1-70b-instruct", config.precision)
+    r = rendered("llama-3-1-70b-instruct", "b300", published={config.precision: pub},
+                 deploy=deploy)
+    assert not {"LocalModelCache", "LocalModelNodeGroup"} & {d["kind"] for d in r.docs}
+    req = _model(r)["resources"]["requests"]["ephemeral-storage"]
+    es = deploy.ephemeral_storage
+    want = math.ceil(pub.total_bytes * (1 + es.margin) / 2**30) + es.extra_gib
+    assert req == f"{want}Gi"
+    del dc, p
+
+
+# ---- issue 23: a second deployment target, KServe's LLMInferenceService (llm-d) --------------
+
+def test_llm_inference_service_is_rendered_from_the_same_configuration():
+    _, _, config = configured("qwen3-235b-a22b-instruct", "b300")
+    pub = _published("qwen3-235b-a22b-instruct", config.precision)
+    deploy = DEPLOY.model_copy(update={"llm_inference_service_node_types": ["b300"]})
+    r = rendered("qwen3-235b-a22b-instruct", "b300", published={config.precision: pub},
+                 deploy=deploy, cold_p95_s=300.0)
+    llm = next((d for d in r.docs if d["kind"] == "LLMInferenceService"), None)
+    assert llm is not None, [d["kind"] for d in r.docs]
+    svc = isvc(r)
+    main = llm["spec"]["template"]["containers"][0]
+    assert main["name"] == "main" and main["image"] == config.image
+    assert main["args"] == _model(r)["args"] and main["resources"] == _model(r)["resources"]
+    assert llm["spec"]["model"]["uri"] == _model(r)["storageUri"]
+    assert llm["spec"]["parallelism"]["tensor"] == config.tensor_parallel
+    for k in ("measured", "published", "config-hash"):
+        key = f"model-onboarding.io/{k}"
+        assert llm["metadata"]["labels"][key] == svc["metadata"]["labels"][key]
+    # the LLMInferenceService defaulter matches the node cache the same way
+    # (kserve pkg/webhook/admission/llminferenceservice/defaulter.go SetLocalModelLabel)
+    assert llm["metadata"]["annotations"]["serving.kserve.io/nodegroup"] == "b300-nvme-cache"
+    h200 = rendered("qwen3-235b-a22b-instruct", "h200", deploy=deploy)
+    assert "LLMInferenceService" not in [d["kind"] for d in h200.docs]  # not asked for there
+
+
+def test_one_local_model_cache_per_published_variant_across_node_types():
+    """KServe refuses a second LocalModelCache with the same sourceModelUri (kserve
+    pkg/webhook/admission/localmodelcache/localmodelcache_validator.go ValidateCreate): a variant
+    served on two node types is one cache whose nodeGroups hold both, the same document in
+    both files."""
+    from onboarding.serving_plan import render_targets
+
+    spec = CATALOG["llama-3-1-70b-instruct"].model_copy(update={"precision_ladder": ["fp8"]})
+    p = plan(plan_inputs(spec, NODES, shape_from_hint(spec.architecture, spec.id),
+                         NOTHING_MEASURED), NODES)
+    splan = serving_plan(spec, p, NODES, STACK, TEMPLATES["vllm"])
+    assert {splan.config(nt).precision for nt in ("b300", "h200")} == {"fp8"}
+    rendered_, _ = render_targets(spec, splan, NODES, STACK, DEPLOY, None, None, None,
+                                  {"fp8": _published(spec.id, "fp8")})
+    caches = [next(d for d in r.docs if d["kind"] == "LocalModelCache") for r in rendered_]
+    assert len(caches) == 2 and caches[0] == caches[1]
+    assert sorted(caches[0]["spec"]["nodeGroups"]) == ["b300-nvme-cache", "h200-nvme-cache"]
+    for r in rendered_:
+        assert isvc(r)["metadata"]["annotations"]["serving.kserve.io/nodegroup"] == \
+            f"{r.node_type}-nvme-cache"

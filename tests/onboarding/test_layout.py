@@ -325,3 +325,18 @@ def test_entries_carry_the_models_own_slo():
     e = {x.spec.id: x for x in entries(CFG.layouts["b300-deepseek"])}
     assert e["deepseek-r1"].slo.itl_mean_ms == 50
     assert dataclasses.asdict(e["deepseek-r1"].slo)["ttft_p95_s"] == 1.5
+
+
+def test_layouts_yaml_credits_its_bandwidth_figures_to_where_they_are():
+    """Issue 23: configs/layouts.yaml credited the twins' step times to docs/gpu.md, which does
+    not hold them; they are configs/predict/h200_points.json's mean TPOT."""
+    import re
+
+    text = (PROJECT_ROOT / "configs" / "layouts.yaml").read_text()
+    note = text[text.index("# bandwidth_efficiency 0.5"):text.index("throughput_rule:")]
+    assert "docs/gpu.md" not in note and "configs/predict/h200_points.json" in note
+    points = json.loads((PROJECT_ROOT / "configs/predict/h200_points.json").read_text())
+    tpots = {p["tpot_mean_ms"] for p in points["points"]} if isinstance(points, dict) else {
+        p["tpot_mean_ms"] for p in points}
+    for ms in re.findall(r"([0-9.]+) ms", note):
+        assert float(ms) in tpots, ms

@@ -19,6 +19,7 @@ import yaml
 from onboarding.kserve import load_deploy, load_stack, to_yaml
 from onboarding.layout_plot import layout_png
 from onboarding.layout_render import (
+    check_configmap,
     check_gateway,
     check_priority_class,
     check_prometheus,
@@ -235,7 +236,7 @@ def test_files_of_a_layout():
     files = layout_files(p, r)
     assert set(files) == {
         "qwen3-235b-a22b-instruct.yaml", "qwen3-32b.yaml", "llama-3-1-8b-instruct.yaml",
-        "bge-m3.yaml", "bge-reranker-v2-m3.yaml", "priority-classes.yaml",
+        "bge-m3.yaml", "bge-reranker-v2-m3.yaml", "priority-classes.yaml", "gpu-sharing.yaml",
         "litellm-config.yaml", "prometheus.yml", "layout.json", "launchers/gateway.sh",
         *(f"launchers/{m}.sh" for m in ("qwen3-235b-a22b-instruct", "qwen3-32b",
                                          "llama-3-1-8b-instruct", "bge-m3",
@@ -266,3 +267,75 @@ def test_noisy_neighbour_script_plans_one_engine_per_gpu_dry_run(tmp_path):
         "twin-a": [0], "twin-b": [1]}
     script = (tmp_path / "layout" / "launchers" / "twin-b.sh").read_text()
     assert "export CUDA_VISIBLE_DEVICES=1" in script and "--port=8002" in script
+
+
+# ---- issue 23, 4: layouts Kubernetes can grant ------------------------------------------------
+
+def _gpu_requests(r) -> dict[str, dict[str, int]]:
+    out = {}
+    for model, docs in r.manifests.items():
+        isvc = next(d for d in docs if d["kind"] == "InferenceService")
+        req = isvc["spec"]["predictor"]["model"]["resources"]["requests"]
+        out[model] = {k: int(v) for k, v in req.items() if k.startswith("nvidia.com/")}
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CFG.layouts))
+def test_a_layout_requests_no_more_gpus_than_its_node_has_and_stays_on_one_node(name):
+    plan, r = rendered(name)
+    node = NODES.node_types[plan.node_type]
+    requests = _gpu_requests(r)
+    whole = sum(q.get("nvidia.com/gpu", 0) for q in requests.values())
+    mig = [k for q in requests.values() for k in q if k.startswith("nvidia.com/mig-")]
+    # MIG slices come from GPUs taken out of the whole-GPU pool: one GPU per shared set
+    mig_gpus = len({p.gpu_ids for p in plan.placements if p.shares_gpu_with})
+    assert whole + mig_gpus <= node.gpus_per_node, (name, requests)
+    assert len(mig) == sum(1 for p in plan.placements if p.shares_gpu_with)
+    selectors = {json.dumps(next(d for d in docs if d["kind"] == "InferenceService")[
+        "spec"]["predictor"]["nodeSelector"], sort_keys=True) for docs in r.manifests.values()}
+    assert len(selectors) == 1 and f'"model-onboarding.io/layout": "{name}"' in selectors.pop()
+
+
+@pytest.mark.parametrize("name", sorted(CFG.layouts))
+def test_the_shipped_layouts_are_grantable(name):
+    _, r = rendered(name)
+    assert r.grant_problems == ()
+
+
+def test_the_layout_check_fails_what_a_cluster_cannot_grant():
+    plan = planned("b300-mixed")
+    ts = CFG.model_copy(update={"gpu_sharing": CFG.gpu_sharing.model_copy(
+        update={"mode": "time-slicing"})})
+    r = render_layout(plan, CATALOG, INPUTS, ts, NODES, STACK, DEPLOY, TEMPLATE)
+    assert any("shares every GPU of the node" in p for p in r.grant_problems)
+    bare = CFG.model_copy(update={"gpu_sharing": CFG.gpu_sharing.model_copy(
+        update={"node_types": {}})})
+    r = render_layout(plan, CATALOG, INPUTS, bare, NODES, STACK, DEPLOY, TEMPLATE)
+    assert any("9 whole GPU(s)" in p and "of 8 allocatable" in p for p in r.grant_problems)
+    assert any("not available on b300" in p for p in r.grant_problems)
+
+
+def test_a_mig_layout_renders_the_mig_parted_config_beside_it():
+    _, r = rendered("h200-mixed")
+    [cm] = r.gpu_sharing
+    config = yaml.safe_load(cm["data"]["config.yaml"])["mig-configs"]["h200-mixed"]
+    assert config[1] == {"devices": [7], "mig-enabled": True, "mig-devices": {"3g.71gb": 2}}
+    assert config[0]["devices"] == [0, 1, 2, 3, 4, 5, 6] and not config[0]["mig-enabled"]
+    assert _gpu_requests(r)["bge-m3"] == {"nvidia.com/mig-3g.71gb": 1}
+
+
+@pytest.mark.parametrize("name", sorted(CFG.layouts))
+def test_golden_kubernetes_objects_of_each_layout(name):
+    """tests/golden/layouts/<layout>/ beside its plan: every Kubernetes object the layout
+    renders (InferenceServices, ServingRuntimes, PriorityClasses, the GPU-sharing ConfigMap)."""
+    from tests.conftest import assert_golden
+
+    p, r = rendered(name)
+    files = layout_files(p, r)
+    k8s = {f for f in files if f.endswith(".yaml") and f != "litellm-config.yaml"}
+    for f in sorted(k8s):
+        assert_golden(PROJECT_ROOT / "tests" / "golden" / "layouts" / name / f, files[f],
+                      f"{name}/{f} changed")
+    assert ("gpu-sharing.yaml" in k8s) == any(x.shares_gpu_with for x in p.placements)
+    for doc in r.gpu_sharing:
+        assert check_configmap(doc) == []

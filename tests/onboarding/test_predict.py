@@ -498,3 +498,18 @@ def test_a_pooling_model_is_not_covered_and_never_asked_and_its_sla_choice_is_me
     assert any("pooling" in " ".join(r.prediction.prediction.notes) for r in table.rows)
     (choice,) = table.choices
     assert choice.basis == "memory" and choice.tensor_parallel == 1
+
+
+def test_docs_predictions_b300_table_quotes_the_current_calibration():
+    """Issue 23: the page said the B300 table was not regenerated with the calibration; its
+    Basis lines quote the current TTFT p95 factor, which this holds."""
+    import re
+
+    text = (PROJECT_ROOT / "docs" / "predictions.md").read_text()
+    calib = text[text.index("<!-- generated: calibration -->"):]
+    k = float(re.search(r"\| ttft_p95_ms \| \d+ \| ([0-9.]+) \|", calib).group(1))
+    table = text[text.index("<!-- generated: b300 table -->"):
+                 text.index("<!-- end generated: b300 table -->")]
+    quoted = set(re.findall(r"TTFT from p95 measured/predicted ×([0-9.]+)", table))
+    assert quoted == {f"{k:.3g}"}
+    assert "not yet regenerated" not in text

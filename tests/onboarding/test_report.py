@@ -21,6 +21,7 @@ from onboarding.report import (
     FleetReport,
     NodeAcceptanceRow,
     Table,
+    _measured_blocks,
     carry_since,
     drop_points,
     fleet_page,
@@ -242,3 +243,16 @@ def test_the_sweep_csv_reads_back_as_numbers(tmp_path):
     assert [dict(r) for r in read] == [{k: float(v) if isinstance(v, int) and not isinstance(
         v, bool) else v for k, v in r.items()} for r in rows]
     assert read_sweep_csv(tmp_path / "absent.csv") == ()
+
+
+def test_a_cold_start_p95_of_fewer_than_three_starts_says_its_n(ready):
+    """Issue 23, 7: one start's p95 is that start; the report says n where n < 3."""
+    facts = facts_of(ready)
+    h200 = ready.splan.config("h200")
+    few = dataclasses.replace(facts, load_timing=dataclasses.replace(
+        facts.load_timing, cold_start_samples=1, cold_start_max_s=55.2))
+    row = {r["quantity"]: r for r in node_numbers(few, "h200", h200)}["cold start p95 (s)"]
+    assert "(n=1: fewer than 3 starts" in row["source"]
+    blocks = [b for b in _measured_blocks(few) if isinstance(b, Table)]
+    fully_cold = next(r for r in blocks[0].rows if r["start"] == "fully_cold")
+    assert fully_cold["n"] == 1 and "(p95 of n=1" in fully_cold["source"]

@@ -141,3 +141,53 @@ def test_load_timing_summary_prefers_the_engines_own_load_time():
     assert r.cold_weights_p50_s == pytest.approx(18.0)
     assert r.warm_start_p50_s == pytest.approx(16.0)
     assert r.weights_load_gbps == pytest.approx(1.0)  # 3 GB / median(2, 4, 3) s
+
+
+# ---- issue 23, 6: the SLO is judged at the target concurrency or above, never below ----
+
+def _point(ttft_p95_s: float, itl_mean_ms: float = 10.0):
+    from onboarding.serving_stats import Dist, PointStats
+
+    d = Dist(ttft_p95_s, ttft_p95_s, ttft_p95_s, ttft_p95_s, ttft_p95_s)
+    itl = Dist(itl_mean_ms, itl_mean_ms, itl_mean_ms, itl_mean_ms, itl_mean_ms)
+    return PointStats(100, 100, 0, {}, 10.0, 10.0, 100.0, 1000.0, d, itl, itl, d)
+
+
+def _judge(points, target=32):
+    from onboarding.serving_stats import Slo, headline
+
+    slo = Slo(ttft_p95_s=1.0, itl_mean_ms=50.0, error_rate_max=0.01, target_concurrency=target)
+    return headline("m", "bf16", "h200", 1, slo, {"chat": points}, True)
+
+
+def test_a_target_missing_from_the_sweep_is_judged_at_the_next_point_above():
+    # 16 meets the SLO, 64 does not: the verdict at the target (32) cannot be 16's
+    result, _, violations = _judge([(1, _point(0.1)), (16, _point(0.5)), (64, _point(3.0))])
+    assert not result.slo_pass
+    assert any(v.startswith("chat @ 64: TTFT p95") for v in violations)
+    assert "chat: target concurrency 32 not in the sweep; judged at 64" in violations[0]
+
+
+def test_no_point_at_or_above_the_target_is_not_measured_at_target_concurrency():
+    result, _, violations = _judge([(1, _point(0.1)), (16, _point(0.5))])
+    assert not result.slo_pass  # fails closed
+    assert violations == ["chat: not measured at target concurrency 32 (highest point 16)"]
+
+
+def test_the_target_itself_is_judged_when_swept():
+    result, _, violations = _judge([(16, _point(3.0)), (32, _point(0.5)), (64, _point(3.0))])
+    assert result.slo_pass and violations == []
+
+
+def test_a_blocking_profile_sweeps_the_target_concurrency():
+    from onboarding.paths import PROJECT_ROOT
+    from onboarding.serving_config import load_profiles
+
+    profiles = load_profiles(PROJECT_ROOT / "configs" / "scenarios.yaml")
+    gpu = profiles["gpu"]
+    assert gpu.slo_severity == "error"
+    swept = gpu.sweep_for(target_concurrency=48)
+    assert 48 in swept.concurrency and set(gpu.sweep.concurrency) <= set(swept.concurrency)
+    assert swept.concurrency == sorted(swept.concurrency)
+    cpu = profiles["cpu"]  # warn-only: its sweep is what it says
+    assert cpu.sweep_for(target_concurrency=48).concurrency == cpu.sweep.concurrency

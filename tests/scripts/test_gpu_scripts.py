@@ -11,6 +11,7 @@ import yaml
 
 from bench.gpu_h200_doc import regenerated
 from bench.gpu_serving import BUDGET_SWEEP, _hist_delta, pinned_configs
+from onboarding.kserve import load_stack
 from onboarding.paths import PROJECT_ROOT
 from onboarding.serving_config import load_engine_templates
 from scripts.gpu_noisy_neighbour import degradation
@@ -22,11 +23,19 @@ def test_pinned_configs_from_the_recorded_versions_are_the_configs_the_h200_run_
     prepare = json.loads((H200 / "prepare.json").read_text())["steps"]
     cfg, changed = pinned_configs(tmp_path, prepare["versions"])
     recorded = prepare["configs"]["changed"]
-    assert {k: v[1] for k, v in changed.items()} == {k: v[1] for k, v in recorded.items()}
+    # images.* are no longer pinned: they follow versions.vllm through the tag rule (below)
+    assert {k: v[1] for k, v in changed.items()} == {
+        k: v[1] for k, v in recorded.items() if not k.startswith("images.")}
     stack, ran = (yaml.safe_load((d / "stack.yaml").read_text()) for d in (cfg, H200 / "configs"))
     pinned = ("vllm", "pytorch", "cuda", "nvidia_driver")
     assert {k: stack["versions"][k] for k in pinned} == {k: ran["versions"][k] for k in pinned}
-    assert stack["images"]["vllm"] == ran["images"]["vllm"]
+    # The run's stack.yaml named images by hand; ours derives them from the tag rule. The H200
+    # image is the one it ran; its Blackwell tags carried the -cu130 suffix vLLM stopped
+    # publishing at 0.20 (issue 23), which the rule no longer produces.
+    images = load_stack(cfg / "stack.yaml").images
+    assert images["sm90"] == ran["images"]["vllm"]["sm90"]
+    assert {images[a] + "-cu130" for a in ("sm100", "sm103")} == {
+        ran["images"]["vllm"][a] for a in ("sm100", "sm103")}
     scenarios = yaml.safe_load((cfg / "scenarios.yaml").read_text())
     assert scenarios["profiles"]["gpu"]["require_node_acceptance"] is False
     automation = yaml.safe_load((cfg / "automation.yaml").read_text())
