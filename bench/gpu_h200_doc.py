@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from onboarding.serving_stats import Slo, headline
 from onboarding.tables import md_table, read_md_table, splice_generated
-from tests.gpu_recordings import H200, MODEL, points, sweep_rows
+from tests.gpu_recordings import H200, MODEL, points, recording_run2, sweep_rows
 from tests.gpu_recordings import recording as load
 
 DOC = ROOT / "docs" / "gpu.md"
@@ -195,11 +195,69 @@ def twin_section() -> str:
         f"{step['seconds']:.0f} s.")])
 
 
+def ladder_section() -> str:
+    """The 8B twin's precision ladder on one H200: bf16 and NVFP4 from the second run, FP8
+    from the first, each at the planned h200 configuration with its precision."""
+    steps = [load("twins")["steps"][TWIN]]
+    steps += [v for k, v in recording_run2("twins")["steps"].items() if "error" not in v]
+    rows = []
+    for step in steps:
+        for r in step["rows"]:
+            rows.append({"precision": step["precision"], "configuration": step["config_hash"],
+                         **point_row({**r, "meets_slo": str(r["meets_slo"])},
+                                     step["tensor_parallel"])})
+    verdicts = []
+    for step in steps:
+        slo = Slo(**step["slo"])
+        result, basis, violations = headline(step["model"], step["precision"], "h200",
+                                             step["tensor_parallel"], slo,
+                                             points(step["rows"]), True)
+        verdicts.append(
+            f"{step['precision']}: ready after {step['ready_s']:.0f} s, SLO at target "
+            f"{slo.target_concurrency} **{'met' if result.slo_pass else 'missed'}**"
+            f"{' (' + '; '.join(violations) + ')' if violations else ''}, headline "
+            f"{result.tokens_per_s_per_gpu:.0f} tokens/s/GPU ({basis})")
+    return "\n".join([md_table([{k: v for k, v in r.items() if k != "scenario"}
+                                for r in rows]), "",
+                      "Verdicts recomputed by `serving_stats.headline`: " +
+                      "; ".join(verdicts) + "."])
+
+
+def frontend_section() -> str:
+    """Issue 24's experiment: clients taking turns on one engine (bench/gpu_serving.py
+    frontend); the API server's CPU per 1,000 generated tokens is the figure."""
+    rec = recording_run2("frontend")["steps"]
+    rows = [{"run": r["run"], "client": r["client"], "req/s": fmt(r["req_s"]),
+             "API server cores": fmt(r["api_cores"]),
+             "API CPU s / 1k tokens": fmt(r["api_cpu_s_per_1k_tokens"]),
+             "tokens per chunk": fmt(r["tokens_per_chunk"]) if r.get("tokens_per_chunk")
+             else "n/a", "client ITL ms": fmt(r["client_itl_ms"]),
+             "engine ITL ms": fmt(r["engine_itl_ms"])}
+            for r in rec["rows"]["rows"]]
+    e = rec["engine"]
+    peer = [r["api_cpu_s_per_1k_tokens"] for r in rec["rows"]["rows"]
+            if r["client"] == "vllm bench serve"]
+    by = {}
+    for r in rec["rows"]["rows"]:
+        by.setdefault(r["client"], []).append(
+            r["api_cpu_s_per_1k_tokens"] / (sum(peer) / len(peer)))
+    ratios = "; ".join(f"{k} {min(v):.2f}-{max(v):.2f}" for k, v in by.items()
+                       if k != "vllm bench serve")
+    return "\n".join([
+        (f"{e['twin']} {e['precision']} at `{e['config_hash']}` ({e['basis']}), ready after "
+         f"{e['ready_s']:.0f} s; concurrency {rec['rows']['rows'][0]['concurrency']}, "
+         f"{rec['rows']['rows'][0]['generated_tokens']:.0f} generated tokens per run, "
+         f"{len(peer)} rounds (order rotated)."), "", md_table(rows), "",
+        (f"API CPU per token against `vllm bench serve`'s mean over its {len(peer)} runs "
+         f"(range over runs): {ratios}.")])
+
+
 def regenerated(doc: str) -> str:
-    """docs/gpu.md with its four generated sections computed again from the recordings."""
+    """docs/gpu.md with its generated sections computed again from the recordings."""
     for name, body in (("h200 sweep", sweep_section()), ("h200 load timing",
                        load_timing_section()), ("h200 quantize", quantize_section()),
-                       ("h200 twins", twin_section())):
+                       ("h200 twins", twin_section()), ("h200 twin ladder", ladder_section()),
+                       ("h200 frontend", frontend_section())):
         doc = splice_generated(doc, name, body)
     return doc
 

@@ -40,6 +40,7 @@ from onboarding.variants import AccuracyReport, GateOutcome
 from resources.config_files import ConfigFiles
 
 H200 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200"
+H200_RUN2 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02"  # issues 24 and 25
 MODEL = "smollm2-135m"
 NODE_TYPE = "h200"
 RUN_CONFIG_HASH = "0660e584b7cc"  # serving_config's h200 configuration there (vLLM 0.22.0)
@@ -50,6 +51,13 @@ GPUS = 1  # one H200 (onboard-B: serving_benchmark `gpus`)
 def recording(name: str) -> dict[str, Any]:
     """`prepare`, `onboard-A`, `onboard-T`, `onboard-B` or `twins` (bench/gpu_serving.py)."""
     return json.loads((H200 / f"{name}.json").read_text())
+
+
+@cache
+def recording_run2(name: str) -> dict[str, Any]:
+    """The second H200 run: `twins` (8B twin bf16, NVFP4), `frontend`, `onboard-A`,
+    `served_accuracy_smollm2` (its README says what each holds and what did not finish)."""
+    return json.loads((H200_RUN2 / f"{name}.json").read_text())
 
 
 def asset_metadata(call: str, asset: str, model: str = MODEL) -> dict[str, Any]:
