@@ -78,14 +78,18 @@ def test_predictions_uncorrected_then_corrected_by_the_calibration(small, config
 
         both = run(instance, None, configs, outputs, tmp_path)
         cal: Calibration = both.output_for_node("calibration")
-        assert cal.points == len(configs.measured_points().points) == 6
-        assert cal.of("tpot_ms").k is not None and cal.of("ttft_p95_ms").n == 3
+        # AIConfigurator 0.12 has no H200 GEMM data for NVFP4 weight-only (Marlin): the H200
+        # NVFP4 points are measured but cannot be paired with a prediction.
+        measured = configs.measured_points().points
+        paired = [m for m in measured if m.precision != "nvfp4"]
+        assert len(paired) < len(measured) and cal.points == len(paired) == 9
+        assert cal.of("tpot_ms").k is not None and cal.of("ttft_p95_ms").n == 6
         assert Path(both.asset_materializations_for_node("calibration")[0]
                     .metadata["plot_path"].value).stat().st_size > 1000
         table = both.output_for_node("predictions")
         tput, basis = table.throughput_for(MODEL, "b300", "nvfp4", 4)
         assert tput == pytest.approx(uncorrected * cal.of("tokens_per_s_per_gpu").k)
-        assert "corrected by the H200 calibration" in basis and "over 3 points" in basis
+        assert "corrected by the H200 calibration" in basis and "over 6 points" in basis
         by_node = {c.node_type: c for c in table.choices}
         assert by_node["b300"].precision == "nvfp4" and by_node["b300"].tensor_parallel in (4, 8)
         assert by_node["h200"].precision == "fp8"
