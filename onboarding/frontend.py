@@ -10,8 +10,13 @@ point's wall time. The engine's children (vLLM's EngineCore and workers) are rea
 
 from __future__ import annotations
 
+import bisect
 import os
+import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Self
 
 FRONTEND_BOUND_CORES = 0.9
 """An API server above this share of one core over a point is marked frontend-bound: it is a
@@ -73,3 +78,81 @@ def frontend_columns(cpu_s: float | None, seconds: float) -> dict[str, float | b
         return {"frontend_cpu_cores": None, "frontend_bound": None}
     cores = cpu_s / seconds
     return {"frontend_cpu_cores": cores, "frontend_bound": cores > FRONTEND_BOUND_CORES}
+
+
+FRONTEND_BOUND_LABEL = f"frontend-bound (API server > {FRONTEND_BOUND_CORES:g} core)"
+
+
+def frontend_bound_points(rows: Sequence[dict]) -> list[dict]:
+    """The sweep rows marked frontend-bound (a row without the column is not)."""
+    return [r for r in rows if r.get("frontend_bound") is True]
+
+
+def cpu_between(samples: Sequence[tuple[float, float]], t0: float, t1: float) -> float | None:
+    """CPU seconds used between `t0` and `t1`, from (time, cumulative CPU seconds) samples in
+    time order, linearly interpolated; None when the samples do not cover the window."""
+    if t1 <= t0 or len(samples) < 2 or samples[0][0] > t0 or samples[-1][0] < t1:
+        return None
+    times = [t for t, _ in samples]
+
+    def at(t: float) -> float:
+        i = min(max(bisect.bisect_right(times, t), 1), len(samples) - 1)
+        (ta, ca), (tb, cb) = samples[i - 1], samples[i]
+        return ca if tb == ta else ca + (cb - ca) * (t - ta) / (tb - ta)
+
+    return at(t1) - at(t0)
+
+
+class FrontendSampler:
+    """The API server's cumulative CPU seconds, read on a background thread every
+    `interval_s` between `start()` and `stop()`, on `time.monotonic()`'s clock.
+
+    A process that cannot be read (gone, another user's) leaves `unavailable` saying why, and
+    no samples: the point's columns then read None, never a made-up zero."""
+
+    def __init__(self, pid: int, interval_s: float = 0.25):
+        self.pid, self.interval_s = pid, interval_s
+        self.samples: list[tuple[float, float]] = []
+        self.unavailable = ""
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # the thread and `columns` both read: keep time order
+        self._thread: threading.Thread | None = None
+
+    def _read(self) -> bool:
+        try:
+            with self._lock:
+                self.samples.append((time.monotonic(), process_cpu_s(self.pid)))
+        except (OSError, ValueError, IndexError) as exc:
+            self.unavailable = f"/proc/{self.pid}/stat: {exc}"
+            return False
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s) and self._read():
+            pass
+
+    def start(self) -> Self:
+        if self._read():
+            self._thread = threading.Thread(target=self._loop, name="frontend-cpu",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def columns(self, seconds: float) -> dict[str, float | bool | None]:
+        """`frontend_columns` over the last `seconds` (the point just measured): one more
+        sample is read now, so the window's end is covered."""
+        if not self._read():
+            return frontend_columns(None, seconds)
+        end = self.samples[-1][0]
+        return frontend_columns(cpu_between(self.samples, end - seconds, end), seconds)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

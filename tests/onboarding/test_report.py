@@ -242,3 +242,13 @@ def test_the_sweep_csv_reads_back_as_numbers(tmp_path):
     assert [dict(r) for r in read] == [{k: float(v) if isinstance(v, int) and not isinstance(
         v, bool) else v for k, v in r.items()} for r in rows]
     assert read_sweep_csv(tmp_path / "absent.csv") == ()
+
+
+def test_a_frontend_bound_point_is_marked_with_what_to_do(ready):
+    rows = [{**r, "frontend_cpu_cores": 0.97 if r["load"] == 64 else 0.3,
+             "frontend_bound": r["load"] == 64} for r in sweep_rows()]
+    md = to_markdown(model_page(dataclasses.replace(facts_of(ready), sweep_rows=tuple(rows))))
+    assert "--api-server-count" in md
+    assert "chat @ 64: frontend-bound, its API server at 0.97 of a core" in md
+    assert "rag @ 64: frontend-bound" in md and "@ 32: frontend-bound" not in md
+    assert "--api-server-count" not in to_markdown(model_page(facts_of(ready)))
