@@ -26,7 +26,9 @@ process that serves the port, /proc/<pid>/stat) per 1,000 tokens the engine gene
 `vllm:generation_tokens_total`), with the whole engine tree's beside it. Printed: medians and
 ratios against `vllm bench serve`. `--variants` adds our client with one ingredient swapped for
 the peer's (bench-body, no-temperature, usage-at-end, no-accept, no-trace, asyncio, no-scrape)
-to find which one costs the frontend.
+to find which one costs the frontend. The peer runs with `--temperature 0`, greedy as ours
+(`vllm bench serve:server-sampling` is its default: the model's generation_config), so the
+engine does the same work per token under both.
 
     # the CPU engine, started here (SmolLM2-135M from .cache unless --model)
     .venv/bin/python bench/loadgen.py --real-engine --concurrency 16,64 --max-num-seqs 64 \
@@ -318,13 +320,17 @@ def _body_swap(**fields):
     return bodies
 
 
-BENCH_BODY = {"temperature": _DROP, "repetition_penalty": 1.0, "logprobs": None,
+# What `vllm bench serve --temperature 0` sends beside the prompt (its extra_body adds the
+# temperature); without --temperature it sends none and the server samples by the model's
+# generation_config, which on the CPU engine alone slows the engine 2.5x (greedy is an argmax).
+BENCH_BODY = {"repetition_penalty": 1.0, "logprobs": None,
               "stream_options": {"include_usage": True}}
 # name -> (what it swaps, private names of resources/loadgen.py, body builder)
 OUR_VARIANTS = {
     "ours": ("the client as shipped", {}, completion_bodies),
-    "ours:bench-body": ("vllm bench serve's body fields", {}, _body_swap(**BENCH_BODY)),
-    "ours:no-temperature": ("no temperature (the server's default)", {},
+    "ours:bench-body": ("vllm bench serve's body fields (greedy kept)", {},
+                        _body_swap(**BENCH_BODY)),
+    "ours:no-temperature": ("no temperature: the server's default sampling", {},
                             _body_swap(temperature=_DROP)),
     "ours:usage-at-end": ("usage only in the last chunk", {},
                           _body_swap(stream_options={"include_usage": True})),
@@ -337,7 +343,9 @@ OUR_VARIANTS = {
     "ours:no-scrape": ("no /metrics scrapes (the benchmark reads the counters around the run)",
                        {}, completion_bodies),
 }
-BENCH_VARIANTS = {"vllm bench serve": [], "vllm bench serve:temperature-0": ["--temperature", "0"]}
+# The reference samples greedily as ours does (temperature 0.0), so both engines do the same
+# work per token; `:server-sampling` is the peer as it runs by default.
+BENCH_VARIANTS = {"vllm bench serve": ["--temperature", "0"], "vllm bench serve:server-sampling": []}
 
 
 @dataclass
