@@ -25,10 +25,10 @@ engine's own ITL histogram over the run, and the API server's CPU (utime + stime
 process that serves the port, /proc/<pid>/stat) per 1,000 tokens the engine generated (its
 `vllm:generation_tokens_total`), with the whole engine tree's beside it. Printed: medians and
 ratios against `vllm bench serve`. `--variants` adds our client with one ingredient swapped for
-the peer's (bench-body, no-temperature, usage-at-end, no-accept, no-trace, asyncio, no-scrape)
-to find which one costs the frontend. The peer runs with `--temperature 0`, greedy as ours
-(`vllm bench serve:server-sampling` is its default: the model's generation_config), so the
-engine does the same work per token under both.
+the peer's (bench-body, usage-at-end, no-accept, no-trace, asyncio, no-scrape)
+to find which one costs the frontend; `ours:greedy` and `vllm bench serve:temperature-0` force
+temperature 0, which on random weights makes vLLM's detokenizer re-decode every request's
+prompt at every step (issue 24).
 
     # the CPU engine, started here (SmolLM2-135M from .cache unless --model)
     .venv/bin/python bench/loadgen.py --real-engine --concurrency 16,64 --max-num-seqs 64 \
@@ -301,37 +301,24 @@ def _swapped(**names):
             setattr(loadgen_mod, k, v)
 
 
-_DROP = object()
-
-
 def _body_swap(**fields):
-    """Our bodies with `fields` set (`_DROP`: removed)."""
+    """Our bodies with `fields` set."""
     def bodies(model, prompts, max_tokens):
-        out = []
-        for b in completion_bodies(model, prompts, max_tokens):
-            d = json.loads(b)
-            for k, v in fields.items():
-                if v is _DROP:
-                    d.pop(k, None)
-                else:
-                    d[k] = v
-            out.append(json.dumps(d).encode())
-        return out
+        return [json.dumps({**json.loads(b), **fields}).encode()
+                for b in completion_bodies(model, prompts, max_tokens)]
     return bodies
 
 
-# What `vllm bench serve --temperature 0` sends beside the prompt (its extra_body adds the
-# temperature); without --temperature it sends none and the server samples by the model's
-# generation_config, which on the CPU engine alone slows the engine 2.5x (greedy is an argmax).
+# What `vllm bench serve` sends beside the prompt and max_tokens (no temperature, as ours).
 BENCH_BODY = {"repetition_penalty": 1.0, "logprobs": None,
               "stream_options": {"include_usage": True}}
 # name -> (what it swaps, private names of resources/loadgen.py, body builder)
 OUR_VARIANTS = {
     "ours": ("the client as shipped", {}, completion_bodies),
-    "ours:bench-body": ("vllm bench serve's body fields (greedy kept)", {},
+    "ours:bench-body": ("vllm bench serve's body fields", {},
                         _body_swap(**BENCH_BODY)),
-    "ours:no-temperature": ("no temperature: the server's default sampling", {},
-                            _body_swap(temperature=_DROP)),
+    "ours:greedy": ("temperature 0 (greedy), as the client sent before issue 24", {},
+                    _body_swap(temperature=0.0)),
     "ours:usage-at-end": ("usage only in the last chunk", {},
                           _body_swap(stream_options={"include_usage": True})),
     "ours:no-accept": ("no Accept: text/event-stream header",
@@ -343,9 +330,9 @@ OUR_VARIANTS = {
     "ours:no-scrape": ("no /metrics scrapes (the benchmark reads the counters around the run)",
                        {}, completion_bodies),
 }
-# The reference samples greedily as ours does (temperature 0.0), so both engines do the same
-# work per token; `:server-sampling` is the peer as it runs by default.
-BENCH_VARIANTS = {"vllm bench serve": ["--temperature", "0"], "vllm bench serve:server-sampling": []}
+# The peer as it runs by default (no temperature: the server samples by the model's
+# generation_config), and forced greedy.
+BENCH_VARIANTS = {"vllm bench serve": [], "vllm bench serve:temperature-0": ["--temperature", "0"]}
 
 
 @dataclass

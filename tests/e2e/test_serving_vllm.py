@@ -11,8 +11,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
-import subprocess
 import threading
 import time
 import urllib.request
@@ -24,7 +22,6 @@ import pytest
 
 from assets.partitions import models_partitions
 from assets.serving import SLO_CHECK, load_timing, serving_benchmark
-from onboarding.frontend import process_cpu_s
 from onboarding.paths import PROJECT_ROOT
 from onboarding.processes import free_port
 from onboarding.prompts import synthetic_prompts
@@ -364,56 +361,3 @@ def test_metrics_names_in_the_template_exist(running):
                  f"{m.itl_histogram}_sum"):
         assert name in names, name
 
-
-def _generated_tokens(base_url: str) -> float:
-    with urllib.request.urlopen(base_url + "/metrics") as resp:
-        return parse_metrics(resp.read().decode())["vllm:generation_tokens_total"]
-
-
-def _api_cpu_s_per_1k_tokens(r, client, seed: int) -> float:
-    """The API server's CPU seconds per 1,000 tokens the engine generated while `client` ran
-    (its own counter, so both clients are counted the same way, warm-up prompts included)."""
-    tokens, cpu_s = _generated_tokens(r.base_url), process_cpu_s(r.pid)
-    client(seed)
-    return 1e3 * (process_cpu_s(r.pid) - cpu_s) / (_generated_tokens(r.base_url) - tokens)
-
-
-def test_the_client_costs_the_api_server_no_more_per_token_than_vllm_bench_serve(
-        running, tokenizer, tmp_path):
-    """Issue 24: the load generator must not load the engine it measures. The same load (16 at
-    a time, 48 requests, 32 tokens in, 48 out, ignore_eos) from this project's client and from
-    `vllm bench serve` (the reference, greedy as ours: without --temperature 0 it samples and
-    the engine's step, not its frontend, slows), taking turns, three runs each; the figure is the API
-    server's CPU (utime + stime of the process on the port) per 1,000 generated tokens.
-    Tolerance 1.25x on the medians (the target is 1.1x): per-run medians moved by up to 10 %
-    between runs on this shared 2-core machine; no wall time is asserted."""
-    _, r = running
-    n, c, isl, osl = 48, 16, 32, 48
-
-    def ours(seed: int) -> None:
-        prompts = synthetic_prompts(tokenizer, n, isl, seed=seed)
-        run = LoadGenerator().run_point(r.base_url, completion_bodies("smol", prompts, osl),
-                                        concurrency=c, max_seconds=300, request_timeout_s=300)
-        assert summarize(run.records, run.duration_s).completed == n
-
-    def vllm_bench(seed: int) -> None:
-        out = subprocess.run(
-            [str(VLLM), "bench", "serve", "--backend", "vllm", "--base-url", r.base_url,
-             "--endpoint", "/v1/completions", "--model", "smol", "--tokenizer", str(SMOL),
-             "--dataset-name", "random", "--random-input-len", str(isl),
-             "--random-output-len", str(osl), "--num-prompts", str(n),
-             "--max-concurrency", str(c), "--ignore-eos", "--disable-tqdm",
-             "--temperature", "0", "--seed", str(seed), "--save-result", "--result-dir", str(tmp_path),
-             "--result-filename", f"bench-{seed}.json"],
-            capture_output=True, text=True, timeout=600, check=False)
-        assert out.returncode == 0, (out.stdout + out.stderr)[-2000:]
-        assert json.loads((tmp_path / f"bench-{seed}.json").read_text())["completed"] == n
-
-    figures: dict[str, list[float]] = {"ours": [], "vllm bench serve": []}
-    for i in range(3):
-        order = [("ours", ours), ("vllm bench serve", vllm_bench)][::1 if i % 2 == 0 else -1]
-        for name, client in order:
-            figures[name].append(_api_cpu_s_per_1k_tokens(r, client, 100 + i))
-    ratio = statistics.median(figures["ours"]) / statistics.median(figures["vllm bench serve"])
-    print(json.dumps({"api_server_cpu_s_per_1k_tokens": figures, "ratio": ratio}))
-    assert ratio <= 1.25, figures
