@@ -33,6 +33,10 @@ prompt at every step (issue 24).
     # the CPU engine, started here (SmolLM2-135M from .cache unless --model)
     .venv/bin/python bench/loadgen.py --real-engine --concurrency 16,64 --max-num-seqs 64 \
         --input-len 64 --output-len 64 --repeats 3
+    # the Llama-3.1-8B twin's vocabulary and tokenizer, cut to 2 layers x 64, random weights
+    .venv/bin/python bench/loadgen.py --real-engine --twin llama-3-1-8b-instruct-twin \
+        --max-num-seqs 128 --concurrency 128 --input-len 512 --output-len 256 \
+        --requests 256 --variants "vllm bench serve,ours,ours:greedy"
     # an engine already running (a GPU script started it): its URL and API-server pid
     python bench/loadgen.py --real-engine --engine-url http://127.0.0.1:8000 \
         --engine-pid "$(pgrep -f -o 'vllm serve')" --tokenizer /path/to/model \
@@ -200,6 +204,9 @@ def main() -> None:
     real.add_argument("--served-name", default=None, help="default: the engine's /v1/models")
     real.add_argument("--model", default=str(SMOL), help="the CPU engine's model directory")
     real.add_argument("--tokenizer", default=None, help="default: --model")
+    real.add_argument("--twin", default=None, help="a performance twin under twins/ (e.g. "
+                      "llama-3-1-8b-instruct-twin): its vocabulary and tokenizer, 2 layers x 64, "
+                      "random weights, on the CPU engine")
     real.add_argument("--max-num-seqs", type=int, default=64, help="the CPU engine's")
     real.add_argument("--concurrency", default="16,64")
     real.add_argument("--input-len", type=int, default=64)
@@ -401,18 +408,43 @@ def _measured(eng: Engine_, run) -> dict:
             "preemptions": delta["preemptions"]}
 
 
+def _cut_twin(twin_id: str, dest: Path) -> Path:
+    """A performance twin's source (config.json + the twins' shared tokenizer) with its
+    vocabulary kept and its body cut to 2 layers of width 64, so the CPU engine runs it on
+    random weights: what the twin's tokens cost the frontend, not what its layers cost."""
+    from onboarding.twins import twin_source_dir
+
+    model = twin_source_dir(twin_id, dest)
+    config = json.loads((model / "config.json").read_text())
+    config.update(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                  num_attention_heads=1, num_key_value_heads=1, head_dim=64)
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
 def _cpu_engine(a, stack: contextlib.ExitStack) -> Engine_:
+    from onboarding.catalog import ArchitectureHint, ModelSpec
     from onboarding.refs import VariantRef
     from resources.engine import Engine
 
-    model = Path(a.model)
-    size = sum(p.stat().st_size for p in model.glob("*.safetensors"))
-    variant = VariantRef(model="bench-loadgen", precision="bf16", path=str(model),
-                         total_bytes=size, content_hash="bench")
     engine = Engine(hardware="cpu", log_dir=str(Path(tempfile.gettempdir()) / "bench-loadgen"),
                     start_timeout_s=600)
-    running = stack.enter_context(engine.serve(variant, "bench", {
-        "max_model_len": a.input_len + a.output_len + 64, "max_num_seqs": a.max_num_seqs}))
+    args = {"max_model_len": a.input_len + a.output_len + 64, "max_num_seqs": a.max_num_seqs}
+    if a.twin:
+        model = Path(a.model)
+        spec = ModelSpec(id="bench-twin", source="s3://local/bench-twin/", served_name="bench",
+                         weights="random", engine_args=args, architecture=ArchitectureHint(
+                             params_billion=0.01, num_layers=2, num_kv_heads=1, head_dim=64))
+        config = engine.local_config(spec, "bf16")
+        variant = VariantRef(model=spec.id, precision="bf16", path=str(model), total_bytes=0,
+                             content_hash="bench")
+        running = stack.enter_context(engine.serve(variant, config))
+    else:
+        model = Path(a.model)
+        size = sum(p.stat().st_size for p in model.glob("*.safetensors"))
+        variant = VariantRef(model="bench-loadgen", precision="bf16", path=str(model),
+                             total_bytes=size, content_hash="bench")
+        running = stack.enter_context(engine.serve(variant, "bench", args))
     print(f"CPU engine on {running.base_url}, API server pid {running.pid}", flush=True)
     return Engine_(running.base_url, running.pid, running.served_name)
 
@@ -421,6 +453,11 @@ def real_main(a) -> None:
     from transformers import AutoTokenizer
 
     os.environ.update(OFFLINE_ENV)
+    work = tempfile.TemporaryDirectory()
+    if a.twin:
+        if a.engine_url:
+            raise SystemExit("--twin starts the CPU engine: leave out --engine-url")
+        a.model = str(_cut_twin(a.twin, Path(work.name) / "twin"))
     tokenizer = a.tokenizer or a.model
     tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
     variants = a.variants.split(",")
