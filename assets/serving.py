@@ -28,6 +28,7 @@ from assets.step_tags import gpu_step_tags
 from onboarding.catalog import ModelSpec
 from onboarding.engine_config import ServingConfig
 from onboarding.errors import ConfigError
+from onboarding.frontend import FRONTEND_ADVICE, FRONTEND_BOUND_CORES, FrontendSampler
 from onboarding.prompts import synthetic_prompts
 from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.serving_config import Profile, check_fits, resolve_slo, scenarios_for
@@ -385,9 +386,9 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     tokenizer = _load_tokenizer(variant.path)
     gpu_ids = [int(g) for g in engine.gpus.split(",") if g.strip().isdigit()] or None
     with engine.serve(variant, setup.config) as running, \
-            telemetry.sampler(gpu_ids) as sampler:
+            telemetry.sampler(gpu_ids) as sampler, FrontendSampler(running.pid) as frontend:
         rows, points = _sweep(context, outputs, loadgen, running, template, spec.served_name,
-                              scenarios, sweep, setup.slo, tokenizer, sampler)
+                              scenarios, sweep, setup.slo, tokenizer, sampler, frontend)
     result, basis, violations = headline(spec.id, variant.precision, engine.node_type, gpus,
                                          setup.slo, points, sweep.mode == "concurrency")
     result = dataclasses.replace(result, config_hash=setup.config.hash,
@@ -397,6 +398,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
         **_measured_metadata(engine, setup, serving_variant),
         **_sweep_report(outputs, f"{spec.id} ({variant.precision}) on {engine.node_type}",
                         spec.id, rows, setup.slo),
+        **_frontend_metadata(rows, frontend.unavailable),
         "gpus": gpus,
         "tokens_per_s_per_gpu": result.tokens_per_s_per_gpu,
         "saturation_concurrency": result.saturation_concurrency,
@@ -445,12 +447,26 @@ def _sweep_report(outputs: OutputDirs, title: str, model: str, rows: list[dict],
     }
 
 
+def _frontend_metadata(rows: list[dict], unavailable: str) -> dict:
+    """Which points measured the engine's frontend rather than the GPU, and what to do."""
+    bound = [f"{r['scenario']} @ {r['load']}" for r in rows if r.get("frontend_bound")]
+    md: dict = {"frontend_bound_points": dg.MetadataValue.json(bound)}
+    if bound:
+        md["frontend_what_to_do"] = FRONTEND_ADVICE.format(cores=FRONTEND_BOUND_CORES)
+    if unavailable:
+        md["frontend_cpu"] = f"not checked: {unavailable}"
+    return md
+
+
 def _sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, template,
-           served_name: str, scenarios: dict, sweep, slo: Slo, tokenizer, sampler
+           served_name: str, scenarios: dict, sweep, slo: Slo, tokenizer, sampler,
+           frontend: FrontendSampler
            ) -> tuple[list[dict], dict[str, list[tuple[int, PointStats]]]]:
     """Every scenario x load point against the running engine: table rows and stats, with the
     GPUs' power, energy, tokens per joule and clock events over each point's measured window
-    (DCGM field names; "not checked: <why>" where no GPU can be read)."""
+    (DCGM field names; "not checked: <why>" where no GPU can be read), and the engine's API
+    server's share of a core over the same window (`frontend_bound` above 0.9: the point
+    measured the frontend, not the GPU)."""
     loads = sweep.concurrency if sweep.mode == "concurrency" else sweep.rates
     rows: list[dict] = []
     points: dict[str, list[tuple[int, PointStats]]] = {}
@@ -469,6 +485,7 @@ def _sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, templa
                 request_timeout_s=sweep.request_timeout_s, warmup_bodies=warm,
                 scrape_interval_s=sweep.scrape_interval_s, **kw)
             end_s = sampler.elapsed_s()
+            front = frontend.columns(run.duration_s)
             stats = summarize(run.records, run.duration_s, slo)
             gpu = point_columns(list(sampler.samples), end_s - run.duration_s, end_s,
                                 stats.output_tokens_per_s * run.duration_s, sampler.unavailable)
@@ -476,13 +493,16 @@ def _sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, templa
             exited = running.exited(stats.errors_by_cause)
             rows.append({"scenario": name, "load": load, **stats.row(),
                          **_server_side(run, template.metrics), **run.scrape_columns(),
-                         **gpu, "engine_exited": exited,
+                         **gpu, **front, "engine_exited": exited,
                          "meets_slo": not slo_violations(stats, slo)})
             context.log.info(f"{name} @ {load}: {stats.request_throughput_rps:.2f} req/s, "
                              f"TTFT p95 {stats.ttft_s.p95:.3f} s, ITL {stats.itl_ms.mean:.1f} "
                              f"ms, errors {stats.errors_by_cause} {stats.error_examples or ''}"
                              + (f", /metrics failed {run.scrape_failures}x (last: "
                                 f"{run.scrape_last_error})" if run.scrape_failures else ""))
+            if front["frontend_bound"]:
+                context.log.warning(f"{name} @ {load}: frontend-bound, " + FRONTEND_ADVICE.format(
+                    cores=FRONTEND_BOUND_CORES) + f" (it ran at {front['frontend_cpu_cores']:.2f})")
             if exited:
                 raise _engine_exited(context, outputs, running, rows, f"{name} @ {load}")
     return rows, points

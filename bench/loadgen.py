@@ -1,5 +1,9 @@
 """Load-generator benchmark: our aiohttp client vs `vllm bench serve`, guidellm and aiperf.
 
+Two modes. The fake-server mode (the default) compares the clients' own reports with a fake
+server's ground truth. The real-engine mode (`--real-engine`, issue 24) compares what our
+client and `vllm bench serve` cost a real engine's frontend: see "Real-engine mode" below.
+
 All four drive the same fake OpenAI-compatible streaming server (tests/fakes/
 openai_stream_server.py, a test fixture that records the true send times), one fresh server
 process per (case, tool), tools interleaved and their order rotated per repeat. Each tool gets
@@ -13,11 +17,39 @@ against our client.
 Peers: `vllm bench serve` from .venv-engine; guidellm and aiperf in throwaway venvs
 (.cache/venv-guidellm, .cache/venv-aiperf; `python3 -m venv D && D/bin/pip install
 guidellm==0.8.1` / `aiperf==0.13.0`). A peer that is not installed is reported as such.
+
+Real-engine mode: per concurrency, our client and `vllm bench serve` (random dataset, same
+input/output lengths, ignore_eos) take turns on one engine, `--repeats` runs each (order
+rotated, fresh prompts every run). Per run: req/s, TTFT, the client's mean ITL against the
+engine's own ITL histogram over the run, and the API server's CPU (utime + stime of the
+process that serves the port, /proc/<pid>/stat) per 1,000 tokens the engine generated (its
+`vllm:generation_tokens_total`), with the whole engine tree's beside it. Printed: medians and
+ratios against `vllm bench serve`. `--variants` adds our client with one ingredient swapped for
+the peer's (bench-body, usage-at-end, no-accept, no-trace, asyncio, no-scrape)
+to find which one costs the frontend; `ours:greedy` and `vllm bench serve:temperature-0` force
+temperature 0, which on random weights makes vLLM's detokenizer re-decode every request's
+prompt at every step (issue 24).
+
+    # the CPU engine, started here (SmolLM2-135M from .cache unless --model)
+    .venv/bin/python bench/loadgen.py --real-engine --concurrency 16,64 --max-num-seqs 64 \
+        --input-len 64 --output-len 64 --repeats 3
+    # the Llama-3.1-8B twin's vocabulary and tokenizer, cut to 2 layers x 64, random weights
+    .venv/bin/python bench/loadgen.py --real-engine --twin llama-3-1-8b-instruct-twin \
+        --max-num-seqs 128 --concurrency 128 --input-len 512 --output-len 256 \
+        --requests 256 --variants "vllm bench serve,ours,ours:greedy"
+    # an engine already running (a GPU script started it): its URL and API-server pid
+    python bench/loadgen.py --real-engine --engine-url http://127.0.0.1:8000 \
+        --engine-pid "$(pgrep -f -o 'vllm serve')" --tokenizer /path/to/model \
+        --concurrency 32,64,128,256 --input-len 512 --output-len 256 --requests 1024 \
+        --repeats 3 --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import functools
 import json
 import os
 import shutil
@@ -33,7 +65,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onboarding.serving_stats import summarize
+import aiohttp
+
+import resources.loadgen as loadgen_mod
+from onboarding.frontend import process_cpu_s, tree_cpu_s
+from onboarding.prompts import synthetic_prompts
+from onboarding.serving_stats import histogram_mean_delta, parse_metrics, summarize
 from resources.loadgen import LoadGenerator, completion_bodies
 from tests.fakes.openai_stream_server import running_fake_server
 from tests.hub_cache import seed_hub_cache
@@ -157,7 +194,33 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer requests per case")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--tools", default=",".join(TOOLS))
+    real = ap.add_argument_group("real-engine mode (issue 24)")
+    real.add_argument("--real-engine", action="store_true",
+                      help="our client vs vllm bench serve on a real engine")
+    real.add_argument("--engine-url", default=None,
+                      help="an engine already running; default: start the CPU engine here")
+    real.add_argument("--engine-pid", type=int, default=None,
+                      help="with --engine-url: the pid of its API server (the process on the port)")
+    real.add_argument("--served-name", default=None, help="default: the engine's /v1/models")
+    real.add_argument("--model", default=str(SMOL), help="the CPU engine's model directory")
+    real.add_argument("--tokenizer", default=None, help="default: --model")
+    real.add_argument("--twin", default=None, help="a performance twin under twins/ (e.g. "
+                      "llama-3-1-8b-instruct-twin): its vocabulary and tokenizer, 2 layers x 64, "
+                      "random weights, on the CPU engine")
+    real.add_argument("--max-num-seqs", type=int, default=64, help="the CPU engine's")
+    real.add_argument("--concurrency", default="16,64")
+    real.add_argument("--input-len", type=int, default=64)
+    real.add_argument("--output-len", type=int, default=64)
+    real.add_argument("--requests", type=int, default=0, help="per run; default 3 x concurrency")
+    real.add_argument("--variants", default="ours,vllm bench serve",
+                      help="clients, comma-separated: " + ", ".join([*OUR_VARIANTS,
+                                                                     *BENCH_VARIANTS]))
     args = ap.parse_args()
+    if args.real_engine:
+        if args.engine_url and args.engine_pid is None:
+            ap.error("--engine-url needs --engine-pid (its API server's pid)")
+        real_main(args)
+        return
     n = 600 if args.quick else 2000
     cases = [Case("zero-delay, c=64", 0, 0, 64, 256, n),
              Case("zero-delay, c=256", 0, 0, 256, 256, n),
@@ -221,6 +284,242 @@ def print_summary(rows: list[dict], cases: list[Case], tools: list[str]) -> None
                 ierr_s = "n/a (zero delay)"
             print(f"| {case.name} | {tool} | {rps:.1f} | {ratio:.2f}× | {dttft:+.2f} | "
                   f"{ierr_s} |")
+
+
+# ---- real-engine mode (issue 24): our client and `vllm bench serve` on one real engine ----
+
+ENGINE_COUNTERS = {"generated": "vllm:generation_tokens_total", "prompt": "vllm:prompt_tokens_total",
+                   "preemptions": "vllm:num_preemptions_total",
+                   "requests": "vllm:request_success_total"}
+ITL_HIST, TTFT_HIST = "vllm:inter_token_latency_seconds", "vllm:time_to_first_token_seconds"
+
+
+@contextlib.contextmanager
+def _swapped(**names):
+    """Diagnostic only: one ingredient of our request path swapped for `vllm bench serve`'s,
+    by replacing a private name of resources/loadgen.py for the run."""
+    old = {k: getattr(loadgen_mod, k) for k in names}
+    for k, v in names.items():
+        setattr(loadgen_mod, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(loadgen_mod, k, v)
+
+
+def _body_swap(**fields):
+    """Our bodies with `fields` set."""
+    def bodies(model, prompts, max_tokens):
+        return [json.dumps({**json.loads(b), **fields}).encode()
+                for b in completion_bodies(model, prompts, max_tokens)]
+    return bodies
+
+
+# What `vllm bench serve` sends beside the prompt and max_tokens (no temperature, as ours).
+BENCH_BODY = {"repetition_penalty": 1.0, "logprobs": None,
+              "stream_options": {"include_usage": True}}
+# name -> (what it swaps, private names of resources/loadgen.py, body builder)
+OUR_VARIANTS = {
+    "ours": ("the client as shipped", {}, completion_bodies),
+    "ours:bench-body": ("vllm bench serve's body fields", {},
+                        _body_swap(**BENCH_BODY)),
+    "ours:greedy": ("temperature 0 (greedy), as the client sent before issue 24", {},
+                    _body_swap(temperature=0.0)),
+    "ours:usage-at-end": ("usage only in the last chunk", {},
+                          _body_swap(stream_options={"include_usage": True})),
+    "ours:no-accept": ("no Accept: text/event-stream header",
+                       {"_JSON_HEADERS": {"Content-Type": "application/json"}}, completion_bodies),
+    "ours:no-trace": ("no on_request_chunk_sent trace hook",
+                      {"_trace_config": aiohttp.TraceConfig}, completion_bodies),
+    "ours:asyncio": ("asyncio's own event loop instead of uvloop", {"_run": asyncio.run},
+                     completion_bodies),
+    "ours:no-scrape": ("no /metrics scrapes (the benchmark reads the counters around the run)",
+                       {}, completion_bodies),
+}
+# The peer as it runs by default (no temperature: the server samples by the model's
+# generation_config), and forced greedy.
+BENCH_VARIANTS = {"vllm bench serve": [], "vllm bench serve:temperature-0": ["--temperature", "0"]}
+
+
+@dataclass
+class Engine_:
+    url: str
+    pid: int
+    served_name: str
+
+
+def _metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        return parse_metrics(r.read().decode())
+
+
+def _served_name(url: str) -> str:
+    with urllib.request.urlopen(url + "/v1/models", timeout=30) as r:
+        return json.loads(r.read())["data"][0]["id"]
+
+
+def _ours_run(eng: Engine_, variant: str, tok, a, c: int, seed: int) -> dict:
+    _, names, bodies_of = OUR_VARIANTS[variant]
+    prompts = synthetic_prompts(tok, a.requests or 3 * c, a.input_len, seed=seed)
+    bodies = bodies_of(eng.served_name, prompts, a.output_len)
+    with _swapped(**names):
+        gen = LoadGenerator(metrics_path="" if variant == "ours:no-scrape" else "/metrics")
+        run = gen.run_point(eng.url, bodies, concurrency=c, max_seconds=3600,
+                            request_timeout_s=3600)
+    s = summarize(run.records, run.duration_s)
+    return {"rps": s.request_throughput_rps, "ttft_mean_ms": s.ttft_s.mean * 1e3,
+            "itl_mean_ms": s.itl_ms.mean, "completed": s.completed, "failed": s.failed,
+            "duration_s": run.duration_s}
+
+
+def _bench_run(eng: Engine_, variant: str, tokenizer: str, a, c: int, seed: int) -> dict:
+    with tempfile.TemporaryDirectory() as work:
+        _run([str(VLLM), "bench", "serve", "--backend", "vllm", "--base-url", eng.url,
+              "--endpoint", "/v1/completions", "--model", eng.served_name,
+              "--tokenizer", tokenizer, "--dataset-name", "random",
+              "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
+              "--num-prompts", str(a.requests or 3 * c), "--max-concurrency", str(c),
+              "--ignore-eos", "--disable-tqdm", "--seed", str(seed), *BENCH_VARIANTS[variant],
+              "--save-result", "--result-dir", work, "--result-filename", "r.json"])
+        d = json.loads((Path(work) / "r.json").read_text())
+    return {"rps": d["request_throughput"], "ttft_mean_ms": d["mean_ttft_ms"],
+            "itl_mean_ms": d["mean_itl_ms"], "completed": d["completed"],
+            "failed": d.get("failed"),
+            "duration_s": d["duration"]}
+
+
+def _measured(eng: Engine_, run) -> dict:
+    """One client run against the engine's own counters and the API server's CPU."""
+    m0, api0, tree0 = _metrics(eng.url), process_cpu_s(eng.pid), tree_cpu_s(eng.pid)
+    r = run()
+    m1, api1, tree1 = _metrics(eng.url), process_cpu_s(eng.pid), tree_cpu_s(eng.pid)
+    delta = {k: m1.get(n, 0.0) - m0.get(n, 0.0) for k, n in ENGINE_COUNTERS.items()}
+    gen = delta["generated"] or float("nan")
+    itl = histogram_mean_delta(m0, m1, ITL_HIST)
+    ttft = histogram_mean_delta(m0, m1, TTFT_HIST)
+    return {**r, "api_cpu_s_per_1k": 1e3 * (api1 - api0) / gen,
+            "tree_cpu_s_per_1k": 1e3 * (tree1 - tree0) / gen,
+            "api_cpu_cores": (api1 - api0) / r["duration_s"],
+            "engine_itl_mean_ms": itl * 1e3 if itl is not None else None,
+            "engine_ttft_mean_ms": ttft * 1e3 if ttft is not None else None,
+            "generated_tokens": delta["generated"],
+            "prompt_tokens_per_request": delta["prompt"] / max(delta["requests"], 1),
+            "preemptions": delta["preemptions"]}
+
+
+def _cut_twin(twin_id: str, dest: Path) -> Path:
+    """A performance twin's source (config.json + the twins' shared tokenizer) with its
+    vocabulary kept and its body cut to 2 layers of width 64, so the CPU engine runs it on
+    random weights: what the twin's tokens cost the frontend, not what its layers cost."""
+    from onboarding.twins import twin_source_dir
+
+    model = twin_source_dir(twin_id, dest)
+    config = json.loads((model / "config.json").read_text())
+    config.update(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                  num_attention_heads=1, num_key_value_heads=1, head_dim=64)
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def _cpu_engine(a, stack: contextlib.ExitStack) -> Engine_:
+    from onboarding.catalog import ArchitectureHint, ModelSpec
+    from onboarding.refs import VariantRef
+    from resources.engine import Engine
+
+    engine = Engine(hardware="cpu", log_dir=str(Path(tempfile.gettempdir()) / "bench-loadgen"),
+                    start_timeout_s=600)
+    args = {"max_model_len": a.input_len + a.output_len + 64, "max_num_seqs": a.max_num_seqs}
+    if a.twin:
+        model = Path(a.model)
+        spec = ModelSpec(id="bench-twin", source="s3://local/bench-twin/", served_name="bench",
+                         weights="random", engine_args=args, architecture=ArchitectureHint(
+                             params_billion=0.01, num_layers=2, num_kv_heads=1, head_dim=64))
+        config = engine.local_config(spec, "bf16")
+        variant = VariantRef(model=spec.id, precision="bf16", path=str(model), total_bytes=0,
+                             content_hash="bench")
+        running = stack.enter_context(engine.serve(variant, config))
+    else:
+        model = Path(a.model)
+        size = sum(p.stat().st_size for p in model.glob("*.safetensors"))
+        variant = VariantRef(model="bench-loadgen", precision="bf16", path=str(model),
+                             total_bytes=size, content_hash="bench")
+        running = stack.enter_context(engine.serve(variant, "bench", args))
+    print(f"CPU engine on {running.base_url}, API server pid {running.pid}", flush=True)
+    return Engine_(running.base_url, running.pid, running.served_name)
+
+
+def real_main(a) -> None:
+    from transformers import AutoTokenizer
+
+    os.environ.update(OFFLINE_ENV)
+    work = tempfile.TemporaryDirectory()
+    if a.twin:
+        if a.engine_url:
+            raise SystemExit("--twin starts the CPU engine: leave out --engine-url")
+        a.model = str(_cut_twin(a.twin, Path(work.name) / "twin"))
+    tokenizer = a.tokenizer or a.model
+    tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+    variants = a.variants.split(",")
+    unknown = [v for v in variants if v not in OUR_VARIANTS and v not in BENCH_VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown --variants {unknown}; known: "
+                         f"{', '.join([*OUR_VARIANTS, *BENCH_VARIANTS])}")
+    rows = []
+    with contextlib.ExitStack() as stack:
+        if a.engine_url:
+            eng = Engine_(a.engine_url.rstrip("/"), a.engine_pid,
+                          a.served_name or _served_name(a.engine_url.rstrip("/")))
+        else:
+            eng = _cpu_engine(a, stack)
+        for c in [int(x) for x in a.concurrency.split(",")]:
+            for rep in range(a.repeats):
+                order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+                for v in order:
+                    seed = 1000 * c + 10 * rep + variants.index(v)
+                    run = (functools.partial(_ours_run, eng, v, tok, a, c, seed)
+                           if v in OUR_VARIANTS
+                           else functools.partial(_bench_run, eng, v, tokenizer, a, c, seed))
+                    row = {"concurrency": c, "repeat": rep, "client": v, **_measured(eng, run)}
+                    rows.append(row)
+                    print(json.dumps({k: round(x, 4) if isinstance(x, float) else x
+                                      for k, x in row.items()}), flush=True)
+    print_real_summary(rows, variants)
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1))
+
+
+def _med(rows: list[dict], key: str) -> float:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def _ratio(rows: list[dict], base: list[dict], key: str) -> str:
+    return f"{_med(rows, key) / _med(base, key):.2f}×" if base else "–"
+
+
+def print_real_summary(rows: list[dict], variants: list[str]) -> None:
+    ref = next((v for v in variants if v in BENCH_VARIANTS), None)
+    print(f"\nmedians per client; ratios against {ref!r} at the same concurrency\n")
+    print("| c | client | runs | req/s | ÷ ref | API s/1k tok | ÷ ref | API cores | tree s/1k tok "
+          "| TTFT ms | ÷ ref | mean ITL vs engine histogram | prompt tok/req | preemptions |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in sorted({r["concurrency"] for r in rows}):
+        at = [r for r in rows if r["concurrency"] == c]
+        base = [r for r in at if r["client"] == ref]
+        for v in variants:
+            rs = [r for r in at if r["client"] == v]
+            if not rs:
+                continue
+            ratio = functools.partial(_ratio, rs, base)
+            itl_err = statistics.median(r["itl_mean_ms"] / r["engine_itl_mean_ms"] - 1
+                                        for r in rs if r.get("engine_itl_mean_ms"))
+            print(f"| {c} | {v} | {len(rs)} | {_med(rs, 'rps'):.2f} | {ratio('rps')} | "
+                  f"{_med(rs, 'api_cpu_s_per_1k'):.3f} | {ratio('api_cpu_s_per_1k')} | "
+                  f"{_med(rs, 'api_cpu_cores'):.2f} | {_med(rs, 'tree_cpu_s_per_1k'):.3f} | "
+                  f"{_med(rs, 'ttft_mean_ms'):.1f} | {ratio('ttft_mean_ms')} | {itl_err:+.1%} | "
+                  f"{_med(rs, 'prompt_tokens_per_request'):.0f} | "
+                  f"{_med(rs, 'preemptions'):.0f} |")
 
 
 if __name__ == "__main__":

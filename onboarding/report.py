@@ -30,6 +30,7 @@ import yaml
 
 from onboarding.accuracy_gate import AccuracyGates
 from onboarding.engine_config import ServingConfig, evidence
+from onboarding.frontend import FRONTEND_ADVICE, FRONTEND_BOUND_CORES, frontend_bound_points
 from onboarding.plan import GIB, NodePlan, plan_rows
 from onboarding.predict import PredictionTable
 from onboarding.readiness import Readiness
@@ -556,8 +557,14 @@ def _benchmark_blocks(f: ModelFacts, b: ServingBenchmarkResult) -> list[Block]:
             f"SLOs (TTFT p95, mean ITL), dotted/ringed: the target concurrency"
             + (f" {slo.target_concurrency}" if slo else "")))
         cols = ("scenario", "load", "output_tokens_per_s", "ttft_p95_s", "itl_mean_ms",
-                "tpot_mean_ms", "error_rate", "meets_slo")
+                "tpot_mean_ms", "error_rate", "meets_slo", "frontend_cpu_cores",
+                "frontend_bound")
         blocks.append(Table(tuple({c: r.get(c) for c in cols} for r in f.sweep_rows)))
+        if bound := frontend_bound_points(f.sweep_rows):
+            blocks.append(Text(FRONTEND_ADVICE.format(cores=FRONTEND_BOUND_CORES)))
+            blocks.append(Bullets(tuple(
+                f"{r['scenario']} @ {r['load']:g}: frontend-bound, its API server at "
+                f"{r['frontend_cpu_cores']:.2f} of a core" for r in bound)))
     else:
         blocks.append(Text(f"No sweep table at {f.sweep_source or 'the reports directory'}."))
     return blocks

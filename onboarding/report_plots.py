@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from onboarding.plots import plt, png
+from onboarding.serving_plots import mark_frontend_bound
 
 VERDICT_COLOURS = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:orange"}
 
@@ -98,7 +99,8 @@ def curves_png(rows: Sequence[dict], title: str, ttft_slo_s: float | None,
                itl_slo_ms: float | None, target_concurrency: int | None) -> bytes:
     """One row of panels per scenario: output tokens/s against TTFT p95 (the point at the
     target concurrency ringed), TTFT p95 and mean ITL against concurrency with the SLO lines
-    and the target concurrency as a dotted vertical line."""
+    and the target concurrency as a dotted vertical line; frontend-bound points crossed in
+    red."""
     scenarios = sorted({str(r["scenario"]) for r in rows})
     fig, axes = plt.subplots(len(scenarios), 3, figsize=(13, 3.6 * len(scenarios)),
                              squeeze=False)
@@ -120,6 +122,7 @@ def curves_png(rows: Sequence[dict], title: str, ttft_slo_s: float | None,
                               edgecolors="tab:red", label=f"target {target_concurrency}")
         ax_row[1].plot(load, ttft, marker="o")
         ax_row[2].plot(load, itl, marker="o")
+        mark_frontend_bound(ax_row, pts)
         ax_row[0].set(xlabel="output tokens/s", ylabel="TTFT p95 (s)",
                       title=f"{scenario}: throughput vs latency")
         ax_row[1].set(xlabel="concurrency", ylabel="TTFT p95 (s)", title=f"{scenario}: TTFT")

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from onboarding.frontend import FRONTEND_BOUND_LABEL
 from onboarding.plots import plt, png
 
 
 def sweep_png(rows: Sequence[dict], title: str, ttft_slo_s: float | None = None,
               itl_slo_ms: float | None = None) -> bytes:
-    """`rows` carry scenario, load, output_tokens_per_s, ttft_p95_s, itl_mean_ms."""
+    """`rows` carry scenario, load, output_tokens_per_s, ttft_p95_s, itl_mean_ms; a point
+    whose `frontend_bound` is true is crossed in red on every panel."""
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for scenario in sorted({r["scenario"] for r in rows}):
         pts = sorted((r for r in rows if r["scenario"] == scenario), key=lambda r: r["load"])
@@ -22,6 +24,7 @@ def sweep_png(rows: Sequence[dict], title: str, ttft_slo_s: float | None = None,
                      marker="o", label=scenario)
         axes[1].plot(load, [r["ttft_p95_s"] for r in pts], marker="o", label=scenario)
         axes[2].plot(load, [r["itl_mean_ms"] for r in pts], marker="o", label=scenario)
+        mark_frontend_bound(axes, pts)
     axes[0].set(xlabel="output tokens/s", ylabel="TTFT p95 (s)", title="throughput vs latency")
     axes[1].set(xlabel="concurrency / rate", ylabel="TTFT p95 (s)", title="TTFT")
     axes[2].set(xlabel="concurrency / rate", ylabel="mean ITL (ms)", title="ITL")
@@ -37,6 +40,20 @@ def sweep_png(rows: Sequence[dict], title: str, ttft_slo_s: float | None = None,
     fig.suptitle(title)
     fig.tight_layout()
     return png(fig)
+
+
+def mark_frontend_bound(axes, pts: Sequence[dict]) -> None:
+    """A red cross on each panel over the points whose API server saturated (labelled once
+    per axes, so the legend says it once)."""
+    bound = [r for r in pts if r.get("frontend_bound") is True]
+    if not bound:
+        return
+    xy = (("output_tokens_per_s", "ttft_p95_s"), ("load", "ttft_p95_s"), ("load", "itl_mean_ms"))
+    for ax, (x, y) in zip(axes, xy, strict=True):
+        labelled = FRONTEND_BOUND_LABEL in ax.get_legend_handles_labels()[1]
+        ax.scatter([float(r[x]) for r in bound], [float(r[y]) for r in bound], marker="x",
+                   s=90, color="tab:red", zorder=5, label=None if labelled else
+                   FRONTEND_BOUND_LABEL)
 
 
 def calibration_png(pairs: Sequence[dict], title: str) -> bytes:

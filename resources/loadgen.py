@@ -78,15 +78,24 @@ class PointRun:
 
 
 def completion_bodies(model: str, prompts: Sequence[str], max_tokens: int,
-                      ignore_eos: bool = True) -> list[bytes]:
+                      ignore_eos: bool = True, temperature: float | None = None) -> list[bytes]:
     """Request bodies, serialized once before the run so the hot loop does no JSON encoding.
 
     `continuous_usage_stats` makes vLLM put the cumulative token count in every chunk: a chunk
-    can carry several tokens, or a token without text, and only the count tells."""
+    can carry several tokens, or a token without text, and only the count tells.
+
+    No temperature unless one is given: the server samples as it would for a user who sets
+    none (the model's generation_config), as `vllm bench serve` does. Forcing greedy decoding
+    loads the engine being measured (issue 24): on random weights (a performance twin) greedy
+    repeats one or two ids, often ones that produce no text (a twin's vocabulary is larger
+    than its shared tokenizer's), and while no text comes out vLLM's incremental detokenizer
+    re-decodes the whole prompt and output at every step, so its API server spends several
+    times the CPU per token and saturates first."""
+    extra = {} if temperature is None else {"temperature": temperature}
     return [
         json.dumps({
             "model": model, "prompt": p, "max_tokens": max_tokens, "stream": True,
-            "ignore_eos": ignore_eos, "temperature": 0.0,
+            "ignore_eos": ignore_eos, **extra,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }).encode()
         for p in prompts

@@ -136,7 +136,13 @@ def test_timing_and_benchmark_emit_what_the_plan_reads(config_dir, model_dir, fa
     assert value.saturation_concurrency == 4 and value.slo_pass
     assert t["serving_stack_fingerprint"] == b["serving_stack_fingerprint"] == \
         current_stack(fake_engine.configs)[0]
-    assert set(pd.read_csv(Path(b["plot_path"]).with_suffix(".csv"))["engine_exited"]) == {False}
+    sweep = pd.read_csv(Path(b["plot_path"]).with_suffix(".csv"))
+    assert set(sweep["engine_exited"]) == {False}
+    # The engine's frontend (here the fake engine's one process) read beside every point.
+    assert (sweep["frontend_cpu_cores"] > 0).all() and sweep["frontend_bound"].dtype == bool
+    assert "frontend_cpu_cores" in b["sweep"]
+    assert b["frontend_bound_points"] == [
+        f"{r.scenario} @ {r.load}" for r in sweep.itertuples() if r.frontend_bound]
     # measured on this host, whose acceptance the cpu profile does not require
     assert t["node"] == b["node"] == fake_engine.resolved_node_name()
     node_checks = node_check_results(result)

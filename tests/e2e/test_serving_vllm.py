@@ -392,3 +392,4 @@ def test_metrics_names_in_the_template_exist(running):
     for name in (m.running, m.waiting, m.kv_cache_usage, f"{m.ttft_histogram}_count",
                  f"{m.itl_histogram}_sum"):
         assert name in names, name
+

@@ -256,3 +256,13 @@ def test_a_cold_start_p95_of_fewer_than_three_starts_says_its_n(ready):
     blocks = [b for b in _measured_blocks(few) if isinstance(b, Table)]
     fully_cold = next(r for r in blocks[0].rows if r["start"] == "fully_cold")
     assert fully_cold["n"] == 1 and "(p95 of n=1" in fully_cold["source"]
+
+
+def test_a_frontend_bound_point_is_marked_with_what_to_do(ready):
+    rows = [{**r, "frontend_cpu_cores": 0.97 if r["load"] == 64 else 0.3,
+             "frontend_bound": r["load"] == 64} for r in sweep_rows()]
+    md = to_markdown(model_page(dataclasses.replace(facts_of(ready), sweep_rows=tuple(rows))))
+    assert "--api-server-count" in md
+    assert "chat @ 64: frontend-bound, its API server at 0.97 of a core" in md
+    assert "rag @ 64: frontend-bound" in md and "@ 32: frontend-bound" not in md
+    assert "--api-server-count" not in to_markdown(model_page(facts_of(ready)))

@@ -1,0 +1,158 @@
+"""The engine's frontend (vLLM's API server process) as a measured cost.
+
+A load generator must not load the engine it measures, and a point whose API server ran out of
+its one core measures the frontend, not the GPU. Both are read from the same figure: the CPU
+time (utime + stime, all threads) of the process that listens on the engine's port, from
+`/proc/<pid>/stat`, against the tokens the engine generated meanwhile (its own counter) or the
+point's wall time. The engine's children (vLLM's EngineCore and workers) are read apart
+(`tree_cpu_s`), so the API server's share is never confused with the engine loop's.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Self
+
+FRONTEND_BOUND_CORES = 0.9
+"""An API server above this share of one core over a point is marked frontend-bound: it is a
+single asyncio process, so near one core it, not the GPU, sets the point's numbers."""
+
+FRONTEND_ADVICE = ("the engine's API server ran above {cores:g} of a core: this point measures "
+                   "the frontend, not the GPU. Start the engine with more API server processes "
+                   "(vLLM --api-server-count N) and measure again.")
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str]:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rfind(")") + 2:].split()  # the name in parentheses may hold spaces
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) one process has used so far."""
+    f = _stat_fields(pid)
+    return (int(f[11]) + int(f[12])) / _CLK_TCK
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of `pid` (from every thread's children list)."""
+    out: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of `pid` and all its living descendants (the whole engine)."""
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            total += process_cpu_s(p)
+        except (OSError, ValueError, IndexError):
+            continue  # exited between the listing and the read
+        todo += children(p)
+    return total
+
+
+def frontend_columns(cpu_s: float | None, seconds: float) -> dict[str, float | bool | None]:
+    """The sweep table's columns for one point: the API server's mean share of a core over the
+    point, and whether that makes the point frontend-bound. None where it could not be read."""
+    if cpu_s is None or seconds <= 0:
+        return {"frontend_cpu_cores": None, "frontend_bound": None}
+    cores = cpu_s / seconds
+    return {"frontend_cpu_cores": cores, "frontend_bound": cores > FRONTEND_BOUND_CORES}
+
+
+FRONTEND_BOUND_LABEL = f"frontend-bound (API server > {FRONTEND_BOUND_CORES:g} core)"
+
+
+def frontend_bound_points(rows: Sequence[dict]) -> list[dict]:
+    """The sweep rows marked frontend-bound (a row without the column is not)."""
+    return [r for r in rows if r.get("frontend_bound") is True]
+
+
+def cpu_between(samples: Sequence[tuple[float, float]], t0: float, t1: float) -> float | None:
+    """CPU seconds used between `t0` and `t1`, from (time, cumulative CPU seconds) samples in
+    time order, linearly interpolated; None when the samples do not cover the window."""
+    if t1 <= t0 or len(samples) < 2 or samples[0][0] > t0 or samples[-1][0] < t1:
+        return None
+    times = [t for t, _ in samples]
+
+    def at(t: float) -> float:
+        i = min(max(bisect.bisect_right(times, t), 1), len(samples) - 1)
+        (ta, ca), (tb, cb) = samples[i - 1], samples[i]
+        return ca if tb == ta else ca + (cb - ca) * (t - ta) / (tb - ta)
+
+    return at(t1) - at(t0)
+
+
+class FrontendSampler:
+    """The API server's cumulative CPU seconds, read on a background thread every
+    `interval_s` between `start()` and `stop()`, on `time.monotonic()`'s clock.
+
+    A process that cannot be read (gone, another user's) leaves `unavailable` saying why, and
+    no samples: the point's columns then read None, never a made-up zero."""
+
+    def __init__(self, pid: int, interval_s: float = 0.25):
+        self.pid, self.interval_s = pid, interval_s
+        self.samples: list[tuple[float, float]] = []
+        self.unavailable = ""
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # the thread and `columns` both read: keep time order
+        self._thread: threading.Thread | None = None
+
+    def _read(self) -> bool:
+        try:
+            with self._lock:
+                self.samples.append((time.monotonic(), process_cpu_s(self.pid)))
+        except (OSError, ValueError, IndexError) as exc:
+            self.unavailable = f"/proc/{self.pid}/stat: {exc}"
+            return False
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s) and self._read():
+            pass
+
+    def start(self) -> Self:
+        if self._read():
+            self._thread = threading.Thread(target=self._loop, name="frontend-cpu",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def columns(self, seconds: float) -> dict[str, float | bool | None]:
+        """`frontend_columns` over the last `seconds` (the point just measured): one more
+        sample is read now, so the window's end is covered."""
+        if not self._read():
+            return frontend_columns(None, seconds)
+        end = self.samples[-1][0]
+        return frontend_columns(cpu_between(self.samples, end - seconds, end), seconds)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

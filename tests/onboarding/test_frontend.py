@@ -1,0 +1,82 @@
+"""The engine frontend's CPU as the sweep reads it: /proc, windows, the frontend-bound mark."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from onboarding.frontend import (
+    FRONTEND_BOUND_LABEL,
+    FrontendSampler,
+    cpu_between,
+    frontend_columns,
+    process_cpu_s,
+    tree_cpu_s,
+)
+from onboarding.plots import plt
+from onboarding.serving_plots import mark_frontend_bound, sweep_png
+
+
+def test_cpu_between_interpolates_inside_the_samples_and_refuses_outside():
+    samples = [(0.0, 10.0), (1.0, 10.5), (2.0, 11.5)]
+    assert cpu_between(samples, 0.0, 2.0) == pytest.approx(1.5)
+    assert cpu_between(samples, 0.5, 1.5) == pytest.approx(0.25 + 0.5)
+    assert cpu_between(samples, -0.1, 1.0) is None  # before the first sample
+    assert cpu_between(samples, 1.0, 2.1) is None  # after the last
+    assert cpu_between(samples[:1], 0.0, 0.0) is None
+
+
+def test_a_point_above_0_9_of_a_core_is_frontend_bound():
+    assert frontend_columns(9.5, 10.0) == {"frontend_cpu_cores": 0.95, "frontend_bound": True}
+    assert frontend_columns(9.0, 10.0)["frontend_bound"] is False  # at the limit: not above
+    assert frontend_columns(None, 10.0) == {"frontend_cpu_cores": None, "frontend_bound": None}
+
+
+def test_the_tree_counts_the_children_too():
+    code = ("import time\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.3: pass\ntime.sleep(30)")
+    busy = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while process_cpu_s(busy.pid) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tree_cpu_s(os.getpid()) >= process_cpu_s(os.getpid()) + process_cpu_s(busy.pid)
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_the_sampler_reads_a_process_and_says_why_it_cannot():
+    with FrontendSampler(os.getpid(), interval_s=0.05) as s:
+        t = time.process_time()
+        while time.process_time() - t < 0.2:
+            pass
+        cols = s.columns(0.1)
+    assert cols["frontend_cpu_cores"] is not None and cols["frontend_cpu_cores"] >= 0
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with FrontendSampler(gone.pid) as s:
+        assert s.columns(1.0) == {"frontend_cpu_cores": None, "frontend_bound": None}
+    assert str(gone.pid) in s.unavailable
+
+
+def _rows(bound_at: int | None):
+    return [{"scenario": "chat", "load": c, "output_tokens_per_s": 100.0 * c,
+             "ttft_p95_s": 0.1 * c, "itl_mean_ms": 10.0 + c, "frontend_cpu_cores": c / 64,
+             "frontend_bound": c == bound_at} for c in (1, 16, 64)]
+
+
+def test_the_plot_crosses_the_frontend_bound_points_and_says_so_once():
+    fig, axes = plt.subplots(1, 3)
+    mark_frontend_bound(axes, _rows(64))
+    mark_frontend_bound(axes, _rows(64))  # a second scenario: still one legend entry
+    labels = [ax.get_legend_handles_labels()[1] for ax in axes]
+    plt.close(fig)
+    assert labels == [[FRONTEND_BOUND_LABEL]] * 3
+    fig, axes = plt.subplots(1, 3)
+    mark_frontend_bound(axes, _rows(None))
+    assert [ax.get_legend_handles_labels()[1] for ax in axes] == [[]] * 3
+    plt.close(fig)
+    assert sweep_png(_rows(64), "t").startswith(b"\x89PNG")
