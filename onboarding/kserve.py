@@ -151,6 +151,15 @@ class DeployConfig(StrictConfig):
     ephemeral_storage: EphemeralStorageConfig = Field(default_factory=EphemeralStorageConfig)
 
 
+def pep440_specifier(v: str) -> str:
+    """A `versions:` field of stack.yaml, checked once for every kind of entry that has one."""
+    try:
+        SpecifierSet(v)
+    except InvalidSpecifier:
+        raise ValueError(f"{v!r} is not a PEP 440 version specifier (e.g. '>=0.32')") from None
+    return v
+
+
 class EngineSwitch(StrictConfig):
     """Engine env variables and flags set only where every stated condition holds.
 
@@ -183,11 +192,7 @@ class EngineSwitch(StrictConfig):
     @field_validator("versions")
     @classmethod
     def _specifier(cls, v: str) -> str:
-        try:
-            SpecifierSet(v)
-        except InvalidSpecifier:
-            raise ValueError(f"{v!r} is not a PEP 440 version specifier (e.g. '>=0.32')") from None
-        return v
+        return pep440_specifier(v)
 
     @field_validator("env")
     @classmethod
@@ -221,11 +226,7 @@ class TagRule(StrictConfig):
     @field_validator("versions")
     @classmethod
     def _specifier(cls, v: str) -> str:
-        try:
-            SpecifierSet(v)
-        except InvalidSpecifier:
-            raise ValueError(f"{v!r} is not a PEP 440 version specifier (e.g. '>=0.20')") from None
-        return v
+        return pep440_specifier(v)
 
     @field_validator("cuda")
     @classmethod
