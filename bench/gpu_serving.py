@@ -520,28 +520,6 @@ def crosscheck(running, served: str, tok_dir: Path, concurrency: int, work: Path
 
 # ---- frontend: which ingredient makes the engine's API server work harder (issue 24) ----
 
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of one process, in seconds (/proc/<pid>/stat fields 14 and 15)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    f = stat[stat.rfind(")") + 2:].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of every live process in `pid`'s process group (the engine's tree)."""
-    total = 0.0
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            f = stat[stat.rfind(")") + 2:].split()
-            if int(f[2]) == pid:
-                total += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def _generated(text: str) -> float:
     from onboarding.serving_stats import parse_metrics
 
@@ -565,25 +543,24 @@ def frontend_bodies(served: str, prompts: list[str], out_len: int,
             body["temperature"] = 0.0
         return _json.dumps(body).encode()
 
-    ours = completion_bodies(served, prompts, out_len)
-    sampled = []
-    for b in ours:
-        d = _json.loads(b)
-        d.pop("temperature")
-        sampled.append(_json.dumps(d).encode())
-    out = {"ours": ours, "ours without temperature (sampled)": sampled,
+    # The client samples since issue 24's fix; greedy is what it sent before (the run of
+    # 2026-12-02 called these "ours without temperature (sampled)" and "ours").
+    greedy = completion_bodies(served, prompts, out_len, temperature=0.0)
+    out = {"ours": completion_bodies(served, prompts, out_len),
+           "ours, greedy (before the fix)": greedy,
            "bench body (sampled)": [bench(p, False) for p in prompts],
            "bench body, greedy": [bench(p, True) for p in prompts]}
     if token_prompts:  # the prompt's content, as vllm bench's random dataset makes it
-        out["ours, random-token prompts"] = [
+        out["ours, greedy, random-token prompts"] = [
             _json.dumps({**_json.loads(b), "prompt": ids}).encode()
-            for b, ids in zip(ours, token_prompts, strict=False)]
+            for b, ids in zip(greedy, token_prompts, strict=False)]
     return out
 
 
 def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work: Path,
                    concurrency: int, run_no: int, in_len: int, out_len: int) -> list[dict]:
     """One round of every client at one concurrency, fresh prompts, order rotated by run."""
+    from onboarding.frontend import process_cpu_s, tree_cpu_s
     from onboarding.prompts import synthetic_prompts
     from onboarding.serving_stats import histogram_mean_delta, parse_metrics, summarize
     from resources.loadgen import LoadGenerator
@@ -603,7 +580,7 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
     rows = []
     for name, bodies in clients[k:] + clients[:k]:
         before = _scrape(running.base_url)
-        api0, tree0, t0 = proc_cpu_s(running.pid), tree_cpu_s(running.pid), time.monotonic()
+        api0, tree0, t0 = process_cpu_s(running.pid), tree_cpu_s(running.pid), time.monotonic()
         if bodies is None:
             got = vllm_bench(running.base_url, served, tok_dir, concurrency, n, in_len, out_len,
                              work, warmups=0)
@@ -619,7 +596,7 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
                    "ttft_p50_ms": st.ttft_s.p50 * 1e3, "completed": st.completed,
                    "tokens_per_chunk": st.tokens_per_chunk, "load_s": r.duration_s}
         wall = time.monotonic() - t0
-        api, tree = proc_cpu_s(running.pid) - api0, tree_cpu_s(running.pid) - tree0
+        api, tree = process_cpu_s(running.pid) - api0, tree_cpu_s(running.pid) - tree0
         after = _scrape(running.base_url)
         tokens = _generated(after) - _generated(before)
         b, a = parse_metrics(before), parse_metrics(after)
