@@ -183,6 +183,7 @@ def test_quantize_gpu_tiny_runs_the_quantize_stage_on_a_cpu(tmp_path):
     [report] = list((tmp_path / "out").glob("gpu_*.json"))
     body = json.loads(report.read_text())
     assert body["device"] == "cpu"
+    assert body["quantize_nvfp4"]["export_valid"] and body["quantize_fp8"]["export_valid"]
 
 
 @pytest.mark.slow
@@ -252,8 +253,9 @@ def test_served_accuracy_gpu_scores_bf16_through_the_cpu_engine(tmp_path):
                 str(tmp_path / "work"), "--precisions", "bf16", "--limit", "4",
                 "--checkpoint", str(SMOL)], tmp_path, timeout_s=900)
     [report] = list((tmp_path / "out").glob("served_accuracy_*.json"))
-    body = json.loads(report.read_text())
-    assert "bf16" in json.dumps(body)
+    body = json.loads(report.read_text())  # both phases reached: in process, then served
+    assert set(body["in_process"]) == set(body["served"]) == {"bf16"}
+    assert set(body["agreements"]) == {"bf16"} and body["serving_variant"]["precision"]
 
 
 def test_build_smollm2_keeps_a_complete_output(tmp_path):
