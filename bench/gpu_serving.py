@@ -558,7 +558,8 @@ def frontend_bodies(served: str, prompts: list[str], out_len: int,
 
 
 def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work: Path,
-                   concurrency: int, run_no: int, in_len: int, out_len: int) -> list[dict]:
+                   concurrency: int, run_no: int, in_len: int, out_len: int,
+                   only: tuple[str, ...] = ()) -> list[dict]:
     """One round of every client at one concurrency, fresh prompts, order rotated by run."""
     from onboarding.frontend import process_cpu_s, tree_cpu_s
     from onboarding.prompts import synthetic_prompts
@@ -576,6 +577,12 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
     clients: list[tuple[str, list[bytes] | None]] = [
         *frontend_bodies(served, prompts, out_len, token_prompts).items(),
         ("vllm bench serve", None)]
+    if only:  # issue 25 item 4: the fixed client against `vllm bench serve`, nothing else
+        unknown = set(only) - {name for name, _ in clients}
+        if unknown:
+            raise SystemExit(f"--frontend-clients: unknown {sorted(unknown)}; "
+                             f"known: {[name for name, _ in clients]}")
+        clients = [c for c in clients if c[0] in only]
     k = run_no % len(clients)
     rows = []
     for name, bodies in clients[k:] + clients[:k]:
@@ -659,7 +666,7 @@ def frontend(args) -> int:
                     continue
                 rows += frontend_point(running, engine, cf.spec(twin_id).served_name,
                                        tokenizer, tok_src, args.work, conc, run_no, in_len,
-                                       out_len)
+                                       out_len, args.frontend_clients)
                 rep.step("rows", rows=rows)
     pack(args.out, "frontend", [args.work / "engine-logs"])
     return 0
@@ -709,6 +716,10 @@ def main() -> int:
     ap.add_argument("--seconds-per-point", type=float, default=12)
     ap.add_argument("--frontend-runs", type=int, default=3, help="frontend: rounds of clients")
     ap.add_argument("--max-num-seqs", type=int, default=0, help="frontend: override the plan's")
+    ap.add_argument("--frontend-clients", type=lambda s: tuple(c.strip() for c in s.split(",")
+                                                               if c.strip()),
+                    default=(), help="frontend: only these clients (names as in frontend.json, "
+                    "e.g. 'ours,vllm bench serve'); default all")
     ap.add_argument("--crosscheck-concurrency", type=int, default=32)
     ap.add_argument("--crosscheck-tokens", type=lambda s: tuple(int(x) for x in s.split(",")),
                     default=(512, 256), help="input,output tokens of the cross-check point")
