@@ -41,6 +41,7 @@ from resources.config_files import ConfigFiles
 
 H200 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200"
 H200_RUN2 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02"  # issues 24 and 25
+H200_RUN3 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run3"  # issue 25
 MODEL = "smollm2-135m"
 NODE_TYPE = "h200"
 RUN_CONFIG_HASH = "0660e584b7cc"  # serving_config's h200 configuration there (vLLM 0.22.0)
@@ -58,6 +59,19 @@ def recording_run2(name: str) -> dict[str, Any]:
     """The second H200 run: `twins` (8B twin bf16, NVFP4), `frontend`, `onboard-A`,
     `served_accuracy_smollm2` (its README says what each holds and what did not finish)."""
     return json.loads((H200_RUN2 / f"{name}.json").read_text())
+
+
+@cache
+def recording_run3(name: str) -> dict[str, Any]:
+    """The third H200 run: `prepare`, `onboard-A`, `onboard-B` (the sweep with the SLO's target
+    in it; its CSV beside it), `frontend` (the fixed client against `vllm bench serve`)."""
+    return json.loads((H200_RUN3 / f"{name}.json").read_text())
+
+
+def sweep_rows_run3() -> list[dict[str, str]]:
+    """The third run's serving_benchmark.csv (SmolLM2, gpu profile, concurrency 1, 8, 32, 128)."""
+    with open(H200_RUN3 / "serving_benchmark.csv", newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def asset_metadata(call: str, asset: str, model: str = MODEL) -> dict[str, Any]:

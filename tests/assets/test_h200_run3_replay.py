@@ -1,0 +1,42 @@
+"""The third H200 run (tests/data/gpu/h200-2026-12-02-run3/): the SLO judged at its target.
+
+The sweep's CSV is what serving_benchmark wrote there; its verdict is recomputed here by the
+asset's own `headline` from the points and must be the blocking check the run recorded, judged at
+a concurrency the sweep measured (issue 25: the earlier run had no 32 and was judged at 16).
+"""
+
+from __future__ import annotations
+
+from onboarding.serving_stats import Slo, headline
+from tests.gpu_recordings import MODEL, points, recording_run3, sweep_rows_run3
+
+
+def _slo_check() -> dict:
+    step = next(b for s, b in recording_run3("onboard-B")["steps"].items() if MODEL in s.split())
+    return next(c for c in step["checks"] if c["check"] == "slo_at_target_concurrency")
+
+
+def test_the_slo_is_judged_at_its_target_which_the_sweep_measured():
+    check = _slo_check()
+    slo = Slo(**check["metadata"]["expected"])
+    swept = points(sweep_rows_run3())
+    assert set(swept) == {"chat", "rag", "codegen"}
+    for scenario, pts in swept.items():
+        assert slo.target_concurrency in [c for c, _ in pts], scenario
+    result, _, violations = headline(MODEL, "bf16", "h200", 1, slo, swept, True)
+    assert result.slo_pass == check["passed"], violations
+    # the verdict is the target point's: every scenario's point at 32 within the SLO
+    for scenario, pts in swept.items():
+        at = dict(pts)[slo.target_concurrency]
+        assert at.ttft_s.p95 <= slo.ttft_p95_s and at.itl_ms.mean <= slo.itl_mean_ms, scenario
+
+
+def test_a_slower_target_point_would_have_failed_the_same_recording():
+    """The rule can fail on this data: the same points with the SLO's TTFT p95 bound below the
+    slowest target point's measured p95 must miss."""
+    check = _slo_check()
+    swept = points(sweep_rows_run3())
+    worst = max(dict(p)[32].ttft_s.p95 for p in swept.values())
+    strict = Slo(**{**check["metadata"]["expected"], "ttft_p95_s": worst * 0.9})
+    result, _, violations = headline(MODEL, "bf16", "h200", 1, strict, swept, True)
+    assert not result.slo_pass and violations
