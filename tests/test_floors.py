@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.paths import PROJECT_ROOT
 
 FLOORS = ("pipelines", "assets", "resources", "onboarding")
 # floor -> top-level packages it must never import

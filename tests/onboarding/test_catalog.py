@@ -7,16 +7,16 @@ import re
 
 import pytest
 
-from onboarding.catalog import (
+from onboarding.common.errors import ConfigError
+from onboarding.common.names import is_dns1123_label, is_dns1123_subdomain, to_dns1123_label
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.fetch.catalog import (
     StrictConfig,
     load_catalog,
     load_config_file,
     parse_source,
     read_catalog,
 )
-from onboarding.errors import ConfigError
-from onboarding.names import is_dns1123_label, is_dns1123_subdomain, to_dns1123_label
-from onboarding.paths import PROJECT_ROOT
 
 
 def test_shipped_catalog_is_valid():
