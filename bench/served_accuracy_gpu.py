@@ -131,8 +131,9 @@ def main() -> None:
     import torch
     import yaml
 
+    from onboarding.common.config import load_yaml
     from onboarding.common.refs import CheckpointRef
-    from onboarding.fetch.catalog import load_yaml, parse_spec
+    from onboarding.fetch.catalog import parse_spec
     from onboarding.quantize.accuracy_gate import (
         ScoreBook,
         baseline_rows,

@@ -24,8 +24,8 @@ from typing import Any
 import dagster as dg
 
 from assets.step_tags import GPU_SLOT_TAG
+from onboarding.common.config import deep_merge
 from onboarding.common.errors import ConfigError
-from onboarding.fetch.catalog import deep_merge
 from onboarding.runs.cluster import (
     CACHE_STAGES,
     EXECUTOR_ENV,

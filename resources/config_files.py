@@ -14,11 +14,12 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field, ValidationError
 
+from onboarding.common.config import format_validation_error
 from onboarding.common.errors import ConfigError
 from onboarding.common.paths import DEFAULT_CONFIG_DIR, DEFAULT_DISCOVERED_DIR, PROJECT_ROOT
 from onboarding.deploy.kserve import DeployConfig, Stack, load_deploy, load_stack
 from onboarding.deploy.plan import NodesConfig, load_nodes
-from onboarding.fetch.catalog import Catalog, ModelSpec, format_validation_error, read_catalog
+from onboarding.fetch.catalog import Catalog, ModelSpec, read_catalog
 from onboarding.layouts.placement import LayoutsConfig, check_references, load_layouts
 from onboarding.nodes.acceptance import AcceptanceConfig, NodeSetting, load_acceptance, node_setting
 from onboarding.predictions.predict import (

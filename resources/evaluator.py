@@ -15,8 +15,8 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
+from onboarding.common.config import load_yaml
 from onboarding.common.errors import ConfigError
-from onboarding.fetch.catalog import load_yaml
 from resources.config_files import ConfigFiles
 
 

@@ -24,16 +24,11 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from onboarding.common.config import StrictConfig, load_config_file, load_yaml, validate_config
 from onboarding.common.errors import ConfigError
 from onboarding.common.names import to_dns1123_label
 from onboarding.deploy.plan import GIB, DeploymentPlan, NodePlan, NodeType
-from onboarding.fetch.catalog import (
-    ModelSpec,
-    StrictConfig,
-    load_config_file,
-    load_yaml,
-    validate_config,
-)
+from onboarding.fetch.catalog import ModelSpec
 from onboarding.serving.engine_config import SECRET_NAME, Evidence, ServingConfig
 
 LABEL_PREFIX = "model-onboarding.io"

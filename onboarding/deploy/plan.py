@@ -16,15 +16,11 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from onboarding.common.config import StrictConfig, load_config_file
 from onboarding.common.errors import ConfigError
 from onboarding.common.names import is_dns1123_label
 from onboarding.common.refs import VariantRef
-from onboarding.fetch.catalog import (
-    ArchitectureHint,
-    ModelSpec,
-    StrictConfig,
-    load_config_file,
-)
+from onboarding.fetch.catalog import ArchitectureHint, ModelSpec
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
 GIB = 1 << 30

@@ -9,37 +9,22 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import Field, ValidationInfo, field_validator
 
+from onboarding.common.config import StrictConfig, load_yaml, validate_config
 from onboarding.common.errors import ConfigError
 from onboarding.common.names import is_dns1123_label
 
 Precision = Literal["nvfp4", "fp8", "bf16"]
-M = TypeVar("M", bound=BaseModel)
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<prefix>.*)$")
 _HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(@(?P<revision>[^@]*))?$")
 # A branch, a tag or a commit: one git ref name component, no path (huggingface_hub joins the
 # revision into paths of its cache, so '/' or '..' would reach outside it).
 _REVISION = re.compile(r"^[A-Za-z0-9_][\w.\-]*$")
-
-
-class StrictConfig(BaseModel):
-    """Base of every config model: unknown keys are errors, values are immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class SloOverrides(StrictConfig):
@@ -206,67 +191,6 @@ class ModelSpec(StrictConfig):
     @property
     def source_ref(self) -> SourceRef:
         return parse_source(self.source)
-
-
-def format_validation_error(where: Path | str, err: ValidationError) -> str:
-    """Pydantic's errors as `<where>: field 'a.b': what was expected`, joined for one message."""
-    lines = []
-    for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "<top level>"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"{where}: field '{field}': unknown key (check its spelling)")
-        elif e["type"] == "missing":
-            lines.append(f"{where}: field '{field}': required but missing")
-        else:
-            lines.append(f"{where}: field '{field}': {e['msg'].removeprefix('Value error, ')}")
-    return "; ".join(lines)
-
-
-def validate_config(model: type[M], data: Any, path: Path | str, where: Path | str,
-                    fix: str) -> M:
-    """`model.model_validate(data)`, or a ConfigError naming the file, `where` and each field."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(str(path), format_validation_error(where, exc), fix) from None
-
-
-def load_yaml(path: Path) -> Any:
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(
-            f"{path}{where}", f"not valid YAML ({getattr(exc, 'problem', exc)})", "Fix the syntax."
-        ) from None
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot be read ({exc.strerror})", "Check the path.") from None
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """`override` on top of `base`: mappings merge key by key, anything else is replaced."""
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def load_config_file(model: type[M], path: Path, fix: str) -> M:
-    """A configs/ file validated as `model`, read again only when its mtime changes: sensors
-    and every asset ask for the same file many times a minute."""
-    if not path.is_file():
-        raise ConfigError(str(path), "does not exist",
-                          f"Restore configs/{path.name} or set ONBOARDING_CONFIG_DIR.")
-    return _load_config_file(model, path, path.stat().st_mtime_ns, fix)
-
-
-@lru_cache(maxsize=32)
-def _load_config_file(model: type[M], path: Path, mtime_ns: int, fix: str) -> M:
-    return validate_config(model, load_yaml(path), path, path, fix)
 
 
 def parse_spec(data: Any, origin: str, default_id: str | None = None) -> ModelSpec:

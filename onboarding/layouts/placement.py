@@ -29,10 +29,11 @@ from typing import Literal, Protocol
 
 from pydantic import Field, model_validator
 
+from onboarding.common.config import StrictConfig, load_config_file
 from onboarding.common.errors import ConfigError
 from onboarding.common.names import is_dns1123_label
 from onboarding.deploy.plan import GIB, NodePlan, NodesConfig, NodeType, PlanInputs, plan_node
-from onboarding.fetch.catalog import ModelSpec, StrictConfig, load_config_file
+from onboarding.fetch.catalog import ModelSpec
 from onboarding.serving.serving_config import SloSection, resolve_slo
 from onboarding.serving.stats import ServingBenchmarkResult, Slo
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from onboarding.common.config import format_validation_error
 from onboarding.common.files import write_atomic
 from onboarding.common.names import is_dns1123_subdomain, to_dns1123_label
 from onboarding.deploy.kserve import (
@@ -38,7 +39,7 @@ from onboarding.deploy.kserve import (
 )
 from onboarding.deploy.plan import GIB, DeploymentPlan, NodesConfig, PlanInputs
 from onboarding.deploy.serving_plan import planned_config
-from onboarding.fetch.catalog import ModelSpec, format_validation_error
+from onboarding.fetch.catalog import ModelSpec
 from onboarding.layouts.placement import LayoutPlan, LayoutsConfig, Placement, QosClass
 from onboarding.serving.engine_config import ServingConfig, evidence
 from onboarding.serving.serving_config import EngineTemplate

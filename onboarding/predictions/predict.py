@@ -27,17 +27,11 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from onboarding.common.config import StrictConfig, load_config_file, validate_config
 from onboarding.common.errors import ConfigError
 from onboarding.common.tables import md_table
 from onboarding.deploy.plan import NodePlan, NodesConfig, PlanInputs, plan_node
-from onboarding.fetch.catalog import (
-    ArchitectureHint,
-    ModelSpec,
-    Precision,
-    StrictConfig,
-    load_config_file,
-    validate_config,
-)
+from onboarding.fetch.catalog import ArchitectureHint, ModelSpec, Precision
 from onboarding.serving.stats import PointStats, Slo, parse_error_causes
 
 Status = Literal["covered", "fallback", "not_covered", "oom", "not_applicable"]

@@ -21,8 +21,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from onboarding.common.config import StrictConfig, load_yaml, validate_config
 from onboarding.common.errors import ConfigError
-from onboarding.fetch.catalog import StrictConfig, load_yaml, validate_config
 from onboarding.quantize.sequential import look_z, looks_before
 
 Verdict = Literal["pass", "fail", "inconclusive"]

@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from onboarding.common.config import StrictConfig, load_yaml, validate_config
 from onboarding.common.errors import ConfigError
-from onboarding.fetch.catalog import StrictConfig, load_yaml, validate_config
 
 QuantizedPrecision = Literal["nvfp4", "fp8"]
 

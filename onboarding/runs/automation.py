@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from onboarding.common.config import StrictConfig, load_config_file
 from onboarding.common.errors import ConfigError
-from onboarding.fetch.catalog import StrictConfig, load_config_file
 
 
 class Discovery(StrictConfig):

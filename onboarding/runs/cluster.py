@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from onboarding.common.config import StrictConfig, format_validation_error, load_yaml
 from onboarding.common.errors import ConfigError
-from onboarding.fetch.catalog import StrictConfig, format_validation_error, load_yaml
 
 GPU_BOUND_STAGES = ("quantized", "accuracy", "served_accuracy", "load_timing",
                     "serving_benchmark")

@@ -13,8 +13,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from onboarding.common.config import StrictConfig, format_validation_error, load_yaml
 from onboarding.common.errors import ConfigError
-from onboarding.fetch.catalog import ModelSpec, StrictConfig, format_validation_error, load_yaml
+from onboarding.fetch.catalog import ModelSpec
 from onboarding.serving.stats import Slo
 
 # ---- configs/stack.yaml: engines ----

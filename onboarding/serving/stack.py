@@ -17,8 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from onboarding.common.config import load_yaml
 from onboarding.common.errors import ConfigError, OnboardingError
-from onboarding.fetch.catalog import load_yaml
 
 ABSENT = "absent"
 # Distributions whose version decides how a checkpoint is quantized, served or measured.

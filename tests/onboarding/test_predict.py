@@ -479,7 +479,8 @@ def test_a_pooling_model_is_not_covered_and_never_asked_and_its_sla_choice_is_me
     """AIConfigurator models generation (prefill + decode); an embedding model has no decode.
     Before, bge-m3's hint (no hf_architecture) failed the predictions asset and
     bench/predictions.py with a ConfigError; now its rows say why there is no prediction."""
-    from onboarding.fetch.catalog import load_yaml, parse_spec
+    from onboarding.common.config import load_yaml
+    from onboarding.fetch.catalog import parse_spec
     from onboarding.predictions.predict import model_config_for
 
     path = CONFIGS / "models" / "bge-m3.yaml"

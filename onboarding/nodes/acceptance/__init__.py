@@ -23,11 +23,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from onboarding.common.config import StrictConfig, deep_merge, load_yaml, validate_config
 from onboarding.common.errors import ConfigError
 from onboarding.common.names import is_dns1123_subdomain
 from onboarding.deploy.plan import NodesConfig
 from onboarding.deploy.plan import NodeType as PlannedNodeType
-from onboarding.fetch.catalog import StrictConfig, deep_merge, load_yaml, validate_config
 from onboarding.nodes import telemetry as tm
 from onboarding.nodes.facts import (
     DcgmDiag,
