@@ -8,11 +8,11 @@ import dagster as dg
 
 from assets.partitions import models_partitions
 from assets.step_tags import cache_step_tags
-from onboarding.checkpoint_manifest import read_safetensors_header
-from onboarding.errors import ConfigError, IncompleteCheckpointError, IntegrityError
-from onboarding.refs import CheckpointRef
-from onboarding.tables import md_table
-from onboarding.twins import NO_WEIGHTS
+from onboarding.common.errors import ConfigError, IncompleteCheckpointError, IntegrityError
+from onboarding.common.refs import CheckpointRef
+from onboarding.common.tables import md_table
+from onboarding.fetch.checkpoint_manifest import read_safetensors_header
+from onboarding.fetch.twins import NO_WEIGHTS
 from resources.config_files import ConfigFiles
 from resources.huggingface import HuggingFaceStore
 from resources.nvme_cache import FetchResult, NvmeCache

@@ -2,7 +2,7 @@
 `gateway_routes`, with their gates.
 
 `serving_config` computes, once and before anything is timed, the configuration each node type
-runs (onboarding/serving_plan.py); the serving assets start exactly that configuration and
+runs (onboarding/deploy/serving_plan.py); the serving assets start exactly that configuration and
 `kserve_manifest` renders exactly it, with what was measured at its hash. Upstream results
 arrive as the values their assets stored through the `optional_upstream` input manager:
 plan-only models are never fetched, quantized, published or benchmarked, so an upstream
@@ -22,11 +22,11 @@ import dagster as dg
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import cache_step_tags
-from onboarding import twins
-from onboarding.catalog import ModelSpec
-from onboarding.errors import OnboardingError
-from onboarding.files import write_atomic
-from onboarding.kserve import (
+from onboarding.common.errors import OnboardingError
+from onboarding.common.files import write_atomic
+from onboarding.common.refs import CheckpointRef, PublishedVariant, VariantRef
+from onboarding.common.tables import md_table
+from onboarding.deploy.kserve import (
     Rendered,
     Route,
     gib,
@@ -35,7 +35,7 @@ from onboarding.kserve import (
     split_routes,
     to_yaml,
 )
-from onboarding.plan import (
+from onboarding.deploy.plan import (
     DeploymentPlan,
     NodesConfig,
     measured_from_results,
@@ -46,12 +46,17 @@ from onboarding.plan import (
     shape_from_checkpoint,
     shape_from_hint,
 )
-from onboarding.predict import PredictionTable
-from onboarding.refs import CheckpointRef, PublishedVariant, VariantRef
-from onboarding.serving_plan import ServingPlan, render_targets, serving_plan, with_sla_choices
-from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
-from onboarding.tables import md_table
-from onboarding.variants import AccuracyReport, QuantizedSet
+from onboarding.deploy.serving_plan import (
+    ServingPlan,
+    render_targets,
+    serving_plan,
+    with_sla_choices,
+)
+from onboarding.fetch import twins
+from onboarding.fetch.catalog import ModelSpec
+from onboarding.predictions.predict import PredictionTable
+from onboarding.quantize.variants import AccuracyReport, QuantizedSet
+from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.huggingface import HuggingFaceStore
 from resources.manifest_validator import ManifestValidator

@@ -25,10 +25,11 @@ import dagster as dg
 
 from assets.deploy import build_plan
 from assets.stack import stack_metadata
-from onboarding.kserve import inline_secret_findings
-from onboarding.layout import LayoutPlan, layout_entries, placement_rows, plan_layout
-from onboarding.layout_plot import layout_png
-from onboarding.layout_render import (
+from onboarding.common.tables import md_table
+from onboarding.deploy.kserve import inline_secret_findings
+from onboarding.layouts.placement import LayoutPlan, layout_entries, placement_rows, plan_layout
+from onboarding.layouts.plot import layout_png
+from onboarding.layouts.render import (
     RenderedLayout,
     check_configmap,
     check_gateway,
@@ -37,7 +38,6 @@ from onboarding.layout_render import (
     render_layout,
     write_layout_files,
 )
-from onboarding.tables import md_table
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.manifest_validator import ManifestValidator
 from resources.upstream import by_model

@@ -15,8 +15,8 @@ from typing import Any
 
 import dagster as dg
 
-from onboarding.acceptance import stale_reasons
-from onboarding.stack import nvidia_facts
+from onboarding.nodes.acceptance import stale_reasons
+from onboarding.serving.stack import nvidia_facts
 from resources.upstream import latest_materialization
 
 NODE_ACCEPTANCE = dg.AssetKey("node_acceptance")

@@ -3,7 +3,7 @@ interconnect, memory_bandwidth and storage_read feed node_acceptance, the go/no-
 phase with its one-page report.
 
 Thin: resolve the node (configs/acceptance.yaml `nodes`, thresholds per node type), call the
-NodeProbe resource, hand its raw readings to onboarding.acceptance, which parses and judges.
+NodeProbe resource, hand its raw readings to onboarding.nodes.acceptance, which parses and judges.
 Each asset stores a typed result (its checks included); node_acceptance reads them through the
 optional-upstream input manager, so an upstream never run for the node is a check not made.
 Raw outputs (XML, topology, samples) are kept under the reports directory:
@@ -20,10 +20,10 @@ from pathlib import Path
 import dagster as dg
 
 from assets.partitions import nodes_partitions
-from onboarding import acceptance as acc
-from onboarding import telemetry as tm
-from onboarding.acceptance_report import burn_png, report_markdown, report_sections
-from onboarding.tables import md_table, write_csv
+from onboarding.common.tables import md_table, write_csv
+from onboarding.nodes import acceptance as acc
+from onboarding.nodes import telemetry as tm
+from onboarding.nodes.acceptance_report import burn_png, report_markdown, report_sections
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.node_probe import NodeProbe
 from resources.nvme_cache import NvmeCache

@@ -16,13 +16,18 @@ import dagster as dg
 
 from assets.deploy import OPTIONAL, build_plan
 from assets.partitions import models_partitions
-from onboarding.files import write_atomic
-from onboarding.predict import Calibration, PredictionTable, calibrate_points, predict_model
-from onboarding.predict import model_config_for as config_for
-from onboarding.refs import CheckpointRef, VariantRef
-from onboarding.serving_config import resolve_slo
-from onboarding.serving_plots import calibration_png
-from onboarding.tables import md_table
+from onboarding.common.files import write_atomic
+from onboarding.common.refs import CheckpointRef, VariantRef
+from onboarding.common.tables import md_table
+from onboarding.predictions.predict import (
+    Calibration,
+    PredictionTable,
+    calibrate_points,
+    predict_model,
+)
+from onboarding.predictions.predict import model_config_for as config_for
+from onboarding.serving.plots import calibration_png
+from onboarding.serving.serving_config import resolve_slo
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.predictor import AIConfiguratorPredictor
 

@@ -22,8 +22,13 @@ from assets.deploy import build_plan
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
-from onboarding import twins
-from onboarding.accuracy_gate import (
+from onboarding.common.errors import OnboardingError
+from onboarding.common.refs import CheckpointRef, VariantRef
+from onboarding.common.tables import md_table
+from onboarding.fetch import twins
+from onboarding.fetch.catalog import ModelSpec
+from onboarding.fetch.twins import NOT_APPLICABLE, NOT_APPLICABLE_VERDICT
+from onboarding.quantize.accuracy_gate import (
     AccuracyGates,
     GateResult,
     ScoreBook,
@@ -31,12 +36,7 @@ from onboarding.accuracy_gate import (
     decide,
     gate_rows,
 )
-from onboarding.catalog import ModelSpec
-from onboarding.errors import OnboardingError
-from onboarding.refs import CheckpointRef, VariantRef
-from onboarding.tables import md_table
-from onboarding.twins import NOT_APPLICABLE, NOT_APPLICABLE_VERDICT
-from onboarding.variants import (
+from onboarding.quantize.variants import (
     IN_PROCESS,
     AccuracyRecord,
     AccuracyReport,

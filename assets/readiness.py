@@ -1,4 +1,4 @@
-"""`readiness`: ready or not, and why, per model and target node type (onboarding/readiness.py).
+"""`readiness`: ready or not, and why, per model and target node type (onboarding/deploy/readiness.py).
 
 Fed by the stored results (None where an upstream never ran for the model), so it says exactly
 which gate is missing: accuracy, the SLOs at the deployed configuration, publication, or the
@@ -9,10 +9,10 @@ import dagster as dg
 
 from assets.deploy import ManifestSet
 from assets.partitions import models_partitions
-from onboarding.readiness import ManifestFacts, Readiness, judge
-from onboarding.refs import VariantRef
-from onboarding.serving_stats import ServingBenchmarkResult
-from onboarding.tables import md_table
+from onboarding.common.refs import VariantRef
+from onboarding.common.tables import md_table
+from onboarding.deploy.readiness import ManifestFacts, Readiness, judge
+from onboarding.serving.stats import ServingBenchmarkResult
 from resources.config_files import ConfigFiles
 
 OPTIONAL = "optional_upstream"

@@ -1,6 +1,6 @@
 """`readiness_report` (one page per model) and `fleet_report` (every catalogued model x target
 node type): self-contained HTML under the reports directory, the same content as Markdown in
-the metadata. The rendering is onboarding/report.py's; here the stored values are gathered.
+the metadata. The rendering is onboarding/reports/pages.py's; here the stored values are gathered.
 
 Every upstream arrives as the value its asset stored (None where that stage never ran for the
 model, through `optional_upstream`), so the page says what is absent instead of guessing.
@@ -20,10 +20,11 @@ import dagster as dg
 
 from assets.deploy import ManifestSet
 from assets.partitions import models_partitions, nodes_partitions
-from onboarding.errors import OnboardingError
-from onboarding.files import write_atomic
-from onboarding.readiness import Readiness
-from onboarding.report import (
+from onboarding.common.errors import OnboardingError
+from onboarding.common.files import write_atomic
+from onboarding.deploy.readiness import Readiness
+from onboarding.quantize.variants import choose_precision
+from onboarding.reports.pages import (
     FleetEntry,
     FleetReport,
     ManifestRow,
@@ -39,8 +40,7 @@ from onboarding.report import (
     to_html,
     to_markdown,
 )
-from onboarding.serving_config import resolve_slo
-from onboarding.variants import choose_precision
+from onboarding.serving.serving_config import resolve_slo
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.upstream import by_model, materialized_at, stored_value
 

@@ -34,11 +34,11 @@ from assets.partitions import models_partitions
 from assets.quantize import QUANTIZED_PRECISIONS, gate_check, not_applicable_check
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
-from onboarding import twins
-from onboarding.refs import CheckpointRef
-from onboarding.served_accuracy import agreement_rows
-from onboarding.tables import md_table
-from onboarding.variants import AccuracyReport, QuantizedSet, ServedAccuracyReport
+from onboarding.common.refs import CheckpointRef
+from onboarding.common.tables import md_table
+from onboarding.fetch import twins
+from onboarding.quantize.served_accuracy import agreement_rows
+from onboarding.quantize.variants import AccuracyReport, QuantizedSet, ServedAccuracyReport
 from resources.accuracy_runs import served_report
 from resources.config_files import ConfigFiles
 from resources.engine import Engine

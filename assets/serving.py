@@ -25,16 +25,20 @@ from assets.partitions import models_partitions
 from assets.quantize import not_applicable_check
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
-from onboarding.catalog import ModelSpec
-from onboarding.engine_config import ServingConfig
-from onboarding.errors import ConfigError
-from onboarding.frontend import FRONTEND_ADVICE, FRONTEND_BOUND_CORES, FrontendSampler
-from onboarding.prompts import synthetic_prompts
-from onboarding.refs import CheckpointRef, VariantRef
-from onboarding.serving_config import Profile, check_fits, resolve_slo, scenarios_for
-from onboarding.serving_plan import ServingPlan, config_at_hand
-from onboarding.serving_plots import sweep_png
-from onboarding.serving_stats import (
+from onboarding.common.errors import ConfigError
+from onboarding.common.refs import CheckpointRef, VariantRef
+from onboarding.common.tables import md_table, write_csv
+from onboarding.deploy.serving_plan import ServingPlan, config_at_hand
+from onboarding.fetch.catalog import ModelSpec
+from onboarding.fetch.twins import NO_WEIGHTS, NOT_A_WEIGHT_READ
+from onboarding.nodes.telemetry import point_columns
+from onboarding.quantize.variants import QuantizedSet
+from onboarding.serving.engine_config import ServingConfig
+from onboarding.serving.frontend import FRONTEND_ADVICE, FRONTEND_BOUND_CORES, FrontendSampler
+from onboarding.serving.plots import sweep_png
+from onboarding.serving.prompts import synthetic_prompts
+from onboarding.serving.serving_config import Profile, check_fits, resolve_slo, scenarios_for
+from onboarding.serving.stats import (
     LoadTimingResult,
     PointStats,
     ServingBenchmarkResult,
@@ -46,10 +50,6 @@ from onboarding.serving_stats import (
     summarize,
     summarize_load_timing,
 )
-from onboarding.tables import md_table, write_csv
-from onboarding.telemetry import point_columns
-from onboarding.twins import NO_WEIGHTS, NOT_A_WEIGHT_READ
-from onboarding.variants import QuantizedSet
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator, PointRun, completion_bodies

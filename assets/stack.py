@@ -14,8 +14,8 @@ from typing import Any
 
 import dagster as dg
 
-from onboarding.stack import diff, fingerprint, observation_body, observe_node
-from onboarding.tables import md_table
+from onboarding.common.tables import md_table
+from onboarding.serving.stack import diff, fingerprint, observation_body, observe_node
 from resources.config_files import ConfigFiles
 
 SERVING_STACK = dg.AssetKey("serving_stack")

@@ -7,7 +7,7 @@ when a run starts (pipelines/executors.py), so no config is read when this modul
 
 from __future__ import annotations
 
-from onboarding.cluster import CACHE_STAGES, GPU_BOUND_STAGES
+from onboarding.runs.cluster import CACHE_STAGES, GPU_BOUND_STAGES
 
 GPU_BOUND_ASSETS = GPU_BOUND_STAGES
 CACHE_ASSETS = CACHE_STAGES

@@ -100,7 +100,7 @@ def run_child(code: str, env: dict) -> tuple[float, int, str]:
 
 OURS = textwrap.dedent("""
     import os, sys, time, json
-    from onboarding.catalog import parse_source
+    from onboarding.fetch.catalog import parse_source
     from resources.nvme_cache import NvmeCache
     from resources.s3 import S3ObjectStore
     t0 = time.monotonic()

@@ -6,7 +6,7 @@ items and judges again. Simulated here through `decide` itself (the project's co
 sets as lm-eval's `limit` gives), under four rules that cross the two parts of the gate's
 interval:
 
-- looks: group-sequential (shipped: each look spends part of α, `onboarding.sequential`) or
+- looks: group-sequential (shipped: each look spends part of α, `onboarding.quantize.sequential`) or
   one z at every look (before);
 - interval: Bonett–Price's adjusted one for 0/1 items (shipped) or the plain normal one on the
   per-item differences (before).
@@ -37,8 +37,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onboarding import accuracy_gate
-from onboarding.accuracy_gate import AccuracyGates, ScoreBook, TaskScore, decide
+from onboarding.quantize import accuracy_gate
+from onboarding.quantize.accuracy_gate import AccuracyGates, ScoreBook, TaskScore, decide
 
 BASELINE_P = 0.6  # the baseline's accuracy
 GAIN = 0.05  # chance a wrong baseline answer is right in the variant (rounding both ways)

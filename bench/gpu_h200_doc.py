@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onboarding.serving_stats import Slo, headline
-from onboarding.tables import md_table, read_md_table, splice_generated
+from onboarding.common.tables import md_table, read_md_table, splice_generated
+from onboarding.serving.stats import Slo, headline
 from tests.gpu_recordings import (
     H200,
     MODEL,

@@ -174,7 +174,7 @@ def pinned_configs(work: Path, versions: dict[str, str]) -> tuple[Path, dict]:
 def eviction_works(work: Path) -> dict:
     """Write 256 MiB, evict it, read residency: the cold starts need this kernel to drop pages
     (gVisor keeps its own page cache)."""
-    from onboarding import page_cache
+    from onboarding.serving import page_cache
 
     f = work / "evict-probe.bin"
     with open(f, "wb") as fh:
@@ -372,7 +372,7 @@ def twin_target(work: Path, twin_id: str, precision: str, node_type: str):
     configuration with the precision replaced (its own hash), and says so."""
     import dataclasses
 
-    from onboarding.refs import VariantRef
+    from onboarding.common.refs import VariantRef
 
     splan = stored(work, "serving_config", twin_id)
     planned = splan.config(node_type)
@@ -399,7 +399,7 @@ def twins(args) -> int:
     from transformers import AutoTokenizer
 
     from assets.serving import _sweep
-    from onboarding.serving_config import resolve_slo
+    from onboarding.serving.serving_config import resolve_slo
     from pipelines.executors import config_files
     from resources.engine import Engine
     from resources.loadgen import LoadGenerator
@@ -489,8 +489,8 @@ def crosscheck(running, served: str, tok_dir: Path, concurrency: int, work: Path
     """The project's client and `vllm bench serve` at the same point on the same engine, each
     against the engine's own /metrics histograms over its run (chat: 512 in, 256 out)."""
     in_len, out_len = tokens
-    from onboarding.prompts import synthetic_prompts
-    from onboarding.serving_stats import summarize
+    from onboarding.serving.prompts import synthetic_prompts
+    from onboarding.serving.stats import summarize
     from resources.loadgen import LoadGenerator, completion_bodies
 
     n = concurrency * 8
@@ -521,7 +521,7 @@ def crosscheck(running, served: str, tok_dir: Path, concurrency: int, work: Path
 # ---- frontend: which ingredient makes the engine's API server work harder (issue 24) ----
 
 def _generated(text: str) -> float:
-    from onboarding.serving_stats import parse_metrics
+    from onboarding.serving.stats import parse_metrics
 
     return sum(v for k, v in parse_metrics(text).items() if k.endswith("generation_tokens_total"))
 
@@ -561,9 +561,9 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
                    concurrency: int, run_no: int, in_len: int, out_len: int,
                    only: tuple[str, ...] = ()) -> list[dict]:
     """One round of every client at one concurrency, fresh prompts, order rotated by run."""
-    from onboarding.frontend import process_cpu_s, tree_cpu_s
-    from onboarding.prompts import synthetic_prompts
-    from onboarding.serving_stats import histogram_mean_delta, parse_metrics, summarize
+    from onboarding.serving.frontend import process_cpu_s, tree_cpu_s
+    from onboarding.serving.prompts import synthetic_prompts
+    from onboarding.serving.stats import histogram_mean_delta, parse_metrics, summarize
     from resources.loadgen import LoadGenerator
 
     n = 2 * concurrency
@@ -681,7 +681,7 @@ def _scrape(base_url: str) -> str:
 
 def _hist_delta(before: str, after: str, metrics) -> dict:
     """Mean TTFT and ITL (ms) from the engine's histograms between two scrapes."""
-    from onboarding.serving_stats import histogram_mean_delta, parse_metrics
+    from onboarding.serving.stats import histogram_mean_delta, parse_metrics
 
     b, a = parse_metrics(before), parse_metrics(after)
     means = {"ttft_mean_ms": histogram_mean_delta(b, a, metrics.ttft_histogram),

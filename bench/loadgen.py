@@ -68,9 +68,9 @@ sys.path.insert(0, str(ROOT))
 import aiohttp
 
 import resources.loadgen as loadgen_mod
-from onboarding.frontend import process_cpu_s, tree_cpu_s
-from onboarding.prompts import synthetic_prompts
-from onboarding.serving_stats import histogram_mean_delta, parse_metrics, summarize
+from onboarding.serving.frontend import process_cpu_s, tree_cpu_s
+from onboarding.serving.prompts import synthetic_prompts
+from onboarding.serving.stats import histogram_mean_delta, parse_metrics, summarize
 from resources.loadgen import LoadGenerator, completion_bodies
 from tests.fakes.openai_stream_server import running_fake_server
 from tests.hub_cache import seed_hub_cache
@@ -412,7 +412,7 @@ def _cut_twin(twin_id: str, dest: Path) -> Path:
     """A performance twin's source (config.json + the twins' shared tokenizer) with its
     vocabulary kept and its body cut to 2 layers of width 64, so the CPU engine runs it on
     random weights: what the twin's tokens cost the frontend, not what its layers cost."""
-    from onboarding.twins import twin_source_dir
+    from onboarding.fetch.twins import twin_source_dir
 
     model = twin_source_dir(twin_id, dest)
     config = json.loads((model / "config.json").read_text())
@@ -423,8 +423,8 @@ def _cut_twin(twin_id: str, dest: Path) -> Path:
 
 
 def _cpu_engine(a, stack: contextlib.ExitStack) -> Engine_:
-    from onboarding.catalog import ArchitectureHint, ModelSpec
-    from onboarding.refs import VariantRef
+    from onboarding.common.refs import VariantRef
+    from onboarding.fetch.catalog import ArchitectureHint, ModelSpec
     from resources.engine import Engine
 
     engine = Engine(hardware="cpu", log_dir=str(Path(tempfile.gettempdir()) / "bench-loadgen"),

@@ -1,6 +1,6 @@
 """The B300 predictions of docs/predictions.md, regenerated offline on a CPU.
 
-Runs the project's own code (onboarding/predict.py, resources/predictor.py) exactly as the
+Runs the project's own code (onboarding/predictions/predict.py, resources/predictor.py) exactly as the
 `calibration` and `predictions` assets do: the recorded H200 points of configs/predict.yaml are
 predicted by AIConfigurator and give measured/predicted per metric; then every catalog model is
 predicted on `--node-type` (b300) for each precision of its ladder and TP 1-8 at the SLA scenario,
@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onboarding.catalog import ModelSpec
-from onboarding.errors import ConfigError
-from onboarding.plan import (
+from onboarding.common.errors import ConfigError
+from onboarding.common.tables import md_table, splice_generated
+from onboarding.deploy.plan import (
     Measured,
     NodesConfig,
     PlanInputs,
@@ -38,7 +38,8 @@ from onboarding.plan import (
     shape_from_config,
     shape_from_hint,
 )
-from onboarding.predict import (
+from onboarding.fetch.catalog import ModelSpec
+from onboarding.predictions.predict import (
     Calibration,
     PredictionTable,
     calibrate_points,
@@ -47,9 +48,8 @@ from onboarding.predict import (
     predict_model,
     prediction_to_dict,
 )
-from onboarding.serving_config import resolve_slo
-from onboarding.serving_plots import calibration_png
-from onboarding.tables import md_table, splice_generated
+from onboarding.serving.plots import calibration_png
+from onboarding.serving.serving_config import resolve_slo
 from resources.config_files import ConfigFiles
 from resources.predictor import AIConfiguratorPredictor
 

@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--config-dir", default="", help="configs/ to read quantization.yaml from")
     args = ap.parse_args()
 
-    from onboarding.variants import QuantizedVariant
+    from onboarding.quantize.variants import QuantizedVariant
     from resources.config_files import ConfigFiles
     from resources.evaluator import LmEvalEvaluator
     from resources.quantizer import STATE_SUFFIX, ModelOptQuantizer

@@ -83,8 +83,12 @@ def main() -> None:
     import torch
     import transformers
 
-    from onboarding.accuracy_gate import judge_variant, load_accuracy_gates, scores_from_lm_eval
-    from onboarding.variants import variant_dir
+    from onboarding.quantize.accuracy_gate import (
+        judge_variant,
+        load_accuracy_gates,
+        scores_from_lm_eval,
+    )
+    from onboarding.quantize.variants import variant_dir
     from resources.config_files import ConfigFiles
     from resources.evaluator import LmEvalEvaluator
     from resources.quantizer import ModelOptQuantizer

@@ -131,16 +131,17 @@ def main() -> None:
     import torch
     import yaml
 
-    from onboarding.accuracy_gate import (
+    from onboarding.common.config import load_yaml
+    from onboarding.common.refs import CheckpointRef
+    from onboarding.fetch.catalog import parse_spec
+    from onboarding.quantize.accuracy_gate import (
         ScoreBook,
         baseline_rows,
         decide,
         gate_rows,
         scores_to_json,
     )
-    from onboarding.catalog import load_yaml, parse_spec
-    from onboarding.refs import CheckpointRef
-    from onboarding.variants import (
+    from onboarding.quantize.variants import (
         IN_PROCESS,
         AccuracyRecord,
         AccuracyReport,

@@ -32,9 +32,9 @@ import yaml
 
 from assets.partitions import models_partitions
 from assets.serving import load_timing, serving_benchmark
-from onboarding.refs import CheckpointRef, VariantRef
-from onboarding.serving_plan import ServingPlan
-from onboarding.variants import QuantizedSet
+from onboarding.common.refs import CheckpointRef, VariantRef
+from onboarding.deploy.serving_plan import ServingPlan
+from onboarding.quantize.variants import QuantizedSet
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onboarding.automation import Discovery, Revalidation, StackObservation
-from onboarding.errors import ConfigError
+from onboarding.common.errors import ConfigError
+from onboarding.runs.automation import Discovery, Revalidation, StackObservation
 from pipelines.executors import config_files
 
 

@@ -24,8 +24,9 @@ from typing import Any
 import dagster as dg
 
 from assets.step_tags import GPU_SLOT_TAG
-from onboarding.catalog import deep_merge
-from onboarding.cluster import (
+from onboarding.common.config import deep_merge
+from onboarding.common.errors import ConfigError
+from onboarding.runs.cluster import (
     CACHE_STAGES,
     EXECUTOR_ENV,
     GPU_BOUND_STAGES,
@@ -41,7 +42,6 @@ from onboarding.cluster import (
     node_acceptance_pod_config,
     node_type_name,
 )
-from onboarding.errors import ConfigError
 from resources.config_files import ConfigFiles
 
 CONFIG_DIR_ENV = "ONBOARDING_CONFIG_DIR"

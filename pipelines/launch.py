@@ -12,9 +12,9 @@ import dagster as dg
 from pydantic import Field
 
 from assets.partitions import models_partitions
-from onboarding.catalog import ModelSpec, parse_spec
-from onboarding.discovery import write_discovered_spec
-from onboarding.errors import ConfigError
+from onboarding.common.errors import ConfigError
+from onboarding.fetch.catalog import ModelSpec, parse_spec
+from onboarding.fetch.discovery import write_discovered_spec
 from pipelines.jobs import onboard_model
 from resources.config_files import ConfigFiles
 

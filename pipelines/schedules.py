@@ -21,7 +21,7 @@ import dagster as dg
 
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, STACK_FINGERPRINT_KEY, current_stack
-from onboarding.tables import md_table
+from onboarding.common.tables import md_table
 from pipelines.automation import AT_LOAD
 from pipelines.executors import onboarding_executor
 from pipelines.jobs import LAYOUT_ASSETS

@@ -1,6 +1,6 @@
 """Sensors: checkpoints that land in the bucket, catalog keys as partitions, the serving stack.
 
-- `new_checkpoint_sensor` scans the watched prefix in bounded pages (onboarding.discovery),
+- `new_checkpoint_sensor` scans the watched prefix in bounded pages (onboarding.fetch.discovery),
   registers each complete model folder as a partition and requests one onboarding run per
   content id (run key `model@content-id`). Incomplete folders wait; a malformed spec beside the
   weights is logged as an error on the tick and remembered, other models carry on; deleted
@@ -22,8 +22,7 @@ import dagster as dg
 
 from assets.partitions import models_partitions, nodes_partitions
 from assets.stack import observation_event
-from onboarding.automation import AutomationConfig
-from onboarding.discovery import (
+from onboarding.fetch.discovery import (
     Folder,
     Known,
     ScanCursor,
@@ -33,6 +32,7 @@ from onboarding.discovery import (
     folder_uri,
     write_discovered_spec,
 )
+from onboarding.runs.automation import AutomationConfig
 from pipelines.automation import AT_LOAD
 from pipelines.jobs import onboard_model
 from pipelines.launch import job_stages

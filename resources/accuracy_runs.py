@@ -1,6 +1,6 @@
 """Scoring runs for the accuracy gate: a model in process, or a variant through the engine.
 
-The gate (onboarding/accuracy_gate.py) asks for scores through `Evaluate` callables, so it can
+The gate (onboarding/quantize/accuracy_gate.py) asks for scores through `Evaluate` callables, so it can
 re-evaluate an inconclusive task on more items without knowing how a score is made; these build
 them from the `Evaluator` resource (lm-eval) and, for the served mode, the `Engine` resource.
 Used by the `accuracy` and `served_accuracy` assets and by bench/served_accuracy_gpu.py, so the
@@ -13,7 +13,10 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 
-from onboarding.accuracy_gate import (
+from onboarding.common.errors import OnboardingError
+from onboarding.common.refs import CheckpointRef, VariantRef
+from onboarding.fetch.catalog import ModelSpec
+from onboarding.quantize.accuracy_gate import (
     AccuracyGates,
     Evaluate,
     ScoreBook,
@@ -22,12 +25,8 @@ from onboarding.accuracy_gate import (
     gate_rows,
     scores_from_lm_eval,
 )
-from onboarding.catalog import ModelSpec
-from onboarding.errors import OnboardingError
-from onboarding.refs import CheckpointRef, VariantRef
-from onboarding.served_accuracy import agreement
-from onboarding.serving_config import effective_max_model_len
-from onboarding.variants import (
+from onboarding.quantize.served_accuracy import agreement
+from onboarding.quantize.variants import (
     SERVED,
     AccuracyRecord,
     AccuracyReport,
@@ -36,6 +35,7 @@ from onboarding.variants import (
     ServedAccuracyReport,
     variant_ref,
 )
+from onboarding.serving.serving_config import effective_max_model_len
 from resources.engine import Engine, RunningEngine
 from resources.evaluator import Evaluator
 

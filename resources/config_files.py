@@ -14,19 +14,25 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field, ValidationError
 
-from onboarding.acceptance import AcceptanceConfig, NodeSetting, load_acceptance, node_setting
-from onboarding.accuracy_gate import AccuracyGates, load_accuracy_gates
-from onboarding.automation import AutomationConfig, Discovery, load_automation
-from onboarding.catalog import Catalog, ModelSpec, format_validation_error, read_catalog
-from onboarding.cluster import ClusterConfig, NodeType, load_cluster_config, load_node_type
-from onboarding.errors import ConfigError
-from onboarding.kserve import DeployConfig, Stack, load_deploy, load_stack
-from onboarding.layout import LayoutsConfig, check_references, load_layouts
-from onboarding.paths import DEFAULT_CONFIG_DIR, DEFAULT_DISCOVERED_DIR, PROJECT_ROOT
-from onboarding.plan import NodesConfig, load_nodes
-from onboarding.predict import PointsFile, PredictConfig, load_points, load_predict_config
-from onboarding.quantize_config import QuantizationConfig, load_quantization_config
-from onboarding.serving_config import (
+from onboarding.common.config import format_validation_error
+from onboarding.common.errors import ConfigError
+from onboarding.common.paths import DEFAULT_CONFIG_DIR, DEFAULT_DISCOVERED_DIR, PROJECT_ROOT
+from onboarding.deploy.kserve import DeployConfig, Stack, load_deploy, load_stack
+from onboarding.deploy.plan import NodesConfig, load_nodes
+from onboarding.fetch.catalog import Catalog, ModelSpec, read_catalog
+from onboarding.layouts.placement import LayoutsConfig, check_references, load_layouts
+from onboarding.nodes.acceptance import AcceptanceConfig, NodeSetting, load_acceptance, node_setting
+from onboarding.predictions.predict import (
+    PointsFile,
+    PredictConfig,
+    load_points,
+    load_predict_config,
+)
+from onboarding.quantize.accuracy_gate import AccuracyGates, load_accuracy_gates
+from onboarding.quantize.config import QuantizationConfig, load_quantization_config
+from onboarding.runs.automation import AutomationConfig, Discovery, load_automation
+from onboarding.runs.cluster import ClusterConfig, NodeType, load_cluster_config, load_node_type
+from onboarding.serving.serving_config import (
     EngineTemplate,
     Profile,
     SloSection,
@@ -35,7 +41,7 @@ from onboarding.serving_config import (
     load_slo_section,
     pick_profile,
 )
-from onboarding.stack import read_stack_config
+from onboarding.serving.stack import read_stack_config
 
 
 class ConfigFiles(dg.ConfigurableResource):

@@ -33,17 +33,17 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from onboarding import page_cache
-from onboarding.catalog import ModelSpec
-from onboarding.engine_config import ServingConfig
-from onboarding.errors import OnboardingError
-from onboarding.paths import PROJECT_ROOT
-from onboarding.processes import free_port, log_tail, port_is_free, reap_group
-from onboarding.refs import VariantRef
-from onboarding.serving_config import EngineTemplate, servable
-from onboarding.serving_plan import local_config
-from onboarding.serving_stats import StartSample
-from onboarding.twins import DUMMY_LOAD_FORMAT
+from onboarding.common.errors import OnboardingError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.processes import free_port, log_tail, port_is_free, reap_group
+from onboarding.common.refs import VariantRef
+from onboarding.deploy.serving_plan import local_config
+from onboarding.fetch.catalog import ModelSpec
+from onboarding.fetch.twins import DUMMY_LOAD_FORMAT
+from onboarding.serving import page_cache
+from onboarding.serving.engine_config import ServingConfig
+from onboarding.serving.serving_config import EngineTemplate, servable
+from onboarding.serving.stats import StartSample
 from resources.config_files import ConfigFiles
 
 LOG_TAIL_LINES = 40

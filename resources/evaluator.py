@@ -15,8 +15,8 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from onboarding.catalog import load_yaml
-from onboarding.errors import ConfigError
+from onboarding.common.config import load_yaml
+from onboarding.common.errors import ConfigError
 from resources.config_files import ConfigFiles
 
 

@@ -4,7 +4,7 @@
 
 A separate process so the CUDA context, the memory it takes and a hung kernel all end with it
 (the probe kills it at its timeout), while the parent samples telemetry through NVML. Results
-are raw timings and counts; judging them is onboarding.acceptance's job. Torch only.
+are raw timings and counts; judging them is onboarding.nodes.acceptance's job. Torch only.
 
 - burn: sustained bf16 matmuls on every listed GPU; every `check_every` rounds each GPU's
   result is compared with the reference it computed first through the same call (itself

@@ -16,13 +16,13 @@ from pathlib import Path
 
 from pydantic import Field
 
-from onboarding.catalog import SourceRef, check_revision
-from onboarding.checkpoint_manifest import (
+from onboarding.common.errors import FetchError
+from onboarding.fetch.catalog import SourceRef, check_revision
+from onboarding.fetch.checkpoint_manifest import (
     CHECKPOINT_PATTERNS,
     is_checkpoint_file,
     safe_relative_path,
 )
-from onboarding.errors import FetchError
 from resources.object_store import (
     FileDoneFn,
     LogFn,

@@ -6,7 +6,7 @@ up as TTFT and ITL the server never caused. This client pre-serializes every req
 the stream in whatever pieces the socket delivers (`iter_any`), splits SSE events itself and
 stamps each event once, parses it with orjson (a quarter of `json`'s cost, and JSON parsing is
 most of a client's CPU on fast streams); `/metrics` scrapes are stored raw during a point and
-parsed after it. The statistics are pure functions in `onboarding/serving_stats.py`.
+parsed after it. The statistics are pure functions in `onboarding/serving/stats.py`.
 
 What can go wrong is counted, never raised: every failed request is a record whose cause is one
 of `ERROR_CAUSES` (docs/serving.md), and a failed `/metrics` scrape is counted beside the point
@@ -28,7 +28,7 @@ import aiohttp
 import dagster as dg
 import orjson
 
-from onboarding.serving_stats import RequestRecord, parse_metrics
+from onboarding.serving.stats import RequestRecord, parse_metrics
 
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 _DETAIL_CHARS = 300

@@ -25,9 +25,9 @@ import jsonschema
 import yaml
 from pydantic import Field
 
-from onboarding.errors import ConfigError
-from onboarding.names import DNS1123_LABEL, DNS1123_SUBDOMAIN, MAX_LABEL, MAX_SUBDOMAIN
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.errors import ConfigError
+from onboarding.common.names import DNS1123_LABEL, DNS1123_SUBDOMAIN, MAX_LABEL, MAX_SUBDOMAIN
+from onboarding.common.paths import PROJECT_ROOT
 
 CRD_PATHS_ENV = "KSERVE_CRD_PATHS"
 KUBE_CONTEXT_ENV = "ONBOARDING_KUBE_CONTEXT"

@@ -9,7 +9,7 @@ and ECC counters, a direct-I/O read of the cache path, and S3 GETs through `S3Ob
 Every raw output is written to the `keep` directory a method is given (the node assets keep
 them beside the report; scripts/gpu_node_probe.py copies them out as test data). Absence is
 reported with its reason (`no GPU: nvidia-smi not found`), a tool that is present and fails
-with its error; judging either is onboarding.acceptance's job.
+with its error; judging either is onboarding.nodes.acceptance's job.
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from onboarding import acceptance as acc
-from onboarding.acceptance import NO_GPU
-from onboarding.errors import FetchError
-from onboarding.node_facts import FormatError, parse_dcgm_diag
-from onboarding.paths import PROJECT_ROOT
-from onboarding.processes import free_port, log_tail, reap_group
-from onboarding.stack import nvidia_facts
+from onboarding.common.errors import FetchError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.processes import free_port, log_tail, reap_group
+from onboarding.nodes import acceptance as acc
+from onboarding.nodes.acceptance import NO_GPU
+from onboarding.nodes.facts import FormatError, parse_dcgm_diag
+from onboarding.serving.stack import nvidia_facts
 from resources.s3 import S3ObjectStore
 from resources.telemetry import GpuTelemetry
 

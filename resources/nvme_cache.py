@@ -23,9 +23,10 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from onboarding import checksums
-from onboarding.catalog import SourceRef
-from onboarding.checkpoint_manifest import (
+from onboarding.common.errors import FetchError, IncompleteCheckpointError, IntegrityError
+from onboarding.fetch import checksums
+from onboarding.fetch.catalog import SourceRef
+from onboarding.fetch.checkpoint_manifest import (
     MANIFEST_NAME,
     CheckpointManifest,
     FileEntry,
@@ -35,9 +36,8 @@ from onboarding.checkpoint_manifest import (
     sha256_file,
     verify_entry,
 )
-from onboarding.checksums import EVIDENCE_ORDER
-from onboarding.errors import FetchError, IncompleteCheckpointError, IntegrityError
-from onboarding.twins import NO_WEIGHTS, split_weights
+from onboarding.fetch.checksums import EVIDENCE_ORDER
+from onboarding.fetch.twins import NO_WEIGHTS, split_weights
 from resources.object_store import LogFn, ObjectStore, RemoteCheckpoint, RemoteObject
 
 GIB = 1 << 30
@@ -51,7 +51,7 @@ class FetchResult:
     seconds: float
     bytes_fetched: int  # over the wire in this run
     bytes_resumed: int = 0  # found already received by an interrupted earlier run
-    # What verified each file at fetch time (`onboarding.checksums.EVIDENCE_ORDER`): path ->
+    # What verified each file at fetch time (`onboarding.fetch.checksums.EVIDENCE_ORDER`): path ->
     # kind, with the reason where it is "size_only" (nothing recorded at the source).
     evidence: dict[str, str] = field(default_factory=dict)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from onboarding import checksums
-from onboarding.catalog import SourceRef
+from onboarding.fetch import checksums
+from onboarding.fetch.catalog import SourceRef
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class RemoteObject:
 
     def evidence(self) -> tuple[str, str | None]:
         """What verifies this object once fetched: (kind, the value to compare with), the
-        strongest first (`onboarding.checksums.EVIDENCE_ORDER`); ("size_only", None) if none."""
+        strongest first (`onboarding.fetch.checksums.EVIDENCE_ORDER`); ("size_only", None) if none."""
         if self.sha256:
             return "sha256", self.sha256
         alg, value = self.checksum_algorithm, self.checksum

@@ -26,9 +26,9 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from onboarding.errors import OnboardingError
-from onboarding.files import write_atomic
-from onboarding.predict import Prediction, PredictionRequest, classify_coverage
+from onboarding.common.errors import OnboardingError
+from onboarding.common.files import write_atomic
+from onboarding.predictions.predict import Prediction, PredictionRequest, classify_coverage
 
 DISTRIBUTION = "aiconfigurator"
 _QUIET = ("aiconfigurator", "aiconfigurator_core")

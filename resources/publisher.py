@@ -18,10 +18,10 @@ from pathlib import Path
 from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import BotoCoreError, ClientError
 
-from onboarding.catalog import parse_source
-from onboarding.checkpoint_manifest import MANIFEST_NAME
-from onboarding.errors import OnboardingError
-from onboarding.refs import PublishedVariant
+from onboarding.common.errors import OnboardingError
+from onboarding.common.refs import PublishedVariant
+from onboarding.fetch.catalog import parse_source
+from onboarding.fetch.checkpoint_manifest import MANIFEST_NAME
 from resources.s3 import S3ObjectStore
 
 MARKER = "PUBLISHED.json"

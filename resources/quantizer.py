@@ -24,8 +24,18 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from onboarding.errors import ConfigError
-from onboarding.export_check import (
+from onboarding.common.errors import ConfigError
+from onboarding.fetch.twins import (
+    NO_WEIGHTS,
+    marker_hf_quant_config,
+    marker_problems,
+    write_twin_variant,
+)
+from onboarding.quantize.config import (
+    QuantizationConfig,
+    VariantConfig,
+)
+from onboarding.quantize.export_check import (
     ExportError,
     OutputComparison,
     compare_logits,
@@ -33,17 +43,7 @@ from onboarding.export_check import (
     logits_on,
     scale_mismatches,
 )
-from onboarding.quantize_config import (
-    QuantizationConfig,
-    VariantConfig,
-)
-from onboarding.twins import (
-    NO_WEIGHTS,
-    marker_hf_quant_config,
-    marker_problems,
-    write_twin_variant,
-)
-from onboarding.variants import (
+from onboarding.quantize.variants import (
     QuantizationError,
     QuantizedVariant,
     pack_sequences,

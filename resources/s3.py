@@ -47,11 +47,11 @@ from botocore.exceptions import (
 )
 from pydantic import Field, PrivateAttr
 
-from onboarding import checksums
-from onboarding.catalog import SourceRef
-from onboarding.checkpoint_manifest import is_checkpoint_file, safe_relative_path
-from onboarding.discovery import Listed
-from onboarding.errors import FetchError
+from onboarding.common.errors import FetchError
+from onboarding.fetch import checksums
+from onboarding.fetch.catalog import SourceRef
+from onboarding.fetch.checkpoint_manifest import is_checkpoint_file, safe_relative_path
+from onboarding.fetch.discovery import Listed
 from resources.object_store import (
     FileDoneFn,
     LogFn,
@@ -485,7 +485,7 @@ class S3ObjectStore(ObjectStore):
         """Upload a checkpoint directory with each file's sha256 as `x-amz-meta-sha256`."""
         from boto3.s3.transfer import TransferConfig
 
-        from onboarding.checkpoint_manifest import sha256_file
+        from onboarding.fetch.checkpoint_manifest import sha256_file
 
         cfg = TransferConfig(multipart_chunksize=self.chunk_size_mb << 20,
                              max_concurrency=self.max_concurrency)

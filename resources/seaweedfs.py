@@ -17,8 +17,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from onboarding.errors import OnboardingError
-from onboarding.processes import free_port, log_tail, reap_group
+from onboarding.common.errors import OnboardingError
+from onboarding.common.processes import free_port, log_tail, reap_group
 
 # Ports `weed mini` opens; each is set explicitly so nothing lands on a fixed default.
 _PORT_FLAGS = (

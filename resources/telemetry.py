@@ -6,7 +6,7 @@ dcgm-exporter scraped when one is configured.
     t0 = sampler.elapsed_s()
     ...                                      # a burn, a benchmark point
     samples = sampler.stop()                 # list of flat dicts, DCGM field names
-    onboarding.telemetry.summarize(samples, t0, sampler_end)   # per GPU window
+    onboarding.nodes.telemetry.summarize(samples, t0, sampler_end)   # per GPU window
 
 Samples are taken on a background thread every `interval_s`; NVML calls release the GIL, so
 the work being measured keeps its pace. XID events come from NVML's event set (a second thread)
@@ -27,7 +27,7 @@ from typing import Any, Self
 import dagster as dg
 from pydantic import Field
 
-from onboarding.telemetry import (
+from onboarding.nodes.telemetry import (
     CLOCK_REASONS,
     ECC_DBE_VOL,
     ECC_SBE_VOL,

@@ -2,7 +2,7 @@
 
 Reads the `serving_benchmark.csv` the serving_benchmark asset writes (one row per scenario x
 concurrency), turns each steady, error-free point into a measured point
-(onboarding.predict.points_from_sweep_rows) with the model's config.json beside it, and writes
+(onboarding.predictions.predict.points_from_sweep_rows) with the model's config.json beside it, and writes
 predict.yaml's points file (configs/predict/h200_points.json) with them added; a point of the
 same configuration measured by the same engine is replaced. Then regenerate the docs:
 `.venv/bin/python bench/predictions.py` (and `--record` for the CPU tests' recorded answers).
@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onboarding.files import write_atomic
-from onboarding.predict import Scenario, add_points, points_from_sweep_rows
+from onboarding.common.files import write_atomic
+from onboarding.predictions.predict import Scenario, add_points, points_from_sweep_rows
 from resources.config_files import ConfigFiles
 
 

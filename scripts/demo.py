@@ -63,8 +63,8 @@ def start_s3():
 
 
 def upload_model(server, source: str, model_dir: Path = MODEL_DIR) -> None:
-    from onboarding.catalog import parse_source
-    from onboarding.checkpoint_manifest import is_checkpoint_file
+    from onboarding.fetch.catalog import parse_source
+    from onboarding.fetch.checkpoint_manifest import is_checkpoint_file
     from resources.s3 import S3ObjectStore
 
     ref = parse_source(source)
@@ -88,7 +88,7 @@ def upload_twins(server, specs) -> None:
     random)."""
     import tempfile
 
-    from onboarding.twins import TWINS_DATA, twin_source_dir
+    from onboarding.fetch.twins import TWINS_DATA, twin_source_dir
 
     for spec in specs:
         if spec.is_twin and spec.source.startswith("s3://") and (TWINS_DATA / spec.id).is_dir():
@@ -157,7 +157,7 @@ def _interrupt(signum, frame):
 def run_dagster_dev(port: int) -> int:
     """`dagster dev` in its own process group, so Ctrl+C here stops all of it (webserver,
     daemon, code servers, run workers) with SIGTERM, then SIGKILL after a grace period."""
-    from onboarding.processes import reap_group
+    from onboarding.common.processes import reap_group
 
     proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "dagster"), "dev", "-h", "127.0.0.1",
                              "-p", str(port), "-w", "workspace.yaml"], cwd=ROOT,

@@ -2,9 +2,9 @@
 launchers, each alone and then both under load, and whether either's SLO numbers degrade
 beyond a stated bound (issue 16).
 
-The layout is planned by the project's own code (onboarding.layout) on a two-GPU H200 node
+The layout is planned by the project's own code (onboarding.layouts.placement) on a two-GPU H200 node
 (one NUMA node per GPU here, since the lent machine's topology is not known in advance), and
-the engines start from the launchers onboarding.layout_render writes: CUDA_VISIBLE_DEVICES
+the engines start from the launchers onboarding.layouts.render writes: CUDA_VISIBLE_DEVICES
 isolation, the fixed --gpu-memory-utilization, numactl where the machine has it. The models are
 performance twins: a config.json and tokenizer (`--model-dir`), weights random
 (`--load-format dummy`) unless safetensors are there. The gateway (LiteLLM) runs only where
@@ -36,20 +36,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from onboarding.catalog import ArchitectureHint, ModelSpec
-from onboarding.kserve import load_deploy, load_stack
-from onboarding.layout import Layout, layout_entries, load_layouts, plan_layout
-from onboarding.layout_render import render_layout, write_layout_files
-from onboarding.paths import DEFAULT_CONFIG_DIR
-from onboarding.plan import (
+from onboarding.common.paths import DEFAULT_CONFIG_DIR
+from onboarding.common.processes import reap_group
+from onboarding.deploy.kserve import load_deploy, load_stack
+from onboarding.deploy.plan import (
     Measured,
     load_nodes,
     param_count_from_safetensors,
     plan_inputs,
     shape_from_checkpoint,
 )
-from onboarding.processes import reap_group
-from onboarding.serving_config import load_engine_templates, load_slo_section
+from onboarding.fetch.catalog import ArchitectureHint, ModelSpec
+from onboarding.layouts.placement import Layout, layout_entries, load_layouts, plan_layout
+from onboarding.layouts.render import render_layout, write_layout_files
+from onboarding.serving.serving_config import load_engine_templates, load_slo_section
 
 NODE = "h200x2"
 LAYOUT = "h200x2-pair"

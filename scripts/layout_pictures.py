@@ -12,12 +12,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from onboarding.catalog import load_catalog
-from onboarding.layout import layout_entries, load_layouts, plan_layout
-from onboarding.layout_plot import layout_png
-from onboarding.paths import DEFAULT_CONFIG_DIR, PROJECT_ROOT
-from onboarding.plan import Measured, load_nodes, plan_inputs, shape_from_hint
-from onboarding.serving_config import load_slo_section
+from onboarding.common.paths import DEFAULT_CONFIG_DIR, PROJECT_ROOT
+from onboarding.deploy.plan import Measured, load_nodes, plan_inputs, shape_from_hint
+from onboarding.fetch.catalog import load_catalog
+from onboarding.layouts.placement import layout_entries, load_layouts, plan_layout
+from onboarding.layouts.plot import layout_png
+from onboarding.serving.serving_config import load_slo_section
 
 
 def main() -> int:

@@ -15,7 +15,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
 
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.paths import PROJECT_ROOT
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.s3 import S3ObjectStore
 from resources.seaweedfs import LocalS3Server

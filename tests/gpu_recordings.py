@@ -23,10 +23,12 @@ from typing import Any
 
 import yaml
 
-from onboarding.paths import PROJECT_ROOT
-from onboarding.refs import CheckpointRef, PublishedVariant, VariantRef
-from onboarding.serving_config import resolve_slo
-from onboarding.serving_stats import (
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import CheckpointRef, PublishedVariant, VariantRef
+from onboarding.common.tables import read_md_table
+from onboarding.quantize.variants import AccuracyReport, GateOutcome
+from onboarding.serving.serving_config import resolve_slo
+from onboarding.serving.stats import (
     LoadTimingResult,
     PointStats,
     ServingBenchmarkResult,
@@ -35,8 +37,6 @@ from onboarding.serving_stats import (
     headline,
     summarize_load_timing,
 )
-from onboarding.tables import read_md_table
-from onboarding.variants import AccuracyReport, GateOutcome
 from resources.config_files import ConfigFiles
 
 H200 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200"

@@ -16,18 +16,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from onboarding.accuracy_gate import load_accuracy_gates
-from onboarding.catalog import load_catalog
-from onboarding.kserve import load_deploy, load_stack
-from onboarding.paths import PROJECT_ROOT
-from onboarding.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
-from onboarding.predict import prediction_from_dict, tabulate
-from onboarding.readiness import ManifestFacts, judge
-from onboarding.refs import CheckpointRef, PublishedVariant, VariantRef
-from onboarding.serving_config import load_engine_templates, load_slo_section, resolve_slo
-from onboarding.serving_plan import ServingPlan, serving_plan
-from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
-from onboarding.variants import AccuracyReport, GateOutcome, QuantizedSet, QuantizedVariant
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import CheckpointRef, PublishedVariant, VariantRef
+from onboarding.deploy.kserve import load_deploy, load_stack
+from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
+from onboarding.deploy.readiness import ManifestFacts, judge
+from onboarding.deploy.serving_plan import ServingPlan, serving_plan
+from onboarding.fetch.catalog import load_catalog
+from onboarding.predictions.predict import prediction_from_dict, tabulate
+from onboarding.quantize.accuracy_gate import load_accuracy_gates
+from onboarding.quantize.variants import AccuracyReport, GateOutcome, QuantizedSet, QuantizedVariant
+from onboarding.serving.serving_config import load_engine_templates, load_slo_section, resolve_slo
+from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
 CONFIGS = PROJECT_ROOT / "configs"
 NODES = load_nodes(CONFIGS / "nodes.yaml")
@@ -194,8 +194,8 @@ def stand_in_model(model: str = BIG) -> Stored:
 
 def facts_of(stored: Stored, readiness_at: float = 1_764_000_000.0, previous=None):
     """The ModelFacts the report asset would gather for these stored values (pure)."""
-    from onboarding.report import ModelFacts, carry_since, manifest_row
-    from onboarding.variants import choose_precision
+    from onboarding.quantize.variants import choose_precision
+    from onboarding.reports.pages import ModelFacts, carry_since, manifest_row
 
     v, spec = stored.values, CATALOG[stored.model]
     _, skipped = choose_precision(spec.precision_ladder, v["quantized"], v["accuracy"])
@@ -248,7 +248,7 @@ def store_model(instance, stored: Stored, configs, outputs) -> None:
     sweep CSV serving_benchmark writes."""
     import shutil
 
-    from onboarding.tables import write_csv
+    from onboarding.common.tables import write_csv
     from tests.dagster_support import store_upstream
 
     shutil.copy(CONFIGS / "models" / f"{stored.model}.yaml", configs.models_path)

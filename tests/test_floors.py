@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.paths import PROJECT_ROOT
 
 FLOORS = ("pipelines", "assets", "resources", "onboarding")
 # floor -> top-level packages it must never import
@@ -70,6 +70,45 @@ def test_assets_read_no_environment():
                     isinstance(node.value, ast.Name) and node.value.id == "os":
                 bad.append(f"{p.relative_to(PROJECT_ROOT)}:{node.lineno}: os.{node.attr}")
     assert not bad, "\n".join(bad)
+
+
+def _grouping_violations(onboarding: Path) -> list[str]:
+    """onboarding/ is packages by domain (issue 27): no flat module beside them, and
+    onboarding/common/ (the small shared helpers) imports no other onboarding package, so that
+    every package may use it without a cycle."""
+    bad = [f"onboarding/{p.name}: a flat module; move it into the package of its domain"
+           for p in sorted(onboarding.glob("*.py")) if p.name != "__init__.py"]
+    bad += [f"onboarding/{d.name}/: a package without __init__.py"
+            for d in sorted(onboarding.iterdir())
+            if d.is_dir() and any(d.rglob("*.py")) and not (d / "__init__.py").is_file()]
+    for p in sorted((onboarding / "common").rglob("*.py")):
+        bad += [f"{p.relative_to(onboarding.parent)}:{line}: imports {name}"
+                for line, name in _imports(p)
+                if name.split(".")[0] == "onboarding" and
+                not (name + ".").startswith("onboarding.common.")]
+    return bad
+
+
+def test_onboarding_is_grouped_and_common_imports_no_other_package():
+    bad = _grouping_violations(PROJECT_ROOT / "onboarding")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_grouping_check_catches_a_violation(tmp_path):
+    """A flat module, a folder without __init__.py and common importing a stage are found."""
+    root = tmp_path / "onboarding"
+    (root / "common").mkdir(parents=True)
+    (root / "fetch").mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "common" / "__init__.py").write_text("")
+    (root / "common" / "ok.py").write_text("from onboarding.common.errors import ConfigError\n")
+    (root / "common" / "bad.py").write_text("import os\nfrom onboarding.fetch.catalog import X\n")
+    (root / "fetch" / "catalog.py").write_text("")
+    (root / "loose.py").write_text("")
+    assert _grouping_violations(root) == [
+        "onboarding/loose.py: a flat module; move it into the package of its domain",
+        "onboarding/fetch/: a package without __init__.py",
+        "onboarding/common/bad.py:2: imports onboarding.fetch.catalog"]
 
 
 def test_the_floor_check_catches_a_violation(tmp_path):

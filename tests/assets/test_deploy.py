@@ -20,10 +20,10 @@ import yaml
 from assets.deploy import gateway_routes, kserve_manifest, serving_config
 from assets.partitions import models_partitions
 from assets.stack import current_stack
-from onboarding.paths import PROJECT_ROOT
-from onboarding.refs import CheckpointRef, VariantRef
-from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
-from onboarding.variants import AccuracyReport, GateOutcome
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import CheckpointRef, VariantRef
+from onboarding.quantize.variants import AccuracyReport, GateOutcome
+from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.huggingface import HuggingFaceStore
 from resources.manifest_validator import DEFAULT_CRD_DIR, ManifestValidator
@@ -301,7 +301,7 @@ def test_rendered_files_are_readable_like_any_file_the_user_writes(tmp_path: Pat
     mode the user's umask gives an ordinary file."""
     import os
 
-    from onboarding.files import write_atomic
+    from onboarding.common.files import write_atomic
 
     umask = os.umask(0o022)
     try:

@@ -23,9 +23,9 @@ import yaml
 
 from assets.deploy import kserve_manifest, serving_config
 from assets.partitions import models_partitions
-from onboarding.paths import PROJECT_ROOT
-from onboarding.serving_stats import PointStats, slo_violations
-from onboarding.tables import read_md_table
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.tables import read_md_table
+from onboarding.serving.stats import PointStats, slo_violations
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.huggingface import HuggingFaceStore
 from resources.manifest_validator import ManifestValidator

@@ -7,7 +7,7 @@ a concurrency the sweep measured (issue 25: the earlier run had no 32 and was ju
 
 from __future__ import annotations
 
-from onboarding.serving_stats import Slo, headline
+from onboarding.serving.stats import Slo, headline
 from tests.gpu_recordings import MODEL, points, recording_run3, sweep_rows_run3
 
 

@@ -17,8 +17,8 @@ import yaml
 
 from assets.layout import node_layout
 from assets.partitions import models_partitions
-from onboarding.paths import PROJECT_ROOT
-from onboarding.serving_stats import ServingBenchmarkResult
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.serving.stats import ServingBenchmarkResult
 from resources.manifest_validator import ManifestValidator
 from tests.dagster_support import store_upstream
 

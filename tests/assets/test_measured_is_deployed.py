@@ -18,9 +18,9 @@ import yaml
 from assets.deploy import kserve_manifest, published_variant, serving_config
 from assets.partitions import models_partitions
 from assets.serving import SLO_CHECK, load_timing, serving_benchmark
-from onboarding.paths import PROJECT_ROOT
-from onboarding.refs import CheckpointRef, VariantRef
-from onboarding.variants import AccuracyReport, QuantizedSet, write_manifest
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import CheckpointRef, VariantRef
+from onboarding.quantize.variants import AccuracyReport, QuantizedSet, write_manifest
 from resources.engine import Engine
 from resources.huggingface import HuggingFaceStore
 from resources.loadgen import LoadGenerator

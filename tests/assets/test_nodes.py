@@ -23,8 +23,8 @@ from assets.nodes import (
     storage_read,
 )
 from assets.partitions import nodes_partitions
-from onboarding import acceptance as acc
-from onboarding.node_facts import parse_dcgm_diag
+from onboarding.nodes import acceptance as acc
+from onboarding.nodes.facts import parse_dcgm_diag
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.node_probe import NodeProbe
 from resources.nvme_cache import NvmeCache

@@ -16,8 +16,8 @@ import yaml
 
 from assets.partitions import models_partitions
 from assets.predict import calibration, predictions
-from onboarding.paths import PROJECT_ROOT
-from onboarding.predict import Calibration, PredictionTable
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.predictions.predict import Calibration, PredictionTable
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.predictor import AIConfiguratorPredictor, library_version
 from resources.upstream import optional_upstream

@@ -20,7 +20,7 @@ from assets.quantize import (
     serving_variant,
 )
 from assets.stack import current_stack
-from onboarding.refs import CheckpointRef, VariantRef
+from onboarding.common.refs import CheckpointRef, VariantRef
 from resources.config_files import ConfigFiles
 from resources.engine import Engine
 from resources.evaluator import LmEvalEvaluator

@@ -19,8 +19,8 @@ import pytest
 
 from assets.partitions import nodes_partitions
 from assets.report import fleet_report, readiness_report
-from onboarding.paths import PROJECT_ROOT
-from onboarding.report import FleetReport, ModelReport
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.reports.pages import FleetReport, ModelReport
 from resources.upstream import materialized_at
 from tests.dagster_support import metadata, store_upstream
 from tests.report_facts import (

@@ -13,12 +13,12 @@ from assets.node_gate import NODE_CHECK
 from assets.partitions import models_partitions, nodes_partitions
 from assets.serving import COLD_START_CHECK, SLO_CHECK, load_timing, serving_benchmark
 from assets.stack import current_stack
-from onboarding.paths import PROJECT_ROOT
-from onboarding.refs import CheckpointRef, VariantRef
-from onboarding.serving_plan import ServingPlan
-from onboarding.serving_stats import LoadTimingResult
-from onboarding.stack import nvidia_facts
-from onboarding.variants import QuantizedSet
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import CheckpointRef, VariantRef
+from onboarding.deploy.serving_plan import ServingPlan
+from onboarding.quantize.variants import QuantizedSet
+from onboarding.serving.stack import nvidia_facts
+from onboarding.serving.stats import LoadTimingResult
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator

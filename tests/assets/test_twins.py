@@ -30,8 +30,8 @@ from assets.quantize import (
 from assets.readiness import readiness
 from assets.served_accuracy import PRECISIONS, agreement_check_name, served_accuracy
 from assets.serving import COLD_START_CHECK, SLO_CHECK, load_timing, serving_benchmark
-from onboarding.paths import PROJECT_ROOT
-from onboarding.twins import (
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.fetch.twins import (
     NO_WEIGHTS,
     NOT_A_WEIGHT_READ,
     NOT_APPLICABLE,

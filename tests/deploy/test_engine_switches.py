@@ -15,13 +15,13 @@ from functools import cache
 
 import pytest
 
-from onboarding.catalog import ModelSpec, load_catalog
-from onboarding.engine_config import evidence
-from onboarding.kserve import RenderInputs, load_deploy, load_stack, render, storage_for
-from onboarding.paths import PROJECT_ROOT
-from onboarding.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
-from onboarding.serving_config import load_engine_templates
-from onboarding.serving_plan import local_config, serving_plan
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.deploy.kserve import RenderInputs, load_deploy, load_stack, render, storage_for
+from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
+from onboarding.deploy.serving_plan import local_config, serving_plan
+from onboarding.fetch.catalog import ModelSpec, load_catalog
+from onboarding.serving.engine_config import evidence
+from onboarding.serving.serving_config import load_engine_templates
 
 CONFIGS = PROJECT_ROOT / "configs"
 ENGINE_PY = PROJECT_ROOT / ".venv-engine" / "bin" / "python"
@@ -146,9 +146,9 @@ def test_the_check_catches_a_stale_switch():
 def test_layout_engine_args_are_known_to_the_engine():
     """Every flag a node layout renders (InferenceService args and bare-metal launchers, e.g.
     --enable-expert-parallel at EP 8, --runner=pooling) is in the engine's own parser."""
-    from onboarding.layout import layout_entries, load_layouts, plan_layout
-    from onboarding.layout_render import render_layout
-    from onboarding.serving_config import load_slo_section
+    from onboarding.layouts.placement import layout_entries, load_layouts, plan_layout
+    from onboarding.layouts.render import render_layout
+    from onboarding.serving.serving_config import load_slo_section
 
     reg = engine_registry()
     flags_known = set(reg["flags"])

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from assets.step_tags import GPU_BOUND_ASSETS
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.paths import PROJECT_ROOT
 
 VALUES = yaml.safe_load((PROJECT_ROOT / "deploy" / "helm" / "values.yaml").read_text())
 K8S_VERSION = "1.33.0"

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onboarding.errors import ConfigError
-from onboarding.kserve import load_stack
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.errors import ConfigError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.deploy.kserve import load_stack
 
 STACK_YAML = PROJECT_ROOT / "configs" / "stack.yaml"
 
@@ -75,8 +75,8 @@ def test_blackwell_on_a_cuda12_build_is_refused(tmp_path):
 
 
 def test_a_config_whose_image_the_rule_does_not_produce_is_not_rendered():
-    from onboarding.engine_config import evidence
-    from onboarding.kserve import RenderInputs, render, storage_for
+    from onboarding.deploy.kserve import RenderInputs, render, storage_for
+    from onboarding.serving.engine_config import evidence
     from tests.onboarding.test_kserve import DEPLOY, NODES, configured
 
     spec, p, config = configured("llama-3-1-70b-instruct", "b300")

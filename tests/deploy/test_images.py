@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.paths import PROJECT_ROOT
 
 DEPLOY = PROJECT_ROOT / "deploy"
 DOCKERFILES = [DEPLOY / "Dockerfile", DEPLOY / "Dockerfile.gpu"]

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from onboarding.errors import OnboardingError
+from onboarding.common.errors import OnboardingError
 
 APT_HINT = "apt-get install -y postgresql"
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.paths import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.paths import PROJECT_ROOT
 from tests.e2e.postgres import APT_HINT, LocalPostgres, find_bin_dir
 
 HELM_VALUES = PROJECT_ROOT / "deploy" / "helm" / "values.yaml"

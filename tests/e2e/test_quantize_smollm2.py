@@ -17,8 +17,8 @@ import yaml
 
 from assets.partitions import models_partitions
 from assets.quantize import accuracy, export_check_name, gate_check_name, quantized, serving_variant
-from onboarding.paths import PROJECT_ROOT
-from onboarding.refs import CheckpointRef
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import CheckpointRef
 from resources.engine import Engine
 from resources.evaluator import LmEvalEvaluator
 from resources.quantizer import ModelOptQuantizer

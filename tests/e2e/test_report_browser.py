@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.paths import PROJECT_ROOT
 from tests.e2e.test_ui import CHROMIUM, CHROMIUM_ARGS
 from tests.report_facts import BIG, materialize_reports, ready_model, stand_in_model, store_model
 

@@ -18,9 +18,9 @@ import yaml
 from assets.partitions import models_partitions
 from assets.quantize import accuracy, serving_variant
 from assets.served_accuracy import agreement_check_name, served_accuracy, served_gate_check_name
-from onboarding.paths import PROJECT_ROOT
-from onboarding.refs import CheckpointRef
-from onboarding.variants import QuantizedSet, QuantizedVariant
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import CheckpointRef
+from onboarding.quantize.variants import QuantizedSet, QuantizedVariant
 from resources.engine import Engine
 from resources.evaluator import LmEvalEvaluator
 from resources.quantizer import ModelOptQuantizer

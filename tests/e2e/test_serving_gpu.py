@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from onboarding.paths import PROJECT_ROOT
-from onboarding.refs import VariantRef
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import VariantRef
 from resources.engine import Engine, detect_hardware
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

@@ -22,18 +22,18 @@ import pytest
 
 from assets.partitions import models_partitions
 from assets.serving import SLO_CHECK, load_timing, serving_benchmark
-from onboarding.paths import PROJECT_ROOT
-from onboarding.processes import free_port
-from onboarding.prompts import synthetic_prompts
-from onboarding.refs import CheckpointRef, VariantRef
-from onboarding.serving_plan import ServingPlan
-from onboarding.serving_stats import (
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.processes import free_port
+from onboarding.common.refs import CheckpointRef, VariantRef
+from onboarding.deploy.serving_plan import ServingPlan
+from onboarding.quantize.variants import QuantizedSet
+from onboarding.serving.prompts import synthetic_prompts
+from onboarding.serving.stats import (
     LoadTimingResult,
     histogram_mean_delta,
     parse_metrics,
     summarize,
 )
-from onboarding.variants import QuantizedSet
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator, completion_bodies
 from resources.telemetry import GpuTelemetry

@@ -23,13 +23,13 @@ from assets.partitions import models_partitions
 from assets.quantize import accuracy, quantized, serving_variant
 from assets.served_accuracy import served_accuracy
 from assets.serving import load_timing, serving_benchmark
-from onboarding.catalog import ArchitectureHint, ModelSpec
-from onboarding.frontend import process_cpu_s
-from onboarding.paths import PROJECT_ROOT
-from onboarding.prompts import synthetic_prompts
-from onboarding.refs import VariantRef
-from onboarding.serving_stats import parse_metrics, summarize
-from onboarding.twins import NOT_A_WEIGHT_READ, twin_source_dir
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import VariantRef
+from onboarding.fetch.catalog import ArchitectureHint, ModelSpec
+from onboarding.fetch.twins import NOT_A_WEIGHT_READ, twin_source_dir
+from onboarding.serving.frontend import process_cpu_s
+from onboarding.serving.prompts import synthetic_prompts
+from onboarding.serving.stats import parse_metrics, summarize
 from resources.engine import Engine
 from resources.evaluator import LmEvalEvaluator
 from resources.huggingface import HuggingFaceStore

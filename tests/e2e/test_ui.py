@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onboarding.paths import PROJECT_ROOT
-from onboarding.processes import free_port, reap_group
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.processes import free_port, reap_group
 from tests.conftest import write_spec
 
 pytestmark = pytest.mark.slow

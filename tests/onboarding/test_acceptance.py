@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onboarding import acceptance as acc
-from onboarding import telemetry as tm
-from onboarding.errors import ConfigError
+from onboarding.common.errors import ConfigError
+from onboarding.nodes import acceptance as acc
+from onboarding.nodes import telemetry as tm
 from resources.config_files import ConfigFiles
 
 DATA = Path(__file__).parents[1] / "data" / "acceptance"

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onboarding import acceptance as acc
-from onboarding import telemetry as tm
-from onboarding.acceptance_report import checks_csv_table
-from onboarding.node_facts import parse_dcgm_diag, parse_smi_xml, parse_topo_matrix
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.nodes import acceptance as acc
+from onboarding.nodes import telemetry as tm
+from onboarding.nodes.acceptance_report import checks_csv_table
+from onboarding.nodes.facts import parse_dcgm_diag, parse_smi_xml, parse_topo_matrix
 from resources.config_files import ConfigFiles
 
 DATA = Path(__file__).parents[1] / "data" / "acceptance"

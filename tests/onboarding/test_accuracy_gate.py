@@ -6,7 +6,8 @@ from statistics import NormalDist
 
 import pytest
 
-from onboarding.accuracy_gate import (
+from onboarding.common.errors import ConfigError
+from onboarding.quantize.accuracy_gate import (
     AccuracyGates,
     ScoreBook,
     TaskScore,
@@ -20,8 +21,7 @@ from onboarding.accuracy_gate import (
     paired_difference,
     scores_from_lm_eval,
 )
-from onboarding.errors import ConfigError
-from onboarding.sequential import boundaries
+from onboarding.quantize.sequential import boundaries
 
 BASE_CFG = {
     "tolerance": {"max_abs_drop": 0.03, "max_rel_drop": 0.05}, "z": 1.645, "min_items": 10,
@@ -328,7 +328,7 @@ def test_a_gates_file_from_before_issue_17_still_loads_with_the_new_defaults(tmp
 
 
 def test_shipped_gates_parse():
-    from onboarding.paths import PROJECT_ROOT
+    from onboarding.common.paths import PROJECT_ROOT
 
     gates = load_accuracy_gates(PROJECT_ROOT / "configs" / "gates.yaml")
     assert gates.tolerance.max_abs_drop > 0 and gates.inconclusive.policy == "fail"

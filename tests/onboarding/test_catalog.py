@@ -7,16 +7,11 @@ import re
 
 import pytest
 
-from onboarding.catalog import (
-    StrictConfig,
-    load_catalog,
-    load_config_file,
-    parse_source,
-    read_catalog,
-)
-from onboarding.errors import ConfigError
-from onboarding.names import is_dns1123_label, is_dns1123_subdomain, to_dns1123_label
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.config import StrictConfig, load_config_file
+from onboarding.common.errors import ConfigError
+from onboarding.common.names import is_dns1123_label, is_dns1123_subdomain, to_dns1123_label
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.fetch.catalog import load_catalog, parse_source, read_catalog
 
 
 def test_shipped_catalog_is_valid():

@@ -7,7 +7,8 @@ import struct
 
 import pytest
 
-from onboarding.checkpoint_manifest import (
+from onboarding.common.errors import FetchError, IntegrityError
+from onboarding.fetch.checkpoint_manifest import (
     CheckpointManifest,
     FileEntry,
     is_checkpoint_file,
@@ -16,7 +17,6 @@ from onboarding.checkpoint_manifest import (
     safe_relative_path,
     verify_entry,
 )
-from onboarding.errors import FetchError, IntegrityError
 
 
 @pytest.mark.parametrize("key", ["../config.json", "a/../../b", "/etc/passwd", "a//b", "a/./b",

@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from assets.step_tags import CACHE_TAG, GPU_SLOT_TAG, cache_step_tags, gpu_step_tags
-from onboarding.cluster import gpu_step_pod_config, load_cluster_config, load_node_type
-from onboarding.errors import ConfigError
+from onboarding.common.errors import ConfigError
+from onboarding.runs.cluster import gpu_step_pod_config, load_cluster_config, load_node_type
 from pipelines.executors import step_placements
 
 

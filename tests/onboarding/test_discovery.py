@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from onboarding.catalog import ModelSpec, load_catalog
-from onboarding.discovery import (
+from onboarding.common.errors import ConfigError
+from onboarding.fetch.catalog import ModelSpec, load_catalog
+from onboarding.fetch.discovery import (
     Folder,
     Known,
     Listed,
@@ -18,7 +19,6 @@ from onboarding.discovery import (
     resolve_spec,
     write_discovered_spec,
 )
-from onboarding.errors import ConfigError
 
 MARKER = "ONBOARDING_COMPLETE"
 URI = "s3://models/in/m/"

@@ -7,15 +7,15 @@ import dataclasses
 
 import pytest
 
-from onboarding.catalog import ModelSpec, load_catalog
-from onboarding.engine_config import ConfigInputs, build_config, evidence
-from onboarding.errors import ConfigError
-from onboarding.kserve import load_stack
-from onboarding.paths import PROJECT_ROOT
-from onboarding.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
-from onboarding.serving_config import load_engine_templates
-from onboarding.serving_plan import config_at_hand, serving_plan
-from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
+from onboarding.common.errors import ConfigError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.deploy.kserve import load_stack
+from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
+from onboarding.deploy.serving_plan import config_at_hand, serving_plan
+from onboarding.fetch.catalog import ModelSpec, load_catalog
+from onboarding.serving.engine_config import ConfigInputs, build_config, evidence
+from onboarding.serving.serving_config import load_engine_templates
+from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
 CONFIGS = PROJECT_ROOT / "configs"
 TEMPLATES = load_engine_templates(CONFIGS / "stack.yaml")
@@ -124,9 +124,9 @@ def test_evidence_counts_only_measurements_at_exactly_this_configuration():
 def test_node_types_not_at_hand_take_tp_and_max_num_seqs_from_the_sla_choice():
     """70B bf16 fits one B300 by memory, but its predicted TPOT misses the SLO there: the SLA
     choice (TP 2, 64 sequences) becomes the b300 configuration; h200 keeps the memory plan."""
-    from onboarding.plan import plan_node
-    from onboarding.predict import SlaChoice, _with_tp
-    from onboarding.serving_plan import with_sla_choices
+    from onboarding.deploy.plan import plan_node
+    from onboarding.deploy.serving_plan import with_sla_choices
+    from onboarding.predictions.predict import SlaChoice, _with_tp
 
     llama = CATALOG["llama-3-1-70b-instruct"].model_copy(update={"precision_ladder": ["bf16"]})
     inputs = plan_inputs(llama, NODES, shape_from_hint(llama.architecture, "t"), Measured())

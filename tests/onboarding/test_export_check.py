@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from onboarding.export_check import (
+from onboarding.quantize.export_check import (
     ExportLayout,
     compare_logits,
     dequantize_fp8,

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from onboarding.frontend import (
+from onboarding.common.plots import plt
+from onboarding.serving.frontend import (
     FRONTEND_BOUND_LABEL,
     FrontendSampler,
     cpu_between,
@@ -15,8 +16,7 @@ from onboarding.frontend import (
     process_cpu_s,
     tree_cpu_s,
 )
-from onboarding.plots import plt
-from onboarding.serving_plots import mark_frontend_bound, sweep_png
+from onboarding.serving.plots import mark_frontend_bound, sweep_png
 
 
 def test_cpu_between_interpolates_inside_the_samples_and_refuses_outside():

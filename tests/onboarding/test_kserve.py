@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onboarding.catalog import load_catalog
-from onboarding.engine_config import evidence
-from onboarding.errors import ConfigError
-from onboarding.kserve import (
+from onboarding.common.errors import ConfigError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import PublishedVariant
+from onboarding.deploy.kserve import (
     ISVC_NAME_MAX,
     RenderInputs,
     inline_secret_findings,
@@ -34,12 +34,12 @@ from onboarding.kserve import (
     storage_for,
     to_yaml,
 )
-from onboarding.paths import PROJECT_ROOT
-from onboarding.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
-from onboarding.refs import PublishedVariant
-from onboarding.serving_config import load_engine_templates
-from onboarding.serving_plan import serving_plan
-from onboarding.serving_stats import LoadTimingResult
+from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
+from onboarding.deploy.serving_plan import serving_plan
+from onboarding.fetch.catalog import load_catalog
+from onboarding.serving.engine_config import evidence
+from onboarding.serving.serving_config import load_engine_templates
+from onboarding.serving.stats import LoadTimingResult
 from tests.conftest import assert_golden
 
 CONFIGS = PROJECT_ROOT / "configs"
@@ -437,7 +437,7 @@ def test_route_table_groups_node_types_under_one_model_name():
 def test_a_start_p95_from_fewer_than_three_starts_is_labelled_and_the_probe_uses_the_max():
     """Issue 23, 7: a p95 of one start is that start; below 3 starts the probe is sized from the
     maximum x margin, and the annotation says n."""
-    from onboarding.serving_stats import StartSample, summarize_load_timing
+    from onboarding.serving.stats import StartSample, summarize_load_timing
 
     starts = [StartSample("fully_cold", 0.0, 10.0, 9.0, 50.0, 100.0),
               StartSample("fully_cold", 0.0, 10.0, 9.0, 50.0, 140.0)]
@@ -459,7 +459,7 @@ def _published(model: str, precision: str) -> PublishedVariant:
 def _benched(model_id: str, node_type: str, e2e_p99_s: float, ttft_p99_s: float,
              published: bool = True):
     """A manifest benchmarked at exactly its configuration (gpu profile), published or not."""
-    from onboarding.serving_stats import ServingBenchmarkResult
+    from onboarding.serving.stats import ServingBenchmarkResult
 
     spec, p, config = configured(model_id, node_type)
     bench = ServingBenchmarkResult(spec.id, config.precision, node_type, config.tensor_parallel,
@@ -485,7 +485,7 @@ def test_route_timeouts_come_from_the_measured_e2e_and_ttft_not_a_constant():
 
 
 def test_routes_only_to_what_is_published_and_measured():
-    from onboarding.kserve import split_routes
+    from onboarding.deploy.kserve import split_routes
 
     ok = _benched("llama-3-1-70b-instruct", "h200", 61.4, 2.2).route
     unpublished = _benched("llama-3-1-70b-instruct", "b300", 61.4, 2.2, published=False).route
@@ -536,7 +536,7 @@ def test_a_published_variant_deploys_from_the_node_cache_not_a_download():
     # localmodelnode/controller.go launchJob SubPath; its hostPath is the same root)
     root = DEPLOY.local_model_cache.node_types["b300"].cache_root
     assert group["spec"]["persistentVolumeSpec"]["local"]["path"] == root
-    from onboarding.kserve import agent_model_dir
+    from onboarding.deploy.kserve import agent_model_dir
     assert agent_model_dir(root, pub.uri) == f"{root}/models/{_storage_key(pub.uri)}"
     # the pod mounts the PVC: no storage initializer, no pull in the startup window
     assert "initContainers" not in predicted_pod(svc, DEPLOY, cached=True)
@@ -594,7 +594,7 @@ def test_one_local_model_cache_per_published_variant_across_node_types():
     pkg/webhook/admission/localmodelcache/localmodelcache_validator.go ValidateCreate): a variant
     served on two node types is one cache whose nodeGroups hold both, the same document in
     both files."""
-    from onboarding.serving_plan import render_targets
+    from onboarding.deploy.serving_plan import render_targets
 
     spec = CATALOG["llama-3-1-70b-instruct"].model_copy(update={"precision_ladder": ["fp8"]})
     p = plan(plan_inputs(spec, NODES, shape_from_hint(spec.architecture, spec.id),

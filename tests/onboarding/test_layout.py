@@ -13,9 +13,18 @@ import json
 import pytest
 import yaml
 
-from onboarding.catalog import load_catalog
-from onboarding.errors import ConfigError
-from onboarding.layout import (
+from onboarding.common.errors import ConfigError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.deploy.plan import (
+    GIB,
+    Measured,
+    NodeType,
+    load_nodes,
+    plan_inputs,
+    shape_from_hint,
+)
+from onboarding.fetch.catalog import load_catalog
+from onboarding.layouts.placement import (
     Layout,
     LayoutEntry,
     check_references,
@@ -25,18 +34,9 @@ from onboarding.layout import (
     option,
     plan_layout,
 )
-from onboarding.layout_render import layout_summary
-from onboarding.paths import PROJECT_ROOT
-from onboarding.plan import (
-    GIB,
-    Measured,
-    NodeType,
-    load_nodes,
-    plan_inputs,
-    shape_from_hint,
-)
-from onboarding.serving_config import load_slo_section
-from onboarding.serving_stats import ServingBenchmarkResult
+from onboarding.layouts.render import layout_summary
+from onboarding.serving.serving_config import load_slo_section
+from onboarding.serving.stats import ServingBenchmarkResult
 from tests.conftest import assert_golden
 
 CONFIGS = PROJECT_ROOT / "configs"

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onboarding.kserve import load_deploy, load_stack, to_yaml
-from onboarding.layout_plot import layout_png
-from onboarding.layout_render import (
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.deploy.kserve import load_deploy, load_stack, to_yaml
+from onboarding.layouts.plot import layout_png
+from onboarding.layouts.render import (
     check_configmap,
     check_gateway,
     check_priority_class,
@@ -27,8 +28,7 @@ from onboarding.layout_render import (
     render_layout,
     write_layout_files,
 )
-from onboarding.paths import PROJECT_ROOT
-from onboarding.serving_config import load_engine_templates
+from onboarding.serving.serving_config import load_engine_templates
 from tests.onboarding.test_layout import CATALOG, CFG, CONFIGS, INPUTS, NODES, planned
 
 STACK = load_stack(CONFIGS / "stack.yaml")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from onboarding.node_facts import (
+from onboarding.nodes.facts import (
     FormatError,
     allreduce_algbw_gbps,
     allreduce_busbw_gbps,

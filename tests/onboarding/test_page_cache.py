@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from onboarding import page_cache
+from onboarding.serving import page_cache
 
 
 @pytest.fixture
 def data_file() -> Path:
     # Not tmp_path: it may be a tmpfs, where pages cannot be evicted. The repo's disk can.
-    from onboarding.paths import PROJECT_ROOT
+    from onboarding.common.paths import PROJECT_ROOT
 
     d = PROJECT_ROOT / ".data" / "test-page-cache"
     d.mkdir(parents=True, exist_ok=True)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onboarding.catalog import ArchitectureHint, ModelSpec
-from onboarding.errors import ConfigError
-from onboarding.paths import PROJECT_ROOT
-from onboarding.plan import (
+from onboarding.common.errors import ConfigError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import VariantRef
+from onboarding.deploy.plan import (
     GIB,
     Measured,
     NodesConfig,
@@ -25,8 +25,8 @@ from onboarding.plan import (
     shape_from_config,
     shape_from_hint,
 )
-from onboarding.refs import VariantRef
-from onboarding.serving_stats import LoadTimingResult, ServingBenchmarkResult
+from onboarding.fetch.catalog import ArchitectureHint, ModelSpec
+from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
 NODES = load_nodes(PROJECT_ROOT / "configs" / "nodes.yaml")
 LLAMA_70B = ArchitectureHint(params_billion=70.6, num_layers=80, num_attention_heads=64,

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onboarding.catalog import ArchitectureHint, ModelSpec
-from onboarding.errors import ConfigError
-from onboarding.paths import PROJECT_ROOT
-from onboarding.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
-from onboarding.predict import (
+from onboarding.common.errors import ConfigError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
+from onboarding.fetch.catalog import ArchitectureHint, ModelSpec
+from onboarding.predictions.predict import (
     CalibrationPair,
     MeasuredPoint,
     Prediction,
@@ -41,7 +41,7 @@ from onboarding.predict import (
     prediction_from_dict,
     slo_verdict,
 )
-from onboarding.serving_stats import Dist, PointStats, Slo
+from onboarding.serving.stats import Dist, PointStats, Slo
 
 CONFIGS = PROJECT_ROOT / "configs"
 NODES = load_nodes(CONFIGS / "nodes.yaml")
@@ -388,7 +388,7 @@ def test_heads_that_do_not_split_are_not_applicable_and_never_asked():
 
 def sweep_csv(tmp_path: Path) -> Path:
     """The serving benchmark's table as the asset writes it (PointStats.row() per point)."""
-    from onboarding.tables import write_csv
+    from onboarding.common.tables import write_csv
 
     def stats(ttft_s, failed=0):
         d = Dist(ttft_s, ttft_s, ttft_s * 1.5, ttft_s * 2, ttft_s * 3)
@@ -406,7 +406,7 @@ def sweep_csv(tmp_path: Path) -> Path:
 def test_a_sweep_table_becomes_measured_points_without_its_failed_points(tmp_path):
     import csv
 
-    from onboarding.predict import Scenario, add_points, points_from_sweep_rows
+    from onboarding.predictions.predict import Scenario, add_points, points_from_sweep_rows
 
     with sweep_csv(tmp_path).open(newline="") as f:
         rows = list(csv.DictReader(f))
@@ -430,7 +430,7 @@ def test_client_accounting_errors_keep_latency_not_throughput_and_queued_loads_a
     """The twins' no_content failures are the client's count, not the engine's: TTFT and TPOT
     of the completed requests stay, tokens/s (completed only) goes; a load above the engine's
     max-num-seqs measured a queue, and any other error still drops the row."""
-    from onboarding.predict import Scenario, points_from_sweep_rows
+    from onboarding.predictions.predict import Scenario, points_from_sweep_rows
 
     def row(load, causes):
         failed = sum(causes.values())
@@ -479,8 +479,9 @@ def test_a_pooling_model_is_not_covered_and_never_asked_and_its_sla_choice_is_me
     """AIConfigurator models generation (prefill + decode); an embedding model has no decode.
     Before, bge-m3's hint (no hf_architecture) failed the predictions asset and
     bench/predictions.py with a ConfigError; now its rows say why there is no prediction."""
-    from onboarding.catalog import load_yaml, parse_spec
-    from onboarding.predict import model_config_for
+    from onboarding.common.config import load_yaml
+    from onboarding.fetch.catalog import parse_spec
+    from onboarding.predictions.predict import model_config_for
 
     path = CONFIGS / "models" / "bge-m3.yaml"
     spec = parse_spec(load_yaml(path), str(path))

@@ -2,8 +2,8 @@
 
 import pytest
 
-from onboarding.paths import PROJECT_ROOT
-from onboarding.prompts import synthetic_prompts
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.serving.prompts import synthetic_prompts
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 

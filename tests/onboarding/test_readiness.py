@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from onboarding.readiness import ManifestFacts, judge
-from onboarding.refs import VariantRef
-from onboarding.serving_stats import ServingBenchmarkResult
+from onboarding.common.refs import VariantRef
+from onboarding.deploy.readiness import ManifestFacts, judge
+from onboarding.serving.stats import ServingBenchmarkResult
 
 VARIANT = VariantRef("m", "fp8", "/c/fp8", 10, "h", 8)
 GOOD = ManifestFacts(True, {"h200": "aaaaaaaaaaaa", "b300": "bbbbbbbbbbbb"},

@@ -13,10 +13,13 @@ import re
 import pytest
 from PIL import Image
 
-from onboarding.paths import PROJECT_ROOT
-from onboarding.plan import Measured, plan, plan_inputs, shape_from_hint
-from onboarding.readiness import Readiness, judge
-from onboarding.report import (
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.tables import write_csv
+from onboarding.deploy.plan import Measured, plan, plan_inputs, shape_from_hint
+from onboarding.deploy.readiness import Readiness, judge
+from onboarding.deploy.serving_plan import serving_plan
+from onboarding.quantize.variants import AccuracyReport
+from onboarding.reports.pages import (
     FleetEntry,
     FleetReport,
     NodeAcceptanceRow,
@@ -34,9 +37,6 @@ from onboarding.report import (
     to_markdown,
     when,
 )
-from onboarding.serving_plan import serving_plan
-from onboarding.tables import write_csv
-from onboarding.variants import AccuracyReport
 from tests.report_facts import (
     BIG,
     CATALOG,

@@ -6,7 +6,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from onboarding.sequential import boundaries, look_z, spent
+from onboarding.quantize.sequential import boundaries, look_z, spent
 
 # gsDesign's sfLDPocock, one-sided 0.025, equally spaced looks (the textbook table)
 PUBLISHED = {

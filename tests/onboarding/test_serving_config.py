@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from onboarding.catalog import parse_spec
-from onboarding.errors import ConfigError
-from onboarding.paths import PROJECT_ROOT
-from onboarding.serving_config import (
+from onboarding.common.errors import ConfigError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.fetch.catalog import parse_spec
+from onboarding.serving.serving_config import (
     Scenario,
     check_fits,
     effective_max_model_len,

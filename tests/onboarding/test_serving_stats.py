@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from onboarding.serving_stats import (
+from onboarding.serving.stats import (
     PointStats,
     RequestRecord,
     Slo,
@@ -146,7 +146,7 @@ def test_load_timing_summary_prefers_the_engines_own_load_time():
 # ---- issue 23, 6: the SLO is judged at the target concurrency or above, never below ----
 
 def _point(ttft_p95_s: float, itl_mean_ms: float = 10.0):
-    from onboarding.serving_stats import Dist, PointStats
+    from onboarding.serving.stats import Dist, PointStats
 
     d = Dist(ttft_p95_s, ttft_p95_s, ttft_p95_s, ttft_p95_s, ttft_p95_s)
     itl = Dist(itl_mean_ms, itl_mean_ms, itl_mean_ms, itl_mean_ms, itl_mean_ms)
@@ -154,7 +154,7 @@ def _point(ttft_p95_s: float, itl_mean_ms: float = 10.0):
 
 
 def _judge(points, target=32):
-    from onboarding.serving_stats import Slo, headline
+    from onboarding.serving.stats import Slo, headline
 
     slo = Slo(ttft_p95_s=1.0, itl_mean_ms=50.0, error_rate_max=0.01, target_concurrency=target)
     return headline("m", "bf16", "h200", 1, slo, {"chat": points}, True)
@@ -180,8 +180,8 @@ def test_the_target_itself_is_judged_when_swept():
 
 
 def test_a_blocking_profile_sweeps_the_target_concurrency():
-    from onboarding.paths import PROJECT_ROOT
-    from onboarding.serving_config import load_profiles
+    from onboarding.common.paths import PROJECT_ROOT
+    from onboarding.serving.serving_config import load_profiles
 
     profiles = load_profiles(PROJECT_ROOT / "configs" / "scenarios.yaml")
     gpu = profiles["gpu"]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from onboarding.errors import ConfigError, OnboardingError
-from onboarding.paths import PROJECT_ROOT
-from onboarding.stack import ABSENT, engine_facts, nvidia_facts, read_stack_config
+from onboarding.common.errors import ConfigError, OnboardingError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.serving.stack import ABSENT, engine_facts, nvidia_facts, read_stack_config
 
 
 def test_engine_versions_come_from_the_engines_own_interpreter():

@@ -3,7 +3,7 @@ section spliced between its markers."""
 
 import pytest
 
-from onboarding.tables import md_table, read_md_table, splice_generated
+from onboarding.common.tables import md_table, read_md_table, splice_generated
 
 
 def test_a_table_reads_back_cell_for_cell_as_text():

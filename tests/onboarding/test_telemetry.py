@@ -2,7 +2,7 @@
 
 import pytest
 
-from onboarding import telemetry as tm
+from onboarding.nodes import telemetry as tm
 
 
 def trace(gpus=(0, 1), seconds=10, interval=1.0, energy=True) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Performance twins (onboarding/twins.py) and what each stage's pure logic does with one: the
+"""Performance twins (onboarding/fetch/twins.py) and what each stage's pure logic does with one: the
 export marker, the precision measured on the node at hand, `load_format: dummy` in the
 configuration and its hash, no manifest, never ready, no weight-read figure."""
 
@@ -10,18 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from onboarding.catalog import load_catalog
-from onboarding.engine_config import ConfigInputs, build_config
-from onboarding.errors import ConfigError, OnboardingError
-from onboarding.kserve import load_deploy, load_stack
-from onboarding.paths import PROJECT_ROOT
-from onboarding.plan import Measured, load_nodes, plan, plan_inputs, shape_from_config
-from onboarding.readiness import ManifestFacts, judge
-from onboarding.refs import VariantRef
-from onboarding.serving_config import load_engine_templates
-from onboarding.serving_plan import render_targets, serving_plan
-from onboarding.serving_stats import ServingBenchmarkResult, StartSample, summarize_load_timing
-from onboarding.twins import (
+from onboarding.common.errors import ConfigError, OnboardingError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import VariantRef
+from onboarding.deploy.kserve import load_deploy, load_stack
+from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shape_from_config
+from onboarding.deploy.readiness import ManifestFacts, judge
+from onboarding.deploy.serving_plan import render_targets, serving_plan
+from onboarding.fetch.catalog import load_catalog
+from onboarding.fetch.twins import (
     NOT_APPLICABLE,
     NOT_APPLICABLE_VERDICT,
     NOT_READY,
@@ -35,7 +32,10 @@ from onboarding.twins import (
     unusable_marker,
     write_twin_variant,
 )
-from onboarding.variants import QuantizationError
+from onboarding.quantize.variants import QuantizationError
+from onboarding.serving.engine_config import ConfigInputs, build_config
+from onboarding.serving.serving_config import load_engine_templates
+from onboarding.serving.stats import ServingBenchmarkResult, StartSample, summarize_load_timing
 
 CONFIGS = PROJECT_ROOT / "configs"
 TWINS = PROJECT_ROOT / "twins"
@@ -194,7 +194,7 @@ def test_a_twin_the_plan_cannot_fit_on_the_node_at_hand_is_refused():
 
 
 def test_a_twin_is_not_measured_at_a_precision_whose_marker_is_unusable():
-    from onboarding.variants import QuantizedSet, QuantizedVariant
+    from onboarding.quantize.variants import QuantizedSet, QuantizedVariant
 
     good = QuantizedVariant("fp8", "/v/fp8", None, 1, "h", export_valid=True)
     bad = QuantizedVariant("nvfp4", None, None, error="preset NVFP4_MLP_ONLY_CFG is not one")

@@ -2,10 +2,10 @@
 
 import pytest
 
-from onboarding.errors import ConfigError
-from onboarding.paths import PROJECT_ROOT
-from onboarding.quantize_config import load_quantization_config
-from onboarding.variants import (
+from onboarding.common.errors import ConfigError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.quantize.config import load_quantization_config
+from onboarding.quantize.variants import (
     AccuracyRecord,
     AccuracyReport,
     GateOutcome,

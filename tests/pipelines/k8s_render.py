@@ -24,7 +24,7 @@ from dagster._core.test_utils import create_run_for_test
 from dagster._grpc.types import ExecuteStepArgs
 from dagster_k8s.client import DagsterKubernetesClient
 
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.paths import PROJECT_ROOT
 from pipelines.executors import onboarding_executor
 
 KUBECONFIG = """\

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from onboarding.errors import ConfigError
+from onboarding.common.errors import ConfigError
 from pipelines.executors import onboarding_executor
 from tests.pipelines import gpu_slot_graph
 

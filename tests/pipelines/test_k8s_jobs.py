@@ -15,8 +15,8 @@ from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.test_utils import instance_for_test
 
 from assets.step_tags import CACHE_ASSETS, GPU_BOUND_ASSETS, cache_step_tags, gpu_step_tags
-from onboarding.cluster import load_cluster_config, load_node_type
-from onboarding.paths import DEFAULT_CONFIG_DIR, PROJECT_ROOT
+from onboarding.common.paths import DEFAULT_CONFIG_DIR, PROJECT_ROOT
+from onboarding.runs.cluster import load_cluster_config, load_node_type
 from pipelines.executors import K8S_CONFIG_TAG, step_placements, step_run_config
 from tests.pipelines.k8s_render import KUBECONFIG, k8s_run_launcher_overrides, render_step_job
 from tests.pipelines.stand_in_graph import EDGES

@@ -5,7 +5,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from onboarding.errors import ConfigError
+from onboarding.common.errors import ConfigError
 from pipelines.jobs import accept_node, onboard_model
 from pipelines.sensors import node_partitions_sensor
 

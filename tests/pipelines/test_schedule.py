@@ -13,7 +13,7 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver, S
 from dagster._core.loader import LoadingContextForTest
 
 from assets.stack import current_stack, observe_stack
-from onboarding.stack import diff, fingerprint, flatten
+from onboarding.serving.stack import diff, fingerprint, flatten
 from pipelines.schedules import (
     STACK_INPUT_TAG,
     readiness_verdict,

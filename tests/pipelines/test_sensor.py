@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from assets.stack import current_stack
-from onboarding.discovery import ScanCursor
-from onboarding.errors import FetchError
+from onboarding.common.errors import FetchError
+from onboarding.fetch.discovery import ScanCursor
 from pipelines.sensors import catalog_partitions_sensor, new_checkpoint_sensor
 from resources.config_files import ConfigFiles
 from resources.s3 import S3ObjectStore

@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 from pydantic import PrivateAttr
 
-from onboarding.accuracy_gate import (
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import CheckpointRef
+from onboarding.fetch.catalog import ModelSpec
+from onboarding.quantize.accuracy_gate import (
     AccuracyGates,
     TaskScore,
     apply_policy,
@@ -25,11 +28,8 @@ from onboarding.accuracy_gate import (
     scores_from_json,
     scores_to_json,
 )
-from onboarding.catalog import ModelSpec
-from onboarding.paths import PROJECT_ROOT
-from onboarding.refs import CheckpointRef
-from onboarding.served_accuracy import agreement
-from onboarding.variants import (
+from onboarding.quantize.served_accuracy import agreement
+from onboarding.quantize.variants import (
     AccuracyRecord,
     AccuracyReport,
     GateOutcome,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from onboarding.refs import VariantRef
+from onboarding.common.refs import VariantRef
 from resources.engine import REAP_GRACE_AFTER_DEADLINE_S, Engine, EngineError
 from tests.fakes.openai_stream_server import install_as_vllm
 
@@ -213,7 +213,7 @@ def test_engine_dies_with_a_killed_step_process(fake_bin, tmp_path, tiny_checkpo
     record = tmp_path / "record.json"
     script = (
         "import sys, time\n"
-        "from onboarding.refs import VariantRef\n"
+        "from onboarding.common.refs import VariantRef\n"
         "from resources.engine import Engine\n"
         f"v = VariantRef('tiny', 'bf16', {str(tiny_checkpoint)!r}, 0, 'x')\n"
         f"e = Engine(bin_dir={str(fake_bin)!r}, hardware='cpu', start_timeout_s=30)\n"
@@ -250,10 +250,10 @@ def test_gpu_count_from_config_else_visible_devices(monkeypatch):
 def test_a_twins_starts_read_no_weights_and_say_so(fake_bin, tmp_path, monkeypatch):
     """A performance twin's configuration (load_format dummy): the engine is started with
     `--load-format=dummy` on a directory without weights; nothing is evicted or read."""
-    from onboarding.catalog import load_catalog
-    from onboarding.paths import PROJECT_ROOT
-    from onboarding.serving_plan import local_config
-    from onboarding.twins import twin_source_dir
+    from onboarding.common.paths import PROJECT_ROOT
+    from onboarding.deploy.serving_plan import local_config
+    from onboarding.fetch.catalog import load_catalog
+    from onboarding.fetch.twins import twin_source_dir
 
     spec = load_catalog(PROJECT_ROOT / "configs" / "models")["llama-3-1-8b-instruct-twin"]
     twin = VariantRef(model=spec.id, precision="bf16",

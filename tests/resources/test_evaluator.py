@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from onboarding.errors import ConfigError
+from onboarding.common.errors import ConfigError
 from resources.evaluator import LmEvalEvaluator
 from tests.quantize_support import build_tiny_causal_lm
 

@@ -7,8 +7,8 @@ import urllib.request
 import aiohttp
 import pytest
 
-from onboarding.paths import PROJECT_ROOT
-from onboarding.serving_stats import ERROR_CAUSES, histogram_mean_delta, parse_metrics, summarize
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.serving.stats import ERROR_CAUSES, histogram_mean_delta, parse_metrics, summarize
 from resources.loadgen import LoadGenerator, SseEvents, completion_bodies, error_cause, sse_data
 from tests.fakes.openai_stream_server import running_fake_server
 
@@ -168,7 +168,7 @@ def test_every_client_exception_maps_to_a_documented_cause(started):
 
 
 def test_an_undocumented_cause_is_refused_by_the_statistics():
-    from onboarding.serving_stats import RequestRecord
+    from onboarding.serving.stats import RequestRecord
 
     with pytest.raises(ValueError, match="client_ClientOSError"):
         summarize([RequestRecord(error="client_ClientOSError")], 1.0)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onboarding.errors import ConfigError
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.errors import ConfigError
+from onboarding.common.paths import PROJECT_ROOT
 from resources.manifest_validator import CRD_PATHS_ENV, DEFAULT_CRD_DIR, ManifestValidator
 
 GOLDEN = sorted((PROJECT_ROOT / "tests" / "golden").glob("*.yaml"))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from onboarding import acceptance as acc
-from onboarding.node_facts import parse_smi_xml
+from onboarding.nodes import acceptance as acc
+from onboarding.nodes.facts import parse_smi_xml
 from resources.node_probe import NodeProbe, read_system
 from resources.telemetry import GpuTelemetry
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from onboarding.catalog import parse_source
-from onboarding.checkpoint_manifest import MANIFEST_NAME, sha256_file
-from onboarding.errors import FetchError, IntegrityError
-from onboarding.paths import PROJECT_ROOT
+from onboarding.common.errors import FetchError, IntegrityError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.fetch.catalog import parse_source
+from onboarding.fetch.checkpoint_manifest import MANIFEST_NAME, sha256_file
 from resources.nvme_cache import NvmeCache
 from tests.tiny_models import shard_names
 
@@ -96,7 +96,7 @@ def test_second_run_on_the_same_entry_is_locked_out(cache, s3_store, tiny_checkp
 
 RESUME_SCRIPT = """
 import sys, time
-from onboarding.catalog import parse_source
+from onboarding.fetch.catalog import parse_source
 from resources.nvme_cache import NvmeCache
 from resources.s3 import S3ObjectStore
 endpoint, root, prefix = sys.argv[1:4]
@@ -259,7 +259,7 @@ def test_a_twin_fetches_config_and_tokenizer_and_leaves_the_weights(cache, s3_st
 
 def test_a_twin_whose_source_has_no_config_json_is_incomplete(cache, s3_store, tmp_path,
                                                              unique_prefix):
-    from onboarding.errors import IncompleteCheckpointError
+    from onboarding.common.errors import IncompleteCheckpointError
 
     only_tokenizer = tmp_path / "tok"
     only_tokenizer.mkdir()

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onboarding.catalog import ModelSpec
-from onboarding.errors import OnboardingError
-from onboarding.paths import PROJECT_ROOT
-from onboarding.predict import config_from_hint, load_predict_config, make_request
+from onboarding.common.errors import OnboardingError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.fetch.catalog import ModelSpec
+from onboarding.predictions.predict import config_from_hint, load_predict_config, make_request
 from resources import predictor as predictor_module
 from resources.predictor import AIConfiguratorPredictor, library_version
 

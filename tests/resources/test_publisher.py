@@ -12,8 +12,8 @@ from typing import ClassVar
 
 import pytest
 
-from onboarding.checkpoint_manifest import MANIFEST_NAME
-from onboarding.variants import write_manifest
+from onboarding.fetch.checkpoint_manifest import MANIFEST_NAME
+from onboarding.quantize.variants import write_manifest
 from resources.publisher import MARKER, PublishError, publish_variant, verify_published
 from resources.s3 import S3ObjectStore
 from tests.conftest import ACCESS_KEY, SECRET_KEY

@@ -13,8 +13,8 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from onboarding.paths import PROJECT_ROOT
-from onboarding.variants import QuantizationError, variant_dir
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.quantize.variants import QuantizationError, variant_dir
 from resources.config_files import ConfigFiles
 from resources.quantizer import CPU_NVFP4_BACKEND, ModelOptQuantizer, attach_cpu_backend
 from tests.quantize_support import build_tiny_causal_lm, save_byte_tokenizer
@@ -182,7 +182,7 @@ ENGINE_PYTHON = PROJECT_ROOT / ".venv-engine" / "bin" / "python"
 
 @pytest.fixture(scope="module")
 def twin_variants(tmp_path_factory, quantizer) -> dict:
-    from onboarding.twins import twin_source_dir
+    from onboarding.fetch.twins import twin_source_dir
 
     ckpt = twin_source_dir(TWIN_ID, tmp_path_factory.mktemp("twin") / "twin" / "rev1")
     return {p: quantizer.twin_variant("twin", ckpt, p, variant_dir(ckpt, p), "rev1")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from onboarding.catalog import parse_source
-from onboarding.errors import FetchError, IntegrityError
-from onboarding.processes import free_port
+from onboarding.common.errors import FetchError, IntegrityError
+from onboarding.common.processes import free_port
+from onboarding.fetch.catalog import parse_source
 from resources.nvme_cache import NvmeCache
 from resources.s3 import S3ObjectStore
 from tests.conftest import ACCESS_KEY, SECRET_KEY, tool_client, upload_like_a_tool

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from onboarding.catalog import parse_source
-from onboarding.checkpoint_manifest import MANIFEST_NAME
-from onboarding.errors import IntegrityError
+from onboarding.common.errors import IntegrityError
+from onboarding.fetch.catalog import parse_source
+from onboarding.fetch.checkpoint_manifest import MANIFEST_NAME
 from resources.nvme_cache import NvmeCache
 from resources.s3 import S3ObjectStore
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from onboarding import telemetry as tm
+from onboarding.nodes import telemetry as tm
 from resources.telemetry import GpuTelemetry, TelemetrySampler
 from tests.onboarding.test_telemetry import EXPORTER_PAGE
 

@@ -11,9 +11,9 @@ import yaml
 
 from bench.gpu_h200_doc import regenerated
 from bench.gpu_serving import BUDGET_SWEEP, _hist_delta, pinned_configs
-from onboarding.kserve import load_stack
-from onboarding.paths import PROJECT_ROOT
-from onboarding.serving_config import load_engine_templates
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.deploy.kserve import load_stack
+from onboarding.serving.serving_config import load_engine_templates
 from scripts.gpu_noisy_neighbour import degradation
 
 H200 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200"

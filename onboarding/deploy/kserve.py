@@ -1,0 +1,1048 @@
+"""KServe manifests from a deployment plan: InferenceService (+ ServingRuntime) and gateway routes.
+
+Pure rendering, no Dagster and no cluster: every value comes from the plan, the model's spec,
+`configs/deploy.yaml`, the `images:`/`engine_switches:` sections of `configs/stack.yaml`, or a
+measurement, and the manifest's annotations say which. Credentials are only ever referenced
+(service account, secretKeyRef); `inline_secret_findings` is the gate that proves it. The pod
+KServe will create is predicted (`predicted_pod`), so its QoS class is computed, not claimed.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from onboarding.common.config import StrictConfig, load_config_file, load_yaml, validate_config
+from onboarding.common.errors import ConfigError
+from onboarding.common.names import to_dns1123_label
+from onboarding.deploy.plan import GIB, DeploymentPlan, NodePlan, NodeType
+from onboarding.fetch.catalog import ModelSpec
+from onboarding.serving.engine_config import SECRET_NAME, Evidence, ServingConfig
+
+LABEL_PREFIX = "model-onboarding.io"
+ISVC_NAME_MAX = 45  # KServe appends "-predictor" (and Knative a revision) within 63
+RUNTIME_CONTAINER = "kserve-container"
+SHM_VOLUME = "dshm"
+MODEL_DIR = "/mnt/models"  # where KServe puts the model for the runtime
+Engine = Literal["vllm", "sglang"]
+# KServe 0.16 renamed RawDeployment to Standard and Serverless to Knative; both are accepted in
+# deploy.yaml and rendered in the spelling of the KServe version in stack.yaml.
+DeploymentMode = Literal["Standard", "RawDeployment", "Knative", "Serverless"]
+_MODE_FAMILY = {"Standard": "raw", "RawDeployment": "raw", "Knative": "knative",
+                "Serverless": "knative"}
+
+_SECRET_NAME = SECRET_NAME
+
+
+# ---- configuration ------------------------------------------------------------------------
+
+
+class SecretRef(StrictConfig):
+    name: str
+    key: str
+
+
+class StorageConfig(StrictConfig):
+    variants_uri: str = Field(pattern=r"^(s3|pvc|gs|hf)://.*\{model\}.*\{precision\}")
+    read_back_mib: int = Field(default=256, ge=1)
+
+
+class StorageInitializerConfig(StrictConfig):
+    """KServe's storage initializer as the cluster's `inferenceservice-config` ConfigMap sets it
+    (key `storageInitializer`): the init container that pulls s3://, gs:// and hf:// URIs (and
+    pvc:// ones unless `direct_pvc_mount`). Kubernetes counts init containers in a pod's QoS
+    class, so these numbers decide whether a model pod can be Guaranteed."""
+
+    cpu_request: str = "100m"
+    cpu_limit: str = "1"
+    memory_request: str = "100Mi"
+    memory_limit: str = "1Gi"
+    direct_pvc_mount: bool = False  # `enableDirectPvcVolumeMount`
+
+
+class ProbeConfig(StrictConfig):
+    safety_factor: float = Field(ge=1.0)
+    min_startup_s: int = Field(ge=0)
+    unmeasured_startup_s: int = Field(gt=0)
+    period_s: int = Field(ge=1)
+    timeout_s: int = Field(ge=1)
+    path: str = Field(pattern=r"^/")
+    readiness_failure_threshold: int = Field(ge=1)
+    liveness_period_s: int = Field(ge=1)
+    liveness_failure_threshold: int = Field(ge=1)
+    include_pull_time: bool = True
+    # fewer fully cold starts than this: no p95 is claimed, the window is max x safety_factor
+    min_p95_samples: int = Field(default=3, ge=1)
+
+
+class Replicas(StrictConfig):
+    min: int = Field(ge=0)
+    max: int = Field(ge=1)
+
+
+class GatewayConfig(StrictConfig):
+    """LiteLLM proxy routes. `timeout` limits a whole response and `stream_timeout` a streamed
+    one's wait (LiteLLM proxy docs, "Timeouts"): both from what was measured at the target
+    concurrency, x margin; a route nothing measured gets the labelled default."""
+
+    provider: str = "hosted_vllm"
+    cluster_domain: str = "svc.cluster.local"
+    routing_strategy: str = "simple-shuffle"
+    timeout_margin: float = Field(default=1.5, ge=1.0)
+    stream_timeout_margin: float = Field(default=2.0, ge=1.0)
+    unmeasured_timeout_s: int = Field(default=600, ge=1)
+
+
+class CacheNode(StrictConfig):
+    """One node type's NVMe model cache, as KServe's LocalModelNodeGroup sees it."""
+
+    cache_root: str = Field(pattern=r"^/", description="the NVMe cache root on the node")
+    storage_limit_gib: int = Field(ge=1, description="what KServe may cache there per node")
+
+
+class LocalModelCacheConfig(StrictConfig):
+    """KServe LocalModelCache + LocalModelNodeGroup per node type (docs/deploy.md, "Weights on
+    the node"): node types listed here deploy published variants from the node's cache."""
+
+    storage_class: str = "local-nvme-models"
+    node_types: dict[str, CacheNode] = Field(default_factory=dict)
+
+
+class EphemeralStorageConfig(StrictConfig):
+    """Where no cache is configured, the storage initializer downloads into an emptyDir: the
+    pod requests ephemeral-storage of the weights x (1 + margin) + extra_gib."""
+
+    margin: float = Field(default=0.1, ge=0)
+    extra_gib: int = Field(default=20, ge=0)
+
+
+class DeployConfig(StrictConfig):
+    namespace: str
+    target_node_types: list[str] = Field(min_length=1)
+    deployment_mode: DeploymentMode = "Standard"
+    replicas: Replicas
+    service_account: str
+    hf_token_secret: SecretRef | None = None
+    storage: StorageConfig
+    storage_initializer: StorageInitializerConfig = Field(
+        default_factory=StorageInitializerConfig)
+    probes: ProbeConfig
+    shm_gib_per_gpu: int = Field(ge=1)
+    container_port: int = Field(ge=1, le=65535)
+    metrics_path: str = Field(pattern=r"^/")
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    # false: a node type whose configuration was never measured gets no manifest (only why)
+    render_unmeasured: bool = True
+    local_model_cache: LocalModelCacheConfig = Field(default_factory=LocalModelCacheConfig)
+    # node types whose file also carries a KServe LLMInferenceService (llm-d) of the same
+    # configuration, beside the InferenceService
+    llm_inference_service_node_types: list[str] = Field(default_factory=list)
+    ephemeral_storage: EphemeralStorageConfig = Field(default_factory=EphemeralStorageConfig)
+
+
+def pep440_specifier(v: str) -> str:
+    """A `versions:` field of stack.yaml, checked once for every kind of entry that has one."""
+    try:
+        SpecifierSet(v)
+    except InvalidSpecifier:
+        raise ValueError(f"{v!r} is not a PEP 440 version specifier (e.g. '>=0.32')") from None
+    return v
+
+
+class EngineSwitch(StrictConfig):
+    """Engine env variables and flags set only where every stated condition holds.
+
+    `versions` (a PEP 440 specifier over `versions.<engine>`) keys a switch to the engine
+    releases that know it: switches move between releases (vLLM's seed-era
+    `VLLM_USE_FLASHINFER_MOE_FP4=1` is `--moe-backend` in current vLLM)."""
+
+    engine: Engine
+    versions: str = Field(description="PEP 440 specifier, e.g. '>=0.32'")
+    env: dict[str, str] = Field(default_factory=dict)
+    args: list[str] = Field(default_factory=list)
+    why: str
+    precisions: list[str] | None = None
+    moe: bool | None = None
+    archs: list[str] | None = None
+    # A kernel choice (a MoE/attention backend the engine would otherwise pick itself, with its
+    # own fallbacks) applies only where `pinned` says why: the configuration was benchmarked
+    # with it, or a reason to force it. Unpinned, the engine's `auto` stays (issue 23).
+    kernel_choice: bool = False
+    pinned: str | None = None
+
+    @field_validator("pinned")
+    @classmethod
+    def _pinned_says_why(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("pinned: say why the kernel is forced (the benchmark at which "
+                             "configuration, or the reason), or leave pinned out")
+        return v
+
+    @field_validator("versions")
+    @classmethod
+    def _specifier(cls, v: str) -> str:
+        return pep440_specifier(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", k)]
+        if bad:
+            raise ValueError(f"not environment variable names: {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _does_something(self) -> EngineSwitch:
+        if not self.env and not self.args:
+            raise ValueError("a switch sets at least one env variable or argument")
+        return self
+
+    def applies(self, engine: str, version: str, precision: str, moe: bool, arch: str) -> bool:
+        return (self.engine == engine
+                and (not self.kernel_choice or self.pinned is not None)
+                and SpecifierSet(self.versions).contains(version, prereleases=True)
+                and (self.precisions is None or precision in self.precisions)
+                and (self.moe is None or self.moe == moe)
+                and (self.archs is None or arch in self.archs))
+
+
+class TagRule(StrictConfig):
+    """The tags one range of engine releases publishes, per CUDA major: `{version}` is filled."""
+
+    versions: str = Field(description="PEP 440 specifier over versions.<engine>")
+    cuda: dict[int, str] = Field(min_length=1)
+
+    @field_validator("versions")
+    @classmethod
+    def _specifier(cls, v: str) -> str:
+        return pep440_specifier(v)
+
+    @field_validator("cuda")
+    @classmethod
+    def _templates_carry_the_version(cls, v: dict[int, str]) -> dict[int, str]:
+        bad = [t for t in v.values() if "{version}" not in t]
+        if bad:
+            raise ValueError(f"tag templates {bad} do not carry {{version}}")
+        return v
+
+
+class EngineImages(StrictConfig):
+    repository: str = Field(pattern=r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+$")
+    tags: list[TagRule] = Field(min_length=1)
+
+    def image(self, engine: str, version: str, cuda_major: int) -> str:
+        """The image of `version` built for `cuda_major`: the first rule whose range holds it;
+        refused when that release publishes no build for that CUDA major."""
+        for rule in self.tags:
+            if SpecifierSet(rule.versions).contains(version, prereleases=True):
+                if cuda_major not in rule.cuda:
+                    raise ValueError(
+                        f"images.{engine}: {engine} {version} publishes no CUDA {cuda_major} "
+                        f"build (its tags: {sorted(rule.cuda)} only, rule {rule.versions!r})")
+                return f"{self.repository}:{rule.cuda[cuda_major].format(version=version)}"
+        raise ValueError(f"images.{engine}: no tag rule covers {engine} {version}")
+
+
+# Blackwell (sm100 B200, sm103 B300) runs the CUDA 13 builds of the pinned stack: PyTorch and
+# FlashInfer's SM100/SM103 kernels in it are built for cu130 (issue 23).
+_MIN_CUDA_MAJOR = {"sm100": 13, "sm103": 13}
+
+
+class ImagesConfig(StrictConfig):
+    """Serving images by rule, not by hand: repository + tag template per engine release range
+    and CUDA major, and the CUDA major each GPU architecture runs (tests/deploy/
+    test_image_rule.py cites the registries' tag conventions)."""
+
+    engine: Engine
+    cuda_major: dict[str, int] = Field(min_length=1)
+    vllm: EngineImages | None = None
+    sglang: EngineImages | None = None
+
+    @field_validator("cuda_major")
+    @classmethod
+    def _blackwell_needs_cuda13(cls, v: dict[str, int]) -> dict[str, int]:
+        for arch, low in _MIN_CUDA_MAJOR.items():
+            if arch in v and v[arch] < low:
+                raise ValueError(f"images.cuda_major.{arch}: {v[arch]}; {arch} needs the CUDA "
+                                 f"{low} build of the stack")
+        return v
+
+    def per_arch(self, engine: str, version: str) -> dict[str, str]:
+        rules = getattr(self, engine)
+        if rules is None:
+            raise ValueError(f"images.{engine}: no repository and tag rule")
+        return {arch: rules.image(engine, version, major)
+                for arch, major in self.cuda_major.items()}
+
+
+class _StackSections(BaseModel):
+    """The sections of stack.yaml rendering reads; other sections belong to other stages."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    versions: dict[str, str]
+    images: ImagesConfig
+    engine_switches: list[EngineSwitch] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _rule_covers_the_engine(self) -> _StackSections:
+        engine = self.images.engine
+        if engine not in self.versions:
+            raise ValueError(f"versions.{engine}: missing; images.engine names it")
+        for name in ("vllm", "sglang"):  # every engine's rule, not only the one rendered
+            if name == engine or (getattr(self.images, name) and name in self.versions):
+                self.images.per_arch(name, self.versions[name])
+        return self
+
+
+@dataclass(frozen=True)
+class Stack:
+    engine: Engine
+    engine_version: str
+    images: dict[str, str]  # arch -> image of `engine`
+    switches: tuple[EngineSwitch, ...]
+    fingerprint: str  # first 12 hex of sha256 over the canonical stack.yaml
+    kserve_version: str = "0.16.0"
+
+    def switches_for(self, precision: str, moe: bool, arch: str) -> list[EngineSwitch]:
+        return [s for s in self.switches
+                if s.applies(self.engine, self.engine_version, precision, moe, arch)]
+
+
+def stack_fingerprint(data: Any) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+@lru_cache(maxsize=8)
+def _load_stack(path: Path, mtime_ns: int) -> Stack:
+    data = load_yaml(path)
+    sections = validate_config(_StackSections, data, path, path,
+                               "Fix the versions:/images:/engine_switches: sections of "
+                               "stack.yaml.")
+    engine = sections.images.engine
+    version = sections.versions[engine]
+    return Stack(engine=engine, engine_version=version,
+                 images=sections.images.per_arch(engine, version),
+                 switches=tuple(sections.engine_switches), fingerprint=stack_fingerprint(data),
+                 kserve_version=sections.versions.get("kserve", "0.16.0"))
+
+
+def load_stack(path: Path) -> Stack:
+    if not path.is_file():
+        raise ConfigError(str(path), "does not exist", "Restore configs/stack.yaml.")
+    return _load_stack(path, path.stat().st_mtime_ns)
+
+
+def load_deploy(path: Path) -> DeployConfig:
+    return load_config_file(DeployConfig, path, "Fix deploy.yaml.")
+
+
+# ---- names --------------------------------------------------------------------------------
+
+
+def service_name(model_id: str, node_type: str, max_len: int = ISVC_NAME_MAX) -> str:
+    """InferenceService name: a DNS-1035 label (KServe wants a leading letter) ending in the node."""
+    suffix = f"-{to_dns1123_label(node_type, 12)}"
+    base = to_dns1123_label(model_id, max_len - len(suffix))
+    if not base[0].isalpha():
+        base = to_dns1123_label(f"m-{base}", max_len - len(suffix))
+    return base + suffix
+
+
+def label_value(value: str) -> str:
+    """A Kubernetes label value (<= 63, alphanumeric at both ends, [-_.] inside)."""
+    v = re.sub(r"[^A-Za-z0-9_.-]+", "-", value)[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", v)
+
+
+# ---- the pieces -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartupProbePlan:
+    basis: Literal["measured", "default"]
+    window_s: int
+    failure_threshold: int
+    explanation: str
+
+
+def startup_probe_plan(cold_start_p95_s: float | None, cfg: ProbeConfig,
+                       pull_s: float | None = None, samples: int | None = None,
+                       max_s: float | None = None, cached: bool = False) -> StartupProbePlan:
+    """window = max(min_startup_s, ceil(safety_factor x (fully cold p95 + pull))).
+
+    With fewer than `probes.min_p95_samples` fully cold starts (`samples`) a p95 is not a
+    p95 (of one start it is that start): the window is sized from the slowest start (`max_s`)
+    instead, and the explanation says n (issue 23). The pull (the storage initializer copying
+    the published variant, at the GET throughput measured reading it back) is counted when
+    `probes.include_pull_time`: Kubernetes starts the startup probe's clock after init
+    containers finish, so this is conservative for KServe's initializer and exact when the
+    runtime pulls the weights itself. Unmeasured: the default. Kubernetes allows a container
+    `failureThreshold x periodSeconds` to start, so the threshold is the window divided by the
+    period, rounded up.
+    """
+    if cold_start_p95_s is None:
+        window = cfg.unmeasured_startup_s
+        why = (f"default: never load-timed at this configuration, conservative {window} s "
+               "(configs/deploy.yaml probes.unmeasured_startup_s)")
+        basis: Literal["measured", "default"] = "default"
+    else:
+        few = samples is not None and samples < cfg.min_p95_samples
+        start_s = (max_s if max_s is not None else cold_start_p95_s) if few else cold_start_p95_s
+        pull = pull_s if (cfg.include_pull_time and pull_s is not None and not cached) else 0.0
+        scaled = math.ceil(cfg.safety_factor * (start_s + pull))
+        window = max(cfg.min_startup_s, scaled)
+        pull_note = (" (weights cached on the node by LocalModelCache: no pull)" if cached else
+                     f" + derived pull {pull:.1f} s" if pull else
+                     " (pull not counted)" if not cfg.include_pull_time else
+                     " (pull unknown: nothing published)")
+        n = "" if samples is None else f" (n={samples})"
+        stat = (f"max {start_s:.1f} s (n={samples}: fewer than {cfg.min_p95_samples} starts, "
+                "too few for a percentile)" if few else f"p95 {start_s:.1f} s{n}")
+        why = (f"measured: fully cold start {stat}{pull_note}, x safety "
+               f"{cfg.safety_factor:g} = {scaled} s, floor {cfg.min_startup_s} s -> {window} s")
+        basis = "measured"
+    threshold = max(1, math.ceil(window / cfg.period_s))
+    return StartupProbePlan(basis, threshold * cfg.period_s, threshold, why)
+
+
+def source_precision(config_dtype: str | None) -> str:
+    """Precision of the source checkpoint from config.json's dtype; bf16 when it says nothing."""
+    if config_dtype in (None, "bfloat16", "float16", "float32"):
+        return "bf16"
+    return config_dtype
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Where a manifest's pod gets its weights, and whether this graph published and verified
+    them there."""
+
+    uri: str
+    published: bool
+    why: str
+    pull_s: float | None = None  # derived: published bytes / GET throughput measured
+    total_bytes: int | None = None  # the published variant's bytes
+
+
+def storage_for(spec: ModelSpec, precision: str, source_prec: str, cfg: DeployConfig,
+                published: dict[str, Any] | None) -> Storage:
+    """The published, verified variant of `precision` when there is one; otherwise the source
+    itself when it is that precision, or the variants location, both marked unpublished."""
+    p = (published or {}).get(precision)
+    if p is not None:
+        return Storage(p.uri, True, f"published and verified: {p.uri} (sha256 per file)",
+                       p.pull_s, p.total_bytes)
+    if precision == source_prec:
+        ref = spec.source_ref
+        uri = (f"hf://{ref.location}" + (f":{ref.revision}" if ref.revision else "")
+               if ref.kind == "hf" else ref.uri)  # KServe's hf form: hf://org/name:revision
+        return Storage(uri, False, "unpublished: the source itself, not published by this "
+                       "graph")
+    return Storage(cfg.storage.variants_uri.format(model=spec.id, precision=precision), False,
+                   f"unpublished: no {precision} variant was published for this model")
+
+
+# ---- weights on the node: KServe LocalModelCache ----------------------------------------------
+# How KServe (the commit of ../shared/kserve/SOURCE) serves a cached model:
+# - the ISVC defaulter (pkg/apis/serving/v1beta1/inference_service_defaults.go setLocalModelLabel)
+#   matches the predictor's storageUri to a LocalModelCache's sourceModelUri (equal, or a "/"
+#   below it: pkg/apis/serving/v1alpha1/storage_uri_utils.go MatchStorageURI) whose nodeGroups
+#   hold the ISVC's `serving.kserve.io/nodegroup` annotation, and records the PVC
+#   `<cache>-<node group>`;
+# - the pod mutator (pkg/webhook/admission/pod/storage_initializer_injector.go) rewrites the
+#   source to pvc://<pvc>/models/<storage key>/ and mounts it at /mnt/models: no init container;
+# - the node agent (pkg/controller/v1alpha1/localmodelnode/controller.go) keeps the weights in
+#   <node group PV root>/models/<storage key>/, storage key = sha256(sourceModelUri)[:16]
+#   (local_model_cache_types.go GetStorageKey), and deletes any other folder under models/.
+NODE_GROUP_ANNOTATION = "serving.kserve.io/nodegroup"  # pkg/constants NodeGroupAnnotationKey
+
+
+def storage_key(source_uri: str) -> str:
+    return hashlib.sha256(source_uri.encode()).hexdigest()[:16]
+
+
+def agent_model_dir(cache_root: str, source_uri: str) -> str:
+    """Where the node holds a cached variant: KServe's agent layout under the cache root. The
+    pipeline's own cache (`<root>/<model>/<revision>/`) lives beside it, never under models/."""
+    return f"{cache_root.rstrip('/')}/models/{storage_key(source_uri)}"
+
+
+def match_storage_uri(cached_uri: str, storage_uri: str) -> bool:
+    """KServe's MatchStorageURI: equal, or storage_uri is a path below cached_uri."""
+    cached, storage = cached_uri.rstrip("/"), storage_uri.rstrip("/")
+    return storage == cached or (storage.startswith(cached) and storage[len(cached)] == "/")
+
+
+def node_group_name(node_type: str) -> str:
+    return to_dns1123_label(f"{node_type}-nvme-cache", 30)
+
+
+def cache_name(model_id: str, precision: str, uri: str) -> str:
+    """Cluster-scoped, one per published variant: KServe refuses a second LocalModelCache with
+    the same sourceModelUri (pkg/webhook/admission/localmodelcache/localmodelcache_validator.go),
+    so every node type serving it shares this one. KServe names the PVC `<cache>-<node group>`,
+    so it stays short."""
+    base = to_dns1123_label(f"{model_id}-{precision}", 24)
+    return to_dns1123_label(f"{base}-{storage_key(uri)[:8]}", 33)
+
+
+def _gi(n_bytes: int) -> int:
+    return max(1, math.ceil(n_bytes / GIB))
+
+
+def render_node_group(node_type: str, node: NodeType, cfg: LocalModelCacheConfig
+                      ) -> dict[str, Any]:
+    """The node type's NVMe cache root as KServe's LocalModelNodeGroup: a local PV at the root
+    on the nodes of this GPU product, and the PVC spec KServe copies per namespace."""
+    c = cfg.node_types[node_type]
+    size = f"{c.storage_limit_gib}Gi"
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1", "kind": "LocalModelNodeGroup",
+        "metadata": {"name": node_group_name(node_type),
+                     "labels": {"app.kubernetes.io/part-of": "model-onboarding",
+                                f"{LABEL_PREFIX}/node-type": node_type}},
+        "spec": {
+            "storageLimit": size,
+            "persistentVolumeSpec": {
+                "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+                "capacity": {"storage": size}, "local": {"path": c.cache_root},
+                "storageClassName": cfg.storage_class,
+                "persistentVolumeReclaimPolicy": "Retain",
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{
+                    "key": "nvidia.com/gpu.product", "operator": "In",
+                    "values": [node.gpu_product]}]}]}}},
+            "persistentVolumeClaimSpec": {
+                "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+                "resources": {"requests": {"storage": size}},
+                "storageClassName": cfg.storage_class},
+        },
+    }
+
+
+def render_local_model_cache(name: str, uri: str, total_bytes: int, groups: list[str],
+                             service_account: str, model_id: str, precision: str
+                             ) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1", "kind": "LocalModelCache",
+        "metadata": {"name": name, "labels": {
+            "app.kubernetes.io/part-of": "model-onboarding",
+            f"{LABEL_PREFIX}/model": label_value(model_id),
+            f"{LABEL_PREFIX}/precision": precision, f"{LABEL_PREFIX}/published": "true"}},
+        "spec": {"sourceModelUri": uri, "modelSize": f"{_gi(total_bytes)}Gi",
+                 "nodeGroups": groups, "serviceAccountName": service_account},
+    }
+
+
+def _cached(ri: RenderInputs) -> bool:
+    """A published variant on a node type with a configured cache deploys from the cache."""
+    return (ri.storage.published and ri.storage.total_bytes is not None
+            and ri.node_type in ri.deploy.local_model_cache.node_types)
+
+
+def _probe(path: str, port: int, period: int, threshold: int, timeout: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
+            "failureThreshold": threshold, "timeoutSeconds": timeout, "successThreshold": 1}
+
+
+def deployment_mode(cfg: DeployConfig, kserve_version: str) -> str:
+    """deploy.yaml's mode in the spelling of this KServe version (0.16 renamed the modes)."""
+    raw = _MODE_FAMILY[cfg.deployment_mode] == "raw"
+    if Version(kserve_version) >= Version("0.16"):
+        return "Standard" if raw else "Knative"
+    return "RawDeployment" if raw else "Serverless"
+
+
+# ---- the pod KServe will create, and its QoS class ------------------------------------------
+
+
+def _uses_storage_initializer(uri: str, cfg: StorageInitializerConfig) -> bool:
+    if uri.startswith("pvc://"):
+        return not cfg.direct_pvc_mount
+    return uri.split("://", 1)[0] in ("s3", "gs", "hf", "http", "https", "azure")
+
+
+def predicted_pod(isvc: dict[str, Any], cfg: DeployConfig, cached: bool = False
+                  ) -> dict[str, Any]:
+    """The predictor pod's containers as KServe builds them: the model container, and the
+    storage-initializer init container when the storageUri needs one (its resources come from
+    the cluster's ConfigMap, mirrored in deploy.yaml `storage_initializer`). A storageUri a
+    LocalModelCache matches (`cached`) becomes a pvc:// source the mutator mounts directly."""
+    model = isvc["spec"]["predictor"]["model"]
+    pod: dict[str, Any] = {"containers": [{"name": RUNTIME_CONTAINER,
+                                           "resources": model.get("resources", {})}]}
+    si = cfg.storage_initializer
+    if not cached and _uses_storage_initializer(model.get("storageUri", ""), si):
+        pod["initContainers"] = [{"name": "storage-initializer", "resources": {
+            "requests": {"cpu": si.cpu_request, "memory": si.memory_request},
+            "limits": {"cpu": si.cpu_limit, "memory": si.memory_limit}}}]
+    return pod
+
+
+def pod_qos_class(pod: dict[str, Any]) -> tuple[str, str]:
+    """Kubernetes' QoS class of a pod spec (init containers included), and why.
+
+    Guaranteed: every container sets cpu and memory limits equal to its requests. BestEffort:
+    no container sets any. Burstable otherwise.
+    """
+    containers = [*pod.get("initContainers", []), *pod.get("containers", [])]
+    if not any((c.get("resources") or {}).get(k) for c in containers
+               for k in ("requests", "limits")):
+        return "BestEffort", "no container sets requests or limits"
+    for c in containers:
+        res = c.get("resources") or {}
+        req, lim = res.get("requests") or {}, res.get("limits") or {}
+        for r in ("cpu", "memory"):
+            if r not in lim or req.get(r, lim[r]) != lim[r]:
+                return "Burstable", (f"container {c['name']}: {r} request "
+                                     f"{req.get(r, 'unset')} != limit {lim.get(r, 'unset')}")
+    return "Guaranteed", "every container (init containers too) has requests = limits"
+
+
+# ---- the documents --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RenderInputs:
+    """Everything one model x node type manifest is rendered from."""
+
+    spec: ModelSpec
+    plan: DeploymentPlan
+    node_type: str
+    node: NodeType
+    stack: Stack
+    deploy: DeployConfig
+    config: ServingConfig
+    evidence: Evidence
+    storage: Storage
+    # node types whose manifests deploy this same published variant from a node cache: one
+    # LocalModelCache holds all their node groups (empty: this node type alone)
+    cache_node_types: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Route:
+    served_name: str
+    service: str
+    namespace: str
+    node_type: str
+    precision: str
+    tensor_parallel: int
+    published: bool = False  # the storageUri is a variant this graph published and verified
+    measured: bool = False  # benchmarked or load-timed at exactly this configuration
+    config_hash: str = ""
+    e2e_p99_s: float | None = None  # measured at the target concurrency (slowest scenario)
+    ttft_p99_s: float | None = None
+    judged_at: int | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.service}"
+
+
+def split_routes(routes: list[Route], require_measured: bool
+                 ) -> tuple[list[Route], dict[str, str]]:
+    """The routes a gateway may send traffic to, and why each other one is left out: a pod
+    loads only a published, verified variant; a blocking (gpu) profile also wants the
+    configuration measured at its hash."""
+    routed, left_out = [], {}
+    for r in routes:
+        if not r.published:
+            left_out[r.key] = (f"not published: no verified {r.precision} variant of "
+                               f"{r.served_name} in the serving bucket; a pod could not load it")
+        elif require_measured and not r.measured:
+            left_out[r.key] = (f"not measured at configuration {r.config_hash} on {r.node_type} "
+                               "(the gpu profile routes only what was measured)")
+        else:
+            routed.append(r)
+    return routed, left_out
+
+
+def route_timeouts(r: Route, gw: GatewayConfig) -> tuple[int, int, str]:
+    """(timeout, stream_timeout, basis): measured E2E p99 x margin and TTFT p99 x margin at
+    the target concurrency; the labelled default where nothing was measured."""
+    if r.e2e_p99_s is None or r.ttft_p99_s is None:
+        d = gw.unmeasured_timeout_s
+        return d, d, (f"default {d} s (deploy.yaml gateway.unmeasured_timeout_s): no benchmark "
+                      f"at configuration {r.config_hash}")
+    timeout = math.ceil(r.e2e_p99_s * gw.timeout_margin)
+    stream = math.ceil(r.ttft_p99_s * gw.stream_timeout_margin)
+    return timeout, stream, (
+        f"measured at concurrency {r.judged_at}: E2E p99 {r.e2e_p99_s:.1f} s x "
+        f"{gw.timeout_margin:g}, TTFT p99 {r.ttft_p99_s:.2f} s x {gw.stream_timeout_margin:g} "
+        f"(configuration {r.config_hash})")
+
+
+@dataclass(frozen=True)
+class Rendered:
+    node_type: str
+    service: str
+    runtime: str
+    docs: tuple[dict[str, Any], ...]
+    startup: StartupProbePlan
+    route: Route
+    switches: tuple[str, ...]
+    qos_class: str = ""
+    config_hash: str = ""
+    measured: bool = False
+    published: bool = False
+
+
+def runtime_name(config: ServingConfig) -> str:
+    digest = hashlib.sha256(config.image.encode()).hexdigest()[:6]
+    return to_dns1123_label(f"{config.engine}-{config.engine_version}-{config.hardware}-{digest}")
+
+
+def render_servingruntime(config: ServingConfig, stack: Stack, cfg: DeployConfig
+                          ) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": "ServingRuntime",
+        "metadata": {
+            "name": runtime_name(config),
+            "namespace": cfg.namespace,
+            "labels": {
+                "app.kubernetes.io/part-of": "model-onboarding",
+                f"{LABEL_PREFIX}/engine": config.engine,
+                f"{LABEL_PREFIX}/engine-version": label_value(config.engine_version),
+                f"{LABEL_PREFIX}/arch": config.hardware,
+                f"{LABEL_PREFIX}/stack-fingerprint": stack.fingerprint,
+            },
+        },
+        "spec": {
+            "annotations": {"prometheus.kserve.io/port": str(cfg.container_port),
+                            "prometheus.kserve.io/path": cfg.metrics_path},
+            "supportedModelFormats": [{"name": config.engine, "version": "1",
+                                       "autoSelect": False}],
+            "multiModel": False,
+            "containers": [{
+                "name": RUNTIME_CONTAINER,
+                "image": config.image,
+                "command": list(config.container_command),
+                "ports": [{"containerPort": cfg.container_port, "protocol": "TCP"}],
+                "env": [{"name": "HF_HOME", "value": "/tmp/hf"},
+                        {"name": "HF_HUB_OFFLINE", "value": "1"}],
+            }],
+        },
+    }
+
+
+def _model(ri: RenderInputs, startup: StartupProbePlan) -> dict[str, Any]:
+    """predictor.model: the configuration's args and env, resources (requests = limits) and the
+    three probes."""
+    cfg, node_t, c = ri.deploy, ri.node, ri.config
+    port, probes, tp = cfg.container_port, cfg.probes, c.tensor_parallel
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(c.env.items())]
+    if ri.storage.uri.startswith("hf://") and cfg.hf_token_secret is not None:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": cfg.hf_token_secret.name, "key": cfg.hf_token_secret.key,
+            "optional": True}}})
+    shm_gib = cfg.shm_gib_per_gpu * tp if tp > 1 else 0
+    resources = {"cpu": str(tp * node_t.cpu_per_gpu),
+                 "memory": f"{tp * node_t.host_memory_gib_per_gpu + shm_gib}Gi",
+                 "nvidia.com/gpu": str(tp)}
+    requests = dict(resources)
+    if not _cached(ri) and _uses_storage_initializer(ri.storage.uri, cfg.storage_initializer):
+        requests["ephemeral-storage"] = f"{ephemeral_gib(ri)}Gi"
+    model: dict[str, Any] = {
+        "modelFormat": {"name": c.engine},
+        "runtime": runtime_name(c),
+        "storageUri": ri.storage.uri,
+        "args": c.args(MODEL_DIR, port),
+        "env": env,
+        "resources": {"requests": requests, "limits": dict(resources)},
+        "startupProbe": _probe(probes.path, port, probes.period_s, startup.failure_threshold,
+                               probes.timeout_s),
+        "readinessProbe": _probe(probes.path, port, probes.period_s,
+                                 probes.readiness_failure_threshold, probes.timeout_s),
+        "livenessProbe": _probe(probes.path, port, probes.liveness_period_s,
+                                probes.liveness_failure_threshold, probes.timeout_s),
+    }
+    if not env:
+        del model["env"]
+    if shm_gib:
+        model["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    return model
+
+
+def _weight_bytes(ri: RenderInputs) -> int:
+    return ri.storage.total_bytes or ri.plan.node(ri.node_type).weight_bytes or 0
+
+
+def ephemeral_gib(ri: RenderInputs) -> int:
+    """The storage initializer's emptyDir: the weights x (1 + margin) + extra, in GiB."""
+    es = ri.deploy.ephemeral_storage
+    return math.ceil(_weight_bytes(ri) * (1 + es.margin) / GIB) + es.extra_gib
+
+
+def _weights_on_node(ri: RenderInputs) -> str:
+    if _cached(ri):
+        root = ri.deploy.local_model_cache.node_types[ri.node_type].cache_root
+        return (f"cached: LocalModelCache on node group {node_group_name(ri.node_type)}, the "
+                f"node's {agent_model_dir(root, ri.storage.uri)}; the pod mounts it, no pod "
+                "downloads at start")
+    if not _uses_storage_initializer(ri.storage.uri, ri.deploy.storage_initializer):
+        return f"mounted from {ri.storage.uri.split('://')[0]}:// (no download)"
+    es = ri.deploy.ephemeral_storage
+    why = ("unpublished" if not ri.storage.published else
+           f"no cache configured for {ri.node_type} in deploy.yaml local_model_cache")
+    return (f"downloaded at every pod start by the storage initializer into an emptyDir "
+            f"(no LocalModelCache: {why}); ephemeral-storage request {ephemeral_gib(ri)}Gi = "
+            f"weights {gib(_weight_bytes(ri))} GiB x {1 + es.margin:g} + {es.extra_gib} GiB")
+
+
+def _annotations(ri: RenderInputs, node: NodePlan, startup: StartupProbePlan,
+                 switches: list[EngineSwitch], qos: tuple[str, str]) -> dict[str, str]:
+    ev = ri.evidence
+    throughput = (f"measured: {ev.tokens_per_s_per_gpu:g} tokens/s/GPU at configuration "
+                  f"{ev.config_hash} on {ri.node_type}" if ev.tokens_per_s_per_gpu is not None
+                  else f"absent: never benchmarked at configuration {ev.config_hash} on "
+                  f"{ri.node_type}")
+    annotations = {
+        "serving.kserve.io/deploymentMode": deployment_mode(ri.deploy, ri.stack.kserve_version),
+        "serving.kserve.io/enable-prometheus-scraping": "true",
+        f"{LABEL_PREFIX}/served-model-name": ri.spec.served_name,
+        f"{LABEL_PREFIX}/source": ri.spec.source,
+        f"{LABEL_PREFIX}/configuration": ev.basis,
+        f"{LABEL_PREFIX}/storage": ri.storage.why,
+        f"{LABEL_PREFIX}/plan": node.reason,
+        f"{LABEL_PREFIX}/weights": (f"{node.weight_basis}: {node.weight_bytes} bytes "
+                                    f"{node.precision}"),
+        f"{LABEL_PREFIX}/gpus": (f"{node.tensor_parallel} x {ri.node.gpu_product}; the device "
+                                 "plugin picks which, and the kubelet's topology manager can "
+                                 "align them with CPUs only for a Guaranteed pod (qos-class)"),
+        f"{LABEL_PREFIX}/qos-class": f"{qos[0]}: {qos[1]}",
+        f"{LABEL_PREFIX}/startup-probe": startup.explanation,
+        f"{LABEL_PREFIX}/weights-on-node": _weights_on_node(ri),
+        f"{LABEL_PREFIX}/throughput": throughput,
+    }
+    if ev.slo_pass is not None:
+        annotations[f"{LABEL_PREFIX}/slo"] = (
+            f"{'met' if ev.slo_pass else 'missed'} at configuration {ev.config_hash}")
+    if switches:
+        annotations[f"{LABEL_PREFIX}/engine-switches"] = "; ".join(
+            f"{' '.join([*(f'{k}={v}' for k, v in sorted(s.env.items())), *s.args])}: {s.why}"
+            + (f" (pinned: {s.pinned})" if s.pinned else "")
+            for s in switches)
+    if ri.config.notes:
+        annotations[f"{LABEL_PREFIX}/configuration-notes"] = "; ".join(ri.config.notes)
+    return annotations
+
+
+def render(ri: RenderInputs) -> Rendered:
+    """ServingRuntime + InferenceService for one model on one node type: exactly `ri.config`."""
+    spec, cfg, stack, node_t, c = ri.spec, ri.deploy, ri.stack, ri.node, ri.config
+    node = ri.plan.node(ri.node_type)
+    if not node.feasible or node.tensor_parallel is None or node.precision is None:
+        raise ConfigError(
+            f"model {spec.id!r} on {ri.node_type}", f"no feasible plan ({node.reason})",
+            "Remove the node type from deploy.yaml target_node_types, or change the model's "
+            "precision ladder, context or concurrency.",
+        )
+    if node_t.arch not in stack.images:
+        raise ConfigError(
+            f"stack.yaml images.cuda_major.{node_t.arch}", "required but missing",
+            f"Add the CUDA major {ri.node_type} nodes ({node_t.arch}) run to images.cuda_major.",
+        )
+    if c.image != stack.images[node_t.arch]:
+        raise ConfigError(
+            f"configuration {c.hash} of {spec.id!r} on {ri.node_type}",
+            f"image {c.image!r} is not the tag stack.yaml's image rule produces for "
+            f"{stack.engine} {stack.engine_version} on {node_t.arch} "
+            f"({stack.images[node_t.arch]!r})",
+            "Re-materialize serving_config with the current stack.yaml.",
+        )
+    name = service_name(spec.id, ri.node_type)
+    cached = _cached(ri)
+    startup = startup_probe_plan(ri.evidence.cold_start_p95_s, cfg.probes, ri.storage.pull_s,
+                                 ri.evidence.cold_start_samples, ri.evidence.cold_start_max_s,
+                                 cached)
+    switches = stack.switches_for(node.precision, ri.plan.inputs.shape.moe, node_t.arch)
+    predictor: dict[str, Any] = {
+        "minReplicas": cfg.replicas.min,
+        "maxReplicas": cfg.replicas.max,
+        "serviceAccountName": cfg.service_account,
+        "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port":
+                        str(cfg.container_port), "prometheus.io/path": cfg.metrics_path},
+        "nodeSelector": {"nvidia.com/gpu.product": node_t.gpu_product},
+        "tolerations": _tolerations(node_t),
+        "model": _model(ri, startup),
+    }
+    if "volumeMounts" in predictor["model"]:
+        predictor["volumes"] = [{"name": SHM_VOLUME, "emptyDir": {
+            "medium": "Memory",
+            "sizeLimit": f"{cfg.shm_gib_per_gpu * node.tensor_parallel}Gi"}}]
+    isvc = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": cfg.namespace}, "spec":
+            {"predictor": predictor}}
+    qos = pod_qos_class(predicted_pod(isvc, cfg, cached))
+    isvc["metadata"]["labels"] = {
+        "app.kubernetes.io/name": name,
+        "app.kubernetes.io/part-of": "model-onboarding",
+        f"{LABEL_PREFIX}/model": label_value(spec.id),
+        f"{LABEL_PREFIX}/node-type": ri.node_type,
+        f"{LABEL_PREFIX}/precision": node.precision,
+        f"{LABEL_PREFIX}/tensor-parallel": str(node.tensor_parallel),
+        f"{LABEL_PREFIX}/stack-fingerprint": stack.fingerprint,
+        f"{LABEL_PREFIX}/config-hash": c.hash,
+        f"{LABEL_PREFIX}/measured": "true" if ri.evidence.measured else "false",
+        f"{LABEL_PREFIX}/published": "true" if ri.storage.published else "false",
+        f"{LABEL_PREFIX}/weights-basis": node.weight_basis or "estimate",
+        f"{LABEL_PREFIX}/probe-basis": startup.basis,
+        f"{LABEL_PREFIX}/qos-class": qos[0],
+    }
+    isvc["metadata"]["annotations"] = _annotations(ri, node, startup, switches, qos)
+    cache_docs: list[dict[str, Any]] = []
+    if cached:
+        group = node_group_name(ri.node_type)
+        isvc["metadata"]["annotations"][NODE_GROUP_ANNOTATION] = group
+        cache_docs = [render_node_group(ri.node_type, node_t, cfg.local_model_cache),
+                      render_local_model_cache(
+                          cache_name(spec.id, node.precision, ri.storage.uri),
+                          ri.storage.uri, ri.storage.total_bytes or 0,
+                          sorted({group, *map(node_group_name, ri.cache_node_types)}),
+                          cfg.service_account, spec.id, node.precision)]
+    ev = ri.evidence
+    extra_docs = ([render_llm_inference_service(ri, isvc, c)]
+                  if ri.node_type in cfg.llm_inference_service_node_types else [])
+    route = Route(spec.served_name, name, cfg.namespace, ri.node_type, node.precision,
+                  node.tensor_parallel, ri.storage.published, ev.measured, c.hash,
+                  ev.e2e_p99_s, ev.ttft_p99_s, ev.judged_at)
+    return Rendered(ri.node_type, name, runtime_name(c),
+                    (render_servingruntime(c, stack, cfg), *cache_docs, isvc, *extra_docs),
+                    startup, route,
+                    tuple(s.why for s in switches), qos[0], c.hash, ri.evidence.measured,
+                    ri.storage.published)
+
+
+def render_llm_inference_service(ri: RenderInputs, isvc: dict[str, Any], c: ServingConfig
+                                 ) -> dict[str, Any]:
+    """KServe's LLMInferenceService (v1alpha2, the llm-d path) of exactly the configuration the
+    InferenceService runs: the same image, args, env, resources, probes, node selection, the
+    same labels (measured / published / config hash) and the nodegroup annotation, which its
+    defaulter matches to a LocalModelCache the same way (kserve
+    pkg/webhook/admission/llminferenceservice/defaulter.go SetLocalModelLabel). The main
+    container is `main` (pkg/controller/v1alpha2/llmisvc), and the router is left to KServe's
+    managed defaults (route, gateway, endpoint-picker scheduler)."""
+    pred, model = isvc["spec"]["predictor"], isvc["spec"]["predictor"]["model"]
+    main: dict[str, Any] = {
+        "name": "main", "image": c.image, "command": list(c.container_command),
+        "args": list(model["args"]),
+        "ports": [{"containerPort": ri.deploy.container_port, "protocol": "TCP"}],
+        "resources": copy.deepcopy(model["resources"])}
+    for k in ("env", "startupProbe", "readinessProbe", "livenessProbe", "volumeMounts"):
+        if k in model:
+            main[k] = copy.deepcopy(model[k])
+    template: dict[str, Any] = {"serviceAccountName": pred["serviceAccountName"],
+                                "nodeSelector": dict(pred["nodeSelector"]),
+                                "tolerations": copy.deepcopy(pred["tolerations"]),
+                                "containers": [main]}
+    if "volumes" in pred:
+        template["volumes"] = copy.deepcopy(pred["volumes"])
+    annotations = {k: v for k, v in isvc["metadata"]["annotations"].items()
+                   if k.startswith(LABEL_PREFIX) or k == NODE_GROUP_ANNOTATION}
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha2", "kind": "LLMInferenceService",
+        "metadata": {"name": f"{isvc['metadata']['name']}-llm",
+                     "namespace": isvc["metadata"]["namespace"],
+                     "labels": dict(isvc["metadata"]["labels"]), "annotations": annotations},
+        "spec": {
+            "model": {"uri": model["storageUri"], "name": ri.spec.served_name},
+            "replicas": ri.deploy.replicas.min,
+            "parallelism": {"tensor": c.tensor_parallel},
+            "router": {"route": {}, "gateway": {}, "scheduler": {}},
+            "template": template,
+        },
+    }
+
+
+def _tolerations(node: NodeType) -> list[dict[str, str]]:
+    """The GPU taint is always tolerated, plus every taint the node type declares."""
+    out = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    for t in node.taints:
+        tol = {"key": t.key, "operator": "Equal" if t.value else "Exists", "effect": t.effect}
+        if t.value:
+            tol["value"] = t.value
+        if tol not in out:
+            out.append(tol)
+    return out
+
+
+# ---- output ---------------------------------------------------------------------------------
+
+
+def to_yaml(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]], header: str = "") -> str:
+    body = yaml.safe_dump_all(list(docs), sort_keys=False, default_flow_style=False, width=100)
+    lines = "".join(f"# {line}\n" for line in header.splitlines()) if header else ""
+    return lines + body
+
+
+def route_table(routes: list[Route], cfg: DeployConfig) -> dict[str, Any]:
+    """LiteLLM proxy config: one model_name per served model, one deployment per service.
+
+    Deployments sharing a model_name are load-balanced by LiteLLM, so a model served on two node
+    types is one name behind the gateway.
+    """
+    gw = cfg.gateway
+    model_list = []
+    for r in sorted(routes, key=lambda r: (r.served_name, r.node_type, r.service)):
+        timeout, stream_timeout, basis = route_timeouts(r, gw)
+        model_list.append({
+            "model_name": r.served_name,
+            "litellm_params": {
+                "model": f"{gw.provider}/{r.served_name}",
+                "api_base": f"http://{r.service}-predictor.{r.namespace}.{gw.cluster_domain}/v1",
+                "timeout": timeout,
+                "stream_timeout": stream_timeout,
+            },
+            "model_info": {"id": f"{r.namespace}/{r.service}", "node_type": r.node_type,
+                           "precision": r.precision, "tensor_parallel": r.tensor_parallel,
+                           "timeout_basis": basis},
+        })
+    return {"model_list": model_list,
+            "router_settings": {"routing_strategy": gw.routing_strategy}}
+
+
+def inline_secret_findings(docs: Any, secret_values: tuple[str, ...] = ()) -> list[str]:
+    """Every place a credential appears inline; empty means the output is safe to commit.
+
+    Flags env vars whose name looks like a credential but carry a literal `value`, CLI flags of
+    that kind, and any occurrence of a known secret value (e.g. this process's AWS key).
+    """
+    found: list[str] = []
+    values = tuple(v for v in secret_values if v and len(v) >= 8)
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("name"), str) and "value" in node and _SECRET_NAME.search(
+                    node["name"]):
+                found.append(f"{path}: env {node['name']} has an inline value")
+            for k, v in node.items():
+                walk(v, f"{path}.{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+        elif isinstance(node, str):
+            if re.match(r"^--[\w-]+=", node) and _SECRET_NAME.search(node.split("=", 1)[0]):
+                found.append(f"{path}: argument {node.split('=', 1)[0]} carries a value")
+            if any(v in node for v in values):
+                found.append(f"{path}: contains a secret value from the environment")
+
+    walk(docs, "$")
+    return found
+
+
+def gib(n: int) -> float:
+    return round(n / GIB, 2)

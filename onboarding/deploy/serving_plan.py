@@ -1,0 +1,164 @@
+"""The serving plan of one model: the memory plan per node type and, for each node type that can
+serve it, the one ServingConfig that is measured and deployed there.
+
+Also the configuration of the engine at hand when its node type is not a planned one (the
+embedded CPU engine), and the evidence a manifest carries: what was measured at which
+configuration hash, where, or "unmeasured".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from onboarding.deploy.kserve import (
+    DeployConfig,
+    Rendered,
+    RenderInputs,
+    Stack,
+    render,
+    source_precision,
+    storage_for,
+)
+from onboarding.deploy.plan import DeploymentPlan, NodesConfig
+from onboarding.fetch.catalog import ModelSpec
+from onboarding.fetch.twins import NOT_READY
+from onboarding.serving.engine_config import ConfigInputs, ServingConfig, build_config, evidence
+from onboarding.serving.serving_config import EngineTemplate
+from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
+
+LOCAL_IMAGE = "local"
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    """What `serving_config` stores: the plan, and a configuration per servable node type."""
+
+    plan: DeploymentPlan
+    configs: dict[str, ServingConfig]  # node type -> configuration
+    skipped: dict[str, str] = field(default_factory=dict)  # node type -> why no configuration
+
+    def config(self, node_type: str) -> ServingConfig | None:
+        return self.configs.get(node_type)
+
+
+def planned_config(spec: ModelSpec, plan: DeploymentPlan, node_type: str, nodes: NodesConfig,
+                   stack: Stack, template: EngineTemplate) -> ServingConfig:
+    """The configuration the plan gives a (feasible) node type, in the stack's engine."""
+    node, node_t, inputs = plan.node(node_type), nodes.node_types[node_type], plan.inputs
+    switches = stack.switches_for(node.precision, inputs.shape.moe, node_t.arch)
+    planned: dict[str, Any] = {"max_model_len": inputs.context_tokens,
+                               "max_num_seqs": node.max_num_seqs or inputs.target_concurrency,
+                               "gpu_memory_utilization": inputs.gpu_memory_utilization}
+    if inputs.kv_cache_dtype:
+        planned["kv_cache_dtype"] = inputs.kv_cache_dtype
+    return build_config(template, ConfigInputs(
+        spec=spec, node_type=node_type, hardware=node_t.arch, engine=stack.engine,
+        engine_version=stack.engine_version, image=stack.images.get(node_t.arch, "missing"),
+        precision=node.precision, tensor_parallel=node.tensor_parallel, planned=planned,
+        switch_args=tuple(a for s in switches for a in s.args),
+        switch_env={k: v for s in switches for k, v in s.env.items()}))
+
+
+def local_config(spec: ModelSpec, template: EngineTemplate, engine: str, engine_version: str,
+                 hardware: str, node_type: str, precision: str) -> ServingConfig:
+    """The engine at hand on a node type nothing plans (the CPU build): its hardware defaults
+    and the model's production parameters; one device."""
+    return build_config(template, ConfigInputs(
+        spec=spec, node_type=node_type, hardware=hardware, engine=engine,
+        engine_version=engine_version, image=LOCAL_IMAGE, precision=precision))
+
+
+def with_sla_choices(plan: DeploymentPlan, choices: list[Any], node_types: list[str]
+                     ) -> DeploymentPlan:
+    """The plan with TP and --max-num-seqs from the SLA choice (onboarding/predictions/predict.py) for the
+    node types not at hand, where the choice is covered by the prediction data, feasible in
+    memory and at the precision the plan serves there. Other node types keep the memory rule."""
+    chosen = {c.node_type: c for c in choices if c.node_type in node_types}
+    nodes = []
+    for n in plan.nodes:
+        c = chosen.get(n.node_type)
+        if (c is None or c.basis != "sla" or not c.sla_pass or c.node_plan is None
+                or not c.node_plan.feasible or c.precision != n.precision):
+            nodes.append(n)
+            continue
+        nodes.append(dataclasses.replace(
+            c.node_plan, max_num_seqs=c.max_num_seqs,
+            tp_basis=f"SLA (predicted): {c.reason}"))
+    return dataclasses.replace(plan, nodes=tuple(nodes))
+
+
+def serving_plan(spec: ModelSpec, plan: DeploymentPlan, nodes: NodesConfig, stack: Stack,
+                 template: EngineTemplate) -> ServingPlan:
+    """Every feasible node type's configuration, and why the others have none."""
+    configs, skipped = {}, {}
+    for node in plan.nodes:
+        if node.feasible:
+            configs[node.node_type] = planned_config(spec, plan, node.node_type, nodes, stack,
+                                                     template)
+        else:
+            skipped[node.node_type] = node.reason
+    return ServingPlan(plan, configs, skipped)
+
+
+def config_at_hand(splan: ServingPlan, spec: ModelSpec, template: EngineTemplate,
+                   local: dict[str, str]) -> ServingConfig:
+    """The configuration the engine at hand starts: the plan's for its node type when it runs
+    that precision on that hardware (with the installed engine version: when that differs from
+    the stack's, the hash differs too, so no manifest claims the measurement); else the local
+    engine's own (the CPU build, or a precision standing in for the planned one)."""
+    nt, precision = local["node_type"], local["precision"]
+    base = splan.config(nt)
+    if base is None or base.precision != precision or base.hardware != local["hardware"] \
+            or base.engine != local["engine"]:
+        return local_config(spec, template, local["engine"], local["engine_version"],
+                            local["hardware"], nt, precision)
+    if base.engine_version == local["engine_version"]:
+        return base
+    return build_config(template, ConfigInputs(
+        spec=spec, node_type=nt, hardware=base.hardware, engine=base.engine,
+        engine_version=local["engine_version"], image=LOCAL_IMAGE, precision=base.precision,
+        tensor_parallel=base.tensor_parallel,
+        planned={k: base.params[k] for k in ("max_model_len", "max_num_seqs",
+                                              "gpu_memory_utilization", "kv_cache_dtype")
+                 if k in base.params},
+        switch_args=base.switch_args,
+        switch_env={k: v for k, v in base.env.items() if k not in template.env}))
+
+
+def render_targets(spec: ModelSpec, splan: ServingPlan, nodes: NodesConfig, stack: Stack,
+                   deploy: DeployConfig, config_dtype: str | None,
+                   timing: LoadTimingResult | None = None,
+                   bench: ServingBenchmarkResult | None = None,
+                   published: dict[str, Any] | None = None
+                   ) -> tuple[list[Rendered], dict[str, str]]:
+    """Every target node type of deploy.yaml: its configuration rendered with the evidence for
+    exactly that configuration, or why there is no manifest (infeasible; unmeasured when
+    deploy.yaml `render_unmeasured` is false; a performance twin: none at all)."""
+    if spec.is_twin:
+        return [], {nt: f"{NOT_READY}: a twin is never deployed (docs/twins.md)"
+                    for nt in deploy.target_node_types}
+    rendered, skipped, todo = [], {}, []
+    for nt in deploy.target_node_types:
+        config = splan.config(nt)
+        if config is None or not splan.plan.node(nt).feasible:
+            skipped[nt] = splan.skipped.get(nt) or splan.plan.node(nt).reason
+            continue
+        ev = evidence(config, timing, bench)
+        if not ev.measured and not deploy.render_unmeasured:
+            skipped[nt] = f"{ev.basis} (deploy.yaml render_unmeasured: false)"
+            continue
+        storage = storage_for(spec, config.precision, source_precision(config_dtype), deploy,
+                              published)
+        todo.append((nt, config, ev, storage))
+    # one LocalModelCache per published variant: every node type with a cache that deploys it
+    cached = {}
+    for nt, _, _, storage in todo:
+        if storage.published and nt in deploy.local_model_cache.node_types:
+            cached.setdefault(storage.uri, []).append(nt)
+    for nt, config, ev, storage in todo:
+        rendered.append(render(RenderInputs(spec, splan.plan, nt, nodes.node_types[nt], stack,
+                                            deploy, config, ev, storage,
+                                            tuple(cached.get(storage.uri, ())))))
+    return rendered, skipped

@@ -1,0 +1,213 @@
+"""What node acceptance is judged against: configs/acceptance.yaml (probe settings, thresholds
+per node type, registered nodes), the phases, and the raw files the probe keeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from onboarding.common.config import StrictConfig, deep_merge, load_yaml, validate_config
+from onboarding.common.errors import ConfigError
+from onboarding.common.names import is_dns1123_subdomain
+from onboarding.deploy.plan import NodesConfig
+from onboarding.deploy.plan import NodeType as PlannedNodeType
+from onboarding.nodes import telemetry as tm
+
+PHASES = {1: "hardware and system", 2: "GPU stack", 3: "serving smoke",
+          4: "storage and cold start", 5: "performance SLOs"}
+NO_GPU = "no GPU"
+# Names of the raw files the probe keeps (resources/node_probe.py, scripts/gpu_node_probe.py)
+# and the recorded test data uses (tests/data/acceptance/<set>/).
+RAW_SMI_XML = "nvidia-smi-q.xml"
+RAW_TOPO = "nvidia-smi-topo-m.txt"
+RAW_DCGM = "dcgmi-diag.json"
+RAW_NVML = "nvml.json"
+RAW_SYSTEM = "system.json"
+RAW_BURN = "burn.json"
+RAW_INTERCONNECT = "interconnect.json"
+RAW_MEMORY = "memory-bandwidth.json"
+RAW_STORAGE = "storage-read.json"
+# Clock-event reasons that mean the GPU is being held back by a fault, heat or the board, as
+# opposed to the power cap a full-load burn is expected to reach.
+DEFAULT_FORBIDDEN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
+                             "hw_power_brake_slowdown")
+
+
+class ProbeSettings(StrictConfig):
+    """What the node assets run (the probe script shortens the burn on a lent machine)."""
+
+    burn_s: float = Field(gt=0)
+    sample_interval_s: float = Field(default=1.0, gt=0)
+    matmul_size: int = Field(default=8192, ge=256)
+    dcgm_diag_level: int = Field(default=3, ge=0, le=4)
+    copy_mib: int = Field(default=4096, ge=1)
+    copy_iters: int = Field(default=20, ge=1)
+    p2p_mib: int = Field(default=1024, ge=1)
+    allreduce_sizes_mib: list[int] = Field(default_factory=lambda: [16, 256, 1024], min_length=1)
+    allreduce_iters: int = Field(default=20, ge=1)
+    direct_read_gib: float = Field(default=4.0, gt=0)
+    direct_read_block_mib: int = Field(default=16, ge=1)
+    direct_read_threads: int = Field(default=8, ge=1)
+    s3_object: str = Field(default="", description="s3://bucket/key of a large object; empty: "
+                           "the S3 GET check is not made")
+    s3_max_gib: float = Field(default=4.0, gt=0)
+    gpu_job_timeout_s: float = Field(default=7800.0, gt=0)
+
+    @field_validator("s3_object")
+    @classmethod
+    def _s3(cls, v: str) -> str:
+        if v and (not v.startswith("s3://") or "/" not in v[5:] or v.endswith("/")):
+            raise ValueError("expected s3://<bucket>/<key> of one object")
+        return v
+
+
+class PcieLimits(StrictConfig):
+    min_gen: int = Field(ge=1, le=6)
+    min_width: Literal[1, 2, 4, 8, 16, 32]
+
+
+class BurnLimits(StrictConfig):
+    min_duration_s: float = Field(gt=0)
+    warmup_s: float = Field(default=10.0, ge=0)
+    temperature_max_c: float = Field(gt=0)
+    plateau_window_s: float = Field(default=120.0, gt=0)
+    plateau_max_rise_c_per_min: float = Field(default=0.5, gt=0)
+    sm_clock_min_fraction: float = Field(gt=0, le=1)
+    power_min_fraction: float = Field(gt=0, le=1)
+    forbidden_clock_reasons: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_FORBIDDEN_REASONS))
+    matmul_tflops_min: float | None = Field(default=None, gt=0)
+    compare_tolerance: float = Field(default=2e-2, gt=0, description="a burn result off by "
+                                     "more than this x max(|reference|, 1) is an error (2 "
+                                     "bf16 ulps); any bit difference is reported")
+
+    @field_validator("forbidden_clock_reasons")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        unknown = sorted(set(v) - set(tm.CLOCK_REASON_BITS.values()))
+        if unknown:
+            raise ValueError(f"unknown clock reasons {unknown} (known: "
+                             f"{', '.join(tm.CLOCK_REASON_BITS.values())})")
+        return v
+
+
+class MemoryLimits(StrictConfig):
+    hbm_gbps: float = Field(gt=0, description="the GPU's HBM bandwidth on its data sheet")
+    min_fraction: float = Field(gt=0, le=1)
+
+
+class InterconnectLimits(StrictConfig):
+    allreduce_busbw_min_gbps: dict[int, float] = Field(default_factory=dict)
+    p2p_min_gbps: float | None = Field(default=None, gt=0)
+
+
+class StorageLimits(StrictConfig):
+    direct_read_min_gbps: float = Field(gt=0)
+    s3_get_min_gbps: float | None = Field(default=None, gt=0)
+
+
+class Thresholds(StrictConfig):
+    """One node type's go/no-go limits (acceptance.yaml `defaults` overlaid by its entry)."""
+
+    pcie: PcieLimits
+    require_ecc: bool = True
+    require_persistence_mode: bool = True
+    mig: Literal["disabled", "enabled", "any"] = "disabled"
+    power_limit_min_fraction: float = Field(default=1.0, gt=0, le=1,
+                                            description="of the default power limit")
+    fabric_manager_required: bool = False
+    nvlinks_per_gpu: int | None = Field(default=None, ge=1)
+    driver_min: str | None = None
+    nic_mtu_min: int | None = Field(default=None, ge=576)
+    burn: BurnLimits
+    memory_bandwidth: MemoryLimits
+    interconnect: InterconnectLimits = Field(default_factory=InterconnectLimits)
+    storage: StorageLimits
+    optional: list[str] = Field(default_factory=list)
+
+
+class NodeRegistration(StrictConfig):
+    node_type: str
+    gpus: int | None = Field(default=None, ge=1, description="GPUs the node has; default: the "
+                             "node type's gpus_per_node (a VM slice has fewer)")
+
+
+class AcceptanceConfig(StrictConfig):
+    probe: ProbeSettings
+    node_types: dict[str, Thresholds] = Field(min_length=1)
+    nodes: dict[str, NodeRegistration] = Field(default_factory=dict)
+
+    def registration(self, node: str, origin: str) -> NodeRegistration:
+        try:
+            return self.nodes[node]
+        except KeyError:
+            raise ConfigError(f"node {node!r}", f"not registered in {origin} `nodes` (known: "
+                              f"{', '.join(sorted(self.nodes)) or 'none'})",
+                              "Add it under `nodes:` with its node type.") from None
+
+    def thresholds(self, node_type: str, origin: str) -> Thresholds:
+        try:
+            return self.node_types[node_type]
+        except KeyError:
+            raise ConfigError(f"node type {node_type!r}", f"no thresholds in {origin} "
+                              f"`node_types` (known: {', '.join(sorted(self.node_types))})",
+                              "Add the node type's entry.") from None
+
+
+def load_acceptance(path: Path, nodes: NodesConfig) -> AcceptanceConfig:
+    """acceptance.yaml validated: every node type's `defaults` + its entry, every registered
+    node's type known to nodes.yaml and to this file, node names valid Kubernetes node names."""
+    data = load_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "expected a mapping with probe, defaults, node_types, nodes",
+                          "See the repository's configs/acceptance.yaml.")
+    defaults = data.get("defaults") or {}
+    types = data.get("node_types") or {}
+    if not isinstance(defaults, dict) or not isinstance(types, dict):
+        raise ConfigError(str(path), "'defaults' and 'node_types' must be mappings",
+                          "See the repository's configs/acceptance.yaml.")
+    unknown = sorted(set(data) - {"probe", "defaults", "node_types", "nodes"})
+    if unknown:
+        raise ConfigError(str(path), f"unknown section(s) {unknown}",
+                          "Use probe, defaults, node_types and nodes.")
+    merged = {"probe": data.get("probe"), "nodes": data.get("nodes") or {},
+              "node_types": {k: deep_merge(defaults, v or {}) for k, v in types.items()}}
+    cfg = validate_config(AcceptanceConfig, merged, path, path, "Fix acceptance.yaml.")
+    for name, reg in cfg.nodes.items():
+        if not is_dns1123_subdomain(name):
+            raise ConfigError(str(path), f"field 'nodes.{name}': not a Kubernetes node name "
+                              "(lowercase letters, digits, '-' and '.')", "Rename the node.")
+        if reg.node_type not in nodes.node_types:
+            raise ConfigError(str(path), f"field 'nodes.{name}.node_type': {reg.node_type!r} "
+                              f"is not a node type of nodes.yaml "
+                              f"({', '.join(sorted(nodes.node_types))})",
+                              "Use a node type of configs/nodes.yaml.")
+        if reg.node_type not in cfg.node_types:
+            raise ConfigError(str(path), f"field 'nodes.{name}.node_type': no thresholds for "
+                              f"{reg.node_type!r} under node_types", "Add them.")
+    return cfg
+
+
+@dataclass(frozen=True)
+class NodeSetting:
+    """Everything a node asset needs about the node it runs for."""
+
+    name: str
+    node_type: str
+    gpus_expected: int
+    planned: PlannedNodeType
+    thresholds: Thresholds
+    probe: ProbeSettings
+    tp_candidates: tuple[int, ...]
+
+
+def node_setting(cfg: AcceptanceConfig, nodes: NodesConfig, name: str, origin: str
+                 ) -> NodeSetting:
+    reg = cfg.registration(name, origin)
+    planned = nodes.node_types[reg.node_type]
+    return NodeSetting(name, reg.node_type, reg.gpus or planned.gpus_per_node, planned,
+                       cfg.thresholds(reg.node_type, origin), cfg.probe,
+                       tuple(nodes.planning.tensor_parallel_candidates))

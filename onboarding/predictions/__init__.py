@@ -1,0 +1,1 @@
+"""Predicted serving performance for node types not at hand, calibrated by measurements."""

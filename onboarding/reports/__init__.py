@@ -1,0 +1,1 @@
+"""The readiness report: its pages and plots."""

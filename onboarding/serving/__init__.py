@@ -1,0 +1,1 @@
+"""Serving and statistics: engine templates and scenarios, the ServingConfig, benchmark statistics and plots, the frontend's cost, page cache, prompts, the stack fingerprint."""

@@ -1,0 +1,275 @@
+"""Declarative inputs of the serving stage: engine templates, traffic profiles, SLOs.
+
+`configs/stack.yaml` section `engines`, `configs/scenarios.yaml`, `configs/gates.yaml` section
+`slo`. Each parser reads only its own section (other stages own the rest of those files), rejects
+unknown keys, and names file + field in every error.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from onboarding.common.config import StrictConfig, format_validation_error, load_yaml
+from onboarding.common.errors import ConfigError
+from onboarding.fetch.catalog import ModelSpec
+from onboarding.serving.stats import Slo
+
+# ---- configs/stack.yaml: engines ----
+
+class ArgFlag(StrictConfig):
+    flag: str | None = None
+    off_flag: str | None = None
+
+
+class HardwareProfile(StrictConfig):
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    unsupported_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class MetricNames(StrictConfig):
+    running: str
+    waiting: str
+    kv_cache_usage: str
+    ttft_histogram: str
+    itl_histogram: str
+
+
+class EngineTemplate(StrictConfig):
+    """How to start one engine: the executable (locally and in the serving image), how it takes
+    the model, host, port and served name, its flags, log line, metrics and kernels."""
+
+    command: list[str] = Field(min_length=1, description="local executable; {bin_dir} filled")
+    container_command: list[str] = Field(min_length=1, description="the serving image's")
+    model_arg: str = Field(default="", description="'' = the model path is positional")
+    host_flag: str = "--host"
+    port_flag: str = "--port"
+    served_name_flag: str = "--served-model-name"
+    weights_loaded_pattern: str
+    health_path: str = "/health"
+    metrics: MetricNames
+    env: dict[str, str] = Field(default_factory=dict)
+    args: dict[str, ArgFlag] = Field(default_factory=dict)
+    serves: dict[str, list[str]]
+    hardware: dict[str, HardwareProfile] = Field(default_factory=dict)
+    # Directories the engine compiles and caches kernels into (env variable -> subdirectory):
+    # a fully cold start points them at an empty directory.
+    cache_env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("weights_loaded_pattern")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression ({exc})") from None
+        return v
+
+
+def load_engine_templates(stack_path: Path) -> dict[str, EngineTemplate]:
+    data = load_yaml(stack_path) or {}
+    section = data.get("engines") if isinstance(data, dict) else None
+    if not isinstance(section, dict) or not section:
+        raise ConfigError(f"{stack_path}: section 'engines'", "missing or empty",
+                          "Add an 'engines:' mapping with at least a 'vllm' template.")
+    out = {}
+    for name, body in section.items():
+        try:
+            out[name] = EngineTemplate.model_validate(body)
+        except ValidationError as exc:
+            raise ConfigError(
+                str(stack_path), format_validation_error(f"engines.{name}", exc).replace(
+                    f"engines.{name}: field '", f"field 'engines.{name}."),
+                "Fix the engine template.") from None
+    return out
+
+
+def hardware_class(hardware: str) -> str:
+    """`cpu` stays `cpu`; every `smNN` is a `gpu` for profile lookup."""
+    return "cpu" if hardware == "cpu" else "gpu"
+
+
+def servable(template: EngineTemplate, engine: str, hardware: str, precision: str
+             ) -> tuple[bool, str]:
+    """Can this engine on this hardware serve `precision`? The reason when it cannot."""
+    serves = template.serves.get(hardware)
+    if serves is None:
+        known = ", ".join(sorted(template.serves)) or "none"
+        return False, (f"{engine} has no kernels listed for hardware {hardware!r} "
+                       f"(configs/stack.yaml engines.{engine}.serves knows: {known})")
+    if precision not in serves:
+        needs = sorted(h for h, ps in template.serves.items() if precision in ps)
+        return False, (f"{engine} on {hardware} serves {', '.join(serves)}, not {precision}; "
+                       f"{precision} needs {', '.join(needs) or 'hardware not listed'}")
+    return True, ""
+
+
+def effective_max_model_len(template: EngineTemplate, hardware: str,
+                            engine_args: dict[str, Any]) -> int | None:
+    profile = template.hardware.get(hardware_class(hardware), HardwareProfile())
+    value = {**profile.defaults, **engine_args}.get("max_model_len")
+    return int(value) if value is not None else None
+
+
+# ---- configs/scenarios.yaml ----
+
+class Scenario(StrictConfig):
+    input_tokens: int = Field(gt=0)
+    output_tokens: int = Field(gt=0)
+    prefix_tokens: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _prefix(self) -> Scenario:
+        if self.prefix_tokens >= self.input_tokens:
+            raise ValueError(f"prefix_tokens ({self.prefix_tokens}) must be below input_tokens "
+                             f"({self.input_tokens})")
+        return self
+
+
+class Sweep(StrictConfig):
+    mode: Literal["concurrency", "rate"] = "concurrency"
+    concurrency: list[int] = Field(min_length=1)
+    rates: list[float] = Field(default_factory=list)
+    requests_per_point: int = Field(gt=0)
+    min_rounds_per_point: int = Field(default=2, ge=1)
+    max_seconds_per_point: float = Field(gt=0)
+    warmup_requests: int = Field(default=0, ge=0)
+    request_timeout_s: float = Field(gt=0)
+    scrape_interval_s: float = Field(default=1.0, gt=0)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(c < 1 for c in v):
+            raise ValueError("every concurrency must be at least 1")
+        return sorted(set(v))
+
+    def requests_at(self, concurrency: int) -> int:
+        return max(self.requests_per_point, self.min_rounds_per_point * concurrency)
+
+
+class LoadTimingDefaults(StrictConfig):
+    cold_repeats: int = Field(ge=1, description="fully cold starts (weights and caches)")
+    cold_weights_repeats: int = Field(default=1, ge=0, description="weights cold, caches warm")
+    warm_repeats: int = Field(ge=0)
+    start_timeout_s: float = Field(gt=0)
+
+
+class Profile(StrictConfig):
+    substitute_baseline: bool = False
+    # error: the SLO check at the target concurrency blocks what follows (a model that misses
+    # its SLOs is not ready); warn: it is reported only (a profile that measures a stand-in).
+    slo_severity: Literal["warn", "error"] = "error"
+    # Results count only on a node whose node_acceptance passed (assets/node_gate.py).
+    require_node_acceptance: bool = False
+    scenarios: dict[str, Scenario] = Field(min_length=1)
+    sweep: Sweep
+    load_timing: LoadTimingDefaults
+
+    def sweep_for(self, target_concurrency: int) -> Sweep:
+        """The sweep with the target concurrency added where the SLO verdict blocks
+        (slo_severity error): the verdict is taken there, never below it (issue 23)."""
+        if self.slo_severity != "error" or self.sweep.mode != "concurrency":
+            return self.sweep
+        return self.sweep.model_copy(update={"concurrency": sorted(
+            {*self.sweep.concurrency, target_concurrency})})
+
+
+class ScenariosFile(StrictConfig):
+    profiles: dict[str, Profile] = Field(min_length=1)
+
+
+def load_profiles(path: Path) -> dict[str, Profile]:
+    try:
+        return ScenariosFile.model_validate(load_yaml(path)).profiles
+    except ValidationError as exc:
+        raise ConfigError(str(path), format_validation_error(path, exc).split(": ", 1)[1],
+                          "Fix the traffic profiles.") from None
+
+
+def pick_profile(profiles: dict[str, Profile], name: str, origin: str) -> Profile:
+    try:
+        return profiles[name]
+    except KeyError:
+        raise ConfigError(f"{origin}: profile {name!r}",
+                          f"not defined (known: {', '.join(sorted(profiles))})",
+                          "Pick a defined profile or add it to configs/scenarios.yaml.") from None
+
+
+def scenarios_for(spec: ModelSpec, profile: Profile, origin: str) -> dict[str, Scenario]:
+    missing = [s for s in spec.scenarios if s not in profile.scenarios]
+    if missing:
+        raise ConfigError(
+            f"model {spec.id!r}: scenarios {missing}",
+            f"not defined in {origin} (known: {', '.join(sorted(profile.scenarios))})",
+            "Fix the model's 'scenarios' list or add the profile to configs/scenarios.yaml.")
+    return {s: profile.scenarios[s] for s in spec.scenarios}
+
+
+def check_fits(scenarios: dict[str, Scenario], max_model_len: int | None,
+               special_tokens: int = 2) -> None:
+    """Refuse before the run a scenario the engine would reject for every request."""
+    if max_model_len is None:
+        return
+    too_long = {name: s.input_tokens + s.output_tokens + special_tokens
+                for name, s in scenarios.items()
+                if s.input_tokens + s.output_tokens + special_tokens > max_model_len}
+    if too_long:
+        desc = ", ".join(f"{n} needs {t}" for n, t in sorted(too_long.items()))
+        raise ConfigError(
+            f"scenarios {sorted(too_long)}",
+            f"input + output tokens exceed --max-model-len {max_model_len} ({desc}, counting "
+            f"{special_tokens} special tokens)",
+            "Raise the model's engine_args.max_model_len or pick a smaller profile in "
+            "configs/scenarios.yaml.")
+
+
+# ---- configs/gates.yaml: slo ----
+
+class SloFields(StrictConfig):
+    ttft_p95_s: float | None = Field(default=None, gt=0)
+    itl_mean_ms: float | None = Field(default=None, gt=0)
+    error_rate_max: float | None = Field(default=None, ge=0, le=1)
+    target_concurrency: int | None = Field(default=None, ge=1)
+    cold_start_p95_max_s: float | None = Field(default=None, gt=0)
+
+
+class SloSection(StrictConfig):
+    defaults: SloFields
+    node_types: dict[str, SloFields] = Field(default_factory=dict)
+
+    @field_validator("defaults")
+    @classmethod
+    def _complete(cls, v: SloFields) -> SloFields:
+        unset = [k for k, val in v.model_dump().items() if val is None]
+        if unset:
+            raise ValueError(f"defaults must set every SLO; unset: {', '.join(unset)}")
+        return v
+
+
+def load_slo_section(gates_path: Path) -> SloSection:
+    data = load_yaml(gates_path) or {}
+    section = data.get("slo") if isinstance(data, dict) else None
+    if section is None:
+        raise ConfigError(f"{gates_path}: section 'slo'", "missing",
+                          "Add the 'slo:' section (defaults and node_types).")
+    try:
+        return SloSection.model_validate(section)
+    except ValidationError as exc:
+        msg = format_validation_error(gates_path, exc).replace("field '", "field 'slo.")
+        raise ConfigError(str(gates_path), msg.split(": ", 1)[1], "Fix the SLOs.") from None
+
+
+def resolve_slo(section: SloSection, node_type: str, spec: ModelSpec) -> Slo:
+    """defaults < node type < the model's own overrides."""
+    merged = section.defaults.model_dump()
+    layers = [section.node_types.get(node_type), spec.slo]
+    for layer in layers:
+        if layer is None:
+            continue
+        merged.update({k: v for k, v in layer.model_dump().items() if v is not None})
+    return Slo(**merged)
