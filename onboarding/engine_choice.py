@@ -22,6 +22,7 @@ from typing import Any
 
 from onboarding.catalog import ModelSpec
 from onboarding.engine_config import ConfigInputs, ServingConfig, build_config
+from onboarding.errors import ConfigError
 from onboarding.serving_config import EngineTemplate, servable
 
 # The plan's numbers a configuration carries into another engine's template (the template's
@@ -158,3 +159,89 @@ def engine_images(stack_data: Mapping[str, Any], engine: str, version: str) -> d
     from onboarding.kserve import ImagesConfig
 
     return ImagesConfig.model_validate(stack_data["images"]).per_arch(engine, version)
+
+
+# ---- measurements: from the device recordings, and the file the plan reads ----
+
+FORMAT = "onboarding-engine-goodput/1"
+
+
+def measurements_from_twins(recording: Mapping[str, Any], source: str, node_type: str,
+                            engine: str | None = None) -> list[Measurement]:
+    """Each step of a `bench/gpu_serving.py twins` recording (`<out>/twins.json`) that swept a
+    configuration: its goodput at its SLO's target concurrency. `engine` names the engine of a
+    recording made before the steps said theirs (the earlier H200 runs: vLLM 0.22.0)."""
+    out = []
+    for name, step in recording.get("steps", {}).items():
+        rows, slo = step.get("rows"), step.get("slo")
+        if not rows or not slo or not step.get("config_hash"):
+            continue
+        recorded = str(step.get("engine", "")).split(" ")[0] or engine
+        if not recorded:
+            raise ValueError(f"{source} {name}: the step names no engine; pass the engine the "
+                             "recording was made with")
+        g = goodput_at_slo(rows, int(slo["target_concurrency"]), int(step.get("tensor_parallel")
+                                                                       or 1))
+        if g is None:
+            continue
+        out.append(Measurement(recorded, step["config_hash"], node_type, g[0], g[1],
+                               f"{source} {name}"))
+    return out
+
+
+def load_measurements(path: Any) -> list[Measurement]:
+    """The measured goodputs the plan chooses engines by (FORMAT); no file: none."""
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        return []
+    data = json.loads(p.read_text())
+    if data.get("format") != FORMAT:
+        raise ConfigError(str(p), f"format {data.get('format')!r}, expected {FORMAT!r}",
+                          "Write it with bench/engine_measurements.py.")
+    return [Measurement(**m) for m in data["measurements"]]
+
+
+def dump_measurements(measurements: Sequence[Measurement], description: str) -> str:
+    import json
+    from dataclasses import asdict
+
+    return json.dumps({"format": FORMAT, "description": description,
+                       "measurements": [asdict(m) for m in measurements]}, indent=1) + "\n"
+
+
+# ---- the plan: candidates per node type, and the choice ----
+
+def engine_candidates(config: ServingConfig, spec: ModelSpec,
+                      templates: Mapping[str, EngineTemplate], stack_data: Mapping[str, Any]
+                      ) -> tuple[dict[str, ServingConfig], dict[str, str]]:
+    """The plan's configuration of one node type in every engine template (configs/stack.yaml
+    `engines`) with kernels for its precision on its hardware, at that engine's version
+    (`versions.<engine>`) and the image its tag rule gives; and why the other engines have
+    none. `config` (the stack's engine) is always one of them."""
+    out, why = {config.engine: config}, {}
+    for engine, template in sorted(templates.items()):
+        if engine == config.engine:
+            continue
+        ok, reason = servable(template, engine, config.hardware, config.precision)
+        version = stack_data.get("versions", {}).get(engine)
+        if ok and not version:
+            ok, reason = False, f"stack.yaml versions has no {engine}"
+        image = None
+        if ok:
+            try:
+                image = engine_images(stack_data, engine, version).get(config.hardware)
+            except ValueError as exc:
+                ok, reason = False, str(exc)
+        if ok and not image:
+            ok, reason = False, f"stack.yaml images gives {engine} no image for {config.hardware}"
+        if not ok:
+            why[engine] = reason
+            continue
+        try:
+            out[engine] = config_for_engine(config, spec, template, engine, version, image)
+        except ConfigError as exc:  # e.g. a twin on a template without --load-format
+            why[engine] = str(exc)
+    return out, why

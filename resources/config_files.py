@@ -19,6 +19,7 @@ from onboarding.accuracy_gate import AccuracyGates, load_accuracy_gates
 from onboarding.automation import AutomationConfig, Discovery, load_automation
 from onboarding.catalog import Catalog, ModelSpec, format_validation_error, read_catalog
 from onboarding.cluster import ClusterConfig, NodeType, load_cluster_config, load_node_type
+from onboarding.engine_choice import Measurement, load_measurements
 from onboarding.errors import ConfigError
 from onboarding.kserve import DeployConfig, Stack, load_deploy, load_stack
 from onboarding.layout import LayoutsConfig, check_references, load_layouts
@@ -141,6 +142,11 @@ class ConfigFiles(dg.ConfigurableResource):
 
     def predict(self) -> PredictConfig:
         return load_predict_config(self.path("predict.yaml"))
+
+    def engine_measurements(self) -> list[Measurement]:
+        """Measured goodput per engine and configuration, which serving_config chooses each
+        node type's engine by (engine_measurements.json; absent: none, the stack's engine)."""
+        return load_measurements(self.path("engine_measurements.json"))
 
     def measured_points(self) -> PointsFile:
         """The measured points predict.yaml's calibration names (relative: to this dir)."""
