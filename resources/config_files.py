@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError
 from onboarding.common.config import format_validation_error
 from onboarding.common.errors import ConfigError
 from onboarding.common.paths import DEFAULT_CONFIG_DIR, DEFAULT_DISCOVERED_DIR, PROJECT_ROOT
+from onboarding.deploy.engine_choice import Measurement, load_measurements
 from onboarding.deploy.kserve import DeployConfig, Stack, load_deploy, load_stack
 from onboarding.deploy.plan import NodesConfig, load_nodes
 from onboarding.fetch.catalog import Catalog, ModelSpec, read_catalog
@@ -147,6 +148,11 @@ class ConfigFiles(dg.ConfigurableResource):
 
     def predict(self) -> PredictConfig:
         return load_predict_config(self.path("predict.yaml"))
+
+    def engine_measurements(self) -> list[Measurement]:
+        """Measured goodput per engine and configuration, which serving_config chooses each
+        node type's engine by (engine_measurements.json; absent: none, the stack's engine)."""
+        return load_measurements(self.path("engine_measurements.json"))
 
     def measured_points(self) -> PointsFile:
         """The measured points predict.yaml's calibration names (relative: to this dir)."""

@@ -12,6 +12,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from onboarding.deploy.engine_choice import (
+    MEASURED,
+    EngineChoice,
+    Measurement,
+    choose_engine,
+    engine_candidates,
+)
 from onboarding.deploy.kserve import (
     DeployConfig,
     Rendered,
@@ -38,9 +45,15 @@ class ServingPlan:
     plan: DeploymentPlan
     configs: dict[str, ServingConfig]  # node type -> configuration
     skipped: dict[str, str] = field(default_factory=dict)  # node type -> why no configuration
+    # which engine serves each configured node type, and why (issue 29); a tuple, so that a
+    # plan stored before it existed reads back with none
+    engines: tuple[EngineChoice, ...] = ()
 
     def config(self, node_type: str) -> ServingConfig | None:
         return self.configs.get(node_type)
+
+    def engine_choice(self, node_type: str) -> EngineChoice | None:
+        return next((c for c in self.engines if c.node_type == node_type), None)
 
 
 def planned_config(spec: ModelSpec, plan: DeploymentPlan, node_type: str, nodes: NodesConfig,
@@ -102,6 +115,25 @@ def serving_plan(spec: ModelSpec, plan: DeploymentPlan, nodes: NodesConfig, stac
     return ServingPlan(plan, configs, skipped)
 
 
+def with_engine_choices(splan: ServingPlan, spec: ModelSpec,
+                        templates: dict[str, EngineTemplate], stack_data: dict[str, Any],
+                        measurements: list[Measurement], default_engine: str) -> ServingPlan:
+    """Per configured node type, the engine chosen by measured goodput at the SLO where two or
+    more engines were measured at their configurations there, else the stack's engine
+    (onboarding/deploy/engine_choice.py); the chosen engine's configuration replaces the default's,
+    with the reason among its notes (the manifest's configuration-notes)."""
+    configs, choices = {}, []
+    for nt, config in splan.configs.items():
+        candidates, _ = engine_candidates(config, spec, templates, stack_data)
+        choice = choose_engine(nt, candidates, measurements, default_engine)
+        chosen = candidates[choice.engine]
+        if choice.basis == MEASURED and choice.engine != config.engine:
+            chosen = dataclasses.replace(chosen, notes=(*chosen.notes, f"engine {choice.reason}"))
+        configs[nt] = chosen
+        choices.append(choice)
+    return dataclasses.replace(splan, configs=configs, engines=tuple(choices))
+
+
 def config_at_hand(splan: ServingPlan, spec: ModelSpec, template: EngineTemplate,
                    local: dict[str, str]) -> ServingConfig:
     """The configuration the engine at hand starts: the plan's for its node type when it runs
@@ -158,7 +190,19 @@ def render_targets(spec: ModelSpec, splan: ServingPlan, nodes: NodesConfig, stac
         if storage.published and nt in deploy.local_model_cache.node_types:
             cached.setdefault(storage.uri, []).append(nt)
     for nt, config, ev, storage in todo:
-        rendered.append(render(RenderInputs(spec, splan.plan, nt, nodes.node_types[nt], stack,
+        rendered.append(render(RenderInputs(spec, splan.plan, nt, nodes.node_types[nt],
+                                            _stack_of(stack, config, nodes.node_types[nt].arch),
                                             deploy, config, ev, storage,
                                             tuple(cached.get(storage.uri, ())))))
     return rendered, skipped
+
+
+def _stack_of(stack: Stack, config: ServingConfig, arch: str) -> Stack:
+    """The stack as the configuration's engine sees it: the stack itself for its own engine;
+    for an engine the plan chose by measurement, that engine and version with the image its tag
+    rule gave when serving_config was built (engine_candidates) and none of the stack engine's
+    switches (a stale serving_config is caught by the stack fingerprint, its data version)."""
+    if config.engine == stack.engine:
+        return stack
+    return dataclasses.replace(stack, engine=config.engine, engine_version=config.engine_version,
+                               images={arch: config.image}, switches=())

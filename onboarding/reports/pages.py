@@ -708,9 +708,10 @@ def _plan_section(f: ModelFacts) -> Section:
                        "plan")
     i = f.serving_plan.plan.inputs
     rows = plan_rows(f.serving_plan.plan)
+    engines = tuple(f"{c.node_type}: engine {c.reason}" for c in f.serving_plan.engines)
     return Section("Plan (every node type)", (
         Table(tuple({k: v for k, v in r.items() if k != "reason"} for r in rows)),
-        Bullets(tuple(f"{r['node_type']}: {r['reason']}" for r in rows)),
+        Bullets(tuple(f"{r['node_type']}: {r['reason']}" for r in rows) + engines),
         Text(f"From `serving_config`: weights + KV cache ({i.target_concurrency} sequences x "
              f"{i.context_tokens} tokens) + reserve against each GPU's memory at "
              f"{i.gpu_memory_utilization:.2f} utilization; model shape from {i.shape.origin}; "

@@ -28,6 +28,7 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
 
 # Scripts run to their end by a test elsewhere: the test file must name the script.
 ELSEWHERE = {
+    "bench/engine_measurements.py": "tests/onboarding/test_engine_choice.py",
     "bench/gpu_h200_doc.py": "tests/scripts/test_gpu_scripts.py",  # --check
     "scripts/add_measured_points.py": "tests/onboarding/test_predict.py",
     "scripts/check_gateway_config.py": "tests/onboarding/test_layout_render.py",
@@ -47,6 +48,9 @@ HERE = {
     "bench/quantize_gpu.py": "test_quantize_gpu_tiny_runs_the_quantize_stage_on_a_cpu",
     "bench/served_accuracy_gpu.py": "test_served_accuracy_gpu_scores_bf16_through_the_cpu_engine",
     "bench/serving_sweep.py": "test_serving_sweep_dry_run_builds_its_job_with_every_resource",
+    "bench/sglang_check.py": "test_sglang_steps_parse_and_the_check_stops_where_a_cpu_has_no_build",
+    "bench/sglang_payload.sh":
+        "test_sglang_steps_parse_and_the_check_stops_where_a_cpu_has_no_build",
     "scripts/build_smollm2.py": "test_build_smollm2_keeps_a_complete_output",
     "scripts/demo.py": "test_demo_fetch_only_reaches_its_summary",
     "scripts/dev.sh": "test_shell_scripts_parse_and_gpu_device_refuses_an_unknown_step",
@@ -160,6 +164,26 @@ def test_shell_scripts_parse_and_gpu_device_refuses_an_unknown_step(tmp_path):
                           capture_output=True, text=True, check=False,
                           env={**os.environ, "OUT": str(tmp_path)})
     assert done.returncode == 2 and "unknown step no-such-step" in done.stderr
+
+
+def test_sglang_steps_parse_and_the_check_stops_where_a_cpu_has_no_build(tmp_path):
+    """Issue 29's SGLang steps run only on the H200 (bench/sglang_payload.sh downloads 431 MiB
+    of wheels; docs/gpu.md has the run): the payload script parses, gpu_device.sh's sglang
+    dispatcher refuses an unknown step, and sglang_check.py, run here without SGLang, names
+    every version it reads and fails the import of the kernel library, exit 1."""
+    done = subprocess.run(["bash", "-n", "bench/sglang_payload.sh"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run(["bash", "bench/gpu_device.sh", "sglang", "no-such-step"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, check=False,
+                          env={**os.environ, "OUT": str(tmp_path)})
+    assert done.returncode == 2 and "unknown sglang step no-such-step" in done.stderr
+    proc = subprocess.run([sys.executable, "bench/sglang_check.py"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, **OFFLINE, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "sglang-kernel: not installed" in proc.stdout
+    assert "FAIL import sgl_kernel: ModuleNotFoundError" in proc.stdout
 
 
 # ---- slow: real services, the real model, the real engine ----
