@@ -117,7 +117,7 @@ def test_every_table_of_docs_gpu_is_generated_or_labelled_typed_by_hand():
 
     doc = (PROJECT_ROOT / "docs" / "gpu.md").read_text()
     bare = re.sub(r"<!-- generated: (.*?) -->.*?<!-- end generated: \1 -->", "", doc,
-                  flags=re.S)
+                  flags=re.DOTALL)
     for section in bare.split("\n## ")[1:]:
         title, _, body = section.partition("\n")
         if any(line.startswith("|") for line in body.splitlines()):
