@@ -2,8 +2,8 @@
 
 A test module that reaches the vLLM CPU engine, PostgreSQL, a browser or `dagster dev` carries
 the `slow` marker: module-wide, or on each test that reaches one (directly or through one of
-the module's own top-level helpers or fixtures). SeaweedFS (one server for the session, seconds) and the
-fake OpenAI engine (tests/fakes) stay in the quick lane on purpose.
+the module's own top-level helpers or fixtures). SeaweedFS (one server for the session,
+seconds) and the fake OpenAI engine (tests/fakes) stay in the quick lane on purpose.
 """
 
 from __future__ import annotations
