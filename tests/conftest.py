@@ -25,6 +25,12 @@ from tests.tiny_models import build_tiny_llama
 ACCESS_KEY, SECRET_KEY = "onboarding-test", "onboarding-test-secret"
 
 
+def pytest_sessionfinish(session, exitstatus) -> None:
+    from tests.engine_python import close_engine_python
+
+    close_engine_python()  # the engine Python that tests asking vLLM itself shared
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> LocalS3Server:
     server = LocalS3Server(tmp_path_factory.mktemp("seaweedfs"), ACCESS_KEY, SECRET_KEY)

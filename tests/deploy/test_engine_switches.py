@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 from functools import cache
 
 import pytest
@@ -22,11 +21,11 @@ from onboarding.deploy.serving_plan import local_config, serving_plan
 from onboarding.fetch.catalog import ModelSpec, load_catalog
 from onboarding.serving.engine_config import evidence
 from onboarding.serving.serving_config import load_engine_templates
+from tests.engine_python import ENGINE_PY, engine_python
 
 CONFIGS = PROJECT_ROOT / "configs"
-ENGINE_PY = PROJECT_ROOT / ".venv-engine" / "bin" / "python"
 DUMP = """
-import json, sys, importlib.metadata as m
+import json, importlib.metadata as m
 import vllm.envs as envs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -43,11 +42,8 @@ pytestmark = pytest.mark.skipif(not ENGINE_PY.is_file(), reason=(
 
 @cache
 def engine_registry() -> dict:
-    proc = subprocess.run([str(ENGINE_PY), "-c", DUMP], capture_output=True, text=True,
-                          timeout=300, check=False, env={"VLLM_NO_USAGE_STATS": "1",
-                                                         "DO_NOT_TRACK": "1", "PATH": "/usr/bin"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """Read in the session's one engine Python (tests/engine_python.py: vLLM imported once)."""
+    return json.loads(engine_python().run(DUMP).strip().splitlines()[-1])
 
 
 def _render(spec, nt, stack, nodes, deploy):

@@ -32,4 +32,7 @@ def test_probe_script_writes_raw_outputs_report_and_summary(tmp_path):
     assert set(summary["timings_s"]) == {"node_inventory", "gpu_health", "interconnect",
                                          "memory_bandwidth", "storage_read", "node_acceptance"}
     assert (out / "raw" / "system.json").is_file()
+    # the raw measurement direct_io_read is judged from, kept so a recorded set re-judges
+    direct = json.loads((out / "raw" / "storage-read.json").read_text())["direct"]
+    assert direct.get("why_not") or (direct["bytes"] > 0 and direct["seconds"] > 0), direct
     assert "**NOT QUALIFIED**" in (out / "report" / "acceptance.md").read_text()

@@ -1,11 +1,13 @@
 """The real small model through quantize -> accuracy -> serving_variant on CPU (slow).
 
-SmolLM2-135M-Instruct, built offline by scripts/build_smollm2.py. To keep CI in minutes on 2
-cores, this test evaluates 50 items per task (and lowers the gate's `min_items` and its
-re-evaluation cap to match),
-calibrates on 16 x 256 tokens and runs the export check on 2 x 128 held-out tokens (8.5 min);
-with the shipped settings (100 items, 32 x 256, 4 x 256) it took 25.5 min on a loaded 2-core
-machine. The full tasks run in `dagster dev` and in the GPU run (docs/gpu.md).
+SmolLM2-135M-Instruct, built offline by scripts/build_smollm2.py. It asserts the stage's
+wiring, not a gate verdict (the serving variant is whichever precision the gates passed first),
+so it evaluates 20 items per task (and lowers the gate's `min_items` and its re-evaluation cap
+to match): bf16 answers 12 of the first 20 multiple-choice items (0.60 on the CPU and the H200
+recordings), above the chance it is held to. It calibrates on 16 x 256 tokens and runs the
+export check on 2 x 128 held-out tokens; with 50 items it took 8.5 min, with the shipped
+settings (100 items, 32 x 256, 4 x 256) 25.5 min on a loaded 2-core machine. The full tasks
+run in `dagster dev` and in the GPU run (docs/gpu.md).
 """
 
 import shutil
@@ -27,7 +29,7 @@ from tests.conftest import write_spec
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 KEY = "smollm2-135m"
-EVAL_LIMIT = 50
+EVAL_LIMIT = 20
 
 pytestmark = pytest.mark.slow
 

@@ -243,6 +243,19 @@ def test_storage_checks(configs):
     assert broken["s3_get"].status == acc.FAIL
 
 
+def test_direct_read_is_judged_from_the_bytes_and_seconds_the_probe_measured(configs):
+    """The verdict comes from the raw measurement (bytes read, seconds taken), so a recorded
+    set can be re-judged from what the probe measured; a rate stored beside them is not read."""
+    s = setting(configs)
+    nothing = {"why_not": "no s3_object configured in acceptance.yaml probe"}
+    fast = by_name(acc.build_storage(s, {"path": "/data", "bytes": 8 << 30, "seconds": 2.0},
+                                     nothing).checks)["direct_io_read"]
+    assert fast.status == acc.PASS and fast.measured == "4.29 GB/s (8.0 GiB, O_DIRECT)"
+    typed = by_name(acc.build_storage(s, {"path": "/data", "bytes": 1 << 30, "seconds": 1.0,
+                                          "gbps": 9.9}, nothing).checks)["direct_io_read"]
+    assert typed.status == acc.FAIL and "1.07 GB/s" in typed.reason
+
+
 def test_acceptance_without_an_upstream_says_which(configs):
     s = setting(configs)
     result = acc.build_acceptance(s, {"node_inventory": inventory(s)}, 1.0)

@@ -40,11 +40,16 @@ def _expected(d: Path) -> dict:
         else {}
 
 
-def _storage(d: Path, exp: dict) -> dict:
-    """The set's storage_read measurement: its `storage-read.json`; for a set recorded before the
-    probe kept that file, the measurement its expected.yaml copies from the probe's report; a
-    passing stand-in for the crafted sets (they plant no storage fault)."""
-    return _json(d, acc.RAW_STORAGE) or exp.get("storage_read") or PASSING_STORAGE
+def _storage(d: Path) -> dict:
+    """The set's storage_read measurement: its `storage-read.json` (the bytes read and the
+    seconds taken, what the verdict is judged from); a passing stand-in only for the crafted
+    sets, which the probe did not write and which plant no storage fault."""
+    raw = _json(d, acc.RAW_STORAGE)
+    if raw is not None:
+        return raw
+    assert not (d / PROBE_CHECKS).is_file(), f"{d.name}: written by the probe without " \
+        f"{acc.RAW_STORAGE}: its direct-I/O verdict cannot be re-judged"
+    return PASSING_STORAGE
 
 
 def judge(d: Path) -> dict:
@@ -65,7 +70,7 @@ def judge(d: Path) -> dict:
         nvlinks={int(k): v for k, v in nvml["nvlinks_active"].items()},
         nvlink_error=nvml["error"], system=_json(d, acc.RAW_SYSTEM) or {},
         stack_facts={"nvidia_driver": "recorded"})
-    burn, storage = _json(d, acc.RAW_BURN), _storage(d, exp)
+    burn, storage = _json(d, acc.RAW_BURN), _storage(d)
     dcgm = d / acc.RAW_DCGM
     health = acc.build_health(
         s, inv, diag=parse_dcgm_diag(dcgm.read_text()) if dcgm.is_file() else None,
@@ -170,6 +175,24 @@ def test_a_probed_node_is_judged_from_its_files_as_it_was_on_the_node(recorded):
     assert list(judged["acceptance"].reasons) == summary["reasons"].removeprefix("- ").split(
         "\n- ")
     assert summary["gate"]["passed"] is judged["acceptance"].qualified  # the node's gate
+
+
+def test_a_probed_set_is_judged_from_the_storage_measurement_it_holds(recorded):
+    """direct_io_read is re-judged from the bytes and seconds in the set's storage-read.json,
+    not from a figure typed into expected.yaml (the H200 set's file was rebuilt from the probe's
+    report and says how, in `reconstructed`)."""
+    d, exp, judged = recorded
+    if not (d / PROBE_CHECKS).is_file():
+        pytest.skip(f"{d.name} was not written by scripts/gpu_node_probe.py")
+    assert "storage_read" not in exp
+    direct = _json(d, acc.RAW_STORAGE)["direct"]
+    assert direct["bytes"] > 0 and direct["seconds"] > 0
+    assert judged["parts"]["storage_read"].direct_read == direct
+    with (d / PROBE_CHECKS).open() as f:
+        on_node = next(r for r in csv.DictReader(f) if r["check"] == "direct_io_read")
+    got = next(c for c in judged["acceptance"].checks if c.name == "direct_io_read")
+    assert (got.status, got.measured, got.reason) == (on_node["result"], on_node["measured"],
+                                                      on_node["reason"])
 
 
 def test_docs_h200_table_is_the_probes_checks_file():

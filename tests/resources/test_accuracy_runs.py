@@ -42,6 +42,7 @@ from resources.accuracy_runs import served_report
 from resources.config_files import ConfigFiles
 from resources.engine import Engine, RunningEngine
 from resources.evaluator import EvalRun
+from tests.gpu_recordings import recording_run2
 
 DATA = PROJECT_ROOT / "tests" / "data" / "served_accuracy"
 CPU = DATA / "cpu_smollm2.json"
@@ -316,3 +317,28 @@ def test_recorded_h200_run_replays_to_the_verdicts_it_recorded():
         fp8.verdict, decided.passed)
     # and the variant served follows from it: FP8 when its gate passed, else the baseline
     assert data["serving_variant"]["precision"] == ("fp8" if decided.passed else "bf16")
+    # the gate that decided each variant, re-judged from the scores of the source it names
+    for p, found in data["deciding"].items():
+        if "verdict" not in found:
+            continue  # nothing decided it (not quantized): its `why` says so
+        scores = served if found["source"] == "served" else in_process
+        again = apply_policy(judge_variant(p, scores["bf16"], scores[p], gates,
+                                           found.get("looks")), gates)
+        assert (again.verdict, again.passed) == (found["verdict"], found["passed"]), p
+
+
+def test_recorded_h200_in_process_gates_replay_to_the_verdicts_recorded():
+    """The second H200 run (tests/data/gpu/h200-2026-12-02) scored bf16, FP8 and NVFP4 in
+    process on every item (its served phase did not finish): each gate it recorded, re-judged
+    here from the recorded per-item scores with the run's gates, is the one recorded."""
+    data = recording_run2("served_accuracy_smollm2")
+    gates = gates_for(data)
+    scores = {p: load_scores(r) for p, r in data["in_process"].items()}
+    assert set(scores) == {"bf16", "fp8", "nvfp4"} and "served" not in data
+    assert set(data["in_process_gates"]) == {"fp8", "nvfp4"}
+    for p, found in data["in_process_gates"].items():
+        again = apply_policy(judge_variant(p, scores["bf16"], scores[p], gates,
+                                           found["looks"]), gates)
+        assert (again.verdict, again.passed, again.reason, again.items) == (
+            found["verdict"], found["passed"], found["reason"], found["items"]), p
+        assert found["source"] == "in_process"

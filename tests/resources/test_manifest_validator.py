@@ -18,12 +18,10 @@ import yaml
 from onboarding.common.errors import ConfigError
 from onboarding.common.paths import PROJECT_ROOT
 from resources.manifest_validator import CRD_PATHS_ENV, DEFAULT_CRD_DIR, ManifestValidator
+from tests.kserve_crds import needs_kserve_crds
 
 GOLDEN = sorted((PROJECT_ROOT / "tests" / "golden").glob("*.yaml"))
-pytestmark = pytest.mark.skipif(
-    not (DEFAULT_CRD_DIR / "serving.kserve.io_inferenceservices.yaml").is_file(),
-    reason=f"KServe CRDs not found in {DEFAULT_CRD_DIR}",
-)
+pytestmark = needs_kserve_crds
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from onboarding.common.paths import PROJECT_ROOT
 from onboarding.quantize.variants import QuantizationError, variant_dir
 from resources.config_files import ConfigFiles
 from resources.quantizer import CPU_NVFP4_BACKEND, ModelOptQuantizer, attach_cpu_backend
+from tests.engine_python import ENGINE_PY, engine_python
 from tests.quantize_support import build_tiny_causal_lm, save_byte_tokenizer
 
 
@@ -177,7 +178,6 @@ def test_backend_is_attached_only_to_nvfp4_quantizers(tiny_lm):
 
 
 TWIN_ID = "llama-3-1-8b-instruct-twin"
-ENGINE_PYTHON = PROJECT_ROOT / ".venv-engine" / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
@@ -208,17 +208,15 @@ def test_a_twins_variant_is_model_optimizers_marker_without_weights(twin_variant
         "quantization"]["kv_cache_quant_algo"] == "FP8"  # as FP8_KV_CFG makes the real export
 
 
-@pytest.mark.skipif(not ENGINE_PYTHON.is_file(), reason=f"needs the engine venv "
-                    f"({ENGINE_PYTHON}, scripts/setup.sh)")
+@pytest.mark.skipif(not ENGINE_PY.is_file(), reason=f"needs the engine venv "
+                    f"({ENGINE_PY}, scripts/setup.sh)")
 def test_vllm_reads_a_twins_marker_as_model_optimizers_export(twin_variants):
     """The engine's own config classes: what makes `--load-format dummy` start FP8 and NVFP4
     kernels (vLLM 0.32 CPU build here; the H200 run uses 0.22)."""
-    import subprocess
-
-    code = ("import json, sys\n"
+    code = ("import json\n"
             "from vllm.model_executor.layers.quantization.modelopt import (\n"
             "    ModelOptFp8Config, ModelOptNvFp4Config)\n"
-            "for path in sys.argv[1:]:\n"
+            "for path in argv:\n"
             "    qc = json.load(open(path))['quantization_config']\n"
             "    for cls in (ModelOptFp8Config, ModelOptNvFp4Config):\n"
             "        name = cls.override_quantization_method(qc, None)\n"
@@ -227,9 +225,8 @@ def test_vllm_reads_a_twins_marker_as_model_optimizers_export(twin_variants):
             "            print(json.dumps([name, c.exclude_modules,\n"
             "                              getattr(c, 'group_size', None)]))\n")
     paths = [str(Path(twin_variants[p].path) / "config.json") for p in ("fp8", "nvfp4")]
-    out = subprocess.run([str(ENGINE_PYTHON), "-c", code, *paths], capture_output=True,
-                         text=True, timeout=300, check=True)
-    lines = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("[")]
+    out = engine_python().run(code, *paths)  # the session's one engine Python
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith("[")]
     assert lines == [["modelopt", ["lm_head"], None], ["modelopt_fp4", ["lm_head"], 16]]
 
 

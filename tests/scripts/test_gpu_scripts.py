@@ -105,3 +105,22 @@ def test_docs_gpu_h200_tables_are_the_recordings_computed_again():
     typed = doc.replace("Job A (fetch, quantize, gate, plan, publish) took 171 s.",
                         "Job A (fetch, quantize, gate, plan, publish) took 17 s.")
     assert typed != doc and regenerated(typed) == doc
+
+
+TYPED = "Typed by hand"
+
+
+def test_every_table_of_docs_gpu_is_generated_or_labelled_typed_by_hand():
+    """A table outside bench/gpu_h200_doc.py's generated blocks has no recording behind it that
+    a test recomputes; its section must say so at its head, so no reader takes it for one."""
+    import re
+
+    doc = (PROJECT_ROOT / "docs" / "gpu.md").read_text()
+    bare = re.sub(r"<!-- generated: (.*?) -->.*?<!-- end generated: \1 -->", "", doc,
+                  flags=re.DOTALL)
+    for section in bare.split("\n## ")[1:]:
+        title, _, body = section.partition("\n")
+        if any(line.startswith("|") for line in body.splitlines()):
+            head = body.split("\n### ", 1)[0]
+            assert TYPED in head, f"## {title}: a table with no recording behind it, and the " \
+                f"section does not say '{TYPED}'"

@@ -1,0 +1,75 @@
+"""The quick lane (`-m "not slow"`, README) starts no real engine and no end-to-end service.
+
+A test module that reaches the vLLM CPU engine, PostgreSQL, a browser or `dagster dev` carries
+the `slow` marker: module-wide, or on each test that reaches one (directly or through one of
+the module's own top-level helpers or fixtures). SeaweedFS (one server for the session,
+seconds) and the fake OpenAI engine (tests/fakes) stay in the quick lane on purpose.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from onboarding.common.paths import PROJECT_ROOT
+
+TESTS = PROJECT_ROOT / "tests"
+# what a module says when it starts one: the engine's virtualenv, the PostgreSQL helper, the
+# browser, the UI server's command
+STARTS = {"the vLLM CPU engine": '".venv-engine"', "PostgreSQL": "tests.e2e.postgres",
+          "a browser": "/usr/bin/chromium", "dagster dev": '"dagster"), "dev"'}
+
+
+def _slow(decorators: list[ast.expr]) -> bool:
+    return any("mark.slow" in ast.unparse(d) for d in decorators)
+
+
+def _unmarked_starts(path: Path, root: Path = PROJECT_ROOT) -> list[str]:
+    text = path.read_text()
+    tree = ast.parse(text)
+    for node in tree.body:  # pytestmark = pytest.mark.slow (or a list holding it)
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets) \
+                and "mark.slow" in ast.unparse(node.value):
+            return []
+
+    def says(node: ast.AST) -> set[str]:
+        segment = ast.get_source_segment(text, node) or ""
+        return {what for what, token in STARTS.items() if token in segment}
+
+    # names the module binds at top level to a start (VLLM = ... / "vllm")
+    bound = {t.id: says(n) for n in tree.body if isinstance(n, ast.Assign)
+             for t in n.targets if isinstance(t, ast.Name) if says(n)}
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+    def names(f: ast.FunctionDef) -> set[str]:
+        return {n.id for n in ast.walk(f) if isinstance(n, ast.Name)} | {a.arg for a in
+                                                                          f.args.args}
+
+    def direct(f: ast.FunctionDef) -> set[str]:
+        return says(f) | {w for name in names(f) & set(bound) for w in bound[name]}
+
+    out = []
+    for name, f in funcs.items():
+        if not name.startswith("test_") or _slow(f.decorator_list):
+            continue
+        reached = direct(f) | {w for h in names(f) & set(funcs) for w in direct(funcs[h])}
+        out += [f"{path.relative_to(root)}::{name} reaches {w}" for w in sorted(reached)]
+    return out
+
+
+def test_every_test_that_starts_an_engine_or_a_service_is_slow():
+    unmarked = [u for p in sorted(TESTS.rglob("test_*.py")) if p != Path(__file__)
+                for u in _unmarked_starts(p)]
+    assert not unmarked, "mark these @pytest.mark.slow (the quick lane must start none): " + \
+        "; ".join(unmarked)
+
+
+def test_the_check_sees_an_unmarked_engine_start(tmp_path):
+    sample = tmp_path / "test_sample.py"
+    sample.write_text('VLLM = ROOT / ".venv-engine" / "bin" / "vllm"\n\n'
+                      "def needs_engine():\n    assert VLLM.is_file()\n\n"
+                      "def test_quick():\n    pass\n\n"
+                      "def test_serves():\n    needs_engine()\n")
+    found = [u.split("::")[1] for u in _unmarked_starts(sample, tmp_path)]
+    assert found == ["test_serves reaches the vLLM CPU engine"]
