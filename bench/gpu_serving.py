@@ -411,12 +411,41 @@ def engine_target(cf, engine, spec, config):
     return other, f"; rendered by the {engine.engine} {version} template"
 
 
+def with_tensor_parallel(config, tp: int, note: str):
+    """The configuration at another tensor-parallel size (issue 26: the 8B at TP 1 against TP
+    2): `--tensor-parallel-size` replaced in params and argv, so it has its own hash, and the
+    note says it was not planned. The planned TP passes through unchanged."""
+    import dataclasses
+
+    if tp == config.tensor_parallel:
+        return config, note
+    flag = "--tensor-parallel-size="
+    if not any(a.startswith(flag) for a in config.param_args):
+        raise SystemExit(f"--tp {tp}: the configuration has no {flag}N argument to replace "
+                         f"({list(config.param_args)})")
+    config = dataclasses.replace(
+        config, tensor_parallel=tp, params={**config.params, "tensor_parallel_size": tp},
+        param_args=tuple(f"{flag}{tp}" if a.startswith(flag) else a for a in config.param_args))
+    return config, f"{note}; TP {tp} instead of the plan's (--tp)"
+
+
+def twin_items(args) -> list[tuple[str, str, str, int | None]]:
+    """(report key, twin id, precision, TP override or None) for each `--twins` x `--tp`."""
+    out = []
+    for item in args.twins.split(","):
+        twin_id, _, precision = item.rpartition(":")
+        if not twin_id:
+            raise SystemExit(f"--twins {item!r}: expected <twin id>:<precision>")
+        for tp in args.tp or [None]:
+            out.append((item if tp is None else f"{item}@tp{tp}", twin_id, precision, tp))
+    return out
+
+
 def twins(args) -> int:
     onboard_env(args.work, args.node_type, args.engine_bin)
-    rep = Report(args.out, args.report_name)
-    from transformers import AutoTokenizer
-
+    rep = Report(args.out, args.name or "twins")
     from assets.serving import _sweep
+    from onboarding.serving.frontend import FrontendSampler
     from onboarding.serving.serving_config import resolve_slo
     from pipelines.executors import config_files
     from resources.engine import Engine
@@ -424,41 +453,62 @@ def twins(args) -> int:
     from resources.telemetry import GpuTelemetry
 
     cf = config_files()
-    engine = Engine(configs=cf, bin_dir=os.environ["ENGINE_BIN_DIR"], node_type=args.node_type,
-                    log_dir=str(args.work / "engine-logs"), start_timeout_s=600,
-                    engine=args.engine or cf.stack().engine)
-    _, profile = cf.profile(args.profile, engine.resolved_hardware())
+    engine_name = args.engine or cf.stack().engine
     tok_src = args.work / "smollm2-135m-instruct"
-    tokenizer = AutoTokenizer.from_pretrained(tok_src, local_files_only=True)
+    if not args.dry_run:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tok_src, local_files_only=True)
     budget_end = T0 + args.deadline_s
     first = True
-    for item in args.twins.split(","):
-        twin_id, _, precision = item.rpartition(":")
+    for item, twin_id, precision, tp_override in twin_items(args):
         est_s = 150 + 1.2 * args.seconds_per_point * len(args.concurrency)
-        if time.monotonic() + est_s > budget_end:
+        if time.monotonic() + est_s > budget_end and not args.dry_run:
             rep.step(item, skipped=f"not run: {est_s:.0f} s estimated, "
                      f"{budget_end - time.monotonic():.0f} s of the budget left")
             continue
         t = time.monotonic()
-        entry: dict = {"model": twin_id, "precision": precision}
+        entry: dict = {"model": twin_id, "precision": precision, "tp_override": tp_override}
         try:
             spec = cf.spec(twin_id)
             variant, config, note = twin_target(args.work, twin_id, precision, args.node_type)
+            planned_tp = config.tensor_parallel
+            if tp_override:
+                config, note = with_tensor_parallel(config, tp_override, note)
+            # the engine's GPUs and the telemetry's: the first TP of them (TP 1 on a two-GPU
+            # machine must not count the idle GPU's power against its tokens)
+            gpu_ids = list(range(config.tensor_parallel))
+            engine = Engine(configs=cf, bin_dir=os.environ["ENGINE_BIN_DIR"],
+                            node_type=args.node_type, log_dir=str(args.work / "engine-logs"),
+                            start_timeout_s=600, engine=engine_name,
+                            gpus=",".join(map(str, gpu_ids)) if args.node_type != "cpu" else "")
+            _, profile = cf.profile(args.profile, engine.resolved_hardware())
             config, rendered = engine_target(cf, engine, spec, config)
             note += rendered
             entry.update(engine=f"{config.engine} {config.engine_version}",
                          config_hash=config.hash, config_basis=note,
                          config_content=config.content(),
-                         params_billion=spec.architecture.params_billion if spec.architecture else None,
-                         argv_params=config.params, tensor_parallel=config.tensor_parallel)
+                         params_billion=spec.architecture.params_billion
+                         if spec.architecture else None,
+                         argv_params=config.params, tensor_parallel=config.tensor_parallel,
+                         planned_tensor_parallel=planned_tp, gpus=gpu_ids)
             scenarios = {s: profile.scenarios[s] for s in args.scenarios.split(",")}
             sweep = profile.sweep.model_copy(update={
                 "concurrency": args.concurrency,
                 "max_seconds_per_point": args.seconds_per_point})
             slo = resolve_slo(cf.slo_section(), args.node_type, spec)
             entry["slo"] = vars(slo)
+            if args.dry_run:  # what would start, and where; no engine
+                entry.update(dry_run=True, engine_argv=config.args(variant.path, 0, "127.0.0.1"),
+                             engine_env=config.env, cuda_visible_devices=engine.gpus,
+                             concurrency=args.concurrency, scenarios=list(scenarios),
+                             estimated_s=round(est_s))
+                print(json.dumps({item: entry}, indent=1, default=str))
+                rep.step(item, **entry)
+                continue
             with engine.serve(variant, config) as running, \
-                    GpuTelemetry().sampler() as sampler:
+                    GpuTelemetry().sampler(gpu_ids) as sampler, \
+                    FrontendSampler(running.pid) as frontend:
                 entry["ready_s"] = round(running.phases.first_token_s, 1)
                 entry["start_phases"] = {k: v for k, v in vars(running.phases).items()
                                          if isinstance(v, (int, float)) or v is None}
@@ -466,7 +516,7 @@ def twins(args) -> int:
                 say(f"{item}: ready in {entry['ready_s']} s ({config.hash}, {note})")
                 rows, _ = _sweep(BenchContext(twin_id), None, LoadGenerator(), running,
                                  engine.template(), spec.served_name, scenarios, sweep, slo,
-                                 tokenizer, sampler)
+                                 tokenizer, sampler, frontend)
                 entry["rows"] = rows
                 rep.step(item, **entry)
                 if first and args.crosscheck_concurrency:
@@ -481,7 +531,8 @@ def twins(args) -> int:
             say(f"{item}: {entry['error'][:500]}")
         entry["seconds"] = round(time.monotonic() - t, 1)
         rep.step(item, **entry)
-    pack(args.out, args.report_name, [args.work / "engine-logs"])
+    if not args.dry_run:
+        pack(args.out, args.name or "twins", [args.work / "engine-logs"])
     return 0
 
 
@@ -757,7 +808,6 @@ def main() -> int:
     ap.add_argument("--engine", default="", help="twins: the engine template to start "
                     "(configs/stack.yaml engines; default: the stack's engine); another than "
                     "the plan's renders the plan's numbers through its template")
-    ap.add_argument("--report-name", default="twins", help="twins: names the JSON and archive")
     ap.add_argument("--deadline-s", type=float, default=560)
     ap.add_argument("--probe-burn-s", type=float, default=40)
     ap.add_argument("--select", default="", help="onboard: comma-separated asset names")
@@ -769,6 +819,14 @@ def main() -> int:
     ap.add_argument("--twins", default="llama-3-1-8b-instruct-twin:fp8,"
                     "llama-3-1-70b-instruct-twin:fp8,llama-3-1-8b-instruct-twin:bf16,"
                     "llama-3-1-8b-instruct-twin:nvfp4", help="twins: <twin id>:<precision>")
+    ap.add_argument("--tp", type=lambda s: [int(x) for x in s.split(",") if x.strip()],
+                    default=[], help="twins: run each twin at each of these tensor-parallel "
+                    "sizes instead of the plan's (e.g. 1,2; its own configuration hash, recorded "
+                    "as tp_override); default the plan's")
+    ap.add_argument("--name", default="", help="twins: names the phase's files (<name>.json, "
+                    "<name>.tar.gz) instead of twins")
+    ap.add_argument("--dry-run", action="store_true", help="twins: the configuration, engine "
+                    "argv and GPUs of each item, written and printed; no engine starts")
     ap.add_argument("--scenarios", default="chat")
     ap.add_argument("--profile", default="gpu", help="twins: configs/scenarios.yaml profile")
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],

@@ -65,7 +65,8 @@ def config_copy(work: Path, node: str, node_type: str, gpus: int, args) -> Path:
     data["nodes"] = {node: {"node_type": node_type, "gpus": max(gpus, 1)}}
     data["probe"].update({
         "burn_s": args.burn_s, "sample_interval_s": 0.5, "dcgm_diag_level": args.dcgm_level,
-        "copy_mib": 2048, "copy_iters": 10, "p2p_mib": 512, "allreduce_sizes_mib": [16, 256],
+        "copy_mib": 2048, "copy_iters": 10, "p2p_mib": args.p2p_mib,
+        "allreduce_sizes_mib": args.allreduce_sizes_mib,
         "allreduce_iters": 10, "direct_read_gib": args.direct_read_gib,
         "gpu_job_timeout_s": 300})
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -82,6 +83,10 @@ def main() -> int:
     ap.add_argument("--dcgm-level", type=int, default=1, help="dcgmi diag -r level where DCGM "
                     "is installed (1 is about a minute); 0 skips it")
     ap.add_argument("--direct-read-gib", type=float, default=2.0)
+    ap.add_argument("--p2p-mib", type=int, default=512, help="P2P copy per GPU pair")
+    ap.add_argument("--allreduce-sizes-mib", default=[16, 256],
+                    type=lambda s: [int(x) for x in s.split(",") if x.strip()],
+                    help="NCCL all-reduce message sizes, e.g. 16,256,1024 (acceptance.yaml's)")
     args = ap.parse_args()
     import dagster as dg
 

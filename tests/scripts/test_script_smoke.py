@@ -42,6 +42,8 @@ HERE = {
     "bench/gpu_device.sh": "test_shell_scripts_parse_and_gpu_device_refuses_an_unknown_step",
     "bench/gpu_serving.py":
         "test_gpu_serving_prepare_builds_the_model_and_pins_the_configs_on_a_cpu",
+    "bench/gpu_x2.py": "test_gpu_x2_dry_runs_print_the_probe_thresholds_and_the_pairs_launchers",
+    "bench/gpu_x2_doc.py": "test_gpu_x2_doc_sections_are_current",
     "bench/loadgen.py": "test_loadgen_against_the_fake_server_reaches_its_summary",
     "bench/predictions.py": "test_predictions_record_is_the_committed_recording",
     "bench/quantize.py": "test_quantize_bench_prints_its_ratio_against_modelopt_direct",
@@ -290,3 +292,78 @@ def test_build_smollm2_keeps_a_complete_output(tmp_path):
     run_script(["scripts/build_smollm2.py", str(SMOL)], tmp_path)
     after = (SMOL / "model.safetensors").stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def _device_step(step: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """A step of bench/gpu_device.sh with DRY_RUN=1: as far as a CPU goes, this venv's python."""
+    return subprocess.run(["bash", "bench/gpu_device.sh", step], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, **OFFLINE, "OUT": str(tmp_path / "out"),
+                               "WORK": str(tmp_path / "work"), "DRY_RUN": "1",
+                               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+
+
+def test_gpu_x2_dry_runs_print_the_probe_thresholds_and_the_pairs_launchers(tmp_path):
+    """Issue 26's interconnect and neighbour steps (two H200s) as far as a CPU goes: the probe's
+    argv at acceptance.yaml's sizes and the thresholds it is judged by; the pair planned by the
+    layout code and rendered, one twin per GPU."""
+    from resources.config_files import ConfigFiles
+
+    cf = ConfigFiles()
+    done = _device_step("x2-interconnect", tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    body = json.loads(done.stdout)
+    assert body["env"]["NCCL_NVLS_ENABLE"] == "0"
+    argv = body["probe_argv"]
+    assert argv[argv.index("--gpus") + 1] == "2"
+    sizes = argv[argv.index("--allreduce-sizes-mib") + 1]
+    assert sizes == ",".join(map(str, cf.acceptance().probe.allreduce_sizes_mib))
+    want = cf.acceptance().node_types["h200"].interconnect.allreduce_busbw_min_gbps[2]
+    assert body["thresholds"]["allreduce_busbw_min_gbps"]["2"] == want
+    done = _device_step("x2-neighbour", tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    body = json.loads(done.stdout)
+    assert {m: p["gpus"] for m, p in body["result"]["placements"].items()} == {
+        "twin-a": [0], "twin-b": [1]}
+    assert "export CUDA_VISIBLE_DEVICES=1" in body["launchers"]["twin-b"]
+    assert "--tensor-parallel-size=1" in body["launchers"]["twin-a"]
+
+
+def test_gpu_x2_doc_sections_are_current(tmp_path):
+    """docs/gpu.md's issue-26 sections are what plan.json and the recordings say."""
+    proc = run_script(["bench/gpu_x2_doc.py", "--check"], tmp_path)
+    assert "current" in proc.stdout
+
+
+@pytest.mark.slow
+def test_gpu_x2_twins_dry_run_plans_the_configurations_the_h200_recorded(tmp_path):
+    """x2-twins and x2-tp on a CPU: prepare, the configs pinned to the H200's recorded versions,
+    the twins' onboard CPU part for h200, then each step's dry run. The planned hashes must be
+    the ones run 3 recorded on the H200; TP 2 runs on GPUs 0 and 1."""
+    needs_model()
+    out, work = tmp_path / "out", tmp_path / "work"
+    run_script(["bench/gpu_serving.py", "prepare", "--out", str(out), "--work", str(work),
+                "--probe-burn-s", "0", "--node-type", "cpu"], tmp_path)
+    run_script(["bench/gpu_x2.py", "pin", "--work", str(work)], tmp_path)
+    run_script(["bench/gpu_serving.py", "onboard", "--out", str(out), "--work", str(work),
+                "--node-type", "h200", "--tag", "x2-plan", "--models",
+                "llama-3-1-8b-instruct-twin,llama-3-1-70b-instruct-twin", "--select",
+                "serving_stack,checkpoint,quantized,accuracy,serving_variant,serving_config"],
+               tmp_path)
+    rec = json.loads((PROJECT_ROOT / "tests/data/gpu/h200-2026-12-02-run3/onboard-A.json")
+                     .read_text())["assets"]
+    device = {m: a["serving_config"]["config_hashes"]["h200"] for m, a in rec.items()
+              if "serving_config" in a}
+    for step in ("x2-twins", "x2-tp"):
+        done = _device_step(step, tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+    twins = json.loads((out / "x2-twins.json").read_text())["steps"]
+    [big] = twins.values()
+    assert big["config_hash"] == device["llama-3-1-70b-instruct-twin"]
+    assert big["tensor_parallel"] == 2 and big["cuda_visible_devices"] == "0,1"
+    tp = json.loads((out / "x2-tp.json").read_text())["steps"]
+    one, two = tp["llama-3-1-8b-instruct-twin:fp8@tp1"], tp["llama-3-1-8b-instruct-twin:fp8@tp2"]
+    assert one["config_hash"] == device["llama-3-1-8b-instruct-twin"]
+    assert one["cuda_visible_devices"] == "0" and two["cuda_visible_devices"] == "0,1"
+    assert two["config_hash"] != one["config_hash"] and "--tensor-parallel-size=2" in \
+        two["engine_argv"]
