@@ -297,7 +297,10 @@ def main() -> int:
             os.environ.setdefault("ONBOARDING_EVAL_LIMIT", "100")
         sweep = "full" if args.full else "quick"
         print(f"onboarding {args.model} ({sweep} pass; eval items per task: "
-              f"{os.environ.get('ONBOARDING_EVAL_LIMIT', 'all')})")
+              f"{os.environ.get('ONBOARDING_EVAL_LIMIT', 'all')}"
+              + ("; shrunk for time: the eval items (an inconclusive gate still re-evaluates on "
+                 "more) and the serving sweep below; --full runs every item and the whole "
+                 "sweep" if sweep == "quick" else "") + ")")
         return 0 if run_job(args.model, args.select, sweep) else 1
     except KeyboardInterrupt:
         return 130
