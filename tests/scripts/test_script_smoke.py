@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -256,6 +257,10 @@ def test_demo_fetch_only_reaches_its_summary(tmp_path):
         "ONBOARDING_DISCOVERED_DIR": str(tmp_path / "discovered")})
     assert "onboard_model[smollm2-135m]: SUCCESS" in proc.stdout, proc.stdout[-2000:]
     assert "materialized: checkpoint" in proc.stdout
+    # the breakdown from the run's own step records: the one step, its wall and CPU seconds
+    assert "where the time went (run " in proc.stdout
+    row = re.compile(r"^  checkpoint +\d+\.\d +\d+\.\d ", re.MULTILINE)
+    assert row.search(proc.stdout), proc.stdout[-2000:]
     [fetched] = list((tmp_path / "nvme").rglob("model.safetensors"))
     assert fetched.stat().st_size == (SMOL / "model.safetensors").stat().st_size
     assert (tmp_path / "data" / "s3-credentials.json").is_file()

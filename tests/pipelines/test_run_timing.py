@@ -1,0 +1,51 @@
+"""The demo's time breakdown: per step, wall seconds from a real run's event records, CPU seconds
+and child processes from the sampler, in a real (ephemeral) Dagster instance."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import dagster as dg
+
+from pipelines.run_timing import TreeSampler, breakdown_lines, cpu_between, run_step_timings
+
+
+@dg.asset
+def burns_cpu() -> int:
+    t0, n = time.process_time(), 0
+    while time.process_time() - t0 < 0.6:
+        n += 1
+    return n
+
+
+@dg.asset(deps=[burns_cpu])
+def waits_on_a_child() -> None:
+    subprocess.run(["sleep", "1.5"], check=True)
+
+
+def test_each_step_gets_its_wall_time_cpu_time_and_child_processes():
+    with dg.instance_for_test() as instance:
+        with TreeSampler(interval_s=0.1) as sampler:
+            result = dg.materialize([burns_cpu, waits_on_a_child], instance=instance)
+        rows = run_step_timings(instance, result.run_id, sampler)
+        records = {(e.step_key, e.dagster_event.event_type): e.timestamp
+                   for e in instance.all_logs(result.run_id) if e.dagster_event and e.step_key}
+    assert [r.step for r in rows] == ["burns_cpu", "waits_on_a_child"]
+    assert all(r.status == "success" and r.wall_s is not None and r.wall_s > 0 for r in rows)
+    burn, wait = rows
+    assert burn.start == records[("burns_cpu", dg.DagsterEventType.STEP_START)]
+    assert burn.end == records[("burns_cpu", dg.DagsterEventType.STEP_SUCCESS)]
+    # the busy step burnt its 0.6 s of CPU; the one that waited on `sleep` burnt far less
+    assert burn.cpu_s is not None and burn.cpu_s >= 0.45
+    assert wait.cpu_s is not None and wait.cpu_s < burn.cpu_s / 2
+    assert [c.command for c in wait.children] == ["sleep 1.5"] and not burn.children
+    assert wait.children[0].alive_s >= 1.0
+    table = "\n".join(breakdown_lines(rows))
+    assert "waits_on_a_child" in table and "sleep 1.5" in table and "load average" in table
+
+
+def test_cpu_is_none_where_the_samples_do_not_cover_the_step():
+    samples = [(10.0, 1.0), (11.0, 2.0), (12.0, 2.5)]
+    assert cpu_between(samples, 10.5, 11.5) == 0.75
+    assert cpu_between(samples, 9.0, 11.0) is None and cpu_between(samples, 11.0, 13.0) is None
