@@ -23,7 +23,6 @@ from typing import Any
 
 import dagster as dg
 
-from assets.deploy import build_plan
 from assets.stack import stack_metadata
 from onboarding.kserve import inline_secret_findings
 from onboarding.layout import LayoutPlan, layout_entries, placement_rows, plan_layout
@@ -37,6 +36,7 @@ from onboarding.layout_render import (
     render_layout,
     write_layout_files,
 )
+from onboarding.plan import build_plan
 from onboarding.tables import md_table
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.manifest_validator import ManifestValidator

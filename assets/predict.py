@@ -14,9 +14,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.deploy import OPTIONAL, build_plan
 from assets.partitions import models_partitions
 from onboarding.files import write_atomic
+from onboarding.plan import build_plan
 from onboarding.predict import Calibration, PredictionTable, calibrate_points, predict_model
 from onboarding.predict import model_config_for as config_for
 from onboarding.refs import CheckpointRef, VariantRef
@@ -27,6 +27,7 @@ from resources.config_files import ConfigFiles, OutputDirs
 from resources.predictor import AIConfiguratorPredictor
 
 GROUP = "predict"
+OPTIONAL = "optional_upstream"
 
 
 @dg.asset(group_name=GROUP, description="AIConfigurator's predictions of the recorded H200 "

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.deploy import build_plan
+from assets.checks import QUANTIZED_PRECISIONS, gate_check, not_applicable_check
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
@@ -33,9 +33,10 @@ from onboarding.accuracy_gate import (
 )
 from onboarding.catalog import ModelSpec
 from onboarding.errors import OnboardingError
+from onboarding.plan import build_plan
 from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.tables import md_table
-from onboarding.twins import NOT_APPLICABLE, NOT_APPLICABLE_VERDICT
+from onboarding.twins import NOT_APPLICABLE
 from onboarding.variants import (
     IN_PROCESS,
     AccuracyRecord,
@@ -56,8 +57,6 @@ from resources.config_files import ConfigFiles
 from resources.engine import Engine
 from resources.evaluator import Evaluator
 from resources.quantizer import Quantizer
-
-QUANTIZED_PRECISIONS = ("nvfp4", "fp8")
 
 
 def export_check_name(precision: str) -> str:
@@ -135,16 +134,6 @@ def _quantized_metadata(result: QuantizedSet) -> dict:
     md["variants"] = dg.MetadataValue.md(md_table(rows,
                                                   empty="no quantized precision in the ladder"))
     return md
-
-
-def not_applicable_check(name: str, reason: str = NOT_APPLICABLE,
-                         metadata: dict | None = None) -> dg.AssetCheckResult:
-    """A check whose subject a performance twin does not have (accuracy, a weight read): a
-    warning that does not pass, so it never reads as a silent pass (docs/twins.md)."""
-    return dg.AssetCheckResult(check_name=name, passed=False,
-                               severity=dg.AssetCheckSeverity.WARN,
-                               metadata={"status": NOT_APPLICABLE_VERDICT, "reason": reason,
-                                         **(metadata or {})})
 
 
 def _export_check(v: QuantizedVariant | None, precision: str, twin: bool = False
@@ -252,41 +241,6 @@ def _judge(context, v: QuantizedVariant, ckpt: Path, baseline: ScoreBook, gates:
     return (GateOutcome.of(gate, IN_PROCESS), gate,
             AccuracyRecord(v.precision, IN_PROCESS, v.content_hash, book.scores,
                            eval_s[v.precision]))
-
-
-def gate_check(name: str, outcome: GateOutcome | None, rows: tuple[dict, ...], precision: str,
-               gates: AccuracyGates, not_checked: str = "not in this model's precision ladder"
-               ) -> dg.AssetCheckResult:
-    """A gate's check: the verdict, the items it used, and per task the drop's interval against
-    the allowed drop, so a red check explains itself."""
-    if outcome is None:
-        return dg.AssetCheckResult(check_name=name, passed=True,
-                                   metadata={"status": not_checked})
-    if outcome.verdict == NOT_APPLICABLE_VERDICT:
-        return not_applicable_check(name, outcome.reason)
-    meta: dict = {"verdict": outcome.verdict, "reason": outcome.reason,
-                  "source": outcome.source, "items_used": outcome.items,
-                  "inconclusive_policy": gates.inconclusive.policy,
-                  "interval": f"drop ± z·se: z {gates.z:g} ({gates.confidence:.0%} two-sided) "
-                              "for one look at every item, wider at a look that more items "
-                              "may follow (group-sequential; per task below)"}
-    for r in rows:
-        if r["precision"] == precision:
-            t = r["task"]
-            meta[f"{t}_actual"] = float(r["variant"])
-            meta[f"{t}_expected"] = float(r["baseline"])
-            meta[f"{t}_delta"] = float(r["delta"])
-            meta[f"{t}_se_delta"] = float(r["se_delta"])
-            meta[f"{t}_drop_interval"] = f"[{r['drop_low']:.4f}, {r['drop_high']:.4f}]"
-            if r.get("z") is not None:
-                meta[f"{t}_z"] = float(r["z"])
-            meta[f"{t}_allowed_drop"] = float(r["allowed_drop"])
-            meta[f"{t}_tolerance"] = gates.tolerance_for(t).describe(float(r["baseline"]))
-            meta[f"{t}_verdict"] = r["verdict"]
-            meta[f"{t}_items"] = int(r["n"])
-    meta["tolerance"] = dg.MetadataValue.json(gates.tolerance.model_dump(exclude_none=True))
-    return dg.AssetCheckResult(check_name=name, passed=outcome.passed, metadata=meta,
-                               severity=dg.AssetCheckSeverity.WARN)
 
 
 @dg.asset(

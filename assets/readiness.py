@@ -7,10 +7,10 @@ manifest. The re-validation schedule and the verdict sensors report the same ver
 
 import dagster as dg
 
-from assets.deploy import ManifestSet
 from assets.partitions import models_partitions
 from onboarding.readiness import ManifestFacts, Readiness, judge
 from onboarding.refs import VariantRef
+from onboarding.serving_plan import ManifestSet
 from onboarding.serving_stats import ServingBenchmarkResult
 from onboarding.tables import md_table
 from resources.config_files import ConfigFiles

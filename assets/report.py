@@ -18,7 +18,6 @@ from typing import Any
 
 import dagster as dg
 
-from assets.deploy import ManifestSet
 from assets.partitions import models_partitions, nodes_partitions
 from onboarding.errors import OnboardingError
 from onboarding.files import write_atomic
@@ -40,6 +39,7 @@ from onboarding.report import (
     to_markdown,
 )
 from onboarding.serving_config import resolve_slo
+from onboarding.serving_plan import ManifestSet
 from onboarding.variants import choose_precision
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.upstream import by_model, materialized_at, stored_value

@@ -30,8 +30,8 @@ in-process scores.
 
 import dagster as dg
 
+from assets.checks import QUANTIZED_PRECISIONS, gate_check, not_applicable_check
 from assets.partitions import models_partitions
-from assets.quantize import QUANTIZED_PRECISIONS, gate_check, not_applicable_check
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding import twins

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from assets.checks import not_applicable_check
 from assets.node_gate import node_acceptance_check, node_check_spec
 from assets.partitions import models_partitions
-from assets.quantize import not_applicable_check
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding.catalog import ModelSpec
@@ -308,7 +308,7 @@ def _timing_metadata(result: LoadTimingResult, samples: list, engine: Engine) ->
     }
 
 
-def _server_side(run: PointRun, engine_metrics) -> dict[str, float | None]:
+def server_side(run: PointRun, engine_metrics) -> dict[str, float | None]:
     """Server-reported TTFT/ITL means and peak queue/KV usage during the point."""
     if run.metrics_before is None or run.metrics_after is None:
         return {}
@@ -387,7 +387,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     gpu_ids = [int(g) for g in engine.gpus.split(",") if g.strip().isdigit()] or None
     with engine.serve(variant, setup.config) as running, \
             telemetry.sampler(gpu_ids) as sampler, FrontendSampler(running.pid) as frontend:
-        rows, points = _sweep(context, outputs, loadgen, running, template, spec.served_name,
+        rows, points = run_sweep(context, outputs, loadgen, running, template, spec.served_name,
                               scenarios, sweep, setup.slo, tokenizer, sampler, frontend)
     result, basis, violations = headline(spec.id, variant.precision, engine.node_type, gpus,
                                          setup.slo, points, sweep.mode == "concurrency")
@@ -458,7 +458,7 @@ def _frontend_metadata(rows: list[dict], unavailable: str) -> dict:
     return md
 
 
-def _sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, template,
+def run_sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, template,
            served_name: str, scenarios: dict, sweep, slo: Slo, tokenizer, sampler,
            frontend: FrontendSampler
            ) -> tuple[list[dict], dict[str, list[tuple[int, PointStats]]]]:
@@ -492,7 +492,7 @@ def _sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, templa
             points.setdefault(name, []).append((int(load), stats))
             exited = running.exited(stats.errors_by_cause)
             rows.append({"scenario": name, "load": load, **stats.row(),
-                         **_server_side(run, template.metrics), **run.scrape_columns(),
+                         **server_side(run, template.metrics), **run.scrape_columns(),
                          **gpu, **front, "engine_exited": exited,
                          "meets_slo": not slo_violations(stats, slo)})
             context.log.info(f"{name} @ {load}: {stats.request_throughput_rps:.2f} req/s, "

@@ -398,7 +398,8 @@ def twins(args) -> int:
     rep = Report(args.out, "twins")
     from transformers import AutoTokenizer
 
-    from assets.serving import _sweep
+    from assets.serving import run_sweep
+    from onboarding.frontend import FrontendSampler
     from onboarding.serving_config import resolve_slo
     from pipelines.executors import config_files
     from resources.engine import Engine
@@ -435,15 +436,15 @@ def twins(args) -> int:
             slo = resolve_slo(cf.slo_section(), args.node_type, spec)
             entry["slo"] = vars(slo)
             with engine.serve(variant, config) as running, \
-                    GpuTelemetry().sampler() as sampler:
+                    GpuTelemetry().sampler() as sampler, FrontendSampler(running.pid) as frontend:
                 entry["ready_s"] = round(running.phases.first_token_s, 1)
                 entry["start_phases"] = {k: v for k, v in vars(running.phases).items()
                                          if isinstance(v, (int, float)) or v is None}
                 entry["engine_log"] = running.log_path.name
                 say(f"{item}: ready in {entry['ready_s']} s ({config.hash}, {note})")
-                rows, _ = _sweep(BenchContext(twin_id), None, LoadGenerator(), running,
-                                 engine.template(), spec.served_name, scenarios, sweep, slo,
-                                 tokenizer, sampler)
+                rows, _ = run_sweep(BenchContext(twin_id), None, LoadGenerator(), running,
+                                    engine.template(), spec.served_name, scenarios, sweep, slo,
+                                    tokenizer, sampler, frontend)
                 entry["rows"] = rows
                 rep.step(item, **entry)
                 if first and args.crosscheck_concurrency:
@@ -504,12 +505,12 @@ def crosscheck(running, served: str, tok_dir: Path, concurrency: int, work: Path
                                      request_timeout_s=120, warmup_bodies=bodies[:concurrency],
                                      scrape_interval_s=1.0)
     s = summarize(run_.records, run_.duration_s)
-    from assets.serving import _server_side
+    from assets.serving import server_side
 
     out["ours"] = {"completed": s.completed, "request_throughput": s.request_throughput_rps,
                    "output_throughput": s.output_tokens_per_s,
                    "median_ttft_ms": s.ttft_s.p50 * 1e3, "p95_ttft_ms": s.ttft_s.p95 * 1e3,
-                   "mean_itl_ms": s.itl_ms.mean, **_server_side(run_, metrics)}
+                   "mean_itl_ms": s.itl_ms.mean, **server_side(run_, metrics)}
     before = _scrape(running.base_url)
     out["vllm_bench"] = vllm_bench(running.base_url, served, tok_dir, concurrency, n, in_len,
                                    out_len, work)

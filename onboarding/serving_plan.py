@@ -18,6 +18,7 @@ from onboarding.kserve import (
     DeployConfig,
     Rendered,
     RenderInputs,
+    Route,
     Stack,
     render,
     source_precision,
@@ -162,3 +163,23 @@ def render_targets(spec: ModelSpec, splan: ServingPlan, nodes: NodesConfig, stac
                                             deploy, config, ev, storage,
                                             tuple(cached.get(storage.uri, ())))))
     return rendered, skipped
+
+
+@dataclass(frozen=True)
+class ManifestSet:
+    """What `kserve_manifest` stores: the rendered files of one model, one per target node type
+    `render_targets` rendered, with the verdict of the one schema validation they went through."""
+
+    model: str
+    files: dict[str, str]  # node type -> path of the multi-document YAML
+    services: dict[str, str]  # node type -> InferenceService name
+    routes: tuple[Route, ...]
+    skipped: dict[str, str]  # node type -> why no manifest
+    errors: dict[str, list[str]] = field(default_factory=dict)  # "<node type> <doc>" -> errors
+    config_hashes: dict[str, str] = field(default_factory=dict)  # node type -> hash rendered
+    measured: dict[str, bool] = field(default_factory=dict)  # node type -> measured at it
+    published: dict[str, bool] = field(default_factory=dict)  # node type -> storage published
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors

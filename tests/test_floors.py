@@ -53,6 +53,59 @@ def test_floors_import_only_downward(floor):
     assert not bad, "\n".join(bad)
 
 
+# assets/ modules a stage module may import: not stages themselves (no asset of their own), or
+# the versioned inputs every stage names in its decorator (`deps=[...]`)
+SHARED_ASSET_MODULES = {
+    "assets.partitions",  # the partitions definitions
+    "assets.step_tags",  # the GPU/cache op tags
+    "assets.checks",  # asset-check helpers several stages yield
+    "assets.node_gate",  # the qualified-node check of the serving stage
+    "assets.stack",  # serving_stack: the versioned stack input
+    "assets.model_spec",  # model_spec: the versioned per-partition catalog input
+}
+
+
+def sideways_imports(paths: list[Path]) -> list[str]:
+    """`file:line: imports module` for each import of one assets/ module by another that is
+    not in SHARED_ASSET_MODULES (a stage's helper belongs below, or in a shared module)."""
+    bad = []
+    for p in paths:
+        me = f"assets.{p.stem}"
+        bad += [f"{p.name}:{line}: imports {name}" for line, name in _imports(p)
+                if name.startswith("assets.") and name != me
+                and name not in SHARED_ASSET_MODULES]
+    return bad
+
+
+def test_stage_modules_do_not_import_each_other():
+    bad = sideways_imports(_modules("assets"))
+    assert not bad, "stage modules import each other:\n" + "\n".join(bad)
+
+
+def test_the_sideways_check_catches_a_stage_importing_a_stage(tmp_path):
+    """Not vacuous: the seven arrows of issue 27 were of this form; a shared module is not one."""
+    probe = tmp_path / "layout.py"
+    probe.write_text("from assets.deploy import build_plan\nfrom assets.stack import X\n"
+                     "import assets.quantize\n")
+    assert sideways_imports([probe]) == ["layout.py:1: imports assets.deploy",
+                                         "layout.py:3: imports assets.quantize"]
+
+
+def test_production_code_imports_no_private_names():
+    """A name with a leading underscore is its module's own: bench/ and scripts/ call public
+    functions (gpu_serving used assets.serving's `_sweep` and `_server_side`)."""
+    roots = [*FLOORS, "scripts", "bench"]
+    bad = []
+    for root in roots:
+        for p in sorted((PROJECT_ROOT / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(p.read_text(), str(p))):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
+                        node.module.split(".")[0] in FLOORS:
+                    bad += [f"{p.relative_to(PROJECT_ROOT)}:{node.lineno}: {node.module}."
+                            f"{a.name}" for a in node.names if a.name.startswith("_")]
+    assert not bad, "imports of private names:\n" + "\n".join(bad)
+
+
 def test_no_dagster_internals_outside_tests():
     roots = [*FLOORS, "scripts", "bench"]
     bad = [f"{p.relative_to(PROJECT_ROOT)}:{line}: {name}"
