@@ -165,11 +165,11 @@ def _unservable_check(name: str, reason: str) -> dg.AssetCheckResult:
                                severity=dg.AssetCheckSeverity.WARN, metadata={"reason": reason})
 
 
-def _node_check(context: dg.AssetExecutionContext, engine: Engine, setup: Setup
-                ) -> dg.AssetCheckResult:
+def _node_check(context: dg.AssetExecutionContext, io_manager: dg.IOManager, engine: Engine,
+                setup: Setup) -> dg.AssetCheckResult:
     """Whether the node this runs on is qualified (assets/node_gate.py), read before measuring
     so the result says which node's acceptance it relied on."""
-    return node_acceptance_check(context.instance, engine.resolved_node_name(),
+    return node_acceptance_check(io_manager, context.instance, engine.resolved_node_name(),
                                  setup.profile.require_node_acceptance, setup.profile_name)
 
 
@@ -222,11 +222,12 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
 )
 def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, configs: ConfigFiles,
                 engine: Engine, serving_variant: VariantRef, checkpoint: CheckpointRef,
-                quantized: QuantizedSet, serving_config: ServingPlan):
+                quantized: QuantizedSet, serving_config: ServingPlan,
+                io_manager: dg.ResourceParam[dg.IOManager]):
     setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
                    serving_config)
     spec, variant = setup.spec, setup.variant
-    node_check = _node_check(context, engine, setup)
+    node_check = _node_check(context, io_manager, engine, setup)
     if variant is None:
         yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, setup.reason,
                                          node_type=engine.node_type),
@@ -357,11 +358,12 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
                       loadgen: LoadGenerator, telemetry: GpuTelemetry,
                       serving_variant: VariantRef, checkpoint: CheckpointRef,
                       quantized: QuantizedSet, serving_config: ServingPlan,
-                      load_timing: LoadTimingResult | None):
+                      load_timing: LoadTimingResult | None,
+                      io_manager: dg.ResourceParam[dg.IOManager]):
     setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
                    serving_config)
     spec, variant, gpus = setup.spec, setup.variant, engine.gpu_count()
-    node_check = _node_check(context, engine, setup)
+    node_check = _node_check(context, io_manager, engine, setup)
     if variant is None:
         result = ServingBenchmarkResult(spec.id, serving_variant.precision, engine.node_type,
                                         gpus, False, 0.0, 0, False, (setup.reason,))
