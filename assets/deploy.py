@@ -18,6 +18,7 @@ from typing import Any
 
 import dagster as dg
 
+from assets.model_spec import MODEL_SPEC, spec_metadata
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import cache_step_tags
@@ -76,7 +77,7 @@ def _version(payload: Any) -> dg.DataVersion:
 @dg.asset(
     partitions_def=models_partitions,
     ins=_optional("checkpoint", "serving_variant", "accuracy", "predictions"),
-    deps=[SERVING_STACK],
+    deps=[SERVING_STACK, MODEL_SPEC],
     group_name=GROUP,
     check_specs=[dg.AssetCheckSpec(PLAN_CHECK, asset="serving_config", blocking=True,
                                    description="At least one target node type (deploy.yaml) "
@@ -118,6 +119,7 @@ def serving_config(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
         "target_concurrency": inputs.target_concurrency,
         "context_tokens": inputs.context_tokens,
         **stack_metadata(configs),
+        **spec_metadata(spec),
     })
     yield _fits_check(result, configs.deploy().target_node_types)
 
@@ -191,7 +193,7 @@ def published_variant(context: dg.AssetExecutionContext, configs: ConfigFiles,
 @dg.asset(
     partitions_def=models_partitions,
     ins=_optional("checkpoint", "load_timing", "serving_benchmark", "published_variant"),
-    deps=[SERVING_STACK],
+    deps=[SERVING_STACK, MODEL_SPEC],
     group_name=GROUP,
     check_specs=[
         dg.AssetCheckSpec(VALID_CHECK, asset="kserve_manifest", blocking=True,
@@ -244,7 +246,7 @@ def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, out
                         {r.node_type: r.published for r in rendered})
     yield dg.Output(value, data_version=_version(texts), metadata={
         **_manifest_metadata(value, rendered, texts, serving_config.plan, stack),
-        **stack_metadata(configs)})
+        **stack_metadata(configs), **spec_metadata(spec)})
     yield dg.AssetCheckResult(check_name=VALID_CHECK, passed=value.valid, metadata={
         "errors": dg.MetadataValue.json(errors),
         "error_count": sum(len(v) for v in errors.values()),

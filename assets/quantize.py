@@ -19,6 +19,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets.checks import QUANTIZED_PRECISIONS, gate_check, not_applicable_check
+from assets.model_spec import MODEL_SPEC, spec_metadata
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
@@ -74,7 +75,7 @@ SERVING_CHECK = "serving_variant_verified"
     partitions_def=models_partitions,
     group_name="quantize",
     kinds={"pytorch"},
-    deps=[SERVING_STACK],
+    deps=[SERVING_STACK, MODEL_SPEC],
     op_tags=gpu_step_tags("quantized"),
     pool="gpu",
     check_specs=[
@@ -105,7 +106,7 @@ def quantized(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoin
     version = hashlib.sha256("".join(f"{v.precision}:{v.content_hash or v.error}\n"
                                      for v in variants).encode()).hexdigest()
     yield dg.Output(result, metadata={**_quantized_metadata(result), **stack_metadata(configs),
-                                      "weights": spec.weights},
+                                      **spec_metadata(spec), "weights": spec.weights},
                     data_version=dg.DataVersion(version))
     for precision in QUANTIZED_PRECISIONS:
         yield _export_check(result.get(precision), precision, spec.is_twin)
@@ -162,7 +163,7 @@ def _export_check(v: QuantizedVariant | None, precision: str, twin: bool = False
     partitions_def=models_partitions,
     group_name="quantize",
     kinds={"pytorch"},
-    deps=[SERVING_STACK],
+    deps=[SERVING_STACK, MODEL_SPEC],
     op_tags=gpu_step_tags("accuracy"),
     pool="gpu",
     check_specs=[
@@ -204,6 +205,7 @@ def accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoint
         "items_per_task": max((r["n"] for r in rows), default=0),
         "gates": dg.MetadataValue.json({o.precision: asdict(o) for o in outcomes}),
         **stack_metadata(configs),
+        **spec_metadata(spec),
     })
     for precision in QUANTIZED_PRECISIONS:
         yield gate_check(gate_check_name(precision), report.gate(precision), report.rows,
@@ -219,6 +221,7 @@ def _twin_accuracy(configs: ConfigFiles, spec: ModelSpec, gates: AccuracyGates):
         "weights": spec.weights,
         "gates": dg.MetadataValue.json({o.precision: asdict(o) for o in report.gates}),
         **stack_metadata(configs),
+        **spec_metadata(spec),
     })
     for precision in QUANTIZED_PRECISIONS:
         yield gate_check(gate_check_name(precision), report.gate(precision), (), precision, gates)
@@ -247,6 +250,7 @@ def _judge(context, v: QuantizedVariant, ckpt: Path, baseline: ScoreBook, gates:
     partitions_def=models_partitions,
     group_name="quantize",
     ins={"served_accuracy": dg.AssetIn(input_manager_key="optional_upstream")},
+    deps=[MODEL_SPEC],
     check_specs=[dg.AssetCheckSpec(
         SERVING_CHECK, asset="serving_variant", blocking=True,
         description="the chosen variant passed its gates and its bytes on disk match the hash "
@@ -274,7 +278,8 @@ def serving_variant(context: dg.AssetExecutionContext, configs: ConfigFiles, eng
     ref = variant_ref(spec.id, precision, checkpoint, quantized)
     meta = {"precision": precision, "weight_bytes": ref.weight_bytes,
             "total_bytes": ref.total_bytes, "variant_path": dg.MetadataValue.path(ref.path),
-            "content_hash": ref.content_hash, "ladder": " → ".join(spec.precision_ladder)}
+            "content_hash": ref.content_hash, "ladder": " → ".join(spec.precision_ladder),
+            **spec_metadata(spec)}
     for p, why in skipped.items():
         meta[f"skipped_{p}"] = why
     for v in quantized.variants:
@@ -298,7 +303,7 @@ def _twin_serving_variant(configs: ConfigFiles, engine: Engine, spec: ModelSpec,
         "chosen_because": why, "node_type": engine.node_type,
         "accuracy_gate": NOT_APPLICABLE, "total_bytes": ref.total_bytes,
         "variant_path": dg.MetadataValue.path(ref.path), "content_hash": ref.content_hash,
-        "ladder": " → ".join(spec.precision_ladder)})
+        "ladder": " → ".join(spec.precision_ladder), **spec_metadata(spec)})
     yield _verify_serving(ref, checkpoint)
 
 

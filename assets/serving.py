@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from assets.checks import not_applicable_check
+from assets.model_spec import MODEL_SPEC, spec_metadata
 from assets.node_gate import node_acceptance_check, node_check_spec
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
@@ -209,7 +210,7 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
 @dg.asset(
     partitions_def=models_partitions,
     group_name=GROUP,
-    deps=[SERVING_STACK],
+    deps=[SERVING_STACK, MODEL_SPEC],
     op_tags=gpu_step_tags("load_timing"),
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(COLD_START_CHECK, asset="load_timing",
@@ -231,7 +232,8 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
     if variant is None:
         yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, setup.reason,
                                          node_type=engine.node_type),
-                        metadata=_unservable_metadata(engine, setup.reason, configs))
+                        metadata={**_unservable_metadata(engine, setup.reason, configs),
+                                  **spec_metadata(spec)})
         yield _unservable_check(COLD_START_CHECK, setup.reason)
         yield node_check
         return
@@ -256,7 +258,7 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
         **_measured_metadata(engine, setup, serving_variant),
         **_timing_metadata(result, samples, engine),
         "servable_precisions": dg.MetadataValue.json(engine.servable_precisions()),
-        **stack_metadata(configs)})
+        **stack_metadata(configs), **spec_metadata(spec)})
     yield _cold_start_check(setup, result, engine.node_type)
     yield node_check
 
@@ -340,7 +342,7 @@ def _load_tokenizer(path: str):
 @dg.asset(
     partitions_def=models_partitions,
     group_name=GROUP,
-    deps=[SERVING_STACK],
+    deps=[SERVING_STACK, MODEL_SPEC],
     # After load_timing in the graph (one engine on the GPU at a time), but not on its numbers:
     # a node that cannot evict its page cache fails load_timing and still gets its sweep.
     ins={"load_timing": dg.AssetIn(input_manager_key="optional_upstream")},
@@ -368,6 +370,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
         result = ServingBenchmarkResult(spec.id, serving_variant.precision, engine.node_type,
                                         gpus, False, 0.0, 0, False, (setup.reason,))
         yield dg.Output(result, metadata={**_unservable_metadata(engine, setup.reason, configs),
+                                          **spec_metadata(spec),
                                           "node_type": engine.node_type, "gpus": gpus,
                                           "slo_pass": False})
         yield _unservable_check(SLO_CHECK, setup.reason)
@@ -410,6 +413,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
         "engine_args_dropped": dg.MetadataValue.json(
             {"dropped_on_" + engine.resolved_hardware(): running.dropped_args}),
         **stack_metadata(configs),
+        **spec_metadata(spec),
     })
     yield _slo_check(setup, result, violations)
     yield node_check

@@ -285,7 +285,7 @@ def onboard(args) -> int:
     try:
         from assets.stack import observe_stack
         from pipelines.definitions import defs
-        from pipelines.executors import config_files
+        from pipelines.resources import config_files
 
         cf = config_files()
         if MODEL in models:
@@ -401,7 +401,7 @@ def twins(args) -> int:
     from assets.serving import run_sweep
     from onboarding.frontend import FrontendSampler
     from onboarding.serving_config import resolve_slo
-    from pipelines.executors import config_files
+    from pipelines.resources import config_files
     from resources.engine import Engine
     from resources.loadgen import LoadGenerator
     from resources.telemetry import GpuTelemetry
@@ -627,7 +627,7 @@ def frontend(args) -> int:
     rep = Report(args.out, "frontend")
     from transformers import AutoTokenizer
 
-    from pipelines.executors import config_files
+    from pipelines.resources import config_files
     from resources.engine import Engine
 
     cf = config_files()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,52 @@ def test_broken_config_files_do_not_stop_the_code_location(tmp_path):
     assert loaded[0] == "loaded" and int(loaded[1]) >= 10
     # The executor kind comes from cluster.yaml, which is broken: runs say so when they start.
     assert loaded[2] == "onboarding_config_error"
+
+
+FIXED_AT_NEXT_TICK = """
+import shutil, sys
+from pathlib import Path
+import dagster as dg
+import yaml
+from pipelines.definitions import defs
+from resources.config_files import ConfigFiles
+
+broken, good = Path(sys.argv[1]), Path(sys.argv[2])
+sensor = defs.resolve_sensor_def("serving_stack_sensor")
+configs = ConfigFiles(config_dir=str(broken))
+with dg.instance_for_test() as instance:
+    def tick():
+        return sensor.evaluate_tick(dg.build_sensor_context(
+            instance=instance, definitions=defs, resources={"configs": configs}))
+    try:
+        tick()
+        print("broken: no error")
+    except Exception as exc:
+        print("broken:", type(exc).__name__, str(exc).splitlines()[0])
+    automation = yaml.safe_load((good / "automation.yaml").read_text())
+    automation["stack"].update(observe_node=False, observe_interval_s=61)
+    (broken / "automation.yaml").write_text(yaml.safe_dump(automation))
+    shutil.copy(good / "stack.yaml", broken / "stack.yaml")
+    data = tick()
+    print("fixed:", len(data.asset_events or []), "observation(s)")
+"""
+
+
+def test_a_fixed_automation_file_is_used_at_the_next_tick_without_a_reload(tmp_path):
+    """The code location loads with automation.yaml broken; the file is then fixed (and its
+    stack interval changed) in place. The next serving_stack_sensor tick of the same loaded
+    code location reads the fixed file and records its observation, and warns that the new
+    interval needs a reload. Before, every tick re-raised the error read at load."""
+    broken = tmp_path / "configs"
+    shutil.copytree(PROJECT_ROOT / "configs", broken)
+    (broken / "automation.yaml").write_text("this: [is not: valid yaml\n")
+    env = {**os.environ, "ONBOARDING_CONFIG_DIR": str(broken), "DAGSTER_DISABLE_TELEMETRY": "1"}
+    proc = subprocess.run([sys.executable, "-c", FIXED_AT_NEXT_TICK, str(broken),
+                           str(PROJECT_ROOT / "configs")], cwd=PROJECT_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("broken: ConfigError") and "automation.yaml" in lines[0], lines
+    assert lines[1] == "fixed: 1 observation(s)", proc.stderr[-3000:]
+    assert "stack_interval_s is 61 (defined with 60)" in proc.stderr
+    assert "reload the code location" in proc.stderr
