@@ -13,12 +13,12 @@ published nor rendered as a manifest: both refuse, saying why (docs/twins.md).
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
+from assets.model_spec import MODEL_SPEC, spec_metadata
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import cache_step_tags
@@ -28,7 +28,6 @@ from onboarding.common.refs import CheckpointRef, PublishedVariant, VariantRef
 from onboarding.common.tables import md_table
 from onboarding.deploy.kserve import (
     Rendered,
-    Route,
     gib,
     inline_secret_findings,
     route_table,
@@ -37,16 +36,12 @@ from onboarding.deploy.kserve import (
 )
 from onboarding.deploy.plan import (
     DeploymentPlan,
-    NodesConfig,
-    measured_from_results,
-    param_count_from_safetensors,
-    plan,
-    plan_inputs,
+    build_plan,
+    fetched_checkpoint_dir,
     plan_rows,
-    shape_from_checkpoint,
-    shape_from_hint,
 )
 from onboarding.deploy.serving_plan import (
+    ManifestSet,
     ServingPlan,
     render_targets,
     serving_plan,
@@ -54,7 +49,6 @@ from onboarding.deploy.serving_plan import (
     with_sla_choices,
 )
 from onboarding.fetch import twins
-from onboarding.fetch.catalog import ModelSpec
 from onboarding.predictions.predict import PredictionTable
 from onboarding.quantize.variants import AccuracyReport, QuantizedSet
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
@@ -77,40 +71,8 @@ def _optional(*names: str) -> dict[str, dg.AssetIn]:
     return {n: dg.AssetIn(input_manager_key=OPTIONAL) for n in names}
 
 
-def _checkpoint_dir(checkpoint: CheckpointRef | None) -> Path | None:
-    if checkpoint is not None and (Path(checkpoint.path) / "config.json").is_file():
-        return Path(checkpoint.path)
-    return None
-
-
 def _passed(accuracy: AccuracyReport | None) -> tuple[str, ...] | None:
     return None if accuracy is None else tuple(g.precision for g in accuracy.gates if g.passed)
-
-
-def build_plan(spec: ModelSpec, nodes: NodesConfig, checkpoint: CheckpointRef | None,
-               variant: VariantRef | None, passed: tuple[str, ...] | None = None
-               ) -> DeploymentPlan:
-    """The model's shape from its checkpoint when fetched, else from the catalog's hint.
-
-    A performance twin has no gate to climb and no weights to measure: every node type gets the
-    first precision of the ladder it serves natively, sized from the declared parameters."""
-    if spec.is_twin:
-        variant, passed = None, None
-    ckpt = _checkpoint_dir(checkpoint)
-    if ckpt is not None:
-        shape, params = shape_from_checkpoint(ckpt), param_count_from_safetensors(ckpt)
-    elif spec.architecture is not None:
-        shape = shape_from_hint(spec.architecture, f"catalog {spec.id}: architecture (declared)")
-        params = None
-    else:
-        raise OnboardingError(
-            f"serving configuration of {spec.id!r}",
-            "no checkpoint materialization with a config.json and no architecture hint",
-            "Materialize `checkpoint` for this partition first, or add `architecture:` to the "
-            "catalog entry (required for plan_only models).",
-        )
-    measured = measured_from_results(variant, None, None, passed)
-    return plan(plan_inputs(spec, nodes, shape, measured, params), nodes)
 
 
 def _version(payload: Any) -> dg.DataVersion:
@@ -121,7 +83,7 @@ def _version(payload: Any) -> dg.DataVersion:
 @dg.asset(
     partitions_def=models_partitions,
     ins=_optional("checkpoint", "serving_variant", "accuracy", "predictions"),
-    deps=[SERVING_STACK],
+    deps=[SERVING_STACK, MODEL_SPEC],
     group_name=GROUP,
     check_specs=[dg.AssetCheckSpec(PLAN_CHECK, asset="serving_config", blocking=True,
                                    description="At least one target node type (deploy.yaml) "
@@ -167,6 +129,7 @@ def serving_config(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
         "target_concurrency": inputs.target_concurrency,
         "context_tokens": inputs.context_tokens,
         **stack_metadata(configs),
+        **spec_metadata(spec),
     })
     yield _fits_check(result, configs.deploy().target_node_types)
 
@@ -237,30 +200,10 @@ def published_variant(context: dg.AssetExecutionContext, configs: ConfigFiles,
         "precisions": dg.MetadataValue.json(needed)})
 
 
-@dataclass(frozen=True)
-class ManifestSet:
-    """Rendered files of one model, one per target node type whose plan is feasible, with the
-    verdict of the one schema validation they went through."""
-
-    model: str
-    files: dict[str, str]  # node type -> path of the multi-document YAML
-    services: dict[str, str]  # node type -> InferenceService name
-    routes: tuple[Route, ...]
-    skipped: dict[str, str]  # node type -> why no manifest
-    errors: dict[str, list[str]] = field(default_factory=dict)  # "<node type> <doc>" -> errors
-    config_hashes: dict[str, str] = field(default_factory=dict)  # node type -> hash rendered
-    measured: dict[str, bool] = field(default_factory=dict)  # node type -> measured at it
-    published: dict[str, bool] = field(default_factory=dict)  # node type -> storage published
-
-    @property
-    def valid(self) -> bool:
-        return not self.errors
-
-
 @dg.asset(
     partitions_def=models_partitions,
     ins=_optional("checkpoint", "load_timing", "serving_benchmark", "published_variant"),
-    deps=[SERVING_STACK],
+    deps=[SERVING_STACK, MODEL_SPEC],
     group_name=GROUP,
     check_specs=[
         dg.AssetCheckSpec(VALID_CHECK, asset="kserve_manifest", blocking=True,
@@ -288,7 +231,7 @@ def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, out
                             "a deployment would serve random weights, and its measurements "
                             "describe the shape, not the model")
     stack = configs.stack()
-    ckpt = _checkpoint_dir(checkpoint)
+    ckpt = fetched_checkpoint_dir(checkpoint)
     rendered, skipped = render_targets(
         spec, serving_config, configs.nodes(), stack, configs.deploy(),
         json.loads((ckpt / "config.json").read_text()).get("dtype") if ckpt else None,
@@ -313,7 +256,7 @@ def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, out
                         {r.node_type: r.published for r in rendered})
     yield dg.Output(value, data_version=_version(texts), metadata={
         **_manifest_metadata(value, rendered, texts, serving_config.plan, stack),
-        **stack_metadata(configs)})
+        **stack_metadata(configs), **spec_metadata(spec)})
     yield dg.AssetCheckResult(check_name=VALID_CHECK, passed=value.valid, metadata={
         "errors": dg.MetadataValue.json(errors),
         "error_count": sum(len(v) for v in errors.values()),

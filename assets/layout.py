@@ -23,10 +23,10 @@ from typing import Any
 
 import dagster as dg
 
-from assets.deploy import build_plan
 from assets.stack import stack_metadata
 from onboarding.common.tables import md_table
 from onboarding.deploy.kserve import inline_secret_findings
+from onboarding.deploy.plan import build_plan
 from onboarding.layouts.placement import LayoutPlan, layout_entries, placement_rows, plan_layout
 from onboarding.layouts.plot import layout_png
 from onboarding.layouts.render import (

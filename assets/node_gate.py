@@ -6,6 +6,9 @@ latest acceptance did not qualify it, or the node's driver, CUDA or GPUs differ 
 acceptance ran on (`nvidia-smi` read now against the facts the acceptance recorded). Whether it
 applies is the traffic profile's `require_node_acceptance` (configs/scenarios.yaml): the `cpu`
 profile of the embedded default measures on a laptop, the `gpu` one on fleet nodes.
+
+Not a stage (no `defs`): the serving stage imports it. What it reads is the `NodeAcceptance`
+value the asset stored, through the IO manager (`resources/upstream.stored_value`).
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from typing import Any
 
 import dagster as dg
 
-from onboarding.nodes.acceptance import stale_reasons
+from assets.partitions import nodes_partitions
+from onboarding.nodes.acceptance import NodeAcceptance, stale_reasons
 from onboarding.serving.stack import nvidia_facts
-from resources.upstream import latest_materialization
+from resources.upstream import stored_value
 
 NODE_ACCEPTANCE = dg.AssetKey("node_acceptance")
 NODE_CHECK = "measured_on_qualified_node"
@@ -29,45 +33,41 @@ def node_check_spec(asset: str, blocking: bool = False) -> dg.AssetCheckSpec:
                              "current driver (when the profile's require_node_acceptance)")
 
 
-def _value(mat: dg.AssetMaterialization, key: str) -> Any:
-    entry = mat.metadata.get(key)
-    return entry.value if entry is not None else None
+def acceptance_problem(io_manager: dg.IOManager, instance: dg.DagsterInstance, node: str,
+                       current_facts: Mapping[str, Any] | None = None
+                       ) -> tuple[str, NodeAcceptance | None]:
+    """("" when the node's acceptance holds, else why not; the acceptance it read).
 
-
-def acceptance_problem(instance: dg.DagsterInstance, node: str,
-                       current_facts: Mapping[str, Any] | None = None) -> tuple[str, dict]:
-    """("" when the node's acceptance holds, else why not; what the acceptance recorded)."""
-    mat = latest_materialization(instance, NODE_ACCEPTANCE, node)
-    if mat is None:
+    Reads the `NodeAcceptance` the asset stored (its verdict, reasons and node facts), never its
+    metadata, which is for people."""
+    value = stored_value(io_manager, instance, NODE_ACCEPTANCE, node, nodes_partitions)
+    if value is None:
         return (f"node {node!r} has no node_acceptance: run the accept_node job for it "
-                "(register it in configs/acceptance.yaml `nodes`)"), {}
-    recorded = {"qualified": _value(mat, "qualified"),
-                "accepted_at": _value(mat, "accepted_at"),
-                "node_stack": _value(mat, "node_stack") or {}}
-    if not recorded["qualified"]:
-        reasons = [r.removeprefix("- ") for r in str(_value(mat, "reasons") or "").splitlines()
-                   if r.strip()]
+                "(register it in configs/acceptance.yaml `nodes`)"), None
+    if not value.qualified:
+        reasons = list(value.reasons)
         more = f" (+{len(reasons) - 3} more in its report)" if len(reasons) > 3 else ""
         return (f"node {node!r} is not qualified: {'; '.join(reasons[:3]) or 'see its report'}"
-                f"{more}"), recorded
+                f"{more}"), value
     now = nvidia_facts() if current_facts is None else current_facts
-    changed = stale_reasons(recorded["node_stack"], now)
+    changed = stale_reasons(value.stack_facts or {}, now)
     if changed:
         return (f"node {node!r} changed since its acceptance ({'; '.join(changed)}): accept "
-                "it again"), recorded
-    return "", recorded
+                "it again"), value
+    return "", value
 
 
-def node_acceptance_check(instance: dg.DagsterInstance, node: str, required: bool,
-                          profile: str, current_facts: Mapping[str, Any] | None = None
+def node_acceptance_check(io_manager: dg.IOManager, instance: dg.DagsterInstance, node: str,
+                          required: bool, profile: str,
+                          current_facts: Mapping[str, Any] | None = None
                           ) -> dg.AssetCheckResult:
     """Passes when the node's acceptance holds, or when the profile does not require one
     (the metadata still says what the acceptance state is)."""
-    problem, recorded = acceptance_problem(instance, node, current_facts)
+    problem, accepted = acceptance_problem(io_manager, instance, node, current_facts)
     return dg.AssetCheckResult(
         check_name=NODE_CHECK, passed=not problem or not required,
         severity=dg.AssetCheckSeverity.ERROR,
         metadata={"node": node, "profile": profile, "required": required,
                   "acceptance": dg.MetadataValue.text(problem or "qualified, current"),
-                  "accepted_at": dg.MetadataValue.timestamp(recorded["accepted_at"])
-                  if recorded.get("accepted_at") else dg.MetadataValue.null()})
+                  "accepted_at": dg.MetadataValue.timestamp(accepted.accepted_at)
+                  if accepted is not None and accepted.accepted_at else dg.MetadataValue.null()})

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.deploy import OPTIONAL, build_plan
+from assets.model_spec import MODEL_SPEC, spec_metadata
 from assets.partitions import models_partitions
 from onboarding.common.files import write_atomic
 from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.common.tables import md_table
+from onboarding.deploy.plan import build_plan
 from onboarding.predictions.predict import (
     Calibration,
     PredictionTable,
@@ -32,6 +33,7 @@ from resources.config_files import ConfigFiles, OutputDirs
 from resources.predictor import AIConfiguratorPredictor
 
 GROUP = "predict"
+OPTIONAL = "optional_upstream"
 
 
 @dg.asset(group_name=GROUP, description="AIConfigurator's predictions of the recorded H200 "
@@ -65,7 +67,7 @@ def _checkpoint_config(checkpoint: CheckpointRef | None) -> dict | None:
     return json.loads(path.read_text()) if path and path.is_file() else None
 
 
-@dg.asset(partitions_def=models_partitions, group_name=GROUP,
+@dg.asset(partitions_def=models_partitions, group_name=GROUP, deps=[MODEL_SPEC],
           ins={"checkpoint": dg.AssetIn(input_manager_key=OPTIONAL),
                "serving_variant": dg.AssetIn(input_manager_key=OPTIONAL),
                "calibration": dg.AssetIn(input_manager_key=OPTIONAL)},
@@ -94,7 +96,7 @@ def predictions(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs
         "basis": covered[0].prediction.basis if covered else "nothing covered",
         "calibration": "absent (never materialized): uncorrected" if calibration is None
         else f"{calibration.points} points on {calibration.node_type}",
-        "model_config_origin": origin,
+        "model_config_origin": origin, **spec_metadata(spec),
         "report_path": dg.MetadataValue.path(str(path))})
 
 

@@ -18,16 +18,18 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.deploy import build_plan
+from assets.checks import QUANTIZED_PRECISIONS, gate_check, not_applicable_check
+from assets.model_spec import MODEL_SPEC, spec_metadata
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding.common.errors import OnboardingError
 from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.common.tables import md_table
+from onboarding.deploy.plan import build_plan
 from onboarding.fetch import twins
 from onboarding.fetch.catalog import ModelSpec
-from onboarding.fetch.twins import NOT_APPLICABLE, NOT_APPLICABLE_VERDICT
+from onboarding.fetch.twins import NOT_APPLICABLE
 from onboarding.quantize.accuracy_gate import (
     AccuracyGates,
     GateResult,
@@ -57,8 +59,6 @@ from resources.engine import Engine
 from resources.evaluator import Evaluator
 from resources.quantizer import Quantizer
 
-QUANTIZED_PRECISIONS = ("nvfp4", "fp8")
-
 
 def export_check_name(precision: str) -> str:
     return f"export_valid_{precision}"
@@ -75,7 +75,7 @@ SERVING_CHECK = "serving_variant_verified"
     partitions_def=models_partitions,
     group_name="quantize",
     kinds={"pytorch"},
-    deps=[SERVING_STACK],
+    deps=[SERVING_STACK, MODEL_SPEC],
     op_tags=gpu_step_tags("quantized"),
     pool="gpu",
     check_specs=[
@@ -106,7 +106,7 @@ def quantized(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoin
     version = hashlib.sha256("".join(f"{v.precision}:{v.content_hash or v.error}\n"
                                      for v in variants).encode()).hexdigest()
     yield dg.Output(result, metadata={**_quantized_metadata(result), **stack_metadata(configs),
-                                      "weights": spec.weights},
+                                      **spec_metadata(spec), "weights": spec.weights},
                     data_version=dg.DataVersion(version))
     for precision in QUANTIZED_PRECISIONS:
         yield _export_check(result.get(precision), precision, spec.is_twin)
@@ -137,16 +137,6 @@ def _quantized_metadata(result: QuantizedSet) -> dict:
     return md
 
 
-def not_applicable_check(name: str, reason: str = NOT_APPLICABLE,
-                         metadata: dict | None = None) -> dg.AssetCheckResult:
-    """A check whose subject a performance twin does not have (accuracy, a weight read): a
-    warning that does not pass, so it never reads as a silent pass (docs/twins.md)."""
-    return dg.AssetCheckResult(check_name=name, passed=False,
-                               severity=dg.AssetCheckSeverity.WARN,
-                               metadata={"status": NOT_APPLICABLE_VERDICT, "reason": reason,
-                                         **(metadata or {})})
-
-
 def _export_check(v: QuantizedVariant | None, precision: str, twin: bool = False
                   ) -> dg.AssetCheckResult:
     name = export_check_name(precision)
@@ -173,7 +163,7 @@ def _export_check(v: QuantizedVariant | None, precision: str, twin: bool = False
     partitions_def=models_partitions,
     group_name="quantize",
     kinds={"pytorch"},
-    deps=[SERVING_STACK],
+    deps=[SERVING_STACK, MODEL_SPEC],
     op_tags=gpu_step_tags("accuracy"),
     pool="gpu",
     check_specs=[
@@ -215,6 +205,7 @@ def accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoint
         "items_per_task": max((r["n"] for r in rows), default=0),
         "gates": dg.MetadataValue.json({o.precision: asdict(o) for o in outcomes}),
         **stack_metadata(configs),
+        **spec_metadata(spec),
     })
     for precision in QUANTIZED_PRECISIONS:
         yield gate_check(gate_check_name(precision), report.gate(precision), report.rows,
@@ -230,6 +221,7 @@ def _twin_accuracy(configs: ConfigFiles, spec: ModelSpec, gates: AccuracyGates):
         "weights": spec.weights,
         "gates": dg.MetadataValue.json({o.precision: asdict(o) for o in report.gates}),
         **stack_metadata(configs),
+        **spec_metadata(spec),
     })
     for precision in QUANTIZED_PRECISIONS:
         yield gate_check(gate_check_name(precision), report.gate(precision), (), precision, gates)
@@ -254,45 +246,11 @@ def _judge(context, v: QuantizedVariant, ckpt: Path, baseline: ScoreBook, gates:
                            eval_s[v.precision]))
 
 
-def gate_check(name: str, outcome: GateOutcome | None, rows: tuple[dict, ...], precision: str,
-               gates: AccuracyGates, not_checked: str = "not in this model's precision ladder"
-               ) -> dg.AssetCheckResult:
-    """A gate's check: the verdict, the items it used, and per task the drop's interval against
-    the allowed drop, so a red check explains itself."""
-    if outcome is None:
-        return dg.AssetCheckResult(check_name=name, passed=True,
-                                   metadata={"status": not_checked})
-    if outcome.verdict == NOT_APPLICABLE_VERDICT:
-        return not_applicable_check(name, outcome.reason)
-    meta: dict = {"verdict": outcome.verdict, "reason": outcome.reason,
-                  "source": outcome.source, "items_used": outcome.items,
-                  "inconclusive_policy": gates.inconclusive.policy,
-                  "interval": f"drop ± z·se: z {gates.z:g} ({gates.confidence:.0%} two-sided) "
-                              "for one look at every item, wider at a look that more items "
-                              "may follow (group-sequential; per task below)"}
-    for r in rows:
-        if r["precision"] == precision:
-            t = r["task"]
-            meta[f"{t}_actual"] = float(r["variant"])
-            meta[f"{t}_expected"] = float(r["baseline"])
-            meta[f"{t}_delta"] = float(r["delta"])
-            meta[f"{t}_se_delta"] = float(r["se_delta"])
-            meta[f"{t}_drop_interval"] = f"[{r['drop_low']:.4f}, {r['drop_high']:.4f}]"
-            if r.get("z") is not None:
-                meta[f"{t}_z"] = float(r["z"])
-            meta[f"{t}_allowed_drop"] = float(r["allowed_drop"])
-            meta[f"{t}_tolerance"] = gates.tolerance_for(t).describe(float(r["baseline"]))
-            meta[f"{t}_verdict"] = r["verdict"]
-            meta[f"{t}_items"] = int(r["n"])
-    meta["tolerance"] = dg.MetadataValue.json(gates.tolerance.model_dump(exclude_none=True))
-    return dg.AssetCheckResult(check_name=name, passed=outcome.passed, metadata=meta,
-                               severity=dg.AssetCheckSeverity.WARN)
-
-
 @dg.asset(
     partitions_def=models_partitions,
     group_name="quantize",
     ins={"served_accuracy": dg.AssetIn(input_manager_key="optional_upstream")},
+    deps=[MODEL_SPEC],
     check_specs=[dg.AssetCheckSpec(
         SERVING_CHECK, asset="serving_variant", blocking=True,
         description="the chosen variant passed its gates and its bytes on disk match the hash "
@@ -320,7 +278,8 @@ def serving_variant(context: dg.AssetExecutionContext, configs: ConfigFiles, eng
     ref = variant_ref(spec.id, precision, checkpoint, quantized)
     meta = {"precision": precision, "weight_bytes": ref.weight_bytes,
             "total_bytes": ref.total_bytes, "variant_path": dg.MetadataValue.path(ref.path),
-            "content_hash": ref.content_hash, "ladder": " → ".join(spec.precision_ladder)}
+            "content_hash": ref.content_hash, "ladder": " → ".join(spec.precision_ladder),
+            **spec_metadata(spec)}
     for p, why in skipped.items():
         meta[f"skipped_{p}"] = why
     for v in quantized.variants:
@@ -344,7 +303,7 @@ def _twin_serving_variant(configs: ConfigFiles, engine: Engine, spec: ModelSpec,
         "chosen_because": why, "node_type": engine.node_type,
         "accuracy_gate": NOT_APPLICABLE, "total_bytes": ref.total_bytes,
         "variant_path": dg.MetadataValue.path(ref.path), "content_hash": ref.content_hash,
-        "ladder": " → ".join(spec.precision_ladder)})
+        "ladder": " → ".join(spec.precision_ladder), **spec_metadata(spec)})
     yield _verify_serving(ref, checkpoint)
 
 

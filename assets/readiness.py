@@ -7,11 +7,12 @@ manifest. The re-validation schedule and the verdict sensors report the same ver
 
 import dagster as dg
 
-from assets.deploy import ManifestSet
+from assets.model_spec import MODEL_SPEC, spec_metadata
 from assets.partitions import models_partitions
 from onboarding.common.refs import VariantRef
 from onboarding.common.tables import md_table
 from onboarding.deploy.readiness import ManifestFacts, Readiness, judge
+from onboarding.deploy.serving_plan import ManifestSet
 from onboarding.serving.stats import ServingBenchmarkResult
 from resources.config_files import ConfigFiles
 
@@ -22,6 +23,7 @@ OPTIONAL = "optional_upstream"
     partitions_def=models_partitions,
     ins={n: dg.AssetIn(input_manager_key=OPTIONAL)
          for n in ("serving_variant", "serving_benchmark", "kserve_manifest")},
+    deps=[MODEL_SPEC],
     group_name="report",
     description="Ready / not ready (why) per target node type: accuracy gate passed, SLOs met "
     "at the deployed configuration, weights published and verified, manifest valid.",
@@ -32,13 +34,15 @@ def readiness(context: dg.AssetExecutionContext, configs: ConfigFiles,
               kserve_manifest: ManifestSet | None) -> dg.Output[Readiness]:
     facts = None if kserve_manifest is None else ManifestFacts(
         kserve_manifest.valid, kserve_manifest.config_hashes, kserve_manifest.published)
+    spec = configs.spec(context.partition_key)
     verdict = judge(context.partition_key, configs.deploy().target_node_types, serving_variant,
-                    serving_benchmark, facts, twin=configs.spec(context.partition_key).is_twin)
+                    serving_benchmark, facts, twin=spec.is_twin)
     context.log.info(f"{context.partition_key}: {verdict.summary()}")
     return dg.Output(verdict, metadata={
         "ready": verdict.ready,
         "verdict": verdict.summary(),
         "per_node_type": dg.MetadataValue.md(md_table(verdict.rows(), empty="(no node type)")),
+        **spec_metadata(spec),
     })
 
 

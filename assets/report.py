@@ -18,11 +18,12 @@ from typing import Any
 
 import dagster as dg
 
-from assets.deploy import ManifestSet
+from assets.model_spec import MODEL_SPEC, spec_metadata
 from assets.partitions import models_partitions, nodes_partitions
 from onboarding.common.errors import OnboardingError
 from onboarding.common.files import write_atomic
 from onboarding.deploy.readiness import Readiness
+from onboarding.deploy.serving_plan import ManifestSet
 from onboarding.quantize.variants import choose_precision
 from onboarding.reports.pages import (
     FleetEntry,
@@ -93,6 +94,7 @@ def model_facts(configs: ConfigFiles, outputs: OutputDirs, verdict: ModelReport,
 @dg.asset(
     partitions_def=models_partitions,
     ins={n: dg.AssetIn(input_manager_key=OPTIONAL) for n in UPSTREAM},
+    deps=[MODEL_SPEC],
     group_name=GROUP,
     description="One self-contained HTML page per model (reports/<model>/readiness.html): "
     "what was fetched, the variants and the accuracy each lost, which precision serves and "
@@ -121,7 +123,8 @@ def readiness_report(context: dg.AssetExecutionContext, configs: ConfigFiles,
         "since": dg.MetadataValue.timestamp(verdict.since),
         "page": dg.MetadataValue.path(str(path)),
         "plots": len(page.figures()),
-        "report": dg.MetadataValue.md(to_markdown(page))})
+        "report": dg.MetadataValue.md(to_markdown(page)),
+        **spec_metadata(configs.spec(model))})
 
 
 def node_acceptances(io_manager: dg.IOManager, instance: dg.DagsterInstance

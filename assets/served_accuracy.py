@@ -30,8 +30,9 @@ in-process scores.
 
 import dagster as dg
 
+from assets.checks import QUANTIZED_PRECISIONS, gate_check, not_applicable_check
+from assets.model_spec import MODEL_SPEC, spec_metadata
 from assets.partitions import models_partitions
-from assets.quantize import QUANTIZED_PRECISIONS, gate_check, not_applicable_check
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding.common.refs import CheckpointRef
@@ -58,7 +59,7 @@ def served_gate_check_name(precision: str) -> str:
 @dg.asset(
     partitions_def=models_partitions,
     group_name="quantize",
-    deps=[SERVING_STACK],
+    deps=[SERVING_STACK, MODEL_SPEC],
     op_tags=gpu_step_tags("served_accuracy"),
     pool="gpu",
     check_specs=[
@@ -93,6 +94,7 @@ def served_accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles,
         "hardware": engine.resolved_hardware(),
         "engine": engine.engine,
         **stack_metadata(configs),
+        **spec_metadata(spec),
     })
     for p in PRECISIONS:
         yield not_applicable_check(agreement_check_name(p)) if spec.is_twin \

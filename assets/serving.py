@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from assets.checks import not_applicable_check
+from assets.model_spec import MODEL_SPEC, spec_metadata
 from assets.node_gate import node_acceptance_check, node_check_spec
 from assets.partitions import models_partitions
-from assets.quantize import not_applicable_check
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding.common.errors import ConfigError
@@ -165,11 +166,11 @@ def _unservable_check(name: str, reason: str) -> dg.AssetCheckResult:
                                severity=dg.AssetCheckSeverity.WARN, metadata={"reason": reason})
 
 
-def _node_check(context: dg.AssetExecutionContext, engine: Engine, setup: Setup
-                ) -> dg.AssetCheckResult:
+def _node_check(context: dg.AssetExecutionContext, io_manager: dg.IOManager, engine: Engine,
+                setup: Setup) -> dg.AssetCheckResult:
     """Whether the node this runs on is qualified (assets/node_gate.py), read before measuring
     so the result says which node's acceptance it relied on."""
-    return node_acceptance_check(context.instance, engine.resolved_node_name(),
+    return node_acceptance_check(io_manager, context.instance, engine.resolved_node_name(),
                                  setup.profile.require_node_acceptance, setup.profile_name)
 
 
@@ -209,7 +210,7 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
 @dg.asset(
     partitions_def=models_partitions,
     group_name=GROUP,
-    deps=[SERVING_STACK],
+    deps=[SERVING_STACK, MODEL_SPEC],
     op_tags=gpu_step_tags("load_timing"),
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(COLD_START_CHECK, asset="load_timing",
@@ -222,15 +223,17 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
 )
 def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, configs: ConfigFiles,
                 engine: Engine, serving_variant: VariantRef, checkpoint: CheckpointRef,
-                quantized: QuantizedSet, serving_config: ServingPlan):
+                quantized: QuantizedSet, serving_config: ServingPlan,
+                io_manager: dg.ResourceParam[dg.IOManager]):
     setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
                    serving_config)
     spec, variant = setup.spec, setup.variant
-    node_check = _node_check(context, engine, setup)
+    node_check = _node_check(context, io_manager, engine, setup)
     if variant is None:
         yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, setup.reason,
                                          node_type=engine.node_type),
-                        metadata=_unservable_metadata(engine, setup.reason, configs))
+                        metadata={**_unservable_metadata(engine, setup.reason, configs),
+                                  **spec_metadata(spec)})
         yield _unservable_check(COLD_START_CHECK, setup.reason)
         yield node_check
         return
@@ -255,7 +258,7 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
         **_measured_metadata(engine, setup, serving_variant),
         **_timing_metadata(result, samples, engine),
         "servable_precisions": dg.MetadataValue.json(engine.servable_precisions()),
-        **stack_metadata(configs)})
+        **stack_metadata(configs), **spec_metadata(spec)})
     yield _cold_start_check(setup, result, engine.node_type)
     yield node_check
 
@@ -308,7 +311,7 @@ def _timing_metadata(result: LoadTimingResult, samples: list, engine: Engine) ->
     }
 
 
-def _server_side(run: PointRun, engine_metrics) -> dict[str, float | None]:
+def server_side(run: PointRun, engine_metrics) -> dict[str, float | None]:
     """Server-reported TTFT/ITL means and peak queue/KV usage during the point."""
     if run.metrics_before is None or run.metrics_after is None:
         return {}
@@ -339,7 +342,7 @@ def _load_tokenizer(path: str):
 @dg.asset(
     partitions_def=models_partitions,
     group_name=GROUP,
-    deps=[SERVING_STACK],
+    deps=[SERVING_STACK, MODEL_SPEC],
     # After load_timing in the graph (one engine on the GPU at a time), but not on its numbers:
     # a node that cannot evict its page cache fails load_timing and still gets its sweep.
     ins={"load_timing": dg.AssetIn(input_manager_key="optional_upstream")},
@@ -357,15 +360,17 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
                       loadgen: LoadGenerator, telemetry: GpuTelemetry,
                       serving_variant: VariantRef, checkpoint: CheckpointRef,
                       quantized: QuantizedSet, serving_config: ServingPlan,
-                      load_timing: LoadTimingResult | None):
+                      load_timing: LoadTimingResult | None,
+                      io_manager: dg.ResourceParam[dg.IOManager]):
     setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
                    serving_config)
     spec, variant, gpus = setup.spec, setup.variant, engine.gpu_count()
-    node_check = _node_check(context, engine, setup)
+    node_check = _node_check(context, io_manager, engine, setup)
     if variant is None:
         result = ServingBenchmarkResult(spec.id, serving_variant.precision, engine.node_type,
                                         gpus, False, 0.0, 0, False, (setup.reason,))
         yield dg.Output(result, metadata={**_unservable_metadata(engine, setup.reason, configs),
+                                          **spec_metadata(spec),
                                           "node_type": engine.node_type, "gpus": gpus,
                                           "slo_pass": False})
         yield _unservable_check(SLO_CHECK, setup.reason)
@@ -387,7 +392,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     gpu_ids = [int(g) for g in engine.gpus.split(",") if g.strip().isdigit()] or None
     with engine.serve(variant, setup.config) as running, \
             telemetry.sampler(gpu_ids) as sampler, FrontendSampler(running.pid) as frontend:
-        rows, points = _sweep(context, outputs, loadgen, running, template, spec.served_name,
+        rows, points = run_sweep(context, outputs, loadgen, running, template, spec.served_name,
                               scenarios, sweep, setup.slo, tokenizer, sampler, frontend)
     result, basis, violations = headline(spec.id, variant.precision, engine.node_type, gpus,
                                          setup.slo, points, sweep.mode == "concurrency")
@@ -408,6 +413,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
         "engine_args_dropped": dg.MetadataValue.json(
             {"dropped_on_" + engine.resolved_hardware(): running.dropped_args}),
         **stack_metadata(configs),
+        **spec_metadata(spec),
     })
     yield _slo_check(setup, result, violations)
     yield node_check
@@ -458,7 +464,7 @@ def _frontend_metadata(rows: list[dict], unavailable: str) -> dict:
     return md
 
 
-def _sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, template,
+def run_sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, template,
            served_name: str, scenarios: dict, sweep, slo: Slo, tokenizer, sampler,
            frontend: FrontendSampler
            ) -> tuple[list[dict], dict[str, list[tuple[int, PointStats]]]]:
@@ -492,7 +498,7 @@ def _sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, templa
             points.setdefault(name, []).append((int(load), stats))
             exited = running.exited(stats.errors_by_cause)
             rows.append({"scenario": name, "load": load, **stats.row(),
-                         **_server_side(run, template.metrics), **run.scrape_columns(),
+                         **server_side(run, template.metrics), **run.scrape_columns(),
                          **gpu, **front, "engine_exited": exited,
                          "meets_slo": not slo_violations(stats, slo)})
             context.log.info(f"{name} @ {load}: {stats.request_throughput_rps:.2f} req/s, "

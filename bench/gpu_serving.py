@@ -289,7 +289,7 @@ def onboard(args) -> int:
     try:
         from assets.stack import observe_stack
         from pipelines.definitions import defs
-        from pipelines.executors import config_files
+        from pipelines.resources import config_files
 
         cf = config_files()
         if MODEL in models:
@@ -444,10 +444,10 @@ def twin_items(args) -> list[tuple[str, str, str, int | None]]:
 def twins(args) -> int:
     onboard_env(args.work, args.node_type, args.engine_bin)
     rep = Report(args.out, args.name or "twins")
-    from assets.serving import _sweep
+    from assets.serving import run_sweep
     from onboarding.serving.frontend import FrontendSampler
     from onboarding.serving.serving_config import resolve_slo
-    from pipelines.executors import config_files
+    from pipelines.resources import config_files
     from resources.engine import Engine
     from resources.loadgen import LoadGenerator
     from resources.telemetry import GpuTelemetry
@@ -514,9 +514,9 @@ def twins(args) -> int:
                                          if isinstance(v, (int, float)) or v is None}
                 entry["engine_log"] = running.log_path.name
                 say(f"{item}: ready in {entry['ready_s']} s ({config.hash}, {note})")
-                rows, _ = _sweep(BenchContext(twin_id), None, LoadGenerator(), running,
-                                 engine.template(), spec.served_name, scenarios, sweep, slo,
-                                 tokenizer, sampler, frontend)
+                rows, _ = run_sweep(BenchContext(twin_id), None, LoadGenerator(), running,
+                                    engine.template(), spec.served_name, scenarios, sweep, slo,
+                                    tokenizer, sampler, frontend)
                 entry["rows"] = rows
                 rep.step(item, **entry)
                 if first and args.crosscheck_concurrency:
@@ -607,12 +607,12 @@ def crosscheck(running, served: str, tok_dir: Path, concurrency: int, work: Path
                                      request_timeout_s=120, warmup_bodies=bodies[:concurrency],
                                      scrape_interval_s=1.0)
     s = summarize(run_.records, run_.duration_s)
-    from assets.serving import _server_side
+    from assets.serving import server_side
 
     out["ours"] = {"completed": s.completed, "request_throughput": s.request_throughput_rps,
                    "output_throughput": s.output_tokens_per_s,
                    "median_ttft_ms": s.ttft_s.p50 * 1e3, "p95_ttft_ms": s.ttft_s.p95 * 1e3,
-                   "mean_itl_ms": s.itl_ms.mean, **_server_side(run_, metrics)}
+                   "mean_itl_ms": s.itl_ms.mean, **server_side(run_, metrics)}
     peer = PEER_BENCH.get(engine.engine)
     if peer is None:
         out["peer_bench"] = {"error": f"no peer client for {engine.engine} (PEER_BENCH)"}
@@ -740,7 +740,7 @@ def frontend(args) -> int:
     rep = Report(args.out, "frontend")
     from transformers import AutoTokenizer
 
-    from pipelines.executors import config_files
+    from pipelines.resources import config_files
     from resources.engine import Engine
 
     cf = config_files()

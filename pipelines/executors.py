@@ -42,16 +42,10 @@ from onboarding.runs.cluster import (
     node_acceptance_pod_config,
     node_type_name,
 )
+from pipelines.resources import config_files
 from resources.config_files import ConfigFiles
 
-CONFIG_DIR_ENV = "ONBOARDING_CONFIG_DIR"
 K8S_CONFIG_TAG = "dagster-k8s/config"
-
-
-def config_files() -> ConfigFiles:
-    """The config files as this process's environment names them (executors and run config
-    builders are not resource consumers, so they build the same resource themselves)."""
-    return ConfigFiles(config_dir=os.environ.get(CONFIG_DIR_ENV, ""))
 
 
 def _with_defaults(base: dg.ExecutorDefinition, name: str,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from assets.model_spec import MODEL_SPEC
 from assets.nodes import GROUP as NODES_GROUP
 from assets.partitions import nodes_partitions
 from assets.stack import SERVING_STACK
@@ -15,16 +16,17 @@ PLAN_ASSETS = ("serving_config", "kserve_manifest", "gateway_routes")
 LAYOUT_ASSETS = dg.AssetSelection.groups("layout")  # node_layout (assets/layout.py)
 PREDICT_GROUP = "predict"  # assets/predict.py: AIConfigurator predictions and their calibration
 
-# serving_stack is observed first in every onboarding run, so each result records the stack it
-# was measured on (its input data version), never Dagster's INITIAL marker.
+# serving_stack is observed and model_spec recorded first in every onboarding run, so each
+# result records the stack it was measured on and the spec it read (its input data versions),
+# never Dagster's INITIAL marker.
 MODEL_ASSETS = dg.AssetSelection.all() - dg.AssetSelection.groups(NODES_GROUP)
 
 onboard_model = dg.define_asset_job(
     "onboard_model",
     selection=(MODEL_ASSETS - LAYOUT_ASSETS - dg.AssetSelection.groups(PREDICT_GROUP))
-    | dg.AssetSelection.assets(SERVING_STACK),
-    description="Observe the serving stack, then fetch, quantize, evaluate, time, benchmark, "
-    "plan and render one model.",
+    | dg.AssetSelection.assets(SERVING_STACK, MODEL_SPEC),
+    description="Observe the serving stack, record the model's spec, then fetch, quantize, "
+    "evaluate, time, benchmark, plan and render one model.",
     executor_def=onboarding_executor(),
 )
 

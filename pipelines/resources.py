@@ -35,13 +35,23 @@ def _env_int(**fields: str) -> dict[str, dg.EnvVar]:
     return {field: dg.EnvVar.int(name) for field, name in fields.items() if os.environ.get(name)}
 
 
+# ConfigFiles field -> the variable that sets it
+CONFIG_ENV = {"config_dir": "ONBOARDING_CONFIG_DIR", "discovered_dir": "ONBOARDING_DISCOVERED_DIR",
+              "serving_profile": "ONBOARDING_SERVING_PROFILE",
+              "discovery_bucket": "ONBOARDING_DISCOVERY_BUCKET",
+              "discovery_prefix": "ONBOARDING_DISCOVERY_PREFIX",
+              "engine_python": "ONBOARDING_ENGINE_PYTHON"}
+
+
+def config_files() -> ConfigFiles:
+    """The `configs` resource as the variables set it now, for what reads configuration
+    outside a step or a tick: the executor when a run starts, run-config builders, scripts.
+    The same fields from the same variables as the resource binding, so both doors are one."""
+    return ConfigFiles(**{f: os.environ[n] for f, n in CONFIG_ENV.items() if os.environ.get(n)})
+
+
 def config_resources() -> tuple[ConfigFiles, OutputDirs]:
-    configs = ConfigFiles(**_env(
-        config_dir="ONBOARDING_CONFIG_DIR", discovered_dir="ONBOARDING_DISCOVERED_DIR",
-        serving_profile="ONBOARDING_SERVING_PROFILE",
-        discovery_bucket="ONBOARDING_DISCOVERY_BUCKET",
-        discovery_prefix="ONBOARDING_DISCOVERY_PREFIX",
-        engine_python="ONBOARDING_ENGINE_PYTHON"))
+    configs = ConfigFiles(**_env(**CONFIG_ENV))
     outputs = OutputDirs(**_env(manifests_dir="ONBOARDING_OUTPUT_DIR",
                                 reports_dir="ONBOARDING_REPORTS_DIR"))
     return configs, outputs

@@ -1,5 +1,6 @@
 """Re-validation: on a cron from configs/automation.yaml, re-run the stack-dependent stages of
-every onboarded model whose results were measured on another serving stack.
+every onboarded model whose results were measured on another serving stack, and the
+spec-dependent ones of every onboarded model whose catalog entry changed since they ran.
 
 Onboarded means every `revalidation.ready_assets` is materialized for the partition, whatever
 the model's `readiness` verdict: a new stack can turn "not ready" into "ready" (or back), so a
@@ -11,14 +12,16 @@ model and fingerprint (run key), and it can be evaluated on demand from the UI. 
 automation condition would also fire for half-onboarded models and whenever the daemon happens
 to notice. docs/automation.md has the longer argument.
 
-Which stages depend on the stack is read off the asset graph: the assets that name
-`serving_stack` in their decorators (`deps=[SERVING_STACK]`).
+Which stages depend on the stack, and which on the spec, is read off the asset graph: the assets
+that name `serving_stack` (`model_spec`) in their decorators (`deps=[SERVING_STACK,
+MODEL_SPEC]`).
 """
 
 from typing import Any
 
 import dagster as dg
 
+from assets.model_spec import MODEL_SPEC, SPEC_VERSION_KEY, spec_version
 from assets.partitions import models_partitions
 from assets.stack import SERVING_STACK, STACK_FINGERPRINT_KEY, current_stack
 from onboarding.common.tables import md_table
@@ -27,12 +30,15 @@ from pipelines.executors import onboarding_executor
 from pipelines.jobs import LAYOUT_ASSETS
 from pipelines.launch import job_stages
 from resources.config_files import ConfigFiles
-from resources.upstream import latest_materialization
+from resources.upstream import latest_materialization, stored_value
 
 REVALIDATE_JOB = "revalidate_model"
+READINESS = dg.AssetKey("readiness")
 STACK_INPUT_TAG = f"dagster/input_data_version/{SERVING_STACK.to_user_string()}"
 STACK_DEPENDENT = dg.AssetSelection.assets(SERVING_STACK).downstream(depth=1) - \
     dg.AssetSelection.assets(SERVING_STACK)
+SPEC_DEPENDENT = dg.AssetSelection.assets(MODEL_SPEC).downstream(depth=1) - \
+    dg.AssetSelection.assets(MODEL_SPEC)
 # What Dagster records as an input version when there is no observation to take it from.
 _DAGSTER_MARKERS = frozenset({"INITIAL", "NULL", "UNKNOWN"})
 UNKNOWN_STACK = "unknown"
@@ -41,6 +47,20 @@ UNKNOWN_STACK = "unknown"
 def stack_dependent(asset_graph) -> list[str]:
     """Names of the assets that depend on serving_stack directly, in this code location."""
     return sorted(k.to_user_string() for k in STACK_DEPENDENT.resolve(asset_graph))
+
+
+def spec_dependent(asset_graph) -> list[str]:
+    """Names of the assets that depend on model_spec directly, in this code location."""
+    return sorted(k.to_user_string() for k in SPEC_DEPENDENT.resolve(asset_graph))
+
+
+def spec_read(mat: dg.AssetMaterialization) -> str:
+    """The spec version a materialization read, as the asset recorded it (`spec_metadata`);
+    `unknown` when it did not. Dagster's input version of a partitioned dependency is a hash
+    over the dependency's partition versions, not the version itself, so it is the UI's to
+    compare (its stale marker), not this schedule's."""
+    recorded = mat.metadata.get(SPEC_VERSION_KEY)
+    return str(recorded.value) if recorded is not None else UNKNOWN_STACK
 
 
 def measured_on(mat: dg.AssetMaterialization) -> str:
@@ -58,11 +78,18 @@ def measured_on(mat: dg.AssetMaterialization) -> str:
     return str(recorded.value) if recorded is not None else UNKNOWN_STACK
 
 
-def readiness_verdict(instance: dg.DagsterInstance, model: str) -> str:
-    """The latest `readiness` verdict of a model (assets/readiness.py), in words."""
-    mat = latest_materialization(instance, "readiness", model)
-    verdict = mat.metadata.get("verdict") if mat is not None else None
-    return str(verdict.value) if verdict is not None else "not judged yet"
+def readiness_verdict(io_manager: dg.IOManager, instance: dg.DagsterInstance, model: str
+                      ) -> str:
+    """The latest `readiness` verdict of a model, in words: the `Readiness` value the asset
+    stored (assets/readiness.py), not its metadata, which is for people."""
+    verdict = stored_value(io_manager, instance, READINESS, model, models_partitions)
+    return verdict.summary() if verdict is not None else "not judged yet"
+
+
+def onboarded_models(instance: dg.DagsterInstance, ready_assets: list[str]) -> list[str]:
+    """Models with every `ready_assets` materialized, whatever their readiness verdict."""
+    return [m for m in sorted(instance.get_dynamic_partitions(models_partitions.name))
+            if all(latest_materialization(instance, a, m) is not None for a in ready_assets)]
 
 
 def stale_onboarded_models(instance: dg.DagsterInstance, fingerprint: str,
@@ -74,9 +101,7 @@ def stale_onboarded_models(instance: dg.DagsterInstance, fingerprint: str,
     Returns model -> {stale asset: the fingerprint it was measured on, or `unknown`}.
     """
     out: dict[str, dict[str, Any]] = {}
-    for model in sorted(instance.get_dynamic_partitions(models_partitions.name)):
-        if any(latest_materialization(instance, a, model) is None for a in ready_assets):
-            continue
+    for model in onboarded_models(instance, ready_assets):
         stale = {}
         for asset in dependent:
             mat = latest_materialization(instance, asset, model)
@@ -87,6 +112,46 @@ def stale_onboarded_models(instance: dg.DagsterInstance, fingerprint: str,
     return out
 
 
+def spec_stale_models(instance: dg.DagsterInstance, versions: dict[str, str],
+                      ready_assets: list[str], dependent: list[str]
+                      ) -> dict[str, dict[str, str]]:
+    """Onboarded models whose spec-dependent materializations read another version of the
+    model's spec than `versions[model]` (its catalog entry now).
+
+    Returns model -> {stale asset: the spec version it read, or `unknown`}.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for model in onboarded_models(instance, ready_assets):
+        if model not in versions:  # no resolvable entry: the catalog sensor reports it
+            continue
+        stale = {}
+        for asset in dependent:
+            mat = latest_materialization(instance, asset, model)
+            if mat is not None and (read := spec_read(mat)) != versions[model]:
+                stale[asset] = read
+        if stale:
+            out[model] = stale
+    return out
+
+
+def revalidation_key(model: str, fingerprint: str, spec: str | None) -> str:
+    """`revalidate-<model>@<fingerprint[:16]>`, plus `+spec-<version[:12]>` when the model's
+    spec changed: one run per model, stack and spec."""
+    return f"revalidate-{model}@{fingerprint[:16]}" + (f"+spec-{spec[:12]}" if spec else "")
+
+
+def _why_stale(fp: str, stack: dict[str, str] | None, version: str,
+               spec: dict[str, str] | None) -> str:
+    why = []
+    if stack:
+        why.append(f"stale against stack {fp[:16]}: " + ", ".join(
+            f"{a} (measured on {v[:16]})" for a, v in stack.items()))
+    if spec:
+        why.append(f"stale against its spec {version[:16]}: " + ", ".join(
+            f"{a} (read {v[:16]})" for a, v in spec.items()))
+    return "; ".join(why)
+
+
 @dg.schedule(
     cron_schedule=AT_LOAD.cron,
     execution_timezone=AT_LOAD.timezone,
@@ -94,39 +159,54 @@ def stale_onboarded_models(instance: dg.DagsterInstance, fingerprint: str,
     default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Re-validates onboarded models (every revalidation.ready_assets materialized), "
     "whatever their readiness verdict, whose results were measured on another serving stack "
-    "(configs/automation.yaml `revalidation`).",
+    "or read another version of the model's catalog entry (configs/automation.yaml "
+    "`revalidation`).",
 )
-def revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: ConfigFiles):
-    AT_LOAD.check()
-    fp, _ = current_stack(configs)
+def revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: ConfigFiles,
+                          io_manager: dg.ResourceParam[dg.IOManager]):
     cfg = configs.automation()
-    stale = stale_onboarded_models(context.instance, fp, cfg.revalidation.ready_assets,
-                               stack_dependent(context.repository_def.asset_graph))
-    if not stale:
-        return dg.SkipReason(f"every onboarded model is current with stack {fp[:16]}")
-    verdicts = {model: readiness_verdict(context.instance, model) for model in stale}
-    for model, assets in stale.items():
-        context.log.info(f"{model} ({verdicts[model]}): stale against "
-                         f"stack {fp[:16]}: " + ", ".join(
-                             f"{a} (measured on {v[:16]})" for a, v in assets.items()))
+    if drift := AT_LOAD.drift(cfg):
+        context.log.warning(drift)
+    fp, _ = current_stack(configs)
+    graph = context.repository_def.asset_graph
+    ready = cfg.revalidation.ready_assets
+    stale = stale_onboarded_models(context.instance, fp, ready, stack_dependent(graph))
+    versions = {m: spec_version(s) for m, s in configs.catalog().specs.items()}
+    spec_stale = spec_stale_models(context.instance, versions, ready, spec_dependent(graph))
+    if not stale and not spec_stale:
+        return dg.SkipReason(f"every onboarded model is current with stack {fp[:16]} and "
+                             "its catalog entry")
+    models = sorted({*stale, *spec_stale})
+    verdicts = {model: readiness_verdict(io_manager, context.instance, model)
+                for model in models}
+    for model in models:
+        context.log.info(f"{model} ({verdicts[model]}): "
+                         + _why_stale(fp, stale.get(model), versions.get(model, ""),
+                                      spec_stale.get(model)))
     stages = job_stages(context.repository_def, REVALIDATE_JOB)
     return [
-        dg.RunRequest(partition_key=model, run_key=f"revalidate-{model}@{fp[:16]}",
+        dg.RunRequest(partition_key=model,
+                      run_key=revalidation_key(model, fp, versions[model]
+                                               if model in spec_stale else None),
                       run_config=cfg.launch.run_config(cfg.launch.automatic_sweep, stages),
                       tags={"onboarding/trigger": "revalidation",
                             "onboarding/stack_fingerprint": fp,
+                            **({"onboarding/spec_version": versions[model]}
+                               if model in spec_stale else {}),
                             "onboarding/ready_before": verdicts[model],
-                            "onboarding/stale_assets": ",".join(sorted(assets))})
-        for model, assets in stale.items()
+                            "onboarding/stale_assets": ",".join(sorted(
+                                {*stale.get(model, {}), *spec_stale.get(model, {})}))})
+        for model in models
     ]
 
 
 revalidate_job = dg.define_asset_job(
     REVALIDATE_JOB,
-    selection=dg.AssetSelection.assets(SERVING_STACK).downstream() - LAYOUT_ASSETS,
+    selection=dg.AssetSelection.assets(SERVING_STACK, MODEL_SPEC).downstream() - LAYOUT_ASSETS,
     executor_def=onboarding_executor(),
-    description="Observe the serving stack, then re-run the stages whose results depend on it "
-    "(and what lies downstream of them), for one model; `checkpoint` is not re-fetched.")
+    description="Observe the serving stack, record the model's spec, then re-run the stages whose "
+    "results depend on either (and what lies downstream of them), for one model; `checkpoint` "
+    "is not re-fetched.")
 
 
 def _check_verdicts(instance: dg.DagsterInstance, run_id: str) -> dict[dg.AssetCheckKey, bool]:
@@ -164,7 +244,8 @@ def _verdict(passed: bool | None) -> str:
     return "never run" if passed is None else "passed" if passed else "failed"
 
 
-def report_revalidation(context: dg.RunStatusSensorContext) -> dg.SkipReason | None:
+def report_revalidation(context: dg.RunStatusSensorContext,
+                        io_manager: dg.ResourceParam[dg.IOManager]) -> dg.SkipReason | None:
     """Record on each re-validated asset whether its gates and SLO verdicts changed."""
     run = context.dagster_run
     if run.job_name != REVALIDATE_JOB:
@@ -186,7 +267,7 @@ def report_revalidation(context: dg.RunStatusSensorContext) -> dg.SkipReason | N
                 "stack_fingerprint": run.tags.get("onboarding/stack_fingerprint", "unknown"),
                 "verdict_changed": bool(changed),
                 "verdict_change": summary,
-                "readiness": readiness_verdict(context.instance, model),
+                "readiness": readiness_verdict(io_manager, context.instance, model),
                 "verdicts": dg.MetadataValue.md(md_table(
                     {"check": c["check"], "before": _verdict(c["before"]),
                      "after": _verdict(c["after"])} for c in checks)),

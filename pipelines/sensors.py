@@ -20,6 +20,7 @@ import json
 
 import dagster as dg
 
+from assets.model_spec import spec_events
 from assets.partitions import models_partitions, nodes_partitions
 from assets.stack import observation_event
 from onboarding.fetch.discovery import (
@@ -52,16 +53,17 @@ TRIGGER_TAG = "onboarding/trigger"
     "(configs/automation.yaml `discovery`).",
 )
 def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore,
-                          configs: ConfigFiles):
-    AT_LOAD.check()
+                          configs: ConfigFiles, io_manager: dg.ResourceParam[dg.IOManager]):
     cfg = configs.automation()
+    if drift := AT_LOAD.drift(cfg):
+        context.log.warning(drift)
     d = cfg.discovery
     cursor = ScanCursor.from_json(context.cursor, f"s3://{d.bucket}/{d.prefix}")
     step = advance(cursor, lambda after, n: s3.list_page(d.bucket, d.prefix, after, n),
                    d.prefix, d.completion_marker, d.page_size, d.max_pages_per_tick)
     registered = set(context.instance.get_dynamic_partitions(models_partitions.name))
-    new_keys, runs = _onboard_closed_folders(context, s3, configs, cfg, cursor, step,
-                                             registered)
+    new_keys, runs = _onboard_closed_folders(context, s3, io_manager, configs, cfg, cursor,
+                                             step, registered)
     events = _deleted_folder_events(context, cfg, step, registered | set(new_keys))
     if runs:  # observed before the runs start (the daemon records events first)
         _, stack_event = observation_event(context.instance, configs)
@@ -81,8 +83,9 @@ def new_checkpoint_sensor(context: dg.SensorEvaluationContext, s3: S3ObjectStore
 
 
 def _onboard_closed_folders(context: dg.SensorEvaluationContext, s3: S3ObjectStore,
-                            configs: ConfigFiles, cfg: AutomationConfig, cursor: ScanCursor,
-                            step: ScanStep, registered: set[str]
+                            io_manager: dg.IOManager, configs: ConfigFiles,
+                            cfg: AutomationConfig, cursor: ScanCursor, step: ScanStep,
+                            registered: set[str]
                             ) -> tuple[list[str], list[dg.RunRequest]]:
     """Judge each folder the scan closed: partitions to add and runs to request."""
     d = cfg.discovery
@@ -110,7 +113,7 @@ def _onboard_closed_folders(context: dg.SensorEvaluationContext, s3: S3ObjectSto
         owners[spec.id] = folder.name
         if spec.id not in registered and spec.id not in new_keys:
             new_keys.append(spec.id)
-        before = readiness_verdict(context.instance, spec.id)
+        before = readiness_verdict(io_manager, context.instance, spec.id)
         context.log.info(f"{spec.id}: {before} before this checkpoint")
         runs.append(_run_request(spec.id, spec.source, folder, verdict.known, cfg, stages,
                                  before))
@@ -155,8 +158,9 @@ def _broken_digest(broken: dict[str, str]) -> str:
 
 @dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
            description="Registers every catalog entry (configs/models and discovered specs) as "
-           "a `models` partition, so the UI can launch any of them; reports catalog files that "
-           "do not validate, once per change.")
+           "a `models` partition, so the UI can launch any of them; records a `model_spec` "
+           "materialization for each model whose entry changed; reports catalog files "
+           "that do not validate, once per change.")
 def catalog_partitions_sensor(context: dg.SensorEvaluationContext, configs: ConfigFiles):
     catalog = configs.catalog()
     broken = {path: str(err) for path, err in sorted(catalog.broken.items())}
@@ -167,13 +171,22 @@ def catalog_partitions_sensor(context: dg.SensorEvaluationContext, configs: Conf
     context.update_cursor(digest)
     existing = set(context.instance.get_dynamic_partitions(models_partitions.name))
     new = sorted(k for k in catalog.specs if k not in existing)
+    # new partitions too: the daemon records a tick's asset events before it adds its
+    # partitions (dagster/_daemon/sensor.py, 1.13), and an event of a partition not yet added
+    # is stored like any other
+    changed = spec_events(context.instance, configs, sorted({*existing, *new}))
     broken_note = f"; {len(broken)} broken catalog file(s): {', '.join(broken)}" if broken \
         else ""
-    if not new:
-        return dg.SkipReason(f"all {len(catalog.specs)} catalog models are registered"
-                             + broken_note)
-    context.log.info(f"registering {', '.join(new)}{broken_note}")
-    return dg.SensorResult(dynamic_partitions_requests=[models_partitions.build_add_request(new)])
+    if not new and not changed:
+        return dg.SkipReason(f"all {len(catalog.specs)} catalog models are registered, their "
+                             "specs recorded" + broken_note)
+    if new:
+        context.log.info(f"registering {', '.join(new)}{broken_note}")
+    if changed:
+        context.log.info("model_spec changed for " + ", ".join(e.partition for e in changed))
+    return dg.SensorResult(
+        asset_events=changed,
+        dynamic_partitions_requests=[models_partitions.build_add_request(new)] if new else [])
 
 
 @dg.sensor(minimum_interval_seconds=AT_LOAD.stack_interval_s,
@@ -181,7 +194,8 @@ def catalog_partitions_sensor(context: dg.SensorEvaluationContext, configs: Conf
            description="Observes serving_stack and records a new observation when its "
            "fingerprint changes.")
 def serving_stack_sensor(context: dg.SensorEvaluationContext, configs: ConfigFiles):
-    AT_LOAD.check()
+    if drift := AT_LOAD.drift(configs.automation()):
+        context.log.warning(drift)
     fp, event = observation_event(context.instance, configs)
     if event is None:
         return dg.SkipReason(f"serving stack unchanged ({fp[:16]})")

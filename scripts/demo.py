@@ -97,7 +97,7 @@ def upload_twins(server, specs) -> None:
 
 
 def register_partitions(instance) -> list[str]:
-    from pipelines.executors import config_files
+    from pipelines.resources import config_files
 
     keys = sorted(config_files().catalog().specs)
     known = set(instance.get_dynamic_partitions("models"))
@@ -112,7 +112,7 @@ def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
 
     from assets.stack import observe_stack
     from pipelines.definitions import defs
-    from pipelines.executors import config_files
+    from pipelines.resources import config_files
     from pipelines.run_timing import TreeSampler, breakdown_lines, run_step_timings
 
     instance = dg.DagsterInstance.get()
@@ -283,7 +283,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     server = start_s3()
     try:
-        from pipelines.executors import config_files
+        from pipelines.resources import config_files
 
         upload_model(server, config_files().spec(DEMO_MODEL).source)
         upload_twins(server, config_files().catalog().specs.values())

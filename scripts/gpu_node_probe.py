@@ -142,7 +142,9 @@ def main() -> int:
             for c in checks if name != "node_acceptance" else ():
                 say(f"  {c.status:11s} {c.name}: {c.measured or c.reason}")
         verdict = _latest(instance, args.node)
-        gate = node_acceptance_check(instance, args.node, True, "gpu")
+        with dg.build_resources({"io_manager": dg.FilesystemIOManager()},
+                                instance=instance) as built:  # where materialize stored it
+            gate = node_acceptance_check(built.io_manager, instance, args.node, True, "gpu")
     _collect(reports / "nodes" / args.node, args.out)
     summary = {"node": args.node, "node_type": args.node_type, "gpus": gpus,
                "burn_s": args.burn_s, "timings_s": timings, **verdict,

@@ -95,7 +95,7 @@ def sweep_rows() -> list[dict[str, str]]:
 
 
 def points(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, PointStats]]]:
-    """The sweep's points per scenario, in the order measured (what `_sweep` hands on)."""
+    """The sweep's points per scenario, in the order measured (what `run_sweep` hands on)."""
     out: dict[str, list[tuple[int, PointStats]]] = {}
     for row in rows:
         out.setdefault(row["scenario"], []).append(

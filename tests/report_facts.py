@@ -232,7 +232,7 @@ UPSTREAM = ("checkpoint", "quantized", "accuracy", "serving_variant", "serving_c
 
 def manifest_set(stored: Stored, root: Path):
     """The ManifestSet kserve_manifest would store for these values (files written)."""
-    from assets.deploy import ManifestSet
+    from onboarding.deploy.serving_plan import ManifestSet
 
     files = write_manifests(stored, root)
     bench = stored.values["serving_benchmark"]

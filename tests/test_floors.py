@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,59 @@ def test_floors_import_only_downward(floor):
            for p in _modules(floor) for line, name in _imports(p)
            if name.split(".")[0] in FORBIDDEN[floor]]
     assert not bad, "\n".join(bad)
+
+
+# assets/ modules a stage module may import: not stages themselves (no asset of their own), or
+# the versioned inputs every stage names in its decorator (`deps=[...]`)
+SHARED_ASSET_MODULES = {
+    "assets.partitions",  # the partitions definitions
+    "assets.step_tags",  # the GPU/cache op tags
+    "assets.checks",  # asset-check helpers several stages yield
+    "assets.node_gate",  # the qualified-node check of the serving stage
+    "assets.stack",  # serving_stack: the versioned stack input
+    "assets.model_spec",  # model_spec: the versioned per-partition catalog input
+}
+
+
+def sideways_imports(paths: list[Path]) -> list[str]:
+    """`file:line: imports module` for each import of one assets/ module by another that is
+    not in SHARED_ASSET_MODULES (a stage's helper belongs below, or in a shared module)."""
+    bad = []
+    for p in paths:
+        me = f"assets.{p.stem}"
+        bad += [f"{p.name}:{line}: imports {name}" for line, name in _imports(p)
+                if name.startswith("assets.") and name != me
+                and name not in SHARED_ASSET_MODULES]
+    return bad
+
+
+def test_stage_modules_do_not_import_each_other():
+    bad = sideways_imports(_modules("assets"))
+    assert not bad, "stage modules import each other:\n" + "\n".join(bad)
+
+
+def test_the_sideways_check_catches_a_stage_importing_a_stage(tmp_path):
+    """Not vacuous: the seven arrows of issue 27 were of this form; a shared module is not one."""
+    probe = tmp_path / "layout.py"
+    probe.write_text("from assets.deploy import build_plan\nfrom assets.stack import X\n"
+                     "import assets.quantize\n")
+    assert sideways_imports([probe]) == ["layout.py:1: imports assets.deploy",
+                                         "layout.py:3: imports assets.quantize"]
+
+
+def test_production_code_imports_no_private_names():
+    """A name with a leading underscore is its module's own: bench/ and scripts/ call public
+    functions (gpu_serving used assets.serving's `_sweep` and `_server_side`)."""
+    roots = [*FLOORS, "scripts", "bench"]
+    bad = []
+    for root in roots:
+        for p in sorted((PROJECT_ROOT / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(p.read_text(), str(p))):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
+                        node.module.split(".")[0] in FLOORS:
+                    bad += [f"{p.relative_to(PROJECT_ROOT)}:{node.lineno}: {node.module}."
+                            f"{a.name}" for a in node.names if a.name.startswith("_")]
+    assert not bad, "imports of private names:\n" + "\n".join(bad)
 
 
 def test_no_dagster_internals_outside_tests():
@@ -143,3 +197,52 @@ def test_broken_config_files_do_not_stop_the_code_location(tmp_path):
     assert loaded[0] == "loaded" and int(loaded[1]) >= 10
     # The executor kind comes from cluster.yaml, which is broken: runs say so when they start.
     assert loaded[2] == "onboarding_config_error"
+
+
+FIXED_AT_NEXT_TICK = """
+import shutil, sys
+from pathlib import Path
+import dagster as dg
+import yaml
+from pipelines.definitions import defs
+from resources.config_files import ConfigFiles
+
+broken, good = Path(sys.argv[1]), Path(sys.argv[2])
+sensor = defs.resolve_sensor_def("serving_stack_sensor")
+configs = ConfigFiles(config_dir=str(broken))
+with dg.instance_for_test() as instance:
+    def tick():
+        return sensor.evaluate_tick(dg.build_sensor_context(
+            instance=instance, definitions=defs, resources={"configs": configs}))
+    try:
+        tick()
+        print("broken: no error")
+    except Exception as exc:
+        print("broken:", type(exc).__name__, str(exc).splitlines()[0])
+    automation = yaml.safe_load((good / "automation.yaml").read_text())
+    automation["stack"].update(observe_node=False, observe_interval_s=61)
+    (broken / "automation.yaml").write_text(yaml.safe_dump(automation))
+    shutil.copy(good / "stack.yaml", broken / "stack.yaml")
+    data = tick()
+    print("fixed:", len(data.asset_events or []), "observation(s)")
+"""
+
+
+def test_a_fixed_automation_file_is_used_at_the_next_tick_without_a_reload(tmp_path):
+    """The code location loads with automation.yaml broken; the file is then fixed (and its
+    stack interval changed) in place. The next serving_stack_sensor tick of the same loaded
+    code location reads the fixed file and records its observation, and warns that the new
+    interval needs a reload. Before, every tick re-raised the error read at load."""
+    broken = tmp_path / "configs"
+    shutil.copytree(PROJECT_ROOT / "configs", broken)
+    (broken / "automation.yaml").write_text("this: [is not: valid yaml\n")
+    env = {**os.environ, "ONBOARDING_CONFIG_DIR": str(broken), "DAGSTER_DISABLE_TELEMETRY": "1"}
+    proc = subprocess.run([sys.executable, "-c", FIXED_AT_NEXT_TICK, str(broken),
+                           str(PROJECT_ROOT / "configs")], cwd=PROJECT_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("broken: ConfigError") and "automation.yaml" in lines[0], lines
+    assert lines[1] == "fixed: 1 observation(s)", proc.stderr[-3000:]
+    assert "stack_interval_s is 61 (defined with 60)" in proc.stderr
+    assert "reload the code location" in proc.stderr

@@ -17,9 +17,9 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from onboarding.common.config import StrictConfig, load_config_file
-from onboarding.common.errors import ConfigError
+from onboarding.common.errors import ConfigError, OnboardingError
 from onboarding.common.names import is_dns1123_label
-from onboarding.common.refs import VariantRef
+from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.fetch.catalog import ArchitectureHint, ModelSpec
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
@@ -546,3 +546,36 @@ def param_count_from_safetensors(checkpoint_dir: Path) -> int | None:
             if name != "__metadata__":
                 total += math.prod(info.get("shape") or [1])
     return total
+
+
+def fetched_checkpoint_dir(checkpoint: CheckpointRef | None) -> Path | None:
+    """The checkpoint's directory when it was fetched with its config.json, else None."""
+    if checkpoint is not None and (Path(checkpoint.path) / "config.json").is_file():
+        return Path(checkpoint.path)
+    return None
+
+
+def build_plan(spec: ModelSpec, nodes: NodesConfig, checkpoint: CheckpointRef | None,
+               variant: VariantRef | None, passed: tuple[str, ...] | None = None
+               ) -> DeploymentPlan:
+    """The model's plan, its shape from its checkpoint when fetched, else from the catalog's hint.
+
+    A performance twin has no gate to climb and no weights to measure: every node type gets the
+    first precision of the ladder it serves natively, sized from the declared parameters."""
+    if spec.is_twin:
+        variant, passed = None, None
+    ckpt = fetched_checkpoint_dir(checkpoint)
+    if ckpt is not None:
+        shape, params = shape_from_checkpoint(ckpt), param_count_from_safetensors(ckpt)
+    elif spec.architecture is not None:
+        shape = shape_from_hint(spec.architecture, f"catalog {spec.id}: architecture (declared)")
+        params = None
+    else:
+        raise OnboardingError(
+            f"serving configuration of {spec.id!r}",
+            "no checkpoint materialization with a config.json and no architecture hint",
+            "Materialize `checkpoint` for this partition first, or add `architecture:` to the "
+            "catalog entry (required for plan_only models).",
+        )
+    measured = measured_from_results(variant, None, None, passed)
+    return plan(plan_inputs(spec, nodes, shape, measured, params), nodes)

@@ -23,6 +23,7 @@ from onboarding.deploy.kserve import (
     DeployConfig,
     Rendered,
     RenderInputs,
+    Route,
     Stack,
     render,
     source_precision,
@@ -206,3 +207,23 @@ def _stack_of(stack: Stack, config: ServingConfig, arch: str) -> Stack:
         return stack
     return dataclasses.replace(stack, engine=config.engine, engine_version=config.engine_version,
                                images={arch: config.image}, switches=())
+
+
+@dataclass(frozen=True)
+class ManifestSet:
+    """What `kserve_manifest` stores: the rendered files of one model, one per target node type
+    `render_targets` rendered, with the verdict of the one schema validation they went through."""
+
+    model: str
+    files: dict[str, str]  # node type -> path of the multi-document YAML
+    services: dict[str, str]  # node type -> InferenceService name
+    routes: tuple[Route, ...]
+    skipped: dict[str, str]  # node type -> why no manifest
+    errors: dict[str, list[str]] = field(default_factory=dict)  # "<node type> <doc>" -> errors
+    config_hashes: dict[str, str] = field(default_factory=dict)  # node type -> hash rendered
+    measured: dict[str, bool] = field(default_factory=dict)  # node type -> measured at it
+    published: dict[str, bool] = field(default_factory=dict)  # node type -> storage published
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors

@@ -64,6 +64,12 @@ def resources(configs: ConfigFiles, outputs: OutputDirs, probe: NodeProbe, tmp_p
             "optional_upstream": optional_upstream}
 
 
+def io_manager(instance: dg.DagsterInstance) -> dg.IOManager:
+    """The IO manager `dg.materialize` stored the node assets' values with (instance storage)."""
+    with dg.build_resources({"io_manager": dg.FilesystemIOManager()}, instance=instance) as r:
+        return r.io_manager
+
+
 def checks_of(result, asset: str) -> dict[str, acc.Check]:
     return {c.name: c for c in result.output_for_node(asset).checks}
 
@@ -99,7 +105,7 @@ def test_on_this_machine_no_gpu_is_not_checked_and_the_node_not_qualified(
     mat = instance.fetch_materializations(dg.AssetKey("node_acceptance"), limit=1).records[0]
     assert mat.asset_materialization.metadata["qualified"].value is False
     # a model benchmarked on this node does not count where the profile requires acceptance
-    problem, _ = acceptance_problem(instance, NODE, {})
+    problem, _ = acceptance_problem(io_manager(instance), instance, NODE, {})
     assert problem.startswith(f"node {NODE!r} is not qualified: phase 1 pcie_link: not "
                               "checked: no GPU") and "more in its report" in problem
 
@@ -168,18 +174,45 @@ def test_a_recorded_healthy_node_is_qualified_with_its_report(
 def test_the_serving_gate_reads_the_verdict_and_the_driver(
         instance, config_dir, configs, outputs, tmp_path):
     accept_recorded_node(instance, config_dir, configs, outputs, tmp_path)
+    io = io_manager(instance)
     same = {"nvidia_driver": "580.95.05", "cuda_driver_api": "13.0",
             "gpus": ["NVIDIA H200", "NVIDIA H200"]}
-    ok = node_acceptance_check(instance, NODE, True, "gpu", same)
+    ok = node_acceptance_check(io, instance, NODE, True, "gpu", same)
     assert ok.passed and ok.check_name == NODE_CHECK
     assert ok.metadata["acceptance"].value == "qualified, current"
-    upgraded = node_acceptance_check(instance, NODE, True, "gpu",
+    upgraded = node_acceptance_check(io, instance, NODE, True, "gpu",
                                      {**same, "nvidia_driver": "590.44.01"})
     assert not upgraded.passed and upgraded.severity == dg.AssetCheckSeverity.ERROR
     assert "nvidia_driver: 580.95.05 -> 590.44.01" in upgraded.metadata["acceptance"].value
-    unknown = node_acceptance_check(instance, "gpu-node-99", True, "gpu", same)
+    unknown = node_acceptance_check(io, instance, "gpu-node-99", True, "gpu", same)
     assert not unknown.passed
     assert "has no node_acceptance" in unknown.metadata["acceptance"].value
-    relaxed = node_acceptance_check(instance, "gpu-node-99", False, "cpu", same)
+    relaxed = node_acceptance_check(io, instance, "gpu-node-99", False, "cpu", same)
     assert relaxed.passed and relaxed.metadata["required"].value is False
     assert "has no node_acceptance" in relaxed.metadata["acceptance"].value
+
+
+def _stored_acceptance(qualified: bool, reasons: tuple[str, ...], facts: dict
+                       ) -> acc.NodeAcceptance:
+    return acc.NodeAcceptance(NODE, "h200", qualified, reasons, (), (), facts, "fp", 1.0e9)
+
+
+def test_the_serving_gate_reads_the_stored_verdict_not_the_metadata(instance):
+    """The gate reads the `NodeAcceptance` value node_acceptance stored. Before, it read the
+    `qualified` and markdown `reasons` metadata: a verdict stored without that text was taken
+    for "not qualified", and a reason spanning two lines came back as two reasons."""
+    facts = {"nvidia_driver": "580.95.05", "cuda_driver_api": "13.0", "gpus": ["NVIDIA H200"]}
+    qualified = stand_in("node_acceptance", _stored_acceptance(True, (), facts), nodes_partitions)
+    assert dg.materialize([qualified], instance=instance, partition_key=NODE).success
+    io = io_manager(instance)
+    ok = node_acceptance_check(io, instance, NODE, True, "gpu", facts)
+    assert ok.passed, ok.metadata["acceptance"].value
+    assert ok.metadata["accepted_at"].value == 1.0e9
+    reason = "phase 2 nvlink: 2 of 18 links down\n- link 3 and link 7 (nvidia-smi nvlink -s)"
+    failed = stand_in("node_acceptance",
+                      _stored_acceptance(False, (reason, "phase 3 hbm: 3.1 TB/s"), facts),
+                      nodes_partitions)
+    assert dg.materialize([failed], instance=instance, partition_key=NODE).success
+    problem, value = acceptance_problem(io, instance, NODE, facts)
+    assert value is not None and not value.qualified
+    assert problem == f"node {NODE!r} is not qualified: {reason}; phase 3 hbm: 3.1 TB/s"

@@ -16,6 +16,7 @@ from assets.stack import current_stack
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.deploy.serving_plan import ServingPlan
+from onboarding.nodes.acceptance import NodeAcceptance
 from onboarding.quantize.variants import QuantizedSet
 from onboarding.serving.stack import nvidia_facts
 from onboarding.serving.stats import LoadTimingResult
@@ -157,13 +158,13 @@ def node_check_results(result) -> dict[str, dg.AssetCheckEvaluation]:
 
 
 def accept(instance: dg.DagsterInstance, node: str, qualified: bool, facts: dict) -> None:
-    """A node_acceptance of `node` as the real asset records it (what the gate reads)."""
+    """A node_acceptance of `node` storing the value the real asset stores (what the gate
+    reads)."""
     @dg.asset(name="node_acceptance", partitions_def=nodes_partitions)
     def _acceptance():
-        return dg.Output(None, metadata={"qualified": qualified,
-                                         "node_stack": dg.MetadataValue.json(facts),
-                                         "reasons": "- phase 2 burn_xid: XID 79",
-                                         "accepted_at": dg.MetadataValue.timestamp(1.7e9)})
+        return NodeAcceptance(node, "h200", qualified,
+                              () if qualified else ("phase 2 burn_xid: XID 79",), (), (), facts,
+                              "fp", 1.7e9)
 
     instance.add_dynamic_partitions(nodes_partitions.name, [node])
     assert dg.materialize([_acceptance], instance=instance, partition_key=node).success

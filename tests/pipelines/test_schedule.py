@@ -12,17 +12,21 @@ import yaml
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest
 
+from assets.model_spec import MODEL_SPEC
 from assets.stack import current_stack, observe_stack
+from onboarding.deploy.readiness import Readiness
 from onboarding.serving.stack import diff, fingerprint, flatten
 from pipelines.schedules import (
     STACK_INPUT_TAG,
     readiness_verdict,
     revalidation_schedule,
+    spec_dependent,
     stack_dependent,
     stale_onboarded_models,
 )
-from pipelines.sensors import serving_stack_sensor
-from tests.pipelines.automation_graph import BROKEN_VLLM, GATE, build_defs
+from pipelines.sensors import catalog_partitions_sensor, serving_stack_sensor
+from tests.conftest import write_spec
+from tests.pipelines.automation_graph import BROKEN_VLLM, GATE, build_defs, store_readiness
 
 STACK = dg.AssetKey("serving_stack")
 
@@ -30,12 +34,17 @@ STACK = dg.AssetKey("serving_stack")
 @pytest.fixture
 def instance():
     with dg.instance_for_test() as inst:
-        inst.add_dynamic_partitions("models", ["ready-a", "ready-b", "half-done"])
+        inst.add_dynamic_partitions("models", list(MODELS))
         yield inst
+
+
+MODELS = ("ready-a", "ready-b", "half-done")
 
 
 @pytest.fixture
 def defs(configs):
+    for model in MODELS:  # every partition has its catalog entry, as the catalog sensor makes
+        write_spec(configs, model, f"s3://models/{model}/", eval_tasks=["arith"])
     return build_defs(configs=configs)
 
 
@@ -58,7 +67,8 @@ def _observe(instance, defs):
 def _schedule_tick(instance, defs):
     ctx = dg.build_schedule_context(instance=instance,
                                     repository_def=defs.get_repository_def(),
-                                    resources={"configs": defs.resources["configs"]})
+                                    resources={"configs": defs.resources["configs"],
+                                               "io_manager": defs.resources["io_manager"]})
     return revalidation_schedule.evaluate_tick(ctx)
 
 
@@ -66,6 +76,12 @@ def _status(instance, defs, asset: str, partition: str) -> StaleStatus:
     resolver = CachingStaleStatusResolver(instance, defs.resolve_asset_graph(),
                                           LoadingContextForTest(instance))
     return resolver.get_status(dg.AssetKey(asset), partition)
+
+
+def _verdict(instance, defs, model: str) -> str:
+    with dg.build_resources({"io_manager": defs.resources["io_manager"]},
+                            instance=instance) as built:
+        return readiness_verdict(built.io_manager, instance, model)
 
 
 def _onboard(instance, defs, model: str, selection: list[str] | None = None):
@@ -141,8 +157,8 @@ def test_stack_edit_marks_dependents_stale_and_revalidates_exactly_the_ready_mod
         assert request.tags["onboarding/stack_fingerprint"] == fp_after
         assert request.tags["onboarding/stale_assets"].split(",") == sorted(STACK_DEPENDENT)
         # the verdict before, in the readiness asset's words, as the checkpoint sensor tags it
-        assert request.tags["onboarding/ready_before"] == readiness_verdict(
-            instance, request.partition_key) != ""
+        assert request.tags["onboarding/ready_before"] == _verdict(
+            instance, defs, request.partition_key) != ""
 
     revalidation = defs.resolve_job_def("revalidate_model")
     assert "checkpoint" not in {k.to_user_string()
@@ -162,9 +178,12 @@ def test_an_onboarded_model_is_revalidated_whatever_its_readiness_verdict(
     _observe(instance, defs)
     for model in ("ready-a", "ready-b"):
         _onboard(instance, defs, model)
-    not_ready = "not ready on cpu: ttft_p95_s 4.1 > 2.0 (chat, concurrency 8)"
-    instance.report_runless_asset_event(dg.AssetMaterialization(
-        "readiness", partition="ready-b", metadata={"verdict": not_ready}))
+    # the verdict lives in the stored Readiness only (no metadata): before, the schedule read
+    # the `verdict` metadata and tagged this run "not judged yet"
+    verdict = Readiness("ready-b", False, reasons=("ttft_p95_s 4.1 > 2.0 (chat, concurrency 8)",))
+    store_readiness(instance, verdict)
+    not_ready = "not ready: ttft_p95_s 4.1 > 2.0 (chat, concurrency 8)"
+    assert verdict.summary() == not_ready
     _bump_vllm(config_dir, "0.33.0")
     _observe(instance, defs)
     requests = {r.partition_key: r for r in _schedule_tick(instance, defs).run_requests}
@@ -192,7 +211,8 @@ def test_a_revalidation_that_flips_the_gate_is_visible_in_metadata(instance, def
     ctx = dg.build_run_status_sensor_context(
         sensor_name=on_failure.name, dagster_instance=instance,
         dagster_run=run, dagster_event=failure.event_log_entry.dagster_event,
-        repository_def=defs.get_repository_def())
+        repository_def=defs.get_repository_def(),
+        resources={"io_manager": defs.resources["io_manager"]})
     on_failure(ctx)
 
     [obs] = instance.fetch_observations(dg.AssetKey("accuracy"), limit=1).records
@@ -262,3 +282,83 @@ def test_observe_before_onboarding_records_the_stack_once(instance, configs):
     assert obs.asset_observation.tags["dagster/data_version"] == fp == current_stack(configs)[0]
     assert observe_stack(instance, configs) == (fp, False)
     assert len(instance.fetch_observations(STACK, limit=5).records) == 1
+
+
+def _catalog_tick(instance, defs):
+    """A catalog_partitions_sensor tick, its observations and partitions applied in the
+    daemon's order (asset events first: dagster/_daemon/sensor.py)."""
+    ctx = dg.build_sensor_context(instance=instance, definitions=defs,
+                                  resources={"configs": defs.resources["configs"]})
+    data = catalog_partitions_sensor.evaluate_tick(ctx)
+    for event in data.asset_events or []:
+        instance.report_runless_asset_event(event)
+    for req in data.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(req.partitions_def_name, req.partition_keys)
+    return data
+
+
+SPEC_DEPENDENT = ["accuracy", "kserve_manifest", "load_timing", "quantized",
+                  "serving_benchmark", "serving_config", "serving_variant"]
+
+
+def test_the_real_stages_that_read_the_spec_depend_on_model_spec():
+    """The code location's own graph: every stage that reads a model's catalog entry names
+    model_spec in its decorator; checkpoint (its data version is what it fetched) and
+    published_variant (its content hash) do not."""
+    from pipelines.definitions import defs as real
+
+    graph = real.resolve_asset_graph()
+    assert spec_dependent(graph) == [
+        "accuracy", "kserve_manifest", "load_timing", "predictions", "quantized", "readiness",
+        "readiness_report", "served_accuracy", "serving_benchmark", "serving_config",
+        "serving_variant"]
+    for name in ("checkpoint", "published_variant"):
+        assert MODEL_SPEC not in graph.get(dg.AssetKey(name)).parent_keys, name
+    # onboarding and re-validation observe it first, as they observe the stack
+    for job in ("onboard_model", "revalidate_model"):
+        assert MODEL_SPEC in real.resolve_job_def(job).asset_layer.asset_graph.get_all_asset_keys()
+
+
+def test_editing_one_catalog_entry_marks_that_model_stale_and_revalidates_it_alone(
+        instance, defs, configs):
+    """Issue 27: the spec is a versioned per-partition input. Editing ready-a's eval tasks,
+    SLO overrides and engine args makes the next catalog tick record a new model_spec version
+    for ready-a only; Dagster's stale-status resolver then reports ready-a's spec-dependent
+    stages STALE and ready-b's FRESH, and the schedule asks re-validation of ready-a alone,
+    which makes it fresh again."""
+    assert spec_dependent(defs.resolve_asset_graph()) == SPEC_DEPENDENT
+    first = _catalog_tick(instance, defs)
+    assert sorted(e.partition for e in first.asset_events) == sorted(MODELS)
+    _observe(instance, defs)
+    for model in ("ready-a", "ready-b"):
+        _onboard(instance, defs, model)
+    versions = {e.partition: e.tags["dagster/data_version"] for e in first.asset_events}
+    for model in ("ready-a", "ready-b"):
+        [mat] = instance.fetch_materializations(dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey("kserve_manifest"), asset_partitions=[model]), limit=1).records
+        assert mat.asset_materialization.metadata["model_spec_version"].value == versions[model]
+        assert _status(instance, defs, "kserve_manifest", model) == StaleStatus.FRESH
+    assert _catalog_tick(instance, defs).skip_message.endswith("their specs recorded")
+    assert _schedule_tick(instance, defs).run_requests == []
+
+    write_spec(configs, "ready-a", "s3://models/ready-a/", eval_tasks=["arith", "mmlu_tiny"],
+               slo={"ttft_p95_s": 0.5}, engine_args={"max_model_len": 2048})
+    [obs] = _catalog_tick(instance, defs).asset_events
+    assert obs.partition == "ready-a"
+    assert obs.tags["dagster/data_version"] != versions["ready-a"]
+    for asset in SPEC_DEPENDENT:
+        assert _status(instance, defs, asset, "ready-a") == StaleStatus.STALE, asset
+        assert _status(instance, defs, asset, "ready-b") == StaleStatus.FRESH, asset
+    assert _status(instance, defs, "checkpoint", "ready-a") == StaleStatus.FRESH
+
+    [request] = _schedule_tick(instance, defs).run_requests
+    new = obs.tags["dagster/data_version"]
+    fp = current_stack(configs)[0]
+    assert request.partition_key == "ready-a"
+    assert request.run_key == f"revalidate-ready-a@{fp[:16]}+spec-{new[:12]}"
+    assert request.tags["onboarding/spec_version"] == new
+    assert request.tags["onboarding/stale_assets"].split(",") == SPEC_DEPENDENT
+    revalidation = defs.resolve_job_def("revalidate_model")
+    assert revalidation.execute_in_process(instance=instance, partition_key="ready-a").success
+    assert _status(instance, defs, "kserve_manifest", "ready-a") == StaleStatus.FRESH
+    assert _schedule_tick(instance, defs).run_requests == []

@@ -15,12 +15,13 @@ import yaml
 
 from assets.stack import current_stack
 from onboarding.common.errors import FetchError
+from onboarding.deploy.readiness import Readiness
 from onboarding.fetch.discovery import ScanCursor
 from pipelines.sensors import catalog_partitions_sensor, new_checkpoint_sensor
 from resources.config_files import ConfigFiles
 from resources.s3 import S3ObjectStore
 from tests.conftest import write_spec
-from tests.pipelines.automation_graph import build_defs
+from tests.pipelines.automation_graph import build_defs, store_readiness
 from tests.tiny_models import shard_names
 
 
@@ -56,7 +57,8 @@ class Ticker:
                  sensor=new_checkpoint_sensor):
         self.instance, self.sensor, self.cursor = instance, sensor, None
         self.defs = build_defs({"s3": s3_store}, configs=configs)
-        self.resources = {"s3": s3_store, "configs": configs}
+        self.resources = {"s3": s3_store, "configs": configs,
+                          "io_manager": self.defs.resources["io_manager"]}
 
     def __call__(self):
         ctx = dg.build_sensor_context(instance=self.instance, cursor=self.cursor,
@@ -319,13 +321,12 @@ def test_a_broken_catalog_file_is_reported_once_and_blocks_no_one(
 def test_a_new_checkpoint_of_a_judged_model_says_what_it_was_before(
         instance, watched, s3_store, tiny_checkpoint, sensor_configs):
     """A new upload of a model already judged: the run request carries that verdict, from the
-    `readiness` asset's latest materialization (the same words the report shows)."""
+    `readiness` asset's latest stored value (the same words the report shows)."""
     instance.add_dynamic_partitions("models", ["tiny-llama"])
-    instance.report_runless_asset_event(dg.AssetMaterialization(
-        asset_key="readiness", partition="tiny-llama",
-        metadata={"verdict": "not ready on h200: SLO missed at concurrency 32"}))
+    store_readiness(instance, Readiness("tiny-llama", False,
+                                        reasons=("h200: SLO missed at concurrency 32",)))
     tick = Ticker(instance, s3_store, sensor_configs)
     _upload(s3_store, tiny_checkpoint, watched + "tiny-llama/", _files(tiny_checkpoint))
     [run] = tick().run_requests
     assert run.tags["onboarding/ready_before"] == (
-        "not ready on h200: SLO missed at concurrency 32")
+        "not ready: h200: SLO missed at concurrency 32")
