@@ -129,12 +129,11 @@ def serving_config(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
                    accuracy: AccuracyReport | None, predictions: PredictionTable | None):
     spec = configs.spec(context.partition_key)
     nodes, stack = configs.nodes(), configs.stack()
-    template = configs.engine_templates()[stack.engine]
     result = build_plan(spec, nodes, checkpoint, serving_variant, _passed(accuracy))
     if predictions is not None:
         result = with_sla_choices(result, list(predictions.choices),
                                   configs.predict().plan_node_types)
-    splan = serving_plan(spec, result, nodes, stack, template)
+    splan = serving_plan(spec, result, nodes, stack)
     body = {"plan": result.to_dict(),
             "configs": {nt: {**c.content(), "hash": c.hash} for nt, c in splan.configs.items()}}
     path = write_atomic(outputs.manifests / spec.id / "serving_config.json",

@@ -20,8 +20,8 @@ from onboarding.files import write_atomic
 from onboarding.predict import Calibration, PredictionTable, calibrate_points, predict_model
 from onboarding.predict import model_config_for as config_for
 from onboarding.refs import CheckpointRef, VariantRef
-from onboarding.serving_config import resolve_slo
 from onboarding.serving_plots import calibration_png
+from onboarding.serving_profiles import resolve_slo
 from onboarding.tables import md_table
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.predictor import AIConfiguratorPredictor

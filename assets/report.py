@@ -39,7 +39,7 @@ from onboarding.report import (
     to_html,
     to_markdown,
 )
-from onboarding.serving_config import resolve_slo
+from onboarding.serving_profiles import resolve_slo
 from onboarding.variants import choose_precision
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.upstream import by_model, materialized_at, stored_value

@@ -26,14 +26,14 @@ from assets.quantize import not_applicable_check
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding.catalog import ModelSpec
-from onboarding.engine_config import ServingConfig
+from onboarding.engine_config import EngineConfig
 from onboarding.errors import ConfigError
 from onboarding.frontend import FRONTEND_ADVICE, FRONTEND_BOUND_CORES, FrontendSampler
 from onboarding.prompts import synthetic_prompts
 from onboarding.refs import CheckpointRef, VariantRef
-from onboarding.serving_config import Profile, check_fits, resolve_slo, scenarios_for
 from onboarding.serving_plan import ServingPlan, config_at_hand
 from onboarding.serving_plots import sweep_png
+from onboarding.serving_profiles import Profile, check_fits, resolve_slo, scenarios_for
 from onboarding.serving_stats import (
     LoadTimingResult,
     PointStats,
@@ -93,7 +93,7 @@ class Setup:
     profile: Profile
     slo: Slo
     variant: VariantRef | None  # None: nothing this engine can serve
-    config: ServingConfig | None
+    config: EngineConfig | None
     reason: str  # why the planned variant cannot be served here ("" when it can)
     note: str  # what a user is told about a substitution
 
@@ -179,7 +179,7 @@ def _unservable_metadata(engine: Engine, reason: str, configs: ConfigFiles) -> d
         "node": engine.resolved_node_name(),
         "reason": dg.MetadataValue.text(reason),
         "hardware": engine.resolved_hardware(),
-        "engine": engine.engine,
+        "engine": engine.kind(),
         "servable_precisions": dg.MetadataValue.json(engine.servable_precisions()),
         **stack_metadata(configs),
     }
@@ -195,7 +195,7 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
         "serving_precision": serving.precision,
         "substituted": dg.MetadataValue.text(setup.note or "no"),
         "hardware": engine.resolved_hardware(),
-        "engine": f"{engine.engine} {c.engine_version}",
+        "engine": f"{engine.kind()} {c.engine_version}",
         "node_type": engine.node_type,
         "node": engine.resolved_node_name(),
         "profile": setup.profile_name,

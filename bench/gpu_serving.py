@@ -399,7 +399,7 @@ def twins(args) -> int:
     from transformers import AutoTokenizer
 
     from assets.serving import _sweep
-    from onboarding.serving_config import resolve_slo
+    from onboarding.serving_profiles import resolve_slo
     from pipelines.executors import config_files
     from resources.engine import Engine
     from resources.loadgen import LoadGenerator

@@ -47,8 +47,8 @@ from onboarding.predict import (
     predict_model,
     prediction_to_dict,
 )
-from onboarding.serving_config import resolve_slo
 from onboarding.serving_plots import calibration_png
+from onboarding.serving_profiles import resolve_slo
 from onboarding.tables import md_table, splice_generated
 from resources.config_files import ConfigFiles
 from resources.predictor import AIConfiguratorPredictor

@@ -26,7 +26,7 @@ from onboarding.catalog import ModelSpec
 from onboarding.errors import OnboardingError
 from onboarding.refs import CheckpointRef, VariantRef
 from onboarding.served_accuracy import agreement
-from onboarding.serving_config import effective_max_model_len
+from onboarding.stack import effective_max_model_len
 from onboarding.variants import (
     SERVED,
     AccuracyRecord,

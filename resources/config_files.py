@@ -20,22 +20,20 @@ from onboarding.automation import AutomationConfig, Discovery, load_automation
 from onboarding.catalog import Catalog, ModelSpec, format_validation_error, read_catalog
 from onboarding.cluster import ClusterConfig, NodeType, load_cluster_config, load_node_type
 from onboarding.errors import ConfigError
-from onboarding.kserve import DeployConfig, Stack, load_deploy, load_stack
+from onboarding.kserve import DeployConfig, load_deploy
 from onboarding.layout import LayoutsConfig, check_references, load_layouts
 from onboarding.paths import DEFAULT_CONFIG_DIR, DEFAULT_DISCOVERED_DIR, PROJECT_ROOT
 from onboarding.plan import NodesConfig, load_nodes
 from onboarding.predict import PointsFile, PredictConfig, load_points, load_predict_config
 from onboarding.quantize_config import QuantizationConfig, load_quantization_config
-from onboarding.serving_config import (
-    EngineTemplate,
+from onboarding.serving_profiles import (
     Profile,
     SloSection,
-    load_engine_templates,
     load_profiles,
     load_slo_section,
     pick_profile,
 )
-from onboarding.stack import read_stack_config
+from onboarding.stack import Stack, load_stack, read_stack_config
 
 
 class ConfigFiles(dg.ConfigurableResource):
@@ -115,14 +113,14 @@ class ConfigFiles(dg.ConfigurableResource):
         path = self.path("scenarios.yaml")
         return name, pick_profile(load_profiles(path), name, str(path))
 
-    def engine_templates(self) -> dict[str, EngineTemplate]:
-        return load_engine_templates(self.path("stack.yaml"))
-
     def stack(self) -> Stack:
+        """stack.yaml, parsed once into the typed stack (versions, images, switches, every
+        engine's template); `.data` is the parsed file the fingerprint covers."""
         return load_stack(self.path("stack.yaml"))
 
     def stack_config(self) -> dict:
-        """stack.yaml as data, for its fingerprint."""
+        """stack.yaml parsed but not validated beyond `versions`, for its fingerprint (a stack
+        that renders nothing is still observed)."""
         return read_stack_config(self.path("stack.yaml"))
 
     def deploy(self) -> DeployConfig:

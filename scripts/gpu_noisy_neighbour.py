@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from onboarding.catalog import ArchitectureHint, ModelSpec
-from onboarding.kserve import load_deploy, load_stack
+from onboarding.kserve import load_deploy
 from onboarding.layout import Layout, layout_entries, load_layouts, plan_layout
 from onboarding.layout_render import render_layout, write_layout_files
 from onboarding.paths import DEFAULT_CONFIG_DIR
@@ -49,7 +49,8 @@ from onboarding.plan import (
     shape_from_checkpoint,
 )
 from onboarding.processes import reap_group
-from onboarding.serving_config import load_engine_templates, load_slo_section
+from onboarding.serving_profiles import load_slo_section
+from onboarding.stack import load_stack
 
 NODE = "h200x2"
 LAYOUT = "h200x2-pair"
@@ -93,8 +94,7 @@ def plan_pair(model_dir: Path, params_billion: float, context: int):
         raise SystemExit(f"the pair does not fit: {plan.reason}")
     rendered = render_layout(plan, specs, inputs, cfg, nodes,
                              load_stack(DEFAULT_CONFIG_DIR / "stack.yaml"),
-                             load_deploy(DEFAULT_CONFIG_DIR / "deploy.yaml"),
-                             load_engine_templates(DEFAULT_CONFIG_DIR / "stack.yaml")["vllm"])
+                             load_deploy(DEFAULT_CONFIG_DIR / "deploy.yaml"))
     return plan, rendered
 
 

@@ -17,7 +17,7 @@ from onboarding.layout import layout_entries, load_layouts, plan_layout
 from onboarding.layout_plot import layout_png
 from onboarding.paths import DEFAULT_CONFIG_DIR, PROJECT_ROOT
 from onboarding.plan import Measured, load_nodes, plan_inputs, shape_from_hint
-from onboarding.serving_config import load_slo_section
+from onboarding.serving_profiles import load_slo_section
 
 
 def main() -> int:

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from onboarding.errors import ConfigError
-from onboarding.kserve import load_stack
 from onboarding.paths import PROJECT_ROOT
+from onboarding.stack import load_stack
 
 STACK_YAML = PROJECT_ROOT / "configs" / "stack.yaml"
 

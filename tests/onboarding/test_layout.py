@@ -35,7 +35,7 @@ from onboarding.plan import (
     plan_inputs,
     shape_from_hint,
 )
-from onboarding.serving_config import load_slo_section
+from onboarding.serving_profiles import load_slo_section
 from onboarding.serving_stats import ServingBenchmarkResult
 from tests.conftest import assert_golden
 

@@ -7,23 +7,21 @@ import pytest
 from onboarding.catalog import parse_spec
 from onboarding.errors import ConfigError
 from onboarding.paths import PROJECT_ROOT
-from onboarding.serving_config import (
+from onboarding.serving_profiles import (
     Scenario,
     check_fits,
-    effective_max_model_len,
-    load_engine_templates,
     load_profiles,
     load_slo_section,
     resolve_slo,
-    servable,
 )
+from onboarding.stack import effective_max_model_len, load_stack, servable
 
 CONFIGS = PROJECT_ROOT / "configs"
 
 
 @pytest.fixture(scope="module")
 def templates():
-    return load_engine_templates(CONFIGS / "stack.yaml")
+    return load_stack(CONFIGS / "stack.yaml").templates
 
 
 def test_shipped_configs_parse(templates):
