@@ -71,7 +71,7 @@ def engine_literals(root: Path, names: list[str]) -> list[str]:
 
 
 def test_the_stack_lists_the_engines_the_scan_looks_for():
-    assert {"vllm", "sglang"} <= set(engine_names())
+    assert {"vllm", "sglang", "trtllm"} <= set(engine_names())
 
 
 def test_no_engine_name_is_written_in_code():
