@@ -97,14 +97,13 @@ def serving_config(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
                    accuracy: AccuracyReport | None, predictions: PredictionTable | None):
     spec = configs.spec(context.partition_key)
     nodes, stack = configs.nodes(), configs.stack()
-    template = configs.engine_templates()[stack.engine]
     result = build_plan(spec, nodes, checkpoint, serving_variant, _passed(accuracy))
     if predictions is not None:
         result = with_sla_choices(result, list(predictions.choices),
                                   configs.predict().plan_node_types)
-    splan = with_engine_choices(serving_plan(spec, result, nodes, stack, template), spec,
-                                configs.engine_templates(), configs.stack_config(),
-                                configs.engine_measurements(), stack.engine)
+    splan = with_engine_choices(serving_plan(spec, result, nodes, stack), spec, stack.templates,
+                                configs.stack_config(), configs.engine_measurements(),
+                                stack.engine)
     body = {"plan": result.to_dict(),
             "configs": {nt: {**c.content(), "hash": c.hash} for nt, c in splan.configs.items()},
             "engines": [c.row() for c in splan.engines]}

@@ -72,8 +72,7 @@ def plan_and_render(configs: ConfigFiles, upstream: dict[str, dict[str, Any]]
     plans = {name: plan_layout(name, layout, layout_entries(
         layout, specs, inputs, slos, upstream["serving_benchmark"]), cfg, nodes)
         for name, layout in cfg.layouts.items()}
-    rendered = {name: render_layout(p, specs, inputs, cfg, nodes, stack, deploy,
-                                    configs.engine_templates()[stack.engine])
+    rendered = {name: render_layout(p, specs, inputs, cfg, nodes, stack, deploy)
                 for name, p in plans.items() if p.feasible}
     return plans, rendered
 

@@ -28,7 +28,7 @@ from onboarding.predictions.predict import (
 )
 from onboarding.predictions.predict import model_config_for as config_for
 from onboarding.serving.plots import calibration_png
-from onboarding.serving.serving_config import resolve_slo
+from onboarding.serving.profiles import resolve_slo
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.predictor import AIConfiguratorPredictor
 

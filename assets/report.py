@@ -41,7 +41,7 @@ from onboarding.reports.pages import (
     to_html,
     to_markdown,
 )
-from onboarding.serving.serving_config import resolve_slo
+from onboarding.serving.profiles import resolve_slo
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.upstream import by_model, materialized_at, stored_value
 

@@ -92,7 +92,7 @@ def served_accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles,
         "not_served": dg.MetadataValue.json(report.not_served),
         "eval_seconds": dg.MetadataValue.json(report.eval_s),
         "hardware": engine.resolved_hardware(),
-        "engine": engine.engine,
+        "engine": engine.kind(),
         **stack_metadata(configs),
         **spec_metadata(spec),
     })

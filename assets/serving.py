@@ -34,11 +34,11 @@ from onboarding.fetch.catalog import ModelSpec
 from onboarding.fetch.twins import NO_WEIGHTS, NOT_A_WEIGHT_READ
 from onboarding.nodes.telemetry import point_columns
 from onboarding.quantize.variants import QuantizedSet
-from onboarding.serving.engine_config import ServingConfig
+from onboarding.serving.engine_config import EngineConfig
 from onboarding.serving.frontend import FRONTEND_ADVICE, FRONTEND_BOUND_CORES, FrontendSampler
 from onboarding.serving.plots import sweep_png
+from onboarding.serving.profiles import Profile, check_fits, resolve_slo, scenarios_for
 from onboarding.serving.prompts import synthetic_prompts
-from onboarding.serving.serving_config import Profile, check_fits, resolve_slo, scenarios_for
 from onboarding.serving.stats import (
     LoadTimingResult,
     PointStats,
@@ -94,7 +94,7 @@ class Setup:
     profile: Profile
     slo: Slo
     variant: VariantRef | None  # None: nothing this engine can serve
-    config: ServingConfig | None
+    config: EngineConfig | None
     reason: str  # why the planned variant cannot be served here ("" when it can)
     note: str  # what a user is told about a substitution
 
@@ -180,7 +180,7 @@ def _unservable_metadata(engine: Engine, reason: str, configs: ConfigFiles) -> d
         "node": engine.resolved_node_name(),
         "reason": dg.MetadataValue.text(reason),
         "hardware": engine.resolved_hardware(),
-        "engine": engine.engine,
+        "engine": engine.kind(),
         "servable_precisions": dg.MetadataValue.json(engine.servable_precisions()),
         **stack_metadata(configs),
     }
@@ -196,7 +196,7 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
         "serving_precision": serving.precision,
         "substituted": dg.MetadataValue.text(setup.note or "no"),
         "hardware": engine.resolved_hardware(),
-        "engine": f"{engine.engine} {c.engine_version}",
+        "engine": f"{engine.kind()} {c.engine_version}",
         "node_type": engine.node_type,
         "node": engine.resolved_node_name(),
         "profile": setup.profile_name,

@@ -15,7 +15,13 @@ from typing import Any
 import dagster as dg
 
 from onboarding.common.tables import md_table
-from onboarding.serving.stack import diff, fingerprint, observation_body, observe_node
+from onboarding.serving.stack import (
+    diff,
+    fingerprint,
+    fingerprint_packages,
+    observation_body,
+    observe_node,
+)
 from resources.config_files import ConfigFiles
 
 SERVING_STACK = dg.AssetKey("serving_stack")
@@ -27,7 +33,8 @@ def current_stack(configs: ConfigFiles) -> tuple[str, dict[str, Any]]:
     """(fingerprint, body) of the stack as this process sees it now."""
     config = configs.stack_config()
     observe = configs.automation().stack.observe_node
-    node = observe_node(configs.engine_python_path()) if observe else {}
+    node = observe_node(configs.engine_python_path(), fingerprint_packages(config)) \
+        if observe else {}
     return fingerprint(config, node), observation_body(config, node)
 
 

@@ -446,7 +446,7 @@ def twins(args) -> int:
     rep = Report(args.out, args.name or "twins")
     from assets.serving import run_sweep
     from onboarding.serving.frontend import FrontendSampler
-    from onboarding.serving.serving_config import resolve_slo
+    from onboarding.serving.profiles import resolve_slo
     from pipelines.resources import config_files
     from resources.engine import Engine
     from resources.loadgen import LoadGenerator

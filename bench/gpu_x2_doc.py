@@ -132,7 +132,7 @@ def configurations(cf, work: Path) -> dict[str, Any]:
 
     recorded = json.loads((RUN3 / "onboard-A.json").read_text())["assets"]
     nodes, stack = cf.nodes(), cf.stack()
-    template = cf.engine_templates()[stack.engine]
+    template = cf.stack().templates[stack.engine]
     out = {}
     for step, items in ITEMS.items():
         for item, twin, precision, tp in items:
@@ -166,7 +166,7 @@ def predictions(cf) -> dict[str, Any]:
         model_config_for,
         slo_verdict,
     )
-    from onboarding.serving.serving_config import resolve_slo
+    from onboarding.serving.profiles import resolve_slo
     from resources.predictor import AIConfiguratorPredictor, missing_reason
 
     if missing_reason():
@@ -208,7 +208,7 @@ def expect(args) -> int:
         cf = pinned_files(work)
         t = interconnect_setting(2).thresholds
         spec70 = cf.spec(TWIN_70B)
-        from onboarding.serving.serving_config import resolve_slo
+        from onboarding.serving.profiles import resolve_slo
 
         body = {
             "format": "issue26-expectations/1",
@@ -217,7 +217,7 @@ def expect(args) -> int:
                        "concurrency": CONCURRENCY,
                        "source": "bench/gpu_device.sh x2-twins / x2-tp defaults"},
             "slo": {**vars(resolve_slo(cf.slo_section(), "h200", spec70)),
-                    "source": "configs/gates.yaml slo, resolved by onboarding/serving/serving_config.py "
+                    "source": "configs/gates.yaml slo, resolved by onboarding/serving/profiles.py "
                               "resolve_slo for h200"},
             "plan": plan_section(cf, work),
             "configurations": configurations(cf, work),

@@ -49,7 +49,7 @@ from onboarding.predictions.predict import (
     prediction_to_dict,
 )
 from onboarding.serving.plots import calibration_png
-from onboarding.serving.serving_config import resolve_slo
+from onboarding.serving.profiles import resolve_slo
 from resources.config_files import ConfigFiles
 from resources.predictor import AIConfiguratorPredictor
 

@@ -74,7 +74,7 @@ def build_resources() -> dict[str, object]:
             engine="ENGINE_KIND", bin_dir="ENGINE_BIN_DIR", hardware="ENGINE_HARDWARE",
             node_type="ONBOARDING_NODE_TYPE", node_name="ONBOARDING_NODE_NAME",
             gpus="ENGINE_GPUS", log_dir="ENGINE_LOG_DIR"),
-            **_env_int(cpu_kvcache_space_gib="VLLM_CPU_KVCACHE_SPACE", port="ENGINE_PORT"),
+            **_env_int(cpu_kvcache_space_gib="ENGINE_CPU_KVCACHE_SPACE_GIB", port="ENGINE_PORT"),
             **({"start_timeout_s": float(os.environ["ENGINE_START_TIMEOUT_S"])}
                if os.environ.get("ENGINE_START_TIMEOUT_S") else {})),
         "loadgen": LoadGenerator(),

@@ -35,7 +35,7 @@ from onboarding.quantize.variants import (
     ServedAccuracyReport,
     variant_ref,
 )
-from onboarding.serving.serving_config import effective_max_model_len
+from onboarding.serving.stack import effective_max_model_len
 from resources.engine import Engine, RunningEngine
 from resources.evaluator import Evaluator
 

@@ -18,7 +18,7 @@ from onboarding.common.config import format_validation_error
 from onboarding.common.errors import ConfigError
 from onboarding.common.paths import DEFAULT_CONFIG_DIR, DEFAULT_DISCOVERED_DIR, PROJECT_ROOT
 from onboarding.deploy.engine_choice import Measurement, load_measurements
-from onboarding.deploy.kserve import DeployConfig, Stack, load_deploy, load_stack
+from onboarding.deploy.kserve import DeployConfig, load_deploy
 from onboarding.deploy.plan import NodesConfig, load_nodes
 from onboarding.fetch.catalog import Catalog, ModelSpec, read_catalog
 from onboarding.layouts.placement import LayoutsConfig, check_references, load_layouts
@@ -33,16 +33,14 @@ from onboarding.quantize.accuracy_gate import AccuracyGates, load_accuracy_gates
 from onboarding.quantize.config import QuantizationConfig, load_quantization_config
 from onboarding.runs.automation import AutomationConfig, Discovery, load_automation
 from onboarding.runs.cluster import ClusterConfig, NodeType, load_cluster_config, load_node_type
-from onboarding.serving.serving_config import (
-    EngineTemplate,
+from onboarding.serving.profiles import (
     Profile,
     SloSection,
-    load_engine_templates,
     load_profiles,
     load_slo_section,
     pick_profile,
 )
-from onboarding.serving.stack import read_stack_config
+from onboarding.serving.stack import Stack, load_stack, read_stack_config
 
 
 class ConfigFiles(dg.ConfigurableResource):
@@ -122,14 +120,14 @@ class ConfigFiles(dg.ConfigurableResource):
         path = self.path("scenarios.yaml")
         return name, pick_profile(load_profiles(path), name, str(path))
 
-    def engine_templates(self) -> dict[str, EngineTemplate]:
-        return load_engine_templates(self.path("stack.yaml"))
-
     def stack(self) -> Stack:
+        """stack.yaml, parsed once into the typed stack (versions, images, switches, every
+        engine's template); `.data` is the parsed file the fingerprint covers."""
         return load_stack(self.path("stack.yaml"))
 
     def stack_config(self) -> dict:
-        """stack.yaml as data, for its fingerprint."""
+        """stack.yaml parsed but not validated beyond `versions`, for its fingerprint (a stack
+        that renders nothing is still observed)."""
         return read_stack_config(self.path("stack.yaml"))
 
     def deploy(self) -> DeployConfig:

@@ -41,8 +41,8 @@ from onboarding.deploy.serving_plan import local_config
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.fetch.twins import DUMMY_LOAD_FORMAT
 from onboarding.serving import page_cache
-from onboarding.serving.engine_config import ServingConfig
-from onboarding.serving.serving_config import EngineTemplate, servable
+from onboarding.serving.engine_config import EngineConfig
+from onboarding.serving.stack import EngineTemplate, HardwareProfile, hardware_class, servable
 from onboarding.serving.stats import StartSample
 from resources.config_files import ConfigFiles
 
@@ -208,8 +208,8 @@ def visible_gpu_count() -> int:
 class Engine(dg.ConfigurableResource):
     """Starts the serving engine for one variant. Local and production differ in config only."""
 
-    engine: str = Field(default="vllm", description="template name in configs/stack.yaml engines "
-                        "(ENGINE_KIND)")
+    engine: str = Field(default="", description="template name in configs/stack.yaml engines; "
+                        "empty = the stack's own (images.engine) (ENGINE_KIND)")
     bin_dir: str = Field(default=str(PROJECT_ROOT / ".venv-engine" / "bin"),
                          description="directory holding the engine's executables "
                          "(ENGINE_BIN_DIR)")
@@ -222,7 +222,9 @@ class Engine(dg.ConfigurableResource):
                            "(ONBOARDING_NODE_NAME)")
     gpus: str = Field(default="", description="CUDA_VISIBLE_DEVICES for the engine, e.g. '0,1' "
                       "(ENGINE_GPUS)")
-    cpu_kvcache_space_gib: int = Field(default=2, description="VLLM_CPU_KVCACHE_SPACE")
+    cpu_kvcache_space_gib: int = Field(default=2, description="KV cache GiB on the CPU engine, "
+                                       "set through the cpu profile's kv_cache_space_env "
+                                       "(ENGINE_CPU_KVCACHE_SPACE_GIB)")
     port: int = Field(default=0, description="0 picks a free port on 127.0.0.1 (ENGINE_PORT)")
     start_timeout_s: float = Field(default=300.0, gt=0, description="ENGINE_START_TIMEOUT_S")
     log_dir: str = Field(default="", description="engine logs; empty = a temp directory "
@@ -233,18 +235,18 @@ class Engine(dg.ConfigurableResource):
                                         "templates) lives; default: the repository's configs/")
 
     def installed_version(self) -> str:
-        """The engine's version as installed next to `bin_dir` (pip metadata of the engine's
-        distribution), or `engine_version` when set."""
+        """The engine's version as installed next to `bin_dir` (pip metadata of the first of its
+        template's `distributions` installed), or `engine_version` when set."""
         if self.engine_version:
             return self.engine_version
         python = Path(self.bin_dir) / "python"
-        if not python.is_file():
+        dists = self.template().distributions
+        if not python.is_file() or not dists:
             return "unknown"
         code = ("import importlib.metadata as m, sys\n"
                 "for d in sys.argv[1:]:\n"
                 "    try:\n        print(m.version(d)); break\n"
                 "    except m.PackageNotFoundError:\n        pass\n")
-        dists = [self.engine, f"{self.engine}-cpu"]
         proc = subprocess.run([str(python), "-c", code, *dists], capture_output=True, text=True,
                               timeout=60, check=False)
         return proc.stdout.strip() or "unknown"
@@ -252,34 +254,38 @@ class Engine(dg.ConfigurableResource):
     def local(self, precision: str) -> dict[str, str]:
         """What `serving_plan` needs to know of the engine at hand."""
         return {"node_type": self.node_type, "hardware": self.resolved_hardware(),
-                "engine": self.engine, "engine_version": self.installed_version(),
+                "engine": self.kind(), "engine_version": self.installed_version(),
                 "precision": precision}
 
     def adhoc_config(self, variant: VariantRef, served_name: str,
-                     engine_args: dict[str, Any] | None = None) -> ServingConfig:
+                     engine_args: dict[str, Any] | None = None) -> EngineConfig:
         """A configuration for this engine outside any plan (client tests, evaluation runs):
         the hardware defaults and `engine_args`."""
         spec = ModelSpec(id=variant.model, source=f"s3://local/{variant.model}/",
                          served_name=served_name, engine_args=engine_args or {})
         return self.local_config(spec, variant.precision)
 
-    def local_config(self, spec: ModelSpec, precision: str) -> ServingConfig:
+    def local_config(self, spec: ModelSpec, precision: str) -> EngineConfig:
         """This engine's own configuration of `spec` at `precision` (`local_config`: the
         hardware defaults and the model's production parameters; one device)."""
-        return local_config(spec, self.template(), self.engine, self.installed_version(),
+        return local_config(spec, self.template(), self.kind(), self.installed_version(),
                             self.resolved_hardware(), self.node_type, precision)
 
     # ---- what this engine can serve ----
 
+    def kind(self) -> str:
+        """The engine's name: ENGINE_KIND, else the one stack.yaml's manifests run."""
+        return self.engine or (self.configs or ConfigFiles()).stack().engine
+
     def template(self) -> EngineTemplate:
         configs = self.configs or ConfigFiles()
-        templates = configs.engine_templates()
-        if self.engine not in templates:
-            raise EngineError(f"engine {self.engine!r}", f"no template in "
+        templates = configs.stack().templates
+        if self.kind() not in templates:
+            raise EngineError(f"engine {self.kind()!r}", f"no template in "
                               f"{configs.path('stack.yaml')} (known: "
                               f"{', '.join(sorted(templates))})",
                               "Set ENGINE_KIND to a known engine or add its template.")
-        return templates[self.engine]
+        return templates[self.kind()]
 
     def resolved_node_name(self) -> str:
         """The node whose acceptance the measurements here rely on."""
@@ -302,14 +308,14 @@ class Engine(dg.ConfigurableResource):
 
     def can_serve(self, precision: str) -> tuple[bool, str]:
         hw = self.resolved_hardware()
-        return servable(self.template(), self.engine, hw, precision)
+        return servable(self.template(), self.kind(), hw, precision)
 
     def servable_precisions(self) -> list[str]:
         return list(self.template().serves.get(self.resolved_hardware(), []))
 
     # ---- load timing ----
 
-    def time_starts(self, variant: VariantRef, config: ServingConfig,
+    def time_starts(self, variant: VariantRef, config: EngineConfig,
                     repeats: Mapping[str, int], start_timeout_s: float | None = None,
                     log: Any = None) -> tuple[list[StartSample], page_cache.RawRead]:
         """Starts of each kind (serving_stats.START_KINDS), in that order.
@@ -359,7 +365,7 @@ class Engine(dg.ConfigurableResource):
     # ---- starting ----
 
     @contextlib.contextmanager
-    def serve(self, variant: VariantRef, config: ServingConfig | str,
+    def serve(self, variant: VariantRef, config: EngineConfig | str,
               engine_args: dict[str, Any] | None = None,
               start_timeout_s: float | None = None,
               cache_dir: Path | None = None) -> Iterator[RunningEngine]:
@@ -369,7 +375,7 @@ class Engine(dg.ConfigurableResource):
             config = self.adhoc_config(variant, config, engine_args)
         template = self.template()
         hw = self.resolved_hardware()
-        ok, reason = servable(template, self.engine, hw, variant.precision)
+        ok, reason = servable(template, self.kind(), hw, variant.precision)
         if not ok:
             raise EngineError(f"{variant.model} ({variant.precision})", reason,
                               "Serve a precision this hardware supports, or run on a node "
@@ -394,8 +400,9 @@ class Engine(dg.ConfigurableResource):
         env = {**os.environ, **config.env}
         if cache_dir is not None:  # compile/kernel caches there; None: the engine's defaults
             env.update({name: str(cache_dir / sub) for name, sub in template.cache_env.items()})
-        if hw == "cpu":
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cpu_kvcache_space_gib)
+        space_env = template.hardware.get(hardware_class(hw), HardwareProfile()).kv_cache_space_env
+        if hw == "cpu" and space_env:
+            env[space_env] = str(self.cpu_kvcache_space_gib)
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus
         log_root = Path(self.log_dir) if self.log_dir else Path(tempfile.gettempdir())
@@ -426,8 +433,8 @@ class Engine(dg.ConfigurableResource):
                     template: EngineTemplate, t0: float, timeout_s: float) -> None:
         """Poll until a real completion succeeds. `timeout_s` is the whole budget: every probe
         is bounded by what is left of it, so a hung engine fails at its deadline."""
-        what = f"{self.engine} serving {running.served_name} on port {running.port}"
-        pattern = re.compile(template.weights_loaded_pattern)
+        what = f"{self.kind()} serving {running.served_name} on port {running.port}"
+        pattern = re.compile(template.weights_loaded_pattern or r"(?!)")  # None: never
         health_url = running.base_url + template.health_path
         phases = running.phases
         offset = 0

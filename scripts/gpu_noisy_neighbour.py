@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from onboarding.common.paths import DEFAULT_CONFIG_DIR
 from onboarding.common.processes import reap_group
-from onboarding.deploy.kserve import load_deploy, load_stack
+from onboarding.deploy.kserve import load_deploy
 from onboarding.deploy.plan import (
     Measured,
     load_nodes,
@@ -49,7 +49,8 @@ from onboarding.deploy.plan import (
 from onboarding.fetch.catalog import ArchitectureHint, ModelSpec
 from onboarding.layouts.placement import Layout, layout_entries, load_layouts, plan_layout
 from onboarding.layouts.render import render_layout, write_layout_files
-from onboarding.serving.serving_config import load_engine_templates, load_slo_section
+from onboarding.serving.profiles import load_slo_section
+from onboarding.serving.stack import load_stack
 
 NODE = "h200x2"
 LAYOUT = "h200x2-pair"
@@ -93,8 +94,7 @@ def plan_pair(model_dir: Path, params_billion: float, context: int):
         raise SystemExit(f"the pair does not fit: {plan.reason}")
     rendered = render_layout(plan, specs, inputs, cfg, nodes,
                              load_stack(DEFAULT_CONFIG_DIR / "stack.yaml"),
-                             load_deploy(DEFAULT_CONFIG_DIR / "deploy.yaml"),
-                             load_engine_templates(DEFAULT_CONFIG_DIR / "stack.yaml")["vllm"])
+                             load_deploy(DEFAULT_CONFIG_DIR / "deploy.yaml"))
     return plan, rendered
 
 

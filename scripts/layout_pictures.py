@@ -17,7 +17,7 @@ from onboarding.deploy.plan import Measured, load_nodes, plan_inputs, shape_from
 from onboarding.fetch.catalog import load_catalog
 from onboarding.layouts.placement import layout_entries, load_layouts, plan_layout
 from onboarding.layouts.plot import layout_png
-from onboarding.serving.serving_config import load_slo_section
+from onboarding.serving.profiles import load_slo_section
 
 
 def main() -> int:

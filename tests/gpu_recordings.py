@@ -27,7 +27,7 @@ from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import CheckpointRef, PublishedVariant, VariantRef
 from onboarding.common.tables import read_md_table
 from onboarding.quantize.variants import AccuracyReport, GateOutcome
-from onboarding.serving.serving_config import resolve_slo
+from onboarding.serving.profiles import resolve_slo
 from onboarding.serving.stats import (
     LoadTimingResult,
     PointStats,
@@ -184,8 +184,11 @@ def configs_at_run(target: Path) -> Path:
     # The run's stack.yaml named its images by hand (Blackwell with the -cu130 suffix vLLM
     # stopped publishing at 0.20); images now follow versions.vllm through the repository's tag
     # rule (issue 23), the only part of the run's stack.yaml not laid over as it was.
+    # Only the rules of the engines the run had templates for: an engine added since (issue
+    # 27's third) was not part of that stack.
     stack = yaml.safe_load((target / "stack.yaml").read_text())
-    stack["images"] = yaml.safe_load((PROJECT_ROOT / "configs" / "stack.yaml").read_text())[
-        "images"]
+    images = yaml.safe_load((PROJECT_ROOT / "configs" / "stack.yaml").read_text())["images"]
+    stack["images"] = {k: v for k, v in images.items()
+                       if k in ("engine", "cuda_major") or k in stack["engines"]}
     (target / "stack.yaml").write_text(yaml.safe_dump(stack, sort_keys=False))
     return target

@@ -18,7 +18,7 @@ from typing import Any
 
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import CheckpointRef, PublishedVariant, VariantRef
-from onboarding.deploy.kserve import load_deploy, load_stack
+from onboarding.deploy.kserve import load_deploy
 from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
 from onboarding.deploy.readiness import ManifestFacts, judge
 from onboarding.deploy.serving_plan import ServingPlan, serving_plan
@@ -26,13 +26,13 @@ from onboarding.fetch.catalog import load_catalog
 from onboarding.predictions.predict import prediction_from_dict, tabulate
 from onboarding.quantize.accuracy_gate import load_accuracy_gates
 from onboarding.quantize.variants import AccuracyReport, GateOutcome, QuantizedSet, QuantizedVariant
-from onboarding.serving.serving_config import load_engine_templates, load_slo_section, resolve_slo
+from onboarding.serving.profiles import load_slo_section, resolve_slo
+from onboarding.serving.stack import load_stack
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
 CONFIGS = PROJECT_ROOT / "configs"
 NODES = load_nodes(CONFIGS / "nodes.yaml")
 STACK = load_stack(CONFIGS / "stack.yaml")
-TEMPLATES = load_engine_templates(CONFIGS / "stack.yaml")
 CATALOG = load_catalog(CONFIGS / "models")
 GATES = load_accuracy_gates(CONFIGS / "gates.yaml")
 SLOS = load_slo_section(CONFIGS / "gates.yaml")
@@ -127,7 +127,7 @@ def _splan(model: str, variant: VariantRef) -> ServingPlan:
                         variant_weight_bytes=variant.weight_bytes)
     p = plan(plan_inputs(spec, NODES, shape_from_hint(spec.architecture, f"catalog {model}"),
                          measured), NODES)
-    return serving_plan(spec, p, NODES, STACK, TEMPLATES[STACK.engine])
+    return serving_plan(spec, p, NODES, STACK)
 
 
 def _predictions(model: str):

@@ -23,7 +23,7 @@ from typing import Any
 from onboarding.common.errors import ConfigError
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.serving.engine_config import ConfigInputs, ServingConfig, build_config
-from onboarding.serving.serving_config import EngineTemplate, servable
+from onboarding.serving.stack import EngineTemplate, servable
 
 # The plan's numbers a configuration carries into another engine's template (the template's
 # hardware defaults and the model's production parameters are each engine's own).
@@ -156,7 +156,7 @@ def choose_engine(node_type: str, candidates: Mapping[str, ServingConfig],
 def engine_images(stack_data: Mapping[str, Any], engine: str, version: str) -> dict[str, str]:
     """Per GPU architecture, the serving image stack.yaml's tag rule gives `engine` at
     `version` (any engine with a rule, not only `images.engine`)."""
-    from onboarding.deploy.kserve import ImagesConfig
+    from onboarding.serving.stack import ImagesConfig
 
     return ImagesConfig.model_validate(stack_data["images"]).per_arch(engine, version)
 

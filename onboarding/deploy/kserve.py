@@ -11,32 +11,29 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import math
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field
 
-from onboarding.common.config import StrictConfig, load_config_file, load_yaml, validate_config
+from onboarding.common.config import StrictConfig, load_config_file
 from onboarding.common.errors import ConfigError
 from onboarding.common.names import to_dns1123_label
 from onboarding.deploy.plan import GIB, DeploymentPlan, NodePlan, NodeType
 from onboarding.fetch.catalog import ModelSpec
-from onboarding.serving.engine_config import SECRET_NAME, Evidence, ServingConfig
+from onboarding.serving.engine_config import SECRET_NAME, EngineConfig, Evidence
+from onboarding.serving.stack import EngineSwitch, Stack
 
 LABEL_PREFIX = "model-onboarding.io"
 ISVC_NAME_MAX = 45  # KServe appends "-predictor" (and Knative a revision) within 63
 RUNTIME_CONTAINER = "kserve-container"
 SHM_VOLUME = "dshm"
 MODEL_DIR = "/mnt/models"  # where KServe puts the model for the runtime
-Engine = Literal["vllm", "sglang"]
 # KServe 0.16 renamed RawDeployment to Standard and Serverless to Knative; both are accepted in
 # deploy.yaml and rendered in the spelling of the KServe version in stack.yaml.
 DeploymentMode = Literal["Standard", "RawDeployment", "Knative", "Serverless"]
@@ -97,7 +94,7 @@ class GatewayConfig(StrictConfig):
     one's wait (LiteLLM proxy docs, "Timeouts"): both from what was measured at the target
     concurrency, x margin; a route nothing measured gets the labelled default."""
 
-    provider: str = "hosted_vllm"
+    provider: str = "openai"  # LiteLLM's generic OpenAI-compatible one; deploy.yaml names its own
     cluster_domain: str = "svc.cluster.local"
     routing_strategy: str = "simple-shuffle"
     timeout_margin: float = Field(default=1.5, ge=1.0)
@@ -141,7 +138,9 @@ class DeployConfig(StrictConfig):
     probes: ProbeConfig
     shm_gib_per_gpu: int = Field(ge=1)
     container_port: int = Field(ge=1, le=65535)
-    metrics_path: str = Field(pattern=r"^/")
+    # None: the engine template's metrics.path (configs/stack.yaml), where that engine serves
+    # Prometheus text; set only to override it (e.g. behind a sidecar).
+    metrics_path: str | None = Field(default=None, pattern=r"^/")
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     # false: a node type whose configuration was never measured gets no manifest (only why)
     render_unmeasured: bool = True
@@ -150,199 +149,6 @@ class DeployConfig(StrictConfig):
     # configuration, beside the InferenceService
     llm_inference_service_node_types: list[str] = Field(default_factory=list)
     ephemeral_storage: EphemeralStorageConfig = Field(default_factory=EphemeralStorageConfig)
-
-
-def pep440_specifier(v: str) -> str:
-    """A `versions:` field of stack.yaml, checked once for every kind of entry that has one."""
-    try:
-        SpecifierSet(v)
-    except InvalidSpecifier:
-        raise ValueError(f"{v!r} is not a PEP 440 version specifier (e.g. '>=0.32')") from None
-    return v
-
-
-class EngineSwitch(StrictConfig):
-    """Engine env variables and flags set only where every stated condition holds.
-
-    `versions` (a PEP 440 specifier over `versions.<engine>`) keys a switch to the engine
-    releases that know it: switches move between releases (vLLM's seed-era
-    `VLLM_USE_FLASHINFER_MOE_FP4=1` is `--moe-backend` in current vLLM)."""
-
-    engine: Engine
-    versions: str = Field(description="PEP 440 specifier, e.g. '>=0.32'")
-    env: dict[str, str] = Field(default_factory=dict)
-    args: list[str] = Field(default_factory=list)
-    why: str
-    precisions: list[str] | None = None
-    moe: bool | None = None
-    archs: list[str] | None = None
-    # A kernel choice (a MoE/attention backend the engine would otherwise pick itself, with its
-    # own fallbacks) applies only where `pinned` says why: the configuration was benchmarked
-    # with it, or a reason to force it. Unpinned, the engine's `auto` stays (issue 23).
-    kernel_choice: bool = False
-    pinned: str | None = None
-
-    @field_validator("pinned")
-    @classmethod
-    def _pinned_says_why(cls, v: str | None) -> str | None:
-        if v is not None and not v.strip():
-            raise ValueError("pinned: say why the kernel is forced (the benchmark at which "
-                             "configuration, or the reason), or leave pinned out")
-        return v
-
-    @field_validator("versions")
-    @classmethod
-    def _specifier(cls, v: str) -> str:
-        return pep440_specifier(v)
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in v if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", k)]
-        if bad:
-            raise ValueError(f"not environment variable names: {bad}")
-        return v
-
-    @model_validator(mode="after")
-    def _does_something(self) -> EngineSwitch:
-        if not self.env and not self.args:
-            raise ValueError("a switch sets at least one env variable or argument")
-        return self
-
-    def applies(self, engine: str, version: str, precision: str, moe: bool, arch: str) -> bool:
-        return (self.engine == engine
-                and (not self.kernel_choice or self.pinned is not None)
-                and SpecifierSet(self.versions).contains(version, prereleases=True)
-                and (self.precisions is None or precision in self.precisions)
-                and (self.moe is None or self.moe == moe)
-                and (self.archs is None or arch in self.archs))
-
-
-class TagRule(StrictConfig):
-    """The tags one range of engine releases publishes, per CUDA major: `{version}` is filled."""
-
-    versions: str = Field(description="PEP 440 specifier over versions.<engine>")
-    cuda: dict[int, str] = Field(min_length=1)
-
-    @field_validator("versions")
-    @classmethod
-    def _specifier(cls, v: str) -> str:
-        return pep440_specifier(v)
-
-    @field_validator("cuda")
-    @classmethod
-    def _templates_carry_the_version(cls, v: dict[int, str]) -> dict[int, str]:
-        bad = [t for t in v.values() if "{version}" not in t]
-        if bad:
-            raise ValueError(f"tag templates {bad} do not carry {{version}}")
-        return v
-
-
-class EngineImages(StrictConfig):
-    repository: str = Field(pattern=r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+$")
-    tags: list[TagRule] = Field(min_length=1)
-
-    def image(self, engine: str, version: str, cuda_major: int) -> str:
-        """The image of `version` built for `cuda_major`: the first rule whose range holds it;
-        refused when that release publishes no build for that CUDA major."""
-        for rule in self.tags:
-            if SpecifierSet(rule.versions).contains(version, prereleases=True):
-                if cuda_major not in rule.cuda:
-                    raise ValueError(
-                        f"images.{engine}: {engine} {version} publishes no CUDA {cuda_major} "
-                        f"build (its tags: {sorted(rule.cuda)} only, rule {rule.versions!r})")
-                return f"{self.repository}:{rule.cuda[cuda_major].format(version=version)}"
-        raise ValueError(f"images.{engine}: no tag rule covers {engine} {version}")
-
-
-# Blackwell (sm100 B200, sm103 B300) runs the CUDA 13 builds of the pinned stack: PyTorch and
-# FlashInfer's SM100/SM103 kernels in it are built for cu130 (issue 23).
-_MIN_CUDA_MAJOR = {"sm100": 13, "sm103": 13}
-
-
-class ImagesConfig(StrictConfig):
-    """Serving images by rule, not by hand: repository + tag template per engine release range
-    and CUDA major, and the CUDA major each GPU architecture runs (tests/deploy/
-    test_image_rule.py cites the registries' tag conventions)."""
-
-    engine: Engine
-    cuda_major: dict[str, int] = Field(min_length=1)
-    vllm: EngineImages | None = None
-    sglang: EngineImages | None = None
-
-    @field_validator("cuda_major")
-    @classmethod
-    def _blackwell_needs_cuda13(cls, v: dict[str, int]) -> dict[str, int]:
-        for arch, low in _MIN_CUDA_MAJOR.items():
-            if arch in v and v[arch] < low:
-                raise ValueError(f"images.cuda_major.{arch}: {v[arch]}; {arch} needs the CUDA "
-                                 f"{low} build of the stack")
-        return v
-
-    def per_arch(self, engine: str, version: str) -> dict[str, str]:
-        rules = getattr(self, engine)
-        if rules is None:
-            raise ValueError(f"images.{engine}: no repository and tag rule")
-        return {arch: rules.image(engine, version, major)
-                for arch, major in self.cuda_major.items()}
-
-
-class _StackSections(BaseModel):
-    """The sections of stack.yaml rendering reads; other sections belong to other stages."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-    versions: dict[str, str]
-    images: ImagesConfig
-    engine_switches: list[EngineSwitch] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _rule_covers_the_engine(self) -> _StackSections:
-        engine = self.images.engine
-        if engine not in self.versions:
-            raise ValueError(f"versions.{engine}: missing; images.engine names it")
-        for name in ("vllm", "sglang"):  # every engine's rule, not only the one rendered
-            if name == engine or (getattr(self.images, name) and name in self.versions):
-                self.images.per_arch(name, self.versions[name])
-        return self
-
-
-@dataclass(frozen=True)
-class Stack:
-    engine: Engine
-    engine_version: str
-    images: dict[str, str]  # arch -> image of `engine`
-    switches: tuple[EngineSwitch, ...]
-    fingerprint: str  # first 12 hex of sha256 over the canonical stack.yaml
-    kserve_version: str = "0.16.0"
-
-    def switches_for(self, precision: str, moe: bool, arch: str) -> list[EngineSwitch]:
-        return [s for s in self.switches
-                if s.applies(self.engine, self.engine_version, precision, moe, arch)]
-
-
-def stack_fingerprint(data: Any) -> str:
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
-
-
-@lru_cache(maxsize=8)
-def _load_stack(path: Path, mtime_ns: int) -> Stack:
-    data = load_yaml(path)
-    sections = validate_config(_StackSections, data, path, path,
-                               "Fix the versions:/images:/engine_switches: sections of "
-                               "stack.yaml.")
-    engine = sections.images.engine
-    version = sections.versions[engine]
-    return Stack(engine=engine, engine_version=version,
-                 images=sections.images.per_arch(engine, version),
-                 switches=tuple(sections.engine_switches), fingerprint=stack_fingerprint(data),
-                 kserve_version=sections.versions.get("kserve", "0.16.0"))
-
-
-def load_stack(path: Path) -> Stack:
-    if not path.is_file():
-        raise ConfigError(str(path), "does not exist", "Restore configs/stack.yaml.")
-    return _load_stack(path, path.stat().st_mtime_ns)
 
 
 def load_deploy(path: Path) -> DeployConfig:
@@ -624,7 +430,7 @@ class RenderInputs:
     node: NodeType
     stack: Stack
     deploy: DeployConfig
-    config: ServingConfig
+    config: EngineConfig
     evidence: Evidence
     storage: Storage
     # node types whose manifests deploy this same published variant from a node cache: one
@@ -700,14 +506,27 @@ class Rendered:
     published: bool = False
 
 
-def runtime_name(config: ServingConfig) -> str:
+def runtime_name(config: EngineConfig) -> str:
     digest = hashlib.sha256(config.image.encode()).hexdigest()[:6]
     return to_dns1123_label(f"{config.engine}-{config.engine_version}-{config.hardware}-{digest}")
 
 
-def render_servingruntime(config: ServingConfig, stack: Stack, cfg: DeployConfig
+def metrics_path(config: EngineConfig, stack: Stack, cfg: DeployConfig) -> str:
+    """Where the pod's engine serves Prometheus text: deploy.yaml's override, else its
+    template's."""
+    if cfg.metrics_path:
+        return cfg.metrics_path
+    template = stack.templates.get(config.engine)
+    if template is None:
+        raise ConfigError(f"configuration {config.hash}: engine {config.engine!r}",
+                          "has no template in stack.yaml engines",
+                          "Re-materialize serving_config with the current stack.yaml.")
+    return template.metrics.path
+
+
+def render_servingruntime(config: EngineConfig, stack: Stack, cfg: DeployConfig
                           ) -> dict[str, Any]:
-    return {
+    runtime = {
         "apiVersion": "serving.kserve.io/v1alpha1",
         "kind": "ServingRuntime",
         "metadata": {
@@ -723,7 +542,7 @@ def render_servingruntime(config: ServingConfig, stack: Stack, cfg: DeployConfig
         },
         "spec": {
             "annotations": {"prometheus.kserve.io/port": str(cfg.container_port),
-                            "prometheus.kserve.io/path": cfg.metrics_path},
+                            "prometheus.kserve.io/path": metrics_path(config, stack, cfg)},
             "supportedModelFormats": [{"name": config.engine, "version": "1",
                                        "autoSelect": False}],
             "multiModel": False,
@@ -737,6 +556,10 @@ def render_servingruntime(config: ServingConfig, stack: Stack, cfg: DeployConfig
             }],
         },
     }
+    if config.never_measured:
+        runtime["metadata"]["annotations"] = {f"{LABEL_PREFIX}/engine-measured":
+                                              config.never_measured}
+    return runtime
 
 
 def _model(ri: RenderInputs, startup: StartupProbePlan) -> dict[str, Any]:
@@ -838,6 +661,8 @@ def _annotations(ri: RenderInputs, node: NodePlan, startup: StartupProbePlan,
             for s in switches)
     if ri.config.notes:
         annotations[f"{LABEL_PREFIX}/configuration-notes"] = "; ".join(ri.config.notes)
+    if ri.config.never_measured:
+        annotations[f"{LABEL_PREFIX}/engine-measured"] = ri.config.never_measured
     return annotations
 
 
@@ -875,7 +700,8 @@ def render(ri: RenderInputs) -> Rendered:
         "maxReplicas": cfg.replicas.max,
         "serviceAccountName": cfg.service_account,
         "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port":
-                        str(cfg.container_port), "prometheus.io/path": cfg.metrics_path},
+                        str(cfg.container_port),
+                        "prometheus.io/path": metrics_path(c, stack, cfg)},
         "nodeSelector": {"nvidia.com/gpu.product": node_t.gpu_product},
         "tolerations": _tolerations(node_t),
         "model": _model(ri, startup),
@@ -927,7 +753,7 @@ def render(ri: RenderInputs) -> Rendered:
                     ri.storage.published)
 
 
-def render_llm_inference_service(ri: RenderInputs, isvc: dict[str, Any], c: ServingConfig
+def render_llm_inference_service(ri: RenderInputs, isvc: dict[str, Any], c: EngineConfig
                                  ) -> dict[str, Any]:
     """KServe's LLMInferenceService (v1alpha2, the llm-d path) of exactly the configuration the
     InferenceService runs: the same image, args, env, resources, probes, node selection, the

@@ -1,5 +1,5 @@
 """The serving plan of one model: the memory plan per node type and, for each node type that can
-serve it, the one ServingConfig that is measured and deployed there.
+serve it, the one EngineConfig that is measured and deployed there.
 
 Also the configuration of the engine at hand when its node type is not a planned one (the
 embedded CPU engine), and the evidence a manifest carries: what was measured at which
@@ -24,7 +24,6 @@ from onboarding.deploy.kserve import (
     Rendered,
     RenderInputs,
     Route,
-    Stack,
     render,
     source_precision,
     storage_for,
@@ -32,8 +31,14 @@ from onboarding.deploy.kserve import (
 from onboarding.deploy.plan import DeploymentPlan, NodesConfig
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.fetch.twins import NOT_READY
-from onboarding.serving.engine_config import ConfigInputs, ServingConfig, build_config, evidence
-from onboarding.serving.serving_config import EngineTemplate
+from onboarding.serving.engine_config import (
+    ConfigInputs,
+    EngineConfig,
+    ServingConfig,
+    build_config,
+    evidence,
+)
+from onboarding.serving.stack import EngineTemplate, Stack
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
 LOCAL_IMAGE = "local"
@@ -44,13 +49,13 @@ class ServingPlan:
     """What `serving_config` stores: the plan, and a configuration per servable node type."""
 
     plan: DeploymentPlan
-    configs: dict[str, ServingConfig]  # node type -> configuration
+    configs: dict[str, EngineConfig]  # node type -> configuration
     skipped: dict[str, str] = field(default_factory=dict)  # node type -> why no configuration
     # which engine serves each configured node type, and why (issue 29); a tuple, so that a
     # plan stored before it existed reads back with none
     engines: tuple[EngineChoice, ...] = ()
 
-    def config(self, node_type: str) -> ServingConfig | None:
+    def config(self, node_type: str) -> EngineConfig | None:
         return self.configs.get(node_type)
 
     def engine_choice(self, node_type: str) -> EngineChoice | None:
@@ -58,8 +63,9 @@ class ServingPlan:
 
 
 def planned_config(spec: ModelSpec, plan: DeploymentPlan, node_type: str, nodes: NodesConfig,
-                   stack: Stack, template: EngineTemplate) -> ServingConfig:
-    """The configuration the plan gives a (feasible) node type, in the stack's engine."""
+                   stack: Stack) -> EngineConfig:
+    """The configuration the plan gives a (feasible) node type, in the stack's engine (its
+    template: `stack.template`)."""
     node, node_t, inputs = plan.node(node_type), nodes.node_types[node_type], plan.inputs
     switches = stack.switches_for(node.precision, inputs.shape.moe, node_t.arch)
     planned: dict[str, Any] = {"max_model_len": inputs.context_tokens,
@@ -67,7 +73,7 @@ def planned_config(spec: ModelSpec, plan: DeploymentPlan, node_type: str, nodes:
                                "gpu_memory_utilization": inputs.gpu_memory_utilization}
     if inputs.kv_cache_dtype:
         planned["kv_cache_dtype"] = inputs.kv_cache_dtype
-    return build_config(template, ConfigInputs(
+    return build_config(stack.template, ConfigInputs(
         spec=spec, node_type=node_type, hardware=node_t.arch, engine=stack.engine,
         engine_version=stack.engine_version, image=stack.images.get(node_t.arch, "missing"),
         precision=node.precision, tensor_parallel=node.tensor_parallel, planned=planned,
@@ -76,7 +82,7 @@ def planned_config(spec: ModelSpec, plan: DeploymentPlan, node_type: str, nodes:
 
 
 def local_config(spec: ModelSpec, template: EngineTemplate, engine: str, engine_version: str,
-                 hardware: str, node_type: str, precision: str) -> ServingConfig:
+                 hardware: str, node_type: str, precision: str) -> EngineConfig:
     """The engine at hand on a node type nothing plans (the CPU build): its hardware defaults
     and the model's production parameters; one device."""
     return build_config(template, ConfigInputs(
@@ -103,14 +109,13 @@ def with_sla_choices(plan: DeploymentPlan, choices: list[Any], node_types: list[
     return dataclasses.replace(plan, nodes=tuple(nodes))
 
 
-def serving_plan(spec: ModelSpec, plan: DeploymentPlan, nodes: NodesConfig, stack: Stack,
-                 template: EngineTemplate) -> ServingPlan:
+def serving_plan(spec: ModelSpec, plan: DeploymentPlan, nodes: NodesConfig, stack: Stack
+                 ) -> ServingPlan:
     """Every feasible node type's configuration, and why the others have none."""
     configs, skipped = {}, {}
     for node in plan.nodes:
         if node.feasible:
-            configs[node.node_type] = planned_config(spec, plan, node.node_type, nodes, stack,
-                                                     template)
+            configs[node.node_type] = planned_config(spec, plan, node.node_type, nodes, stack)
         else:
             skipped[node.node_type] = node.reason
     return ServingPlan(plan, configs, skipped)
@@ -136,7 +141,7 @@ def with_engine_choices(splan: ServingPlan, spec: ModelSpec,
 
 
 def config_at_hand(splan: ServingPlan, spec: ModelSpec, template: EngineTemplate,
-                   local: dict[str, str]) -> ServingConfig:
+                   local: dict[str, str]) -> EngineConfig:
     """The configuration the engine at hand starts: the plan's for its node type when it runs
     that precision on that hardware (with the installed engine version: when that differs from
     the stack's, the hash differs too, so no manifest claims the measurement); else the local
@@ -157,7 +162,7 @@ def config_at_hand(splan: ServingPlan, spec: ModelSpec, template: EngineTemplate
                                               "gpu_memory_utilization", "kv_cache_dtype")
                  if k in base.params},
         switch_args=base.switch_args,
-        switch_env={k: v for k, v in base.env.items() if k not in template.env}))
+        switch_env={k: v for k, v in base.env.items() if k not in template.base_env}))
 
 
 def render_targets(spec: ModelSpec, splan: ServingPlan, nodes: NodesConfig, stack: Stack,

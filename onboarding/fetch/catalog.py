@@ -130,7 +130,7 @@ class ModelSpec(StrictConfig):
         default="real", validate_default=True, description="real: the checkpoint's weights are "
         "fetched, quantized, gated, served and deployed. random: a performance twin: the source "
         "holds the real model's config.json and a tokenizer, no weights; the engine starts it "
-        "with random weights (vLLM --load-format dummy) to measure the serving performance of "
+        "with random weights (its template's load_format: dummy) to measure the serving performance of "
         "that shape. A twin's accuracy gates are not applicable; it is never published, "
         "deployed or ready (docs/twins.md)")
 

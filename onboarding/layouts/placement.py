@@ -34,7 +34,7 @@ from onboarding.common.errors import ConfigError
 from onboarding.common.names import is_dns1123_label
 from onboarding.deploy.plan import GIB, NodePlan, NodesConfig, NodeType, PlanInputs, plan_node
 from onboarding.fetch.catalog import ModelSpec
-from onboarding.serving.serving_config import SloSection, resolve_slo
+from onboarding.serving.profiles import SloSection, resolve_slo
 from onboarding.serving.stats import ServingBenchmarkResult, Slo
 
 ThroughputBasis = Literal["measured", "predicted", "rule"]
@@ -47,7 +47,8 @@ class EngineSettings(StrictConfig):
     base_port: int = Field(ge=1024, le=65000)
     gateway_port: int = Field(ge=1, le=65535)
     dcgm_exporter_port: int = Field(default=9400, ge=1, le=65535)
-    metrics_path: str = Field(default="/metrics", pattern=r"^/")
+    # None: the engine template's metrics.path (configs/stack.yaml); set only to override it.
+    metrics_path: str | None = Field(default=None, pattern=r"^/")
     expert_parallel_min_tp: int = Field(default=8, ge=2)
     model_root: str = Field(default="/data/models", pattern=r"^/")
 

@@ -31,7 +31,6 @@ from onboarding.deploy.kserve import (
     MODEL_DIR,
     DeployConfig,
     RenderInputs,
-    Stack,
     label_value,
     render,
     storage_for,
@@ -41,11 +40,10 @@ from onboarding.deploy.plan import GIB, DeploymentPlan, NodesConfig, PlanInputs
 from onboarding.deploy.serving_plan import planned_config
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.layouts.placement import LayoutPlan, LayoutsConfig, Placement, QosClass
-from onboarding.serving.engine_config import ServingConfig, evidence
-from onboarding.serving.serving_config import EngineTemplate
+from onboarding.serving.engine_config import EngineConfig, evidence
+from onboarding.serving.stack import Stack, launcher_variable
 
 GATEWAY_MODE = {"generate": "chat", "embed": "embedding", "rerank": "rerank"}
-ENGINE_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
 
 
 @dataclass(frozen=True)
@@ -132,20 +130,20 @@ def _layout_annotations(plan: LayoutPlan, p: Placement, cfg: LayoutsConfig) -> d
 
 
 def layout_config(plan: LayoutPlan, p: Placement, spec: ModelSpec, inputs: PlanInputs,
-                  nodes: NodesConfig, stack: Stack, template: EngineTemplate) -> ServingConfig:
+                  nodes: NodesConfig, stack: Stack) -> EngineConfig:
     """The one serving configuration of this engine in this layout (the same builder as a
     single-model manifest's), so its launcher and its InferenceService start the same list."""
     return planned_config(layout_spec(spec, p), layout_deployment_plan(inputs, p),
-                          plan.node_type, nodes, stack, template)
+                          plan.node_type, nodes, stack)
 
 
 def render_inference_service(plan: LayoutPlan, p: Placement, spec: ModelSpec,
                              inputs: PlanInputs, nodes: NodesConfig, stack: Stack,
-                             deploy: DeployConfig, template: EngineTemplate,
-                             cfg: LayoutsConfig) -> tuple[dict[str, Any], ...]:
+                             deploy: DeployConfig, cfg: LayoutsConfig
+                             ) -> tuple[dict[str, Any], ...]:
     """kserve.py's ServingRuntime + InferenceService, named `<model>-<layout>`, with the layout's
     PriorityClass, labels and annotations."""
-    config = layout_config(plan, p, spec, inputs, nodes, stack, template)
+    config = layout_config(plan, p, spec, inputs, nodes, stack)
     served = layout_spec(spec, p)
     r = render(RenderInputs(served, layout_deployment_plan(inputs, p), plan.node_type,
                             nodes.node_types[plan.node_type], stack, deploy, config,
@@ -188,29 +186,27 @@ def render_priority_classes(cfg: LayoutsConfig, used: set[str]) -> tuple[dict[st
 
 
 def launcher_script(plan: LayoutPlan, p: Placement, spec: ModelSpec, inputs: PlanInputs,
-                    nodes: NodesConfig, cfg: LayoutsConfig, stack: Stack,
-                    template: EngineTemplate) -> str:
+                    nodes: NodesConfig, cfg: LayoutsConfig, stack: Stack) -> str:
     """One engine on bare metal: its GPUs, its NUMA half, its port, its memory fraction.
 
-    `VLLM` (default `vllm`) may be a command with arguments, e.g. `python3 -m
-    vllm.entrypoints.cli.main`; `NUMACTL` set to empty runs without binding (a machine without
-    numactl); `MODEL_PATH` points at the weights; `ENGINE_EXTRA_ARGS` are appended (e.g.
-    `--load-format dummy` for a performance twin)."""
+    The engine's executable is the template's `container_command` run through a variable named
+    after the engine (`launcher_variable`, e.g. `$VLLM`; default the command's first word),
+    which may be a command with arguments; `NUMACTL` set to empty runs without binding (a
+    machine without numactl); `MODEL_PATH` points at the weights; `ENGINE_EXTRA_ARGS` are
+    appended (e.g. `--load-format dummy` for a performance twin)."""
     node = nodes.node_types[plan.node_type]
     switches = stack.switches_for(p.precision, inputs.shape.moe, node.arch)
-    config = layout_config(plan, p, spec, inputs, nodes, stack, template)
+    config = layout_config(plan, p, spec, inputs, nodes, stack)
     args = config.args(MODEL_DIR, p.port)[1:]  # the model path is the launcher's $MODEL_PATH
-    if stack.engine == "vllm":
-        command = '$VLLM serve "$MODEL_PATH" --host=127.0.0.1'
-        runner = 'VLLM="${VLLM:-vllm}"'
-    else:
-        args = [a for a in args if not a.startswith("--host=")]
-        command = '$SGLANG -m sglang.launch_server --model-path="$MODEL_PATH" --host=127.0.0.1'
-        runner = 'SGLANG="${SGLANG:-python3}"'
+    var, (exe, *subcommand) = launcher_variable(stack.engine), config.container_command
+    model = f'{config.model_arg}="$MODEL_PATH"' if config.model_arg else '"$MODEL_PATH"'
+    command = " ".join([f"${var}", *subcommand, model, f"{config.host_flag}=127.0.0.1"])
+    runner = f'{var}="${{{var}:-{exe}}}"'
     spans = len(p.numa_nodes) > 1
     numa = ("" if spans else
             f"numactl --cpunodebind={p.numa_nodes[0]} --membind={p.numa_nodes[0]}")
-    env = {**ENGINE_ENV, **{k: v for s in switches for k, v in sorted(s.env.items())}}
+    env = {**stack.template.base_env,
+           **{k: v for s in switches for k, v in sorted(s.env.items())}}
     model_path = f"{cfg.engine.model_root}/{spec.id}/{p.precision}"
     shared = f"; shares the GPU with {', '.join(p.shares_gpu_with)}" if p.shares_gpu_with else ""
     lines = [
@@ -231,8 +227,8 @@ def launcher_script(plan: LayoutPlan, p: Placement, spec: ModelSpec, inputs: Pla
         'ENGINE_EXTRA_ARGS="${ENGINE_EXTRA_ARGS:-}"',
         f"export CUDA_VISIBLE_DEVICES={_gpus(p.gpu_ids)}",
         *(f"export {k}={shlex.quote(v)}" for k, v in env.items()),
-        "# $NUMACTL, $" + ("VLLM" if stack.engine == "vllm" else "SGLANG")
-        + " and $ENGINE_EXTRA_ARGS are split into words on purpose.",
+        *([f"# {config.never_measured}"] if config.never_measured else []),
+        f"# $NUMACTL, ${var} and $ENGINE_EXTRA_ARGS are split into words on purpose.",
         f"exec $NUMACTL {command} \\",
         *(f"  {shlex.quote(a)} \\" for a in args),
         "  $ENGINE_EXTRA_ARGS",
@@ -276,13 +272,15 @@ def gateway_config(plan: LayoutPlan, cfg: LayoutsConfig, deploy: DeployConfig) -
             "router_settings": {"routing_strategy": deploy.gateway.routing_strategy}}
 
 
-def prometheus_config(plan: LayoutPlan, cfg: LayoutsConfig) -> dict[str, Any]:
-    """One scrape job per engine port, and dcgm-exporter with each GPU labelled by its model."""
+def prometheus_config(plan: LayoutPlan, cfg: LayoutsConfig, stack: Stack) -> dict[str, Any]:
+    """One scrape job per engine port (at the engine template's metrics path unless
+    layouts.yaml overrides it), and dcgm-exporter with each GPU labelled by its model."""
     jobs: list[dict[str, Any]] = []
+    path = cfg.engine.metrics_path or stack.template.metrics.path
     for p in plan.placements:
         jobs.append({
             "job_name": f"engine-{p.model}",
-            "metrics_path": cfg.engine.metrics_path,
+            "metrics_path": path,
             "static_configs": [{"targets": [f"127.0.0.1:{p.port}"], "labels": {
                 "layout": plan.name, "model": p.served_name, "qos_class": p.qos,
                 "gpus": _gpus(p.gpu_ids)}}],
@@ -308,20 +306,20 @@ def prometheus_config(plan: LayoutPlan, cfg: LayoutsConfig) -> dict[str, Any]:
 
 
 def render_layout(plan: LayoutPlan, specs: dict[str, ModelSpec], inputs: dict[str, PlanInputs],
-                  cfg: LayoutsConfig, nodes: NodesConfig, stack: Stack, deploy: DeployConfig,
-                  template: EngineTemplate) -> RenderedLayout:
+                  cfg: LayoutsConfig, nodes: NodesConfig, stack: Stack, deploy: DeployConfig
+                  ) -> RenderedLayout:
     if not plan.feasible:
         raise ValueError(f"layout {plan.name} is infeasible: {plan.reason}")
     manifests = {p.model: render_inference_service(plan, p, specs[p.model], inputs[p.model],
-                                                   nodes, stack, deploy, template, cfg)
+                                                   nodes, stack, deploy, cfg)
                  for p in plan.placements}
     launchers = {f"{p.model}.sh": launcher_script(plan, p, specs[p.model], inputs[p.model],
-                                                  nodes, cfg, stack, template)
+                                                  nodes, cfg, stack)
                  for p in plan.placements}
     launchers["gateway.sh"] = gateway_script(plan, cfg)
     return RenderedLayout(plan.name, manifests,
                           render_priority_classes(cfg, {p.qos for p in plan.placements}),
-                          gateway_config(plan, cfg, deploy), prometheus_config(plan, cfg),
+                          gateway_config(plan, cfg, deploy), prometheus_config(plan, cfg, stack),
                           launchers, gpu_sharing_objects(plan, cfg, nodes),
                           tuple(grant_problems(plan, manifests, cfg, nodes)))
 

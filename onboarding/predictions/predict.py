@@ -47,7 +47,10 @@ _MEASURED_SOURCES = ("silicon", "mixed")
 # ---- configs/predict.yaml ----
 
 class EngineChoice(StrictConfig):
-    backend: Literal["vllm", "sglang", "trtllm"] = "vllm"
+    # AIConfigurator's name for the engine whose data set it reads (its vocabulary, not this
+    # project's engine templates); configs/predict.yaml names it, AIConfigurator refuses one it
+    # has no data for.
+    backend: str = Field(min_length=1)
     version: str = ""  # "" = the data set's current version for each system
 
 
@@ -67,7 +70,7 @@ class CalibrationSource(StrictConfig):
 
 
 class PredictConfig(StrictConfig):
-    engine: EngineChoice = Field(default_factory=EngineChoice)
+    engine: EngineChoice
     systems: dict[str, str] = Field(min_length=1)
     node_types: list[str] = Field(min_length=1)
     precisions: dict[Precision, QuantModes]
@@ -313,7 +316,7 @@ class MeasuredPoint(StrictConfig):
     itl_mean_ms: float | None = Field(default=None, gt=0)
     output_tokens_per_s: float | None = Field(
         gt=0, description="null where the client's count is known to be short")
-    engine: str = Field(min_length=1, description="e.g. 'vllm 0.22.0'")
+    engine: str = Field(min_length=1, description="engine and version, '<engine> <version>'")
     measured_on: str = ""
     source: str = Field(min_length=1, description="the run or document it comes from")
 

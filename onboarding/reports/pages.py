@@ -37,7 +37,7 @@ from onboarding.predictions.predict import PredictionTable
 from onboarding.quantize.accuracy_gate import AccuracyGates
 from onboarding.quantize.variants import AccuracyReport, QuantizedSet
 from onboarding.reports.plots import DropPoint, accuracy_png, curves_png, starts_png
-from onboarding.serving.engine_config import ServingConfig, evidence
+from onboarding.serving.engine_config import EngineConfig, evidence
 from onboarding.serving.frontend import FRONTEND_ADVICE, FRONTEND_BOUND_CORES, frontend_bound_points
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult, Slo
 
@@ -586,7 +586,7 @@ def _predicted(f: ModelFacts, node_type: str, precision: str, tp: int | None) ->
                  == (node_type, precision, tp) and r.prediction.covered), None)
 
 
-def node_numbers(f: ModelFacts, node_type: str, config: ServingConfig) -> list[dict[str, Any]]:
+def node_numbers(f: ModelFacts, node_type: str, config: EngineConfig) -> list[dict[str, Any]]:
     """The numbers a node type's deployment rests on, each with where it came from."""
     node, ev = _plan_node(f, node_type), evidence(config, f.load_timing, f.benchmark)
     inputs = f.serving_plan.plan.inputs if f.serving_plan else None
@@ -658,6 +658,8 @@ def _node_section(f: ModelFacts, node_type: str) -> list[Section]:
         blocks.append(Text(f"No serving configuration: {why}"))
         return [Section(node_type, tuple(blocks), f"node-{node_type}")]
     blocks.append(Table(({**config.summary(), "image": config.image},)))
+    if config.never_measured:
+        blocks.append(Text(config.never_measured))
     blocks.append(Table(tuple(node_numbers(f, node_type, config))))
     m = _manifest(f, node_type)
     if m is not None:

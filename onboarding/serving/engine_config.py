@@ -1,6 +1,6 @@
 """One serving configuration per (model, node type, variant): what is measured is what is deployed.
 
-A `ServingConfig` is every engine setting that changes what a benchmark measures: engine and
+An `EngineConfig` is every engine setting that changes what a benchmark measures: engine and
 version, image, precision, tensor parallelism, max-num-seqs, max-model-len, GPU memory
 utilization, KV-cache dtype, the model's production parameters, the engine switches, the
 environment, and `load_format: dummy` for a performance twin (random weights). It is computed
@@ -8,6 +8,8 @@ once, from the plan and the node facts, before anything is timed; the local engi
 `args(...)` of it and the manifest renders the same `args(...)`, so "benchmarked" and "deployed"
 are one list (the model path, port and bind address aside, which necessarily differ between a
 test node and a pod). Its short content hash travels with every number measured at it.
+(Named `ServingConfig` before issue 27; the asset that stores one per node type, in a
+`ServingPlan`, is still `serving_config`.)
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 from onboarding.common.errors import ConfigError
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.fetch.twins import DUMMY_LOAD_FORMAT
-from onboarding.serving.serving_config import EngineTemplate, HardwareProfile, hardware_class
+from onboarding.serving.stack import EngineTemplate, HardwareProfile, hardware_class
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
 # Parameters the plan owns: a spec that sets them is refused (it would silently disagree with
@@ -32,7 +34,7 @@ LAUNCH_OWNED = ("model", "served_model_name", "port", "host")
 
 
 @dataclass(frozen=True)
-class ServingConfig:
+class EngineConfig:
     """The engine configuration of one model on one node type, with its content hash."""
 
     model: str
@@ -55,12 +57,15 @@ class ServingConfig:
     host_flag: str = "--host"
     port_flag: str = "--port"
     served_name_flag: str = "--served-model-name"
+    # The template's `never_measured_here`: no evidence is ever "measured" at this config.
+    never_measured: str = ""
 
     def content(self) -> dict[str, Any]:
-        """What the hash covers: everything that changes what the engine does."""
+        """What the hash covers: everything that changes what the engine does (not what this
+        project knows about the engine)."""
         out = asdict(self)
-        out.pop("notes")
-        out.pop("model")
+        for key in ("notes", "model", "never_measured"):
+            out.pop(key)
         return out
 
     @property
@@ -73,7 +78,9 @@ class ServingConfig:
         out = [model_path] if not self.model_arg else [f"{self.model_arg}={model_path}"]
         if host:
             out.append(f"{self.host_flag}={host}")
-        out += [f"{self.port_flag}={port}", f"{self.served_name_flag}={self.served_name}"]
+        out.append(f"{self.port_flag}={port}")
+        if self.served_name_flag:  # "" = the engine takes none
+            out.append(f"{self.served_name_flag}={self.served_name}")
         return out + list(self.param_args) + list(self.switch_args)
 
     def param(self, name: str, default: Any = None) -> Any:
@@ -91,13 +98,18 @@ class ServingConfig:
 
     def summary(self) -> dict[str, Any]:
         """A row for tables: the numbers people ask about, and the hash."""
+        never = " (never measured here)" if self.never_measured else ""
         return {"node_type": self.node_type, "hash": self.hash, "engine":
-                f"{self.engine} {self.engine_version}", "precision": self.precision,
+                f"{self.engine} {self.engine_version}{never}", "precision": self.precision,
                 "tp": self.tensor_parallel, "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len,
                 "gpu_memory_utilization": self.param("gpu_memory_utilization"),
                 "kv_cache_dtype": self.param("kv_cache_dtype", "auto")}
 
+
+# Stored serving_config values (pickled ServingPlans, FilesystemIOManager) name the class by its
+# old name; the alias lets a step read one materialized before the rename.
+ServingConfig = EngineConfig
 
 SECRET_NAME = re.compile(
     r"(?i)(token|secret|passw(or)?d|api[_-]?key|access[_-]?key|credential|private[_-]?key)")
@@ -157,12 +169,13 @@ class ConfigInputs:
     switch_env: dict[str, str] = field(default_factory=dict)
 
 
-def build_config(template: EngineTemplate, ci: ConfigInputs) -> ServingConfig:
+def build_config(template: EngineTemplate, ci: ConfigInputs) -> EngineConfig:
     """Hardware defaults < the plan's numbers < the spec's production parameters; then what the
     hardware does not take is dropped (and said)."""
     check_engine_args(ci.spec)
     profile = template.hardware.get(hardware_class(ci.hardware), HardwareProfile())
-    params: dict[str, Any] = {**profile.defaults, **ci.planned}
+    metrics_on = {template.metrics.enable_arg: True} if template.metrics.enable_arg else {}
+    params: dict[str, Any] = {**profile.defaults, **metrics_on, **ci.planned}
     if ci.hardware != "cpu":
         params["tensor_parallel_size"] = ci.tensor_parallel
     for key, value in ci.spec.engine_args.items():
@@ -177,8 +190,10 @@ def build_config(template: EngineTemplate, ci: ConfigInputs) -> ServingConfig:
         notes.append("enable_expert_parallel dropped: expert parallelism needs TP > 1")
     dropped = tuple(sorted(k for k in params if k in profile.unsupported_args))
     params = {k: v for k, v in params.items() if k not in dropped}
-    env = {**template.env, **profile.env, **ci.switch_env}
-    return ServingConfig(
+    env = {**template.base_env, **profile.env, **ci.switch_env}
+    never = f"never measured here ({ci.engine}): {template.never_measured_here}" \
+        if template.never_measured_here else ""
+    return EngineConfig(
         model=ci.spec.id, served_name=ci.spec.served_name, node_type=ci.node_type,
         hardware=ci.hardware, engine=ci.engine, engine_version=ci.engine_version,
         image=ci.image, precision=ci.precision, tensor_parallel=ci.tensor_parallel,
@@ -186,7 +201,8 @@ def build_config(template: EngineTemplate, ci: ConfigInputs) -> ServingConfig:
         switch_args=ci.switch_args, env=env, dropped=dropped, notes=tuple(notes),
         container_command=tuple(template.container_command),
         model_arg=template.model_arg, host_flag=template.host_flag,
-        port_flag=template.port_flag, served_name_flag=template.served_name_flag)
+        port_flag=template.port_flag, served_name_flag=template.served_name_flag,
+        never_measured=never)
 
 
 def _check_twin_template(template: EngineTemplate, ci: ConfigInputs) -> None:
@@ -195,7 +211,7 @@ def _check_twin_template(template: EngineTemplate, ci: ConfigInputs) -> None:
             f"performance twin {ci.spec.id!r} on engine {ci.engine}",
             "random weights need the engine's load format flag, and its template in "
             "configs/stack.yaml has none", f"Add `load_format: {{flag: --load-format}}` to "
-            f"engines.{ci.engine}.args (vLLM and SGLang both take --load-format dummy).")
+            f"engines.{ci.engine}.args if the engine takes random weights.")
 
 
 @dataclass(frozen=True)
@@ -216,9 +232,13 @@ class Evidence:
     judged_at: int | None = None
 
 
-def evidence(config: ServingConfig, timing: LoadTimingResult | None,
+def evidence(config: EngineConfig, timing: LoadTimingResult | None,
              bench: ServingBenchmarkResult | None) -> Evidence:
+    """Measurements at exactly this configuration; never any for an engine its template marks
+    never measured here, whatever a result claims."""
     h = config.hash
+    if config.never_measured:
+        return Evidence(h, False, f"unmeasured: {config.never_measured}")
 
     def at_this(r) -> bool:
         return r is not None and r.config_hash == h and r.node_type == config.node_type

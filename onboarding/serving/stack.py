@@ -1,4 +1,13 @@
-"""The serving stack's fingerprint: `configs/stack.yaml` plus what can be read off the node.
+"""The serving stack: `configs/stack.yaml`, parsed once into one typed `Stack`, and its fingerprint.
+
+This module owns the file. `load_stack` reads it and validates every section in one pass:
+`versions`, the image rule (`images`: repository and tag per engine release range and CUDA
+build, the CUDA build per GPU architecture), the `engine_switches`, and one `EngineTemplate`
+per engine (`engines`: how to start it, its flags, metrics, distribution, telemetry switch and
+what it accepts from the load generator). Rendering (kserve, layout_render), the serving plan,
+the engine resource and the fingerprint read the `Stack`; none of them names an engine: an
+engine is a key of `engines`, and adding one touches configs/stack.yaml and tests only
+(docs/architecture.md, "Adding an engine").
 
 The fingerprint is the `serving_stack` asset's data version, so changing a version in the stack
 file (or upgrading the engine in its virtualenv, or the driver) marks every stack-dependent
@@ -14,16 +23,23 @@ import json
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from onboarding.common.config import load_yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from onboarding.common.config import StrictConfig, load_yaml, validate_config
 from onboarding.common.errors import ConfigError, OnboardingError
 
 ABSENT = "absent"
-# Distributions whose version decides how a checkpoint is quantized, served or measured.
-ENGINE_PACKAGES = ("vllm", "sglang", "flashinfer-python", "torch", "nvidia-nccl-cu12",
-                   "nvidia-nccl-cu13", "nvidia-modelopt", "transformers")
+# Distributions beside the engines' own (each template's `distributions`) whose version decides
+# how a checkpoint is quantized, served or measured.
+STACK_PACKAGES = ("flashinfer-python", "torch", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
+                  "nvidia-modelopt", "transformers")
+ENGINE_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 _ENGINE_PROBE = (
     "import importlib.metadata as m, json, sys\n"
     "out = {}\n"
@@ -35,6 +51,408 @@ _ENGINE_PROBE = (
     "print(json.dumps(out))\n"
 )
 _CUDA_IN_SMI = re.compile(r"CUDA Version:\s*([0-9.]+)")
+
+
+# ---- engines: one template per engine ----------------------------------------------------
+
+
+class ArgFlag(StrictConfig):
+    flag: str | None = None
+    off_flag: str | None = None
+
+
+class HardwareProfile(StrictConfig):
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    unsupported_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    # The env variable that sizes the KV cache in GiB on this hardware (a CPU build has no GPU
+    # memory to take a fraction of): the engine resource's cpu_kvcache_space_gib sets it.
+    kv_cache_space_env: str | None = None
+
+
+class MetricNames(StrictConfig):
+    """The engine's Prometheus endpoint and the series the benchmark cross-checks."""
+
+    path: str = Field(default="/metrics", pattern=r"^/", description="where it serves them")
+    # The template parameter (a key of `args`) that turns the endpoint on; None: always on.
+    enable_arg: str | None = None
+    running: str
+    waiting: str
+    kv_cache_usage: str
+    ttft_histogram: str
+    itl_histogram: str
+
+
+class LoadGeneratorNeeds(StrictConfig):
+    """What the engine must accept from the project's load generator: the request-body fields
+    beyond OpenAI's own (resources/loadgen.completion_bodies sends them; an engine whose
+    protocol forbids unknown fields answers 400 to one it lacks)."""
+
+    request_extensions: list[str] = Field(default_factory=list)
+
+
+class EngineTemplate(StrictConfig):
+    """How to start one engine: the executable (locally and in the serving image), how it takes
+    the model, host, port and served name, its flags, log line, metrics and kernels."""
+
+    command: list[str] = Field(min_length=1, description="local executable; {bin_dir} filled")
+    container_command: list[str] = Field(min_length=1, description="the serving image's")
+    model_arg: str = Field(default="", description="'' = the model path is positional")
+    host_flag: str = "--host"
+    port_flag: str = "--port"
+    # "" = the engine takes no served name (it names the model itself; see its template)
+    served_name_flag: str = "--served-model-name"
+    # pip distributions that carry the engine, first installed wins (its version); the first
+    # one is the stack fingerprint's. Empty: the version is not read (`unknown`).
+    distributions: list[str] = Field(default_factory=list)
+    # The log line that ends weight loading (`seconds`: the engine's own measure); None: not
+    # known, and the start's phases go without it.
+    weights_loaded_pattern: str | None = None
+    health_path: str = "/health"
+    metrics: MetricNames
+    # The env that turns the engine's own usage statistics off (set everywhere it starts).
+    usage_stats_off: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    args: dict[str, ArgFlag] = Field(default_factory=dict)
+    serves: dict[str, list[str]]
+    hardware: dict[str, HardwareProfile] = Field(default_factory=dict)
+    # Directories the engine compiles and caches kernels into (env variable -> subdirectory):
+    # a fully cold start points them at an empty directory.
+    cache_env: dict[str, str] = Field(default_factory=dict)
+    load_generator: LoadGeneratorNeeds = Field(default_factory=LoadGeneratorNeeds)
+    # Why no number here comes from this engine: set for an engine no run of this project has
+    # started. Its configurations, manifests and launchers say so, and no evidence is ever
+    # "measured" for them (engine_config.evidence).
+    never_measured_here: str | None = None
+    sources: list[str] = Field(default_factory=list, description="where its flags are read from")
+
+    @field_validator("weights_loaded_pattern")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression ({exc})") from None
+        return v
+
+    @field_validator("never_measured_here")
+    @classmethod
+    def _says_why(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("say why (no run here started it), or leave it out")
+        return v
+
+    @model_validator(mode="after")
+    def _metrics_arg_is_a_flag(self) -> EngineTemplate:
+        arg = self.metrics.enable_arg
+        if arg is not None and arg not in self.args:
+            raise ValueError(f"metrics.enable_arg {arg!r} is not one of args "
+                             f"({', '.join(sorted(self.args))})")
+        return self
+
+    @property
+    def base_env(self) -> dict[str, str]:
+        """The env every start of this engine gets, before hardware and switches."""
+        return {**self.usage_stats_off, **self.env}
+
+
+def hardware_class(hardware: str) -> str:
+    """`cpu` stays `cpu`; every `smNN` is a `gpu` for profile lookup."""
+    return "cpu" if hardware == "cpu" else "gpu"
+
+
+def servable(template: EngineTemplate, engine: str, hardware: str, precision: str
+             ) -> tuple[bool, str]:
+    """Can this engine on this hardware serve `precision`? The reason when it cannot."""
+    serves = template.serves.get(hardware)
+    if serves is None:
+        known = ", ".join(sorted(template.serves)) or "none"
+        return False, (f"{engine} has no kernels listed for hardware {hardware!r} "
+                       f"(configs/stack.yaml engines.{engine}.serves knows: {known})")
+    if precision not in serves:
+        needs = sorted(h for h, ps in template.serves.items() if precision in ps)
+        return False, (f"{engine} on {hardware} serves {', '.join(serves)}, not {precision}; "
+                       f"{precision} needs {', '.join(needs) or 'hardware not listed'}")
+    return True, ""
+
+
+def effective_max_model_len(template: EngineTemplate, hardware: str,
+                            engine_args: dict[str, Any]) -> int | None:
+    profile = template.hardware.get(hardware_class(hardware), HardwareProfile())
+    value = {**profile.defaults, **engine_args}.get("max_model_len")
+    return int(value) if value is not None else None
+
+
+def launcher_variable(engine: str) -> str:
+    """The shell variable a bare-metal launcher runs the engine's executable through."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", engine).upper()
+
+
+# ---- engine_switches and images ----------------------------------------------------------
+
+
+def pep440_specifier(v: str) -> str:
+    """A `versions:` field of stack.yaml, checked once for every kind of entry that has one."""
+    try:
+        SpecifierSet(v)
+    except InvalidSpecifier:
+        raise ValueError(f"{v!r} is not a PEP 440 version specifier (e.g. '>=0.32')") from None
+    return v
+
+
+class EngineSwitch(StrictConfig):
+    """Engine env variables and flags set only where every stated condition holds.
+
+    `versions` (a PEP 440 specifier over `versions.<engine>`) keys a switch to the engine
+    releases that know it: switches move between releases (vLLM's seed-era
+    `VLLM_USE_FLASHINFER_MOE_FP4=1` is `--moe-backend` in current vLLM)."""
+
+    engine: str
+    versions: str = Field(description="PEP 440 specifier, e.g. '>=0.32'")
+    env: dict[str, str] = Field(default_factory=dict)
+    args: list[str] = Field(default_factory=list)
+    why: str
+    precisions: list[str] | None = None
+    moe: bool | None = None
+    archs: list[str] | None = None
+    # A kernel choice (a MoE/attention backend the engine would otherwise pick itself, with its
+    # own fallbacks) applies only where `pinned` says why: the configuration was benchmarked
+    # with it, or a reason to force it. Unpinned, the engine's `auto` stays (issue 23).
+    kernel_choice: bool = False
+    pinned: str | None = None
+
+    @field_validator("pinned")
+    @classmethod
+    def _pinned_says_why(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("pinned: say why the kernel is forced (the benchmark at which "
+                             "configuration, or the reason), or leave pinned out")
+        return v
+
+    @field_validator("versions")
+    @classmethod
+    def _specifier(cls, v: str) -> str:
+        return pep440_specifier(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", k)]
+        if bad:
+            raise ValueError(f"not environment variable names: {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _does_something(self) -> EngineSwitch:
+        if not self.env and not self.args:
+            raise ValueError("a switch sets at least one env variable or argument")
+        return self
+
+    def applies(self, engine: str, version: str, precision: str, moe: bool, arch: str) -> bool:
+        return (self.engine == engine
+                and (not self.kernel_choice or self.pinned is not None)
+                and SpecifierSet(self.versions).contains(version, prereleases=True)
+                and (self.precisions is None or precision in self.precisions)
+                and (self.moe is None or self.moe == moe)
+                and (self.archs is None or arch in self.archs))
+
+
+class TagRule(StrictConfig):
+    """The tags one range of engine releases publishes, per CUDA major: `{version}` is filled."""
+
+    versions: str = Field(description="PEP 440 specifier over versions.<engine>")
+    cuda: dict[int, str] = Field(min_length=1)
+
+    @field_validator("versions")
+    @classmethod
+    def _specifier(cls, v: str) -> str:
+        return pep440_specifier(v)
+
+    @field_validator("cuda")
+    @classmethod
+    def _templates_carry_the_version(cls, v: dict[int, str]) -> dict[int, str]:
+        bad = [t for t in v.values() if "{version}" not in t]
+        if bad:
+            raise ValueError(f"tag templates {bad} do not carry {{version}}")
+        return v
+
+
+class EngineImages(StrictConfig):
+    repository: str = Field(pattern=r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+$")
+    tags: list[TagRule] = Field(min_length=1)
+
+    def image(self, engine: str, version: str, cuda_major: int) -> str:
+        """The image of `version` built for `cuda_major`: the first rule whose range holds it;
+        refused when that release publishes no build for that CUDA major."""
+        for rule in self.tags:
+            if SpecifierSet(rule.versions).contains(version, prereleases=True):
+                if cuda_major not in rule.cuda:
+                    raise ValueError(
+                        f"images.{engine}: {engine} {version} publishes no CUDA {cuda_major} "
+                        f"build (its tags: {sorted(rule.cuda)} only, rule {rule.versions!r})")
+                return f"{self.repository}:{rule.cuda[cuda_major].format(version=version)}"
+        raise ValueError(f"images.{engine}: no tag rule covers {engine} {version}")
+
+
+# Blackwell (sm100 B200, sm103 B300) runs the CUDA 13 builds of the pinned stack: PyTorch and
+# FlashInfer's SM100/SM103 kernels in it are built for cu130 (issue 23).
+_MIN_CUDA_MAJOR = {"sm100": 13, "sm103": 13}
+
+
+class ImagesConfig(BaseModel):
+    """Serving images by rule, not by hand: repository + tag template per engine release range
+    and CUDA major (one mapping per engine, keyed by its name beside `engine` and
+    `cuda_major`), and the CUDA major each GPU architecture runs (tests/deploy/
+    test_image_rule.py cites the registries' tag conventions)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    __pydantic_extra__: dict[str, EngineImages] = Field(init=False)
+    engine: str = Field(description="the engine the manifests run")
+    cuda_major: dict[str, int] = Field(min_length=1)
+
+    @field_validator("cuda_major")
+    @classmethod
+    def _blackwell_needs_cuda13(cls, v: dict[str, int]) -> dict[str, int]:
+        for arch, low in _MIN_CUDA_MAJOR.items():
+            if arch in v and v[arch] < low:
+                raise ValueError(f"images.cuda_major.{arch}: {v[arch]}; {arch} needs the CUDA "
+                                 f"{low} build of the stack")
+        return v
+
+    @property
+    def rules(self) -> dict[str, EngineImages]:
+        """engine -> its repository and tag rule."""
+        return dict(self.model_extra or {})
+
+    def per_arch(self, engine: str, version: str) -> dict[str, str]:
+        rules = self.rules.get(engine)
+        if rules is None:
+            raise ValueError(f"images.{engine}: no repository and tag rule")
+        return {arch: rules.image(engine, version, major)
+                for arch, major in self.cuda_major.items()}
+
+    def published(self, engine: str, version: str) -> dict[str, str]:
+        """The images `version` publishes, per architecture: an architecture whose CUDA major
+        that release has no build for is left out (an engine the manifests do not run)."""
+        out = {}
+        for arch, major in self.cuda_major.items():
+            try:
+                out[arch] = self.rules[engine].image(engine, version, major)
+            except ValueError as exc:
+                if "no tag rule covers" in str(exc):
+                    raise
+        return out
+
+
+class StackFile(BaseModel):
+    """configs/stack.yaml, every section."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    versions: dict[str, str]
+    images: ImagesConfig
+    engine_switches: list[EngineSwitch] = Field(default_factory=list)
+    engines: dict[str, EngineTemplate] = Field(min_length=1)
+
+    @field_validator("engines")
+    @classmethod
+    def _names(cls, v: dict[str, EngineTemplate]) -> dict[str, EngineTemplate]:
+        bad = [k for k in v if not ENGINE_NAME.fullmatch(k)]
+        if bad:
+            raise ValueError(f"engine names {bad} must match {ENGINE_NAME.pattern}")
+        return v
+
+    @model_validator(mode="after")
+    def _everything_named_exists(self) -> StackFile:
+        engine = self.images.engine
+        if engine not in self.engines:
+            raise ValueError(f"images.engine: {engine!r} has no template under engines "
+                             f"(known: {', '.join(sorted(self.engines))})")
+        if engine not in self.versions:
+            raise ValueError(f"versions.{engine}: missing; images.engine names it")
+        self.images.per_arch(engine, self.versions[engine])  # the one rendered: every arch
+        for name in self.images.rules:  # every other pinned engine's rule parses and covers it
+            if name != engine and name in self.versions:
+                self.images.published(name, self.versions[name])
+        unknown = sorted({s.engine for s in self.engine_switches} - set(self.engines))
+        if unknown:
+            raise ValueError(f"engine_switches name engines without a template: {unknown}")
+        return self
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The serving stack, typed: the engine the manifests run and its images, the switches, and
+    every engine's template and images (`templates`, `images_by_engine`)."""
+
+    engine: str
+    engine_version: str
+    images: dict[str, str]  # arch -> image of `engine`
+    switches: tuple[EngineSwitch, ...]
+    fingerprint: str  # first 12 hex of sha256 over the canonical stack.yaml
+    kserve_version: str = "0.16.0"
+    templates: dict[str, EngineTemplate] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    images_by_engine: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def template(self) -> EngineTemplate:
+        """The template of the engine the manifests run."""
+        return self.templates[self.engine]
+
+    def switches_for(self, precision: str, moe: bool, arch: str) -> list[EngineSwitch]:
+        return [s for s in self.switches
+                if s.applies(self.engine, self.engine_version, precision, moe, arch)]
+
+
+
+def fingerprint_packages(data: dict[str, Any]) -> tuple[str, ...]:
+    """Distributions the fingerprint reads in the engine virtualenv: each engine template's
+    first `distributions` entry, then the rest of the stack. Read off the parsed file, not the
+    validated Stack, like the fingerprint itself: a stack that renders nothing (an engine
+    version no image rule covers) must still be observed, so its change re-validates the
+    models and the failure shows there."""
+    engines = data.get("engines")
+    firsts = [t["distributions"][0] for t in (engines.values() if isinstance(engines, dict)
+                                               else ())
+              if isinstance(t, dict) and isinstance(t.get("distributions"), list)
+              and t["distributions"] and isinstance(t["distributions"][0], str)]
+    return (*dict.fromkeys(firsts), *STACK_PACKAGES)
+
+
+def stack_fingerprint(data: Any) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+@lru_cache(maxsize=8)
+def _load_stack(path: Path, mtime_ns: int) -> Stack:
+    data = read_stack_config(path)
+    parsed = validate_config(StackFile, data, path, path,
+                             "Fix that field of stack.yaml (the repository's copy documents "
+                             "each section).")
+    engine = parsed.images.engine
+    version = parsed.versions[engine]
+    by_engine = {name: parsed.images.published(name, parsed.versions[name])
+                 for name in parsed.images.rules if name in parsed.versions}
+    by_engine[engine] = parsed.images.per_arch(engine, version)
+    return Stack(engine=engine, engine_version=version, images=by_engine[engine],
+                 switches=tuple(parsed.engine_switches), fingerprint=stack_fingerprint(data),
+                 kserve_version=parsed.versions.get("kserve", "0.16.0"),
+                 templates=dict(parsed.engines), versions=dict(parsed.versions),
+                 images_by_engine=by_engine)
+
+
+def load_stack(path: Path) -> Stack:
+    """configs/stack.yaml as one typed Stack, parsed once per file version."""
+    if not path.is_file():
+        raise ConfigError(str(path), "does not exist",
+                          "Restore configs/stack.yaml or point ONBOARDING_CONFIG_DIR at a copy.")
+    return _load_stack(path, path.stat().st_mtime_ns)
+
+
+# ---- the fingerprint ---------------------------------------------------------------------
 
 
 def read_stack_config(path: Path) -> dict[str, Any]:
@@ -71,12 +489,14 @@ def nvidia_facts(smi: str | None = None, timeout_s: float = 20.0) -> dict[str, A
             "gpus": sorted(r[1] for r in rows if len(r) > 1)}
 
 
-def engine_facts(engine_python: Path, timeout_s: float = 60.0) -> dict[str, Any]:
-    """Package versions inside the engine's virtualenv, read by its own interpreter."""
+def engine_facts(engine_python: Path, packages: tuple[str, ...] = STACK_PACKAGES,
+                 timeout_s: float = 60.0) -> dict[str, Any]:
+    """Versions of `packages` inside the engine's virtualenv, read by its own interpreter
+    (`Stack.fingerprint_packages`: the engines' distributions and the rest of the stack)."""
     if not engine_python.exists():
         return {"engine": ABSENT}
     try:
-        out = subprocess.run([str(engine_python), "-I", "-c", _ENGINE_PROBE, *ENGINE_PACKAGES],
+        out = subprocess.run([str(engine_python), "-I", "-c", _ENGINE_PROBE, *packages],
                              capture_output=True, text=True, timeout=timeout_s, check=True).stdout
         versions = json.loads(out)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError,
@@ -97,10 +517,11 @@ def torch_facts() -> dict[str, Any]:
     return {"pipeline.torch": torch.__version__, "pipeline.torch_cuda": torch.version.cuda or "cpu"}
 
 
-def observe_node(engine_python: Path | None, smi: str | None = None) -> dict[str, Any]:
+def observe_node(engine_python: Path | None, packages: tuple[str, ...] = STACK_PACKAGES,
+                 smi: str | None = None) -> dict[str, Any]:
     facts = {**nvidia_facts(smi), **torch_facts()}
     if engine_python is not None:
-        facts.update(engine_facts(engine_python))
+        facts.update(engine_facts(engine_python, packages))
     return facts
 
 
@@ -127,10 +548,10 @@ def diff(before: dict[str, Any] | None, after: dict[str, Any]) -> list[dict[str,
         return []
     old, new = flatten(before), flatten(after)
     rows = []
-    for field in sorted(set(old) | set(new)):
-        a, b = old.get(field, ABSENT), new.get(field, ABSENT)
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name, ABSENT), new.get(name, ABSENT)
         if a != b:
-            rows.append({"field": field, "before": a, "after": b})
+            rows.append({"field": name, "before": a, "after": b})
     return rows
 
 

@@ -15,12 +15,12 @@ from functools import cache
 import pytest
 
 from onboarding.common.paths import PROJECT_ROOT
-from onboarding.deploy.kserve import RenderInputs, load_deploy, load_stack, render, storage_for
+from onboarding.deploy.kserve import RenderInputs, load_deploy, render, storage_for
 from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
 from onboarding.deploy.serving_plan import local_config, serving_plan
 from onboarding.fetch.catalog import ModelSpec, load_catalog
 from onboarding.serving.engine_config import evidence
-from onboarding.serving.serving_config import load_engine_templates
+from onboarding.serving.stack import load_stack
 from tests.engine_python import ENGINE_PY, engine_python
 
 CONFIGS = PROJECT_ROOT / "configs"
@@ -51,8 +51,7 @@ def _render(spec, nt, stack, nodes, deploy):
              nodes)
     if not p.node(nt).feasible:
         return None
-    config = serving_plan(spec, p, nodes, stack,
-                          load_engine_templates(CONFIGS / "stack.yaml")["vllm"]).config(nt)
+    config = serving_plan(spec, p, nodes, stack).config(nt)
     return render(RenderInputs(spec, p, nt, nodes.node_types[nt], stack, deploy, config,
                                evidence(config, None, None),
                                storage_for(spec, config.precision, "bf16", deploy, None)))
@@ -109,7 +108,7 @@ def test_rendered_env_and_flags_are_known_to_the_engine():
 
 def test_the_local_engine_command_is_known_to_the_engine():
     reg = engine_registry()
-    template = load_engine_templates(CONFIGS / "stack.yaml")["vllm"]
+    template = load_stack(CONFIGS / "stack.yaml").templates["vllm"]
     spec = ModelSpec(id="m", source="s3://models/m/", served_name="s", engine_args={
         "max_model_len": 2048, "max_num_seqs": 8, "kv_cache_dtype": "fp8"})
     for hardware in ("cpu", "sm90", "sm100"):
@@ -144,7 +143,7 @@ def test_layout_engine_args_are_known_to_the_engine():
     --enable-expert-parallel at EP 8, --runner=pooling) is in the engine's own parser."""
     from onboarding.layouts.placement import layout_entries, load_layouts, plan_layout
     from onboarding.layouts.render import render_layout
-    from onboarding.serving.serving_config import load_slo_section
+    from onboarding.serving.profiles import load_slo_section
 
     reg = engine_registry()
     flags_known = set(reg["flags"])
@@ -158,8 +157,7 @@ def test_layout_engine_args_are_known_to_the_engine():
         entries = layout_entries(layout, catalog, inputs, load_slo_section(CONFIGS / "gates.yaml"),
                                  {})
         plan_ = plan_layout(name, layout, entries, cfg, nodes)
-        r = render_layout(plan_, catalog, inputs, cfg, nodes, stack, deploy,
-                          load_engine_templates(CONFIGS / "stack.yaml")["vllm"])
+        r = render_layout(plan_, catalog, inputs, cfg, nodes, stack, deploy)
         for model, docs in r.manifests.items():
             args = docs[1]["spec"]["predictor"]["model"]["args"]
             script = r.launchers[f"{model}.sh"]

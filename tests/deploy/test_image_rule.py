@@ -20,7 +20,7 @@ import yaml
 
 from onboarding.common.errors import ConfigError
 from onboarding.common.paths import PROJECT_ROOT
-from onboarding.deploy.kserve import load_stack
+from onboarding.serving.stack import load_stack
 
 STACK_YAML = PROJECT_ROOT / "configs" / "stack.yaml"
 

@@ -46,10 +46,9 @@ def run(tmp_path_factory):
     spec, nodes, stack = cf.spec(TWIN), cf.nodes(), cf.stack()
     # the run's vLLM template (its hashes are the recorded ones) beside today's other templates:
     # the run's SGLang template had no --load-format, so no twin configuration
-    templates = {**ConfigFiles().engine_templates(),
-                 stack.engine: cf.engine_templates()[stack.engine]}
-    splan = serving_plan(spec, build_plan(spec, nodes, None, None), nodes, stack,
-                         templates[stack.engine])
+    templates = {**ConfigFiles().stack().templates,
+                 stack.engine: cf.stack().templates[stack.engine]}
+    splan = serving_plan(spec, build_plan(spec, nodes, None, None), nodes, stack)
     candidates, why = engine_candidates(splan.config("h200"), spec, templates, cf.stack_config())
     others = sorted(e for e in candidates if e != stack.engine)
     assert others, f"a second engine has a configuration on h200 ({why})"
@@ -183,8 +182,7 @@ def test_a_manifest_of_the_measured_winner_runs_that_engine_and_says_why(run):
     cf, _, stack, _, _, other, templates = run
     spec = cf.spec("llama-3-1-8b-instruct")
     nodes = cf.nodes()
-    splan = serving_plan(spec, build_plan(spec, nodes, None, None), nodes, stack,
-                         templates[stack.engine])
+    splan = serving_plan(spec, build_plan(spec, nodes, None, None), nodes, stack)
     cands, _ = engine_candidates(splan.config("h200"), spec, templates,
                                  cf.stack_config())
     ms = [crafted(stack.engine, cands[stack.engine].hash, 10.0),

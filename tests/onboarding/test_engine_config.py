@@ -9,16 +9,15 @@ import pytest
 
 from onboarding.common.errors import ConfigError
 from onboarding.common.paths import PROJECT_ROOT
-from onboarding.deploy.kserve import load_stack
 from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
 from onboarding.deploy.serving_plan import config_at_hand, serving_plan
 from onboarding.fetch.catalog import ModelSpec, load_catalog
 from onboarding.serving.engine_config import ConfigInputs, build_config, evidence
-from onboarding.serving.serving_config import load_engine_templates
+from onboarding.serving.stack import load_stack
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
 CONFIGS = PROJECT_ROOT / "configs"
-TEMPLATES = load_engine_templates(CONFIGS / "stack.yaml")
+TEMPLATES = load_stack(CONFIGS / "stack.yaml").templates
 NODES = load_nodes(CONFIGS / "nodes.yaml")
 STACK = load_stack(CONFIGS / "stack.yaml")
 CATALOG = load_catalog(CONFIGS / "models")
@@ -50,14 +49,14 @@ def test_cpu_configuration_drops_gpu_only_args_and_turns_telemetry_off():
 def test_planned_gpu_configuration_carries_the_plan_and_the_switches():
     qwen = CATALOG["qwen3-235b-a22b-instruct"]
     p = plan(plan_inputs(qwen, NODES, shape_from_hint(qwen.architecture, "t"), Measured()), NODES)
-    splan = serving_plan(qwen, p, NODES, STACK, TEMPLATES["vllm"])
+    splan = serving_plan(qwen, p, NODES, STACK)
     b300, h200 = splan.config("b300"), splan.config("h200")
     assert (b300.precision, b300.tensor_parallel) == ("nvfp4", 1)
     assert not any(a.startswith("--moe-backend") for a in b300.args("/mnt/models", 8080))
     pinned = dataclasses.replace(STACK, switches=tuple(
         s.model_copy(update={"pinned": "benchmarked"}) if s.kernel_choice else s
         for s in STACK.switches))
-    forced = serving_plan(qwen, p, NODES, pinned, TEMPLATES["vllm"]).config("b300")
+    forced = serving_plan(qwen, p, NODES, pinned).config("b300")
     assert "--moe-backend=flashinfer_cutlass" in forced.args("/mnt/models", 8080)
     assert forced.hash != b300.hash  # a kernel choice is part of what is measured
     assert "--tensor-parallel-size=1" in b300.param_args
@@ -93,7 +92,7 @@ def test_the_engine_at_hand_runs_the_plans_configuration_only_when_it_is_that_on
     llama = CATALOG["llama-3-1-70b-instruct"]
     p = plan(plan_inputs(llama, NODES, shape_from_hint(llama.architecture, "t"), Measured()),
              NODES)
-    splan = serving_plan(llama, p, NODES, STACK, TEMPLATES["vllm"])
+    splan = serving_plan(llama, p, NODES, STACK)
     planned = splan.config("h200")
     local = {"node_type": "h200", "hardware": "sm90", "engine": "vllm",
              "engine_version": STACK.engine_version, "precision": planned.precision}
@@ -136,12 +135,11 @@ def test_node_types_not_at_hand_take_tp_and_max_num_seqs_from_the_sla_choice():
     choice = SlaChoice("b300", "bf16", 2, 64, "sla", True, "TP 2: TPOT 21 ms within 30 ms",
                        at_tp2, None)
     chosen = with_sla_choices(p, [choice], ["b300"])
-    splan = serving_plan(llama, chosen, NODES, STACK, TEMPLATES["vllm"])
+    splan = serving_plan(llama, chosen, NODES, STACK)
     b300 = splan.config("b300")
     assert b300.tensor_parallel == 2 and b300.max_num_seqs == 64
     assert chosen.node("b300").tp_basis.startswith("SLA (predicted): TP 2")
-    assert splan.config("h200") == serving_plan(llama, p, NODES, STACK,
-                                                TEMPLATES["vllm"]).config("h200")
+    assert splan.config("h200") == serving_plan(llama, p, NODES, STACK).config("h200")
     # A choice the predictions could not cover, or for a node type that is measured, is ignored.
     memory = dataclasses.replace(choice, basis="memory", sla_pass=None)
     assert with_sla_choices(p, [memory], ["b300"]).node("b300").tensor_parallel == 1

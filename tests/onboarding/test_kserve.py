@@ -24,7 +24,6 @@ from onboarding.deploy.kserve import (
     RenderInputs,
     inline_secret_findings,
     load_deploy,
-    load_stack,
     pod_qos_class,
     predicted_pod,
     render,
@@ -38,7 +37,7 @@ from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shap
 from onboarding.deploy.serving_plan import serving_plan
 from onboarding.fetch.catalog import load_catalog
 from onboarding.serving.engine_config import evidence
-from onboarding.serving.serving_config import load_engine_templates
+from onboarding.serving.stack import load_stack
 from onboarding.serving.stats import LoadTimingResult
 from tests.conftest import assert_golden
 
@@ -49,7 +48,6 @@ DEPLOY = load_deploy(CONFIGS / "deploy.yaml")
 # A fixed fingerprint: goldens pin the rendering, not the current versions: section.
 STACK = dataclasses.replace(load_stack(CONFIGS / "stack.yaml"), fingerprint="0123456789ab")
 CATALOG = load_catalog(CONFIGS / "models")
-TEMPLATES = load_engine_templates(CONFIGS / "stack.yaml")
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 NOTHING_MEASURED = Measured()
@@ -60,7 +58,7 @@ def configured(model_id: str, node_type: str, spec=None, stack=STACK,
     spec = spec or CATALOG[model_id]
     shape = shape_from_hint(spec.architecture, f"catalog {spec.id}")
     p = plan(plan_inputs(spec, NODES, shape, measured), NODES)
-    splan = serving_plan(spec, p, NODES, stack, TEMPLATES[stack.engine])
+    splan = serving_plan(spec, p, NODES, stack)
     return spec, p, splan.config(node_type)
 
 
@@ -599,7 +597,7 @@ def test_one_local_model_cache_per_published_variant_across_node_types():
     spec = CATALOG["llama-3-1-70b-instruct"].model_copy(update={"precision_ladder": ["fp8"]})
     p = plan(plan_inputs(spec, NODES, shape_from_hint(spec.architecture, spec.id),
                          NOTHING_MEASURED), NODES)
-    splan = serving_plan(spec, p, NODES, STACK, TEMPLATES["vllm"])
+    splan = serving_plan(spec, p, NODES, STACK)
     assert {splan.config(nt).precision for nt in ("b300", "h200")} == {"fp8"}
     rendered_, _ = render_targets(spec, splan, NODES, STACK, DEPLOY, None, None, None,
                                   {"fp8": _published(spec.id, "fp8")})

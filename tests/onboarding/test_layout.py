@@ -35,7 +35,7 @@ from onboarding.layouts.placement import (
     plan_layout,
 )
 from onboarding.layouts.render import layout_summary
-from onboarding.serving.serving_config import load_slo_section
+from onboarding.serving.profiles import load_slo_section
 from onboarding.serving.stats import ServingBenchmarkResult
 from tests.conftest import assert_golden
 

@@ -44,7 +44,6 @@ from tests.report_facts import (
     NODES,
     STACK,
     TARGETS,
-    TEMPLATES,
     facts_of,
     ready_model,
     stand_in_model,
@@ -123,7 +122,7 @@ def test_estimates_name_their_rule():
     spec = CATALOG[BIG]
     p = plan(plan_inputs(spec, NODES, shape_from_hint(spec.architecture, "t"), Measured()),
              NODES)
-    splan = serving_plan(spec, p, NODES, STACK, TEMPLATES[STACK.engine])
+    splan = serving_plan(spec, p, NODES, STACK)
     facts = dataclasses.replace(facts_of(ready_model()), serving_plan=splan, load_timing=None,
                                 benchmark=None, predictions=None)
     rows = {r["quantity"]: r for r in node_numbers(facts, "h200", splan.config("h200"))}

@@ -181,7 +181,7 @@ def test_the_target_itself_is_judged_when_swept():
 
 def test_a_blocking_profile_sweeps_the_target_concurrency():
     from onboarding.common.paths import PROJECT_ROOT
-    from onboarding.serving.serving_config import load_profiles
+    from onboarding.serving.profiles import load_profiles
 
     profiles = load_profiles(PROJECT_ROOT / "configs" / "scenarios.yaml")
     gpu = profiles["gpu"]

@@ -13,7 +13,7 @@ import pytest
 from onboarding.common.errors import ConfigError, OnboardingError
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import VariantRef
-from onboarding.deploy.kserve import load_deploy, load_stack
+from onboarding.deploy.kserve import load_deploy
 from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shape_from_config
 from onboarding.deploy.readiness import ManifestFacts, judge
 from onboarding.deploy.serving_plan import render_targets, serving_plan
@@ -34,7 +34,7 @@ from onboarding.fetch.twins import (
 )
 from onboarding.quantize.variants import QuantizationError
 from onboarding.serving.engine_config import ConfigInputs, build_config
-from onboarding.serving.serving_config import load_engine_templates
+from onboarding.serving.stack import load_stack
 from onboarding.serving.stats import ServingBenchmarkResult, StartSample, summarize_load_timing
 
 CONFIGS = PROJECT_ROOT / "configs"
@@ -42,7 +42,7 @@ TWINS = PROJECT_ROOT / "twins"
 CATALOG = load_catalog(CONFIGS / "models")
 NODES = load_nodes(CONFIGS / "nodes.yaml")
 STACK = load_stack(CONFIGS / "stack.yaml")
-VLLM = load_engine_templates(CONFIGS / "stack.yaml")["vllm"]
+VLLM = load_stack(CONFIGS / "stack.yaml").templates["vllm"]
 TWIN_8B = CATALOG["llama-3-1-8b-instruct-twin"]
 
 
@@ -208,9 +208,9 @@ def test_a_twin_is_not_measured_at_a_precision_whose_marker_is_unusable():
 
 def test_the_twins_configuration_loads_random_weights_and_hashes_apart_from_the_real_model():
     spec, p = twin_plan()
-    twin = serving_plan(spec, p, NODES, STACK, VLLM).config("h200")
+    twin = serving_plan(spec, p, NODES, STACK).config("h200")
     real_spec = spec.model_copy(update={"weights": "real"})
-    real = serving_plan(real_spec, p, NODES, STACK, VLLM).config("h200")
+    real = serving_plan(real_spec, p, NODES, STACK).config("h200")
     assert twin.params["load_format"] == "dummy" and "--load-format=dummy" in twin.param_args
     assert "load_format" not in real.params
     assert twin.hash != real.hash
@@ -223,7 +223,7 @@ def test_the_twins_configuration_loads_random_weights_and_hashes_apart_from_the_
 
 
 def test_an_engine_template_without_a_load_format_flag_cannot_start_a_twin():
-    sglang = load_engine_templates(CONFIGS / "stack.yaml")["sglang"]
+    sglang = load_stack(CONFIGS / "stack.yaml").templates["sglang"]
     inputs = ConfigInputs(spec=TWIN_8B, node_type="h200", hardware="sm90", engine="sglang",
                           engine_version="0.5.9", image="i", precision="fp8")
     assert "--load-format=dummy" in build_config(sglang, inputs).param_args  # SGLang takes it too
@@ -234,7 +234,7 @@ def test_an_engine_template_without_a_load_format_flag_cannot_start_a_twin():
 
 def test_no_manifest_is_rendered_for_a_twin_and_it_is_never_ready():
     spec, p = twin_plan()
-    splan = serving_plan(spec, p, NODES, STACK, VLLM)
+    splan = serving_plan(spec, p, NODES, STACK)
     deploy = load_deploy(CONFIGS / "deploy.yaml")
     rendered, skipped = render_targets(spec, splan, NODES, STACK, deploy, "bfloat16")
     assert rendered == [] and set(skipped) == set(deploy.target_node_types)

@@ -12,8 +12,7 @@ import yaml
 from bench.gpu_h200_doc import regenerated
 from bench.gpu_serving import BUDGET_SWEEP, _hist_delta, pinned_configs
 from onboarding.common.paths import PROJECT_ROOT
-from onboarding.deploy.kserve import load_stack
-from onboarding.serving.serving_config import load_engine_templates
+from onboarding.serving.stack import load_stack
 from scripts.gpu_noisy_neighbour import degradation
 
 H200 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200"
@@ -53,7 +52,7 @@ def test_pinned_configs_keep_the_driver_when_nvidia_smi_said_nothing(tmp_path):
 
 
 def test_histogram_means_between_two_scrapes_in_milliseconds():
-    metrics = load_engine_templates(PROJECT_ROOT / "configs" / "stack.yaml")["vllm"].metrics
+    metrics = load_stack(PROJECT_ROOT / "configs" / "stack.yaml").templates["vllm"].metrics
 
     def scrape(ttft_sum, ttft_count, itl_sum, itl_count) -> str:
         return "\n".join([

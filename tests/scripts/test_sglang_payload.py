@@ -90,14 +90,13 @@ def twin_h200():
     cf = ConfigFiles()
     spec = cf.spec("llama-3-1-8b-instruct-twin")
     nodes, stack = cf.nodes(), cf.stack()
-    templates = cf.engine_templates()
-    splan = serving_plan(spec, build_plan(spec, nodes, None, None), nodes, stack,
-                         templates[stack.engine])
+    templates = cf.stack().templates
+    splan = serving_plan(spec, build_plan(spec, nodes, None, None), nodes, stack)
     return cf, spec, templates, splan.config("h200")
 
 
 def other_engine(cf, base) -> str:
-    others = sorted(e for e in cf.engine_templates() if e != base.engine)
+    others = sorted(e for e in cf.stack().templates if e != base.engine)
     assert others, "stack.yaml has a second engine template"
     return others[0]
 

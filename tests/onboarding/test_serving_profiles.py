@@ -7,23 +7,21 @@ import pytest
 from onboarding.common.errors import ConfigError
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.fetch.catalog import parse_spec
-from onboarding.serving.serving_config import (
+from onboarding.serving.profiles import (
     Scenario,
     check_fits,
-    effective_max_model_len,
-    load_engine_templates,
     load_profiles,
     load_slo_section,
     resolve_slo,
-    servable,
 )
+from onboarding.serving.stack import effective_max_model_len, load_stack, servable
 
 CONFIGS = PROJECT_ROOT / "configs"
 
 
 @pytest.fixture(scope="module")
 def templates():
-    return load_engine_templates(CONFIGS / "stack.yaml")
+    return load_stack(CONFIGS / "stack.yaml").templates
 
 
 def test_shipped_configs_parse(templates):

@@ -1,15 +1,16 @@
-"""Declarative inputs of the serving stage: engine templates, traffic profiles, SLOs.
+"""What the serving stage measures and judges: traffic profiles and SLOs.
 
-`configs/stack.yaml` section `engines`, `configs/scenarios.yaml`, `configs/gates.yaml` section
-`slo`. Each parser reads only its own section (other stages own the rest of those files), rejects
-unknown keys, and names file + field in every error.
+`configs/scenarios.yaml` (the profiles: scenarios, the sweep, load-timing repeats) and
+`configs/gates.yaml` section `slo`. Each parser reads only its own section (other stages own the
+rest of gates.yaml), rejects unknown keys, and names file + field in every error. The engine
+templates are the serving stack's (onboarding/serving/stack.py). Named `serving_config` before issue
+27, when that name meant three things.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -17,103 +18,6 @@ from onboarding.common.config import StrictConfig, format_validation_error, load
 from onboarding.common.errors import ConfigError
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.serving.stats import Slo
-
-# ---- configs/stack.yaml: engines ----
-
-class ArgFlag(StrictConfig):
-    flag: str | None = None
-    off_flag: str | None = None
-
-
-class HardwareProfile(StrictConfig):
-    defaults: dict[str, Any] = Field(default_factory=dict)
-    unsupported_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-
-
-class MetricNames(StrictConfig):
-    running: str
-    waiting: str
-    kv_cache_usage: str
-    ttft_histogram: str
-    itl_histogram: str
-
-
-class EngineTemplate(StrictConfig):
-    """How to start one engine: the executable (locally and in the serving image), how it takes
-    the model, host, port and served name, its flags, log line, metrics and kernels."""
-
-    command: list[str] = Field(min_length=1, description="local executable; {bin_dir} filled")
-    container_command: list[str] = Field(min_length=1, description="the serving image's")
-    model_arg: str = Field(default="", description="'' = the model path is positional")
-    host_flag: str = "--host"
-    port_flag: str = "--port"
-    served_name_flag: str = "--served-model-name"
-    weights_loaded_pattern: str
-    health_path: str = "/health"
-    metrics: MetricNames
-    env: dict[str, str] = Field(default_factory=dict)
-    args: dict[str, ArgFlag] = Field(default_factory=dict)
-    serves: dict[str, list[str]]
-    hardware: dict[str, HardwareProfile] = Field(default_factory=dict)
-    # Directories the engine compiles and caches kernels into (env variable -> subdirectory):
-    # a fully cold start points them at an empty directory.
-    cache_env: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("weights_loaded_pattern")
-    @classmethod
-    def _regex(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression ({exc})") from None
-        return v
-
-
-def load_engine_templates(stack_path: Path) -> dict[str, EngineTemplate]:
-    data = load_yaml(stack_path) or {}
-    section = data.get("engines") if isinstance(data, dict) else None
-    if not isinstance(section, dict) or not section:
-        raise ConfigError(f"{stack_path}: section 'engines'", "missing or empty",
-                          "Add an 'engines:' mapping with at least a 'vllm' template.")
-    out = {}
-    for name, body in section.items():
-        try:
-            out[name] = EngineTemplate.model_validate(body)
-        except ValidationError as exc:
-            raise ConfigError(
-                str(stack_path), format_validation_error(f"engines.{name}", exc).replace(
-                    f"engines.{name}: field '", f"field 'engines.{name}."),
-                "Fix the engine template.") from None
-    return out
-
-
-def hardware_class(hardware: str) -> str:
-    """`cpu` stays `cpu`; every `smNN` is a `gpu` for profile lookup."""
-    return "cpu" if hardware == "cpu" else "gpu"
-
-
-def servable(template: EngineTemplate, engine: str, hardware: str, precision: str
-             ) -> tuple[bool, str]:
-    """Can this engine on this hardware serve `precision`? The reason when it cannot."""
-    serves = template.serves.get(hardware)
-    if serves is None:
-        known = ", ".join(sorted(template.serves)) or "none"
-        return False, (f"{engine} has no kernels listed for hardware {hardware!r} "
-                       f"(configs/stack.yaml engines.{engine}.serves knows: {known})")
-    if precision not in serves:
-        needs = sorted(h for h, ps in template.serves.items() if precision in ps)
-        return False, (f"{engine} on {hardware} serves {', '.join(serves)}, not {precision}; "
-                       f"{precision} needs {', '.join(needs) or 'hardware not listed'}")
-    return True, ""
-
-
-def effective_max_model_len(template: EngineTemplate, hardware: str,
-                            engine_args: dict[str, Any]) -> int | None:
-    profile = template.hardware.get(hardware_class(hardware), HardwareProfile())
-    value = {**profile.defaults, **engine_args}.get("max_model_len")
-    return int(value) if value is not None else None
-
 
 # ---- configs/scenarios.yaml ----
 
