@@ -140,7 +140,9 @@ def test_timing_and_benchmark_emit_what_the_plan_reads(config_dir, model_dir, fa
     sweep = pd.read_csv(Path(b["plot_path"]).with_suffix(".csv"))
     assert set(sweep["engine_exited"]) == {False}
     # The engine's frontend (here the fake engine's one process) read beside every point.
-    assert (sweep["frontend_cpu_cores"] > 0).all() and sweep["frontend_bound"].dtype == bool
+    # /proc CPU ticks are 10 ms: a short point can read 0, but the sampler must see the server
+    assert (sweep["frontend_cpu_cores"] >= 0).all() and (sweep["frontend_cpu_cores"] > 0).any()
+    assert sweep["frontend_bound"].dtype == bool
     assert "frontend_cpu_cores" in b["sweep"]
     assert b["frontend_bound_points"] == [
         f"{r.scenario} @ {r.load}" for r in sweep.itertuples() if r.frontend_bound]
