@@ -20,7 +20,8 @@ from typing import Self
 
 import dagster as dg
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
+from onboarding.serving.frontend import children, tree_cpu_s
+
 _STEP_END = (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE)
 # Dagster's compute-log capture starts these beside every step (`tail -F` of the step's output
 # and its orphan watcher): real children, but the instance's, not the step's work.
@@ -55,39 +56,6 @@ class StepTiming:
         return None if self.end is None else self.end - self.start
 
 
-def _fields(pid: int) -> list[str]:
-    text = Path(f"/proc/{pid}/stat").read_text()
-    return text[text.rfind(")") + 2:].split()  # the name in parentheses may hold spaces
-
-
-def _direct_children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return out
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds `pid` has used, with its reaped children's (cutime, cstime) and every living
-    descendant's: a child's time stays counted after it exits and is waited for."""
-    total, todo, seen = 0.0, [pid], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            f = _fields(p)
-            total += sum(int(x) for x in f[11:15]) / _CLK_TCK
-            todo += _direct_children(p)
-        except (OSError, ValueError, IndexError):
-            continue  # exited between the listing and the read
-    return total
-
-
 def _command(pid: int) -> str:
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -111,9 +79,9 @@ class TreeSampler:
 
     def _read(self) -> None:
         now = time.time()
-        self.samples.append((now, tree_cpu_s(self.pid)))
+        self.samples.append((now, tree_cpu_s(self.pid, reaped=True)))
         try:
-            kids = _direct_children(self.pid)
+            kids = children(self.pid)
         except OSError:
             kids = []
         for kid in kids:

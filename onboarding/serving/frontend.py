@@ -34,10 +34,11 @@ def _stat_fields(pid: int) -> list[str]:
     return text[text.rfind(")") + 2:].split()  # the name in parentheses may hold spaces
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, all threads) one process has used so far."""
+def process_cpu_s(pid: int, reaped: bool = False) -> float:
+    """CPU seconds (user + system, all threads) one process has used so far; with `reaped`, also
+    its waited-for children's (cutime + cstime), which stay counted after they exit."""
     f = _stat_fields(pid)
-    return (int(f[11]) + int(f[12])) / _CLK_TCK
+    return sum(int(x) for x in f[11:15 if reaped else 13]) / _CLK_TCK
 
 
 def children(pid: int) -> list[int]:
@@ -55,8 +56,9 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of `pid` and all its living descendants (the whole engine)."""
+def tree_cpu_s(pid: int, reaped: bool = False) -> float:
+    """CPU seconds of `pid` and all its living descendants (the whole engine); `reaped` adds
+    each one's waited-for children (`process_cpu_s`)."""
     total, todo, seen = 0.0, [pid], set()
     while todo:
         p = todo.pop()
@@ -64,7 +66,7 @@ def tree_cpu_s(pid: int) -> float:
             continue
         seen.add(p)
         try:
-            total += process_cpu_s(p)
+            total += process_cpu_s(p, reaped)
         except (OSError, ValueError, IndexError):
             continue  # exited between the listing and the read
         todo += children(p)

@@ -80,3 +80,20 @@ def test_the_plot_crosses_the_frontend_bound_points_and_says_so_once():
     assert [ax.get_legend_handles_labels()[1] for ax in axes] == [[]] * 3
     plt.close(fig)
     assert sweep_png(_rows(64), "t").startswith(b"\x89PNG")
+
+
+def test_reaped_adds_the_cpu_of_children_that_exited_and_were_waited_for():
+    """`reaped` is what the run timing needs (a step's engine exits before the step ends) and
+    what the frontend figure must leave out (the API server's own CPU only)."""
+    import os
+    import subprocess
+    import sys
+
+    from onboarding.serving.frontend import process_cpu_s
+
+    own0, all0 = process_cpu_s(os.getpid()), process_cpu_s(os.getpid(), reaped=True)
+    subprocess.run([sys.executable, "-c",
+                    "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"],
+                   check=True)
+    own, both = process_cpu_s(os.getpid()) - own0, process_cpu_s(os.getpid(), reaped=True) - all0
+    assert both - own >= 0.4  # the child's 0.5 CPU s, counted only with reaped
