@@ -5,7 +5,8 @@ type's engine by (onboarding/deploy/engine_choice.py).
 
     .venv/bin/python bench/engine_measurements.py --engine vllm \\
         tests/data/gpu/h200/twins.json tests/data/gpu/h200-2026-12-02/twins.json \\
-        [tests/data/gpu/h200-<date>/sglang-twins.json ...] > configs/engine_measurements.json
+        tests/data/gpu/h200-2026-12-02-run4/{vllm,sglang}-{twins,smollm2}.json \\
+        > configs/engine_measurements.json
 
 `--engine` names the engine of recordings whose steps do not (those before issue 29: vLLM
 0.22.0, their READMEs say); a step that names its engine keeps it.

