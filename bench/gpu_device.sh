@@ -9,6 +9,8 @@
 #                                         twins' CPU part: config fetch, markers, serving_config)
 #   bash bench/gpu_device.sh onboard T    load_timing (three kinds of start)
 #   bash bench/gpu_device.sh onboard B    serving_benchmark, manifests, readiness, reports
+#                                         (carry .kserve-crds: the CRDs the manifests are
+#                                         validated against; `crd-paths` prints what is set)
 #   bash bench/gpu_device.sh twins        performance twins and the `vllm bench serve` check
 #                                         (TWINS, CONCURRENCY, CROSSCHECK choose what runs)
 #   bash bench/gpu_device.sh frontend     issue 24: the client's request ingredients one at a
@@ -40,7 +42,17 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 WORK=${WORK:-/tmp/onb}  # the x2 steps' state (gpu_serving.py --work); DRY_RUN=1: a CPU's part
 X2_TWINS=llama-3-1-8b-instruct-twin,llama-3-1-70b-instruct-twin
 
+# The KServe CRDs the manifest step validates against (../shared/kserve is not carried to the
+# device): `.kserve-crds/`, carried on the call that renders manifests (`onboard B`), is kept
+# under /tmp for later calls and named in KSERVE_CRD_PATHS (resources/manifest_validator.py).
+CRD_DIR=${CRD_DIR:-/tmp/kserve-crds}
+if [ -d .kserve-crds ]; then mkdir -p "$CRD_DIR" && cp .kserve-crds/*.yaml "$CRD_DIR/"; fi
+if ls "$CRD_DIR"/*.yaml >/dev/null 2>&1; then
+  KSERVE_CRD_PATHS=$(ls "$CRD_DIR"/*.yaml | paste -sd: -); export KSERVE_CRD_PATHS
+fi
+
 case "$1" in
+  crd-paths) echo "KSERVE_CRD_PATHS=${KSERVE_CRD_PATHS:-}" ;;
   piece)
     mkdir -p /tmp/asm /tmp/gg
     cp ".gpu$2"/part.* /tmp/asm/ 2>/dev/null || true

@@ -308,6 +308,34 @@ def _device_step(step: str, tmp_path: Path) -> subprocess.CompletedProcess:
                                "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
 
 
+def test_the_device_steps_name_the_carried_kserve_crds_for_the_manifest_step(tmp_path):
+    """The third H200 run's `onboard B` failed at kserve_manifest: ../shared/kserve does not
+    travel to the device. A carried `.kserve-crds/` is kept (CRD_DIR, /tmp there) and named in
+    KSERVE_CRD_PATHS for that call and the later ones; without it nothing is set."""
+    import shutil
+
+    def crd_paths(cwd: Path) -> str:
+        done = subprocess.run(["bash", str(PROJECT_ROOT / "bench/gpu_device.sh"), "crd-paths"],
+                              cwd=cwd, capture_output=True, text=True, timeout=60, check=False,
+                              env={**os.environ, "OUT": str(tmp_path / "out"),
+                                   "CRD_DIR": str(tmp_path / "kept")})
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().removeprefix("KSERVE_CRD_PATHS=")
+
+    bare, carried = tmp_path / "bare", tmp_path / "carried"
+    bare.mkdir()
+    assert crd_paths(bare) == ""
+    (carried / ".kserve-crds").mkdir(parents=True)
+    for name in ("serving.kserve.io_inferenceservices.yaml",
+                 "serving.kserve.io_servingruntimes.yaml"):
+        shutil.copy(PROJECT_ROOT.parent / "shared" / "kserve" / name
+                    if (PROJECT_ROOT.parent / "shared" / "kserve" / name).is_file()
+                    else PROJECT_ROOT / "pyproject.toml", carried / ".kserve-crds" / name)
+    kept = sorted(str(tmp_path / "kept" / n) for n in os.listdir(carried / ".kserve-crds"))
+    assert crd_paths(carried).split(":") == kept
+    assert crd_paths(bare).split(":") == kept  # a later call without the carry keeps them
+
+
 def test_gpu_x2_dry_runs_print_the_probe_thresholds_and_the_pairs_launchers(tmp_path):
     """Issue 26's interconnect and neighbour steps (two H200s) as far as a CPU goes: the probe's
     argv at acceptance.yaml's sizes and the thresholds it is judged by; the pair planned by the
