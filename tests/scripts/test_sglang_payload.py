@@ -129,3 +129,14 @@ def test_another_engine_without_kernels_for_the_precision_is_refused(twin_h200):
     with pytest.raises(ValueError, match=f"not {missing[0]}"):
         config_for_engine(dataclasses.replace(base, precision=missing[0]), spec,
                           templates[engine], engine, "0.5.17", "img")
+
+
+def test_a_fully_cold_sglang_start_also_empties_its_jit_kernel_cache():
+    """SGLang 0.5.17 compiles its small CUDA kernels on first use through apache-tvm-ffi, cached
+    under TVM_FFI_CACHE_DIR (default ~/.cache/tvm-ffi: tvm_ffi/cpp/extension.py of the carried
+    0.1.11). load_timing's fully cold start points the template's `cache_env` at an empty
+    directory; without this one the JIT cache stays warm and the start is not fully cold."""
+    template = ConfigFiles().stack().templates["sglang"]
+    assert {"TVM_FFI_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"} <= set(
+        template.cache_env)
+    assert len(set(template.cache_env.values())) == len(template.cache_env)  # one dir each
