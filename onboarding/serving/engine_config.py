@@ -142,7 +142,13 @@ def render_params(template: EngineTemplate, params: dict[str, Any]) -> list[str]
                               f"(known: {known})",
                               "Use one of the known names, or add it to the template's 'args' "
                               "in configs/stack.yaml.")
-        if isinstance(value, bool):
+        if isinstance(value, bool) and value and spec.true_value_from:
+            if spec.true_value_from not in params:
+                raise ConfigError(f"engine_args.{key}", f"rendered as {spec.flag} at "
+                                  f"{spec.true_value_from}, which this configuration lacks",
+                                  "Plan the configuration with that parameter.")
+            argv.append(f"{spec.flag}={params[spec.true_value_from]}")
+        elif isinstance(value, bool):
             flag = spec.flag if value else spec.off_flag
             if flag:
                 argv.append(flag)

@@ -59,6 +59,9 @@ _CUDA_IN_SMI = re.compile(r"CUDA Version:\s*([0-9.]+)")
 class ArgFlag(StrictConfig):
     flag: str | None = None
     off_flag: str | None = None
+    # a boolean that the engine takes as a size: true renders `flag=<params[true_value_from]>`
+    # (SGLang's expert parallelism is `--ep-size` at the TP size, not a switch)
+    true_value_from: str | None = None
 
 
 class HardwareProfile(StrictConfig):

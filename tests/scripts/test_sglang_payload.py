@@ -140,3 +140,21 @@ def test_a_fully_cold_sglang_start_also_empties_its_jit_kernel_cache():
     assert {"TVM_FFI_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"} <= set(
         template.cache_env)
     assert len(set(template.cache_env.values())) == len(template.cache_env)  # one dir each
+
+
+def test_expert_parallel_on_sglang_is_its_ep_size_at_the_tensor_parallel_size():
+    """SGLang removed `--enable-ep-moe`: "Please set `--ep-size` to the same value as
+    `--tp-size` instead" (SGLang docs/advanced_features/server_arguments.md, quoted in
+    SemiAnalysisAI/InferenceX PR 242; sgl-project/SpecForge PR 246). 0.5.17's ServerArgs has
+    `ep_size` and no `enable_ep_moe`. A MoE model planned with expert parallelism at TP > 1
+    renders `--ep-size=<TP>` through the SGLang template."""
+    cf = ConfigFiles()
+    spec = cf.spec("qwen3-235b-a22b-instruct")
+    nodes, stack = cf.nodes(), cf.stack()
+    base = serving_plan(spec, build_plan(spec, nodes, None, None), nodes, stack).config("h200")
+    assert base.tensor_parallel > 1 and base.params.get("enable_expert_parallel") is True
+    image = engine_images(cf.stack_config(), "sglang", "0.5.17")[base.hardware]
+    sgl = config_for_engine(base, spec, stack.templates["sglang"], "sglang", "0.5.17", image)
+    assert f"--ep-size={base.tensor_parallel}" in sgl.param_args
+    assert f"--tp-size={base.tensor_parallel}" in sgl.param_args
+    assert "--enable-ep-moe" not in sgl.param_args
