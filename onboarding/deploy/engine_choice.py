@@ -15,6 +15,7 @@ it), the slowest scenario's, per GPU. Engine names come from the templates, neve
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -106,25 +107,40 @@ def goodput_at_slo(rows: Sequence[Mapping[str, Any]], target_concurrency: int,
     return min(judged)
 
 
+def _median(ms: list[Measurement]) -> Measurement:
+    """One engine's runs at one configuration as one measurement: the median goodput, the
+    sources joined (with n when more than one)."""
+    import statistics
+
+    if len(ms) == 1:
+        return ms[0]
+    g = statistics.median(m.goodput_rps_per_gpu for m in ms)
+    return dataclasses.replace(ms[0], goodput_rps_per_gpu=g, source=f"median of {len(ms)} runs: "
+                               + "; ".join(m.source for m in ms))
+
+
 def choose_engine(node_type: str, candidates: Mapping[str, ServingConfig],
                   measurements: Iterable[Measurement], default_engine: str) -> EngineChoice:
     """The engine for `node_type` among `candidates` (engine -> its configuration there).
 
     Measured: when two or more candidates were measured on this node type at exactly their
-    configuration (same hash), the highest goodput at the SLO wins (a tie keeps the default
+    configuration (same hash), the highest goodput at the SLO (each engine's median over its
+    runs there) wins (a tie keeps the default
     engine when it is among the best, else the first by name). Otherwise the default engine,
     saying which engines lacked a measurement."""
     if default_engine not in candidates:
         raise ValueError(f"{node_type}: the default engine {default_engine!r} has no "
                          f"configuration (candidates: {', '.join(sorted(candidates)) or 'none'})")
-    found: dict[str, Measurement] = {}
+    runs: dict[str, list[Measurement]] = {}
     for m in measurements:
         c = candidates.get(m.engine)
         if c is None or m.node_type != node_type or m.config_hash != c.hash:
             continue
-        best = found.get(m.engine)
-        if best is None or m.goodput_rps_per_gpu > best.goodput_rps_per_gpu:
-            found[m.engine] = m
+        runs.setdefault(m.engine, []).append(m)
+    # an engine's figure is the median of its runs at that configuration, not its best: the
+    # best of several runs against one run of another engine would favour the engine measured
+    # more often
+    found = {e: _median(ms) for e, ms in runs.items()}
     default_hash = candidates[default_engine].hash
     if len(found) < 2:
         missing = [f"{e} at {c.hash}" for e, c in sorted(candidates.items()) if e not in found]
