@@ -247,7 +247,8 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
         {"fully_cold": pick(config.cold_repeats, d.cold_repeats),
          "cold_weights": pick(config.cold_weights_repeats, d.cold_weights_repeats),
          "warm": pick(config.warm_repeats, d.warm_repeats)},
-        start_timeout_s=config.start_timeout_s or d.start_timeout_s, log=context.log)
+        start_timeout_s=config.start_timeout_s or d.start_timeout_s, log=context.log,
+        hand_off=True)
     result = dataclasses.replace(
         summarize_load_timing(spec.id, variant.precision, samples, raw.total_bytes,
                               raw.gbps if raw.total_bytes else None),
@@ -390,8 +391,9 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     check_fits(scenarios, setup.config.max_model_len)
     tokenizer = _load_tokenizer(variant.path)
     gpu_ids = [int(g) for g in engine.gpus.split(",") if g.strip().isdigit()] or None
-    with engine.serve(variant, setup.config) as running, \
+    with engine.serve_shared(variant, setup.config) as running, \
             telemetry.sampler(gpu_ids) as sampler, FrontendSampler(running.pid) as frontend:
+        context.log.info(engine_start_note(running))
         rows, points = run_sweep(context, outputs, loadgen, running, template, spec.served_name,
                               scenarios, sweep, setup.slo, tokenizer, sampler, frontend)
     result, basis, violations = headline(spec.id, variant.precision, engine.node_type, gpus,
@@ -410,6 +412,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
         "slo_pass": result.slo_pass,
         "throughput_basis": basis,
         "slo": dg.MetadataValue.json(setup.slo.__dict__),
+        "engine_start": dg.MetadataValue.text(engine_start_note(running)),
         "engine_args_dropped": dg.MetadataValue.json(
             {"dropped_on_" + engine.resolved_hardware(): running.dropped_args}),
         **stack_metadata(configs),
@@ -417,6 +420,20 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     })
     yield _slo_check(setup, result, violations)
     yield node_check
+
+
+def engine_start_note(running) -> str:
+    """Which engine the sweep measured: load_timing's last start of the same configuration,
+    handed off in this run (resources/engine.py), or one started for this step."""
+    if running.reused_from:
+        return (f"reused load_timing's {running.reused_from} start of configuration "
+                f"{running.config_hash} (pid {running.pid}), started and measured earlier in "
+                "this run: it had served only its readiness completion (one token of "
+                "\"Hello\"), as an engine started here would have, so its prefix cache holds "
+                "what a fresh start's holds and nothing is reset; each point's warm-up "
+                "requests run first either way")
+    return (f"started for this step: configuration {running.config_hash} (pid {running.pid}), "
+            f"first token after {running.phases.first_token_s or 0:.1f} s")
 
 
 def _slo_check(setup: Setup, result: ServingBenchmarkResult, violations: list[str]

@@ -50,6 +50,10 @@ class StepTiming:
     end: float | None
     cpu_s: float | None  # None where the samples do not cover the step
     children: tuple[ChildProcess, ...] = ()
+    # children an earlier step started that were still up in this one (a handed-off engine),
+    # with the step each was counted in
+    carried: tuple[ChildProcess, ...] = ()
+    carried_from: tuple[str, ...] = ()
 
     @property
     def wall_s(self) -> float | None:
@@ -62,7 +66,7 @@ def _command(pid: int) -> str:
     except OSError:
         return "?"
     words = [Path(a.decode(errors="replace")).name for a in argv[:3] if a]
-    return " ".join(words) or "?"
+    return " ".join(" ".join(words).split())[:60] or "?"  # one line: `python -c <code>`
 
 
 @dataclass
@@ -126,7 +130,8 @@ def cpu_between(samples: Sequence[tuple[float, float]], t0: float, t1: float) ->
 def step_timings(records: Iterable[dg.EventLogEntry], samples: Sequence[tuple[float, float]] = (),
                  children: Iterable[ChildProcess] = ()) -> list[StepTiming]:
     """One row per step in start order, from a run's STEP_START / STEP_SUCCESS / STEP_FAILURE
-    records; a child process belongs to the step it was first seen in."""
+    records; a child process belongs to the step it was first seen in, and is `carried` by a
+    later step it was still seen in."""
     starts: dict[str, float] = {}
     ends: dict[str, tuple[float, str]] = {}
     for entry in records:
@@ -140,11 +145,16 @@ def step_timings(records: Iterable[dg.EventLogEntry], samples: Sequence[tuple[fl
             ends[entry.step_key] = (entry.timestamp, "success" if ok else "failure")
     kids = sorted(children, key=lambda c: c.first_seen)
     rows = []
+    owner: dict[int, str] = {}
     for step, start in sorted(starts.items(), key=lambda kv: kv[1]):
         end, status = ends.get(step, (None, "running"))
         mine = tuple(c for c in kids if start <= c.first_seen <= (end or float("inf")))
+        carried = tuple(c for c in kids if c.first_seen < start < c.last_seen
+                        and c.pid in owner)
+        owner.update((c.pid, step) for c in mine)
         cpu = None if end is None else cpu_between(samples, start, end)
-        rows.append(StepTiming(step, status, start, end, cpu, mine))
+        rows.append(StepTiming(step, status, start, end, cpu, mine, carried,
+                               tuple(owner[c.pid] for c in carried)))
     return rows
 
 
@@ -167,7 +177,9 @@ def breakdown_lines(rows: Sequence[StepTiming], cores: int | None = None) -> lis
 
     lines = [f"  {'step':<28} {'wall s':>7} {'CPU s':>7}  child processes (alive s)"]
     for r in rows:
-        kids = ", ".join(f"{c.command} ({c.alive_s:.0f})" for c in r.children)
+        kids = ", ".join([f"{c.command} ({c.alive_s:.0f})" for c in r.children]
+                         + [f"{c.command} (kept from {step})"
+                            for c, step in zip(r.carried, r.carried_from, strict=True)])
         lines.append(f"  {r.step:<28} {s(r.wall_s)} {s(r.cpu_s)}  {kids or '-'}"
                      + ("" if r.status == "success" else f"  [{r.status}]"))
     ended = [r for r in rows if r.end is not None]

@@ -6,13 +6,22 @@ the whole process group on the way out, whether the step succeeded, failed or wa
 (Dagster interrupts a step by raising inside it, so `finally` runs). Readiness is `/health`
 answering 200 and then one real completion, because vLLM answers /health before the first
 request has paid for lazy initialisation.
+
+One hand-off (issue 28): `time_starts(..., hand_off=True)` parks its last start, once measured,
+instead of reaping it, and a later `serve_shared` of the same configuration (hash, model path
+and content) in the same process takes it over instead of paying for another start: the
+serving benchmark runs on load_timing's warm start. At most one engine is ever up: any other
+start reaps a parked engine first, and the resource's teardown (the run's end in the in-process
+executor, the step's end in a step process) and an atexit hook reap one nothing took.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import gc
 import json
 import os
@@ -97,6 +106,8 @@ class RunningEngine:
     phases: StartPhases = field(default_factory=StartPhases)
     process: subprocess.Popen | None = field(default=None, repr=False, compare=False)
     config_hash: str = ""
+    # "" : started for the caller; else the kind of the load-timing start it was handed off from
+    reused_from: str = ""
 
     def exit_code(self) -> int | None:
         """None while the engine process runs; its exit status once it has exited."""
@@ -125,6 +136,37 @@ class RunningEngine:
             "from outside); the sweep needs an engine that stays up to the end, so re-run the "
             "step once the cause is fixed.")
 
+
+@dataclass
+class _Parked:
+    """A started, measured engine waiting for a later step of the same configuration."""
+
+    key: tuple[str, str, str]  # (config hash, model path, content hash)
+    running: RunningEngine
+    kind: str  # the load-timing start it was: fully_cold, cold_weights or warm
+    cleanup: Any = None  # called once it is reaped (its scratch caches)
+
+
+_PARKED: list[_Parked] = []  # at most one
+
+
+def _key(variant: VariantRef, config: EngineConfig) -> tuple[str, str, str]:
+    return (config.hash, str(variant.path), variant.content_hash)
+
+
+def release_parked() -> None:
+    """Reap the parked engine, if any, and remove what it used."""
+    while _PARKED:
+        p = _PARKED.pop()
+        try:
+            if p.running.process is not None:
+                reap_group(p.running.process, grace_s=REAP_GRACE_S)
+        finally:
+            if p.cleanup is not None:
+                p.cleanup()
+
+
+atexit.register(release_parked)
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -317,7 +359,8 @@ class Engine(dg.ConfigurableResource):
 
     def time_starts(self, variant: VariantRef, config: EngineConfig,
                     repeats: Mapping[str, int], start_timeout_s: float | None = None,
-                    log: Any = None) -> tuple[list[StartSample], page_cache.RawRead]:
+                    log: Any = None, hand_off: bool = False
+                    ) -> tuple[list[StartSample], page_cache.RawRead]:
         """Starts of each kind (serving_stats.START_KINDS), in that order.
 
         fully_cold: weights evicted (verified by residency) and the engine's compile/kernel
@@ -329,6 +372,10 @@ class Engine(dg.ConfigurableResource):
 
         A performance twin's configuration (`load_format: dummy`) reads no weights: nothing is
         evicted or read, its samples' resident fraction is NaN and the raw read is empty.
+
+        `hand_off`: the last start, once its sample is taken, is parked for a later
+        `serve_shared` of the same configuration instead of reaped (with its scratch caches,
+        removed when it is reaped). Every start is a measured one either way.
         """
         random_weights = config.param("load_format") == DUMMY_LOAD_FORMAT
         files = [] if random_weights else weight_files(Path(variant.path))
@@ -339,28 +386,63 @@ class Engine(dg.ConfigurableResource):
             raw = page_cache.sequential_read(files)
         caches = Path(tempfile.mkdtemp(prefix="engine-caches-"))
         samples = []
+        plan = [(kind, i) for kind in ("fully_cold", "cold_weights", "warm")
+                for i in range(repeats.get(kind, 0))]
+        parked = False
         try:
             warm_caches = caches / "fully_cold-0"
-            for kind in ("fully_cold", "cold_weights", "warm"):
-                for i in range(repeats.get(kind, 0)):
-                    cache_dir = caches / f"fully_cold-{i}" if kind == "fully_cold" \
-                        else warm_caches
-                    if kind == "fully_cold":
-                        warm_caches = cache_dir
-                    resident = _page_state(kind, files)
-                    with self.serve(variant, config, start_timeout_s=start_timeout_s,
-                                    cache_dir=cache_dir) as running:
-                        ph = running.phases
-                        samples.append(StartSample(
-                            kind=kind, resident_fraction=resident,
-                            weights_loaded_s=ph.weights_loaded_s,
-                            engine_weights_load_s=ph.engine_weights_load_s,
-                            health_ready_s=ph.health_ready_s, first_token_s=ph.first_token_s))
-                    if log is not None:
-                        log.info(f"{kind} start {i + 1}/{repeats[kind]}: {samples[-1]}")
+            for n, (kind, i) in enumerate(plan):
+                cache_dir = caches / f"fully_cold-{i}" if kind == "fully_cold" \
+                    else warm_caches
+                if kind == "fully_cold":
+                    warm_caches = cache_dir
+                resident = _page_state(kind, files)
+                last = hand_off and n == len(plan) - 1
+                with self.serve(variant, config, start_timeout_s=start_timeout_s,
+                                cache_dir=cache_dir,
+                                park_as=kind if last else None) as running:
+                    ph = running.phases
+                    samples.append(StartSample(
+                        kind=kind, resident_fraction=resident,
+                        weights_loaded_s=ph.weights_loaded_s,
+                        engine_weights_load_s=ph.engine_weights_load_s,
+                        health_ready_s=ph.health_ready_s, first_token_s=ph.first_token_s))
+                parked = any(p.running is running for p in _PARKED)
+                if log is not None:
+                    log.info(f"{kind} start {i + 1}/{repeats[kind]}: {samples[-1]}"
+                             + (" (kept up for a later step of configuration "
+                                f"{config.hash})" if last else ""))
         finally:
-            shutil.rmtree(caches, ignore_errors=True)
+            if parked:
+                _PARKED[-1].cleanup = lambda: shutil.rmtree(caches, ignore_errors=True)
+            else:
+                shutil.rmtree(caches, ignore_errors=True)
         return samples, raw
+
+    @contextlib.contextmanager
+    def serve_shared(self, variant: VariantRef, config: EngineConfig,
+                     start_timeout_s: float | None = None) -> Iterator[RunningEngine]:
+        """The parked engine of this configuration when one is up (`reused_from` says which
+        start it was), else a start of its own; reaped on the way out either way."""
+        found = next((p for p in _PARKED if p.key == _key(variant, config)), None)
+        if found is None or found.running.exit_code() is not None:
+            with self.serve(variant, config, start_timeout_s=start_timeout_s) as running:
+                yield running
+            return
+        _PARKED.remove(found)
+        running = dataclasses.replace(found.running, reused_from=found.kind)
+        try:
+            yield running
+        finally:
+            try:
+                reap_group(found.running.process, grace_s=REAP_GRACE_S)
+            finally:
+                if found.cleanup is not None:
+                    found.cleanup()
+
+    def teardown_after_execution(self, context: Any) -> None:
+        """The run's (or the step process's) end: no engine outlives it."""
+        release_parked()
 
     # ---- starting ----
 
@@ -368,9 +450,12 @@ class Engine(dg.ConfigurableResource):
     def serve(self, variant: VariantRef, config: EngineConfig | str,
               engine_args: dict[str, Any] | None = None,
               start_timeout_s: float | None = None,
-              cache_dir: Path | None = None) -> Iterator[RunningEngine]:
+              cache_dir: Path | None = None,
+              park_as: str | None = None) -> Iterator[RunningEngine]:
         """Start `config` (a served name instead: an ad-hoc configuration of `engine_args`),
-        wait until a real completion succeeds, yield, and always reap."""
+        wait until a real completion succeeds, yield, and always reap; `park_as` (a start
+        kind): after a body that did not raise, park it for `serve_shared` instead."""
+        release_parked()  # one engine at a time, and none beside a measured start
         if isinstance(config, str):
             config = self.adhoc_config(variant, config, engine_args)
         template = self.template()
@@ -420,14 +505,18 @@ class Engine(dg.ConfigurableResource):
                                 served_name=config.served_name, log_path=log_path, argv=argv,
                                 dropped_args=list(config.dropped), process=proc,
                                 config_hash=config.hash)
-        ready = False
+        ready = parked = False
         try:
             self._wait_ready(proc, running, template, t0, timeout_s)
             ready = True
             yield running
+            if park_as is not None and proc.poll() is None:
+                _PARKED.append(_Parked(_key(variant, config), running, park_as))
+                parked = True
         finally:
-            late = not ready and time.perf_counter() - t0 >= timeout_s
-            reap_group(proc, grace_s=REAP_GRACE_AFTER_DEADLINE_S if late else REAP_GRACE_S)
+            if not parked:
+                late = not ready and time.perf_counter() - t0 >= timeout_s
+                reap_group(proc, grace_s=REAP_GRACE_AFTER_DEADLINE_S if late else REAP_GRACE_S)
 
     def _wait_ready(self, proc: subprocess.Popen, running: RunningEngine,
                     template: EngineTemplate, t0: float, timeout_s: float) -> None:

@@ -338,3 +338,50 @@ def test_the_sweep_runs_where_load_timing_never_materialized(config_dir, model_d
             "concurrency": [1, 2], "requests_per_point": 4}}}}, raise_on_error=False)
     assert result.success
     assert result.output_for_node("serving_benchmark").tokens_per_s_per_gpu > 0
+    assert metadata(result, "serving_benchmark")["engine_start"].startswith("started for")
+
+
+def _starts(path: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_benchmark_measures_on_load_timings_last_start_not_a_start_of_its_own(
+        config_dir, model_dir, fake_engine, tmp_path, monkeypatch):
+    """One run, one configuration: load_timing's starts (2 fully cold, 1 cold weights, 1 warm)
+    are its measurement; the sweep then runs on the warm start's engine (no fifth start) and
+    says so; no engine is left when the run ends."""
+    from tests.resources.test_engine import group_members
+
+    starts = tmp_path / "starts.jsonl"
+    monkeypatch.setenv("FAKE_ENGINE_STARTS", str(starts))
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"])
+    result = materialize(stub_variant(model_dir), fake_engine)
+    assert result.success
+    seen = _starts(starts)
+    assert len(seen) == 4
+    b = metadata(result, "serving_benchmark")
+    assert b["engine_start"].startswith("reused load_timing's warm start")
+    assert b["config_hash"] in b["engine_start"]
+    assert "prefix cache" in b["engine_start"]
+    assert [group_members(s["pid"]) for s in seen] == [[], [], [], []]
+
+
+def test_a_handed_off_engine_is_reaped_at_the_end_of_a_run_without_the_benchmark(
+        config_dir, model_dir, fake_engine, tmp_path, monkeypatch):
+    from tests.resources.test_engine import group_members
+
+    starts = tmp_path / "starts.jsonl"
+    monkeypatch.setenv("FAKE_ENGINE_STARTS", str(starts))
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"])
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [KEY])
+    result = dg.materialize(
+        [*stub_variant(model_dir), load_timing], partition_key=KEY, instance=instance,
+        resources={"engine": fake_engine, "configs": fake_engine.configs},
+        run_config={"ops": {"load_timing": RUN_CONFIG["ops"]["load_timing"]}},
+        raise_on_error=False)
+    assert result.success
+    seen = _starts(starts)
+    assert len(seen) == 4 and [group_members(s["pid"]) for s in seen] == [[], [], [], []]

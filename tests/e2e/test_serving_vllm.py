@@ -125,6 +125,11 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, o
               if e.event_type_value == "ASSET_CHECK_EVALUATION"
               and e.event_specific_data.check_name == SLO_CHECK)
     assert ev.check_name == SLO_CHECK and ev.passed == bench.slo_pass
+    # three starts (fully cold, the profile's cold-weights one, warm): the sweep ran on the warm
+    # one, handed off by load_timing, rather than a fourth
+    assert len(list((tmp_path / "logs").glob("engine-*.log"))) == 3
+    b_md = next(iter(result.asset_materializations_for_node("serving_benchmark"))).metadata
+    assert b_md["engine_start"].value.startswith("reused load_timing's warm start")
     print(json.dumps({"load_timing": {k: md[k] for k in (
         "cold_start_p50_s", "cold_start_p95_s", "warm_start_p50_s", "weights_load_gbps",
         "raw_read_gbps")}, "benchmark": bench.__dict__}, default=str))

@@ -32,8 +32,8 @@ Two modes:
   NEVER_READY (/health answers 503), HANG_COMPLETIONS (/health answers 200, completions never
   answer), IGNORE_SIGTERM (as a busy vLLM may), CHILD (spawn a child like vLLM's EngineCore),
   RECORD (write argv, env and pid as JSON to that path), STARTS (append one JSON line per start:
-  its VLLM_CACHE_ROOT and whether that cache already held what a start compiles into it, which
-  the fake leaves behind like an engine's compile cache); and FAKE_FAULT, FAKE_FAULT_EVERY,
+  its VLLM_CACHE_ROOT, whether that cache already held what a start compiles into it, which
+  the fake leaves behind like an engine's compile cache, and its pid); and FAKE_FAULT, FAKE_FAULT_EVERY,
   FAKE_FAULT_AFTER_TOKENS, FAKE_METRICS_FAULT, FAKE_EXIT_CODE as the server mode's flags.
 """
 
@@ -366,7 +366,7 @@ def _engine_main(argv: list[str]) -> None:
         compiled = Path(root) / "compiled" if root else None
         with open(starts, "a") as f:
             f.write(json.dumps({"cache_root": root, "cache_was_warm": bool(
-                compiled and compiled.exists())}) + "\n")
+                compiled and compiled.exists()), "pid": os.getpid()}) + "\n")
         if compiled:
             compiled.parent.mkdir(parents=True, exist_ok=True)
             compiled.write_text("kernels")

@@ -49,3 +49,37 @@ def test_cpu_is_none_where_the_samples_do_not_cover_the_step():
     samples = [(10.0, 1.0), (11.0, 2.0), (12.0, 2.5)]
     assert cpu_between(samples, 10.5, 11.5) == 0.75
     assert cpu_between(samples, 9.0, 11.0) is None and cpu_between(samples, 11.0, 13.0) is None
+
+
+_KEPT: list[subprocess.Popen] = []
+
+
+@dg.asset
+def starts_and_keeps_a_child() -> None:
+    _KEPT.append(subprocess.Popen(["sh", "-c", "sleep 30\ntrue"]))
+    time.sleep(0.5)
+
+
+@dg.asset(deps=[starts_and_keeps_a_child])
+def uses_the_kept_child() -> None:
+    time.sleep(1.0)
+    child = _KEPT.pop()
+    child.kill()
+    child.wait()
+
+
+def test_a_child_kept_up_into_a_later_step_is_listed_there_too():
+    """load_timing hands its warm engine to serving_benchmark: the benchmark's row says it ran
+    on a process started (and counted) in the earlier step; one command line per child."""
+    with dg.instance_for_test() as instance:
+        with TreeSampler(interval_s=0.1) as sampler:
+            result = dg.materialize([starts_and_keeps_a_child, uses_the_kept_child],
+                                    instance=instance)
+        rows = run_step_timings(instance, result.run_id, sampler)
+    first, second = rows
+    assert [c.command for c in first.children] == ["sh -c sleep 30 true"]
+    assert second.children == () and [c.pid for c in second.carried] == [first.children[0].pid]
+    table = breakdown_lines(rows)
+    line = next(t for t in table if "uses_the_kept_child" in t)
+    assert "sh -c sleep 30 true (kept from starts_and_keeps_a_child)" in line
+    assert len(table) == 4  # header, two steps, total: no command spills onto a line of its own

@@ -271,3 +271,55 @@ def test_a_twins_starts_read_no_weights_and_say_so(fake_bin, tmp_path, monkeypat
     assert (raw.total_bytes, raw.seconds) == (0, 0.0)
     with pytest.raises(EngineError, match=r"no \*.safetensors weight files"):
         e.time_starts(twin, e.adhoc_config(twin, "x"), {"warm": 1})  # a real model's config
+
+
+def _starts(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_last_start_handed_off_serves_a_later_step_of_the_same_configuration(
+        fake_bin, tmp_path, variant, monkeypatch):
+    """load_timing's last start, once measured, is the engine the benchmark would start (same
+    configuration): `serve_shared` takes it instead of starting a fifth, says so, and reaps it
+    (and the start's scratch caches) when done."""
+    starts = tmp_path / "starts.jsonl"
+    monkeypatch.setenv("FAKE_ENGINE_STARTS", str(starts))
+    e = engine(fake_bin, tmp_path)
+    config = e.adhoc_config(variant, "x")
+    samples, _ = e.time_starts(variant, config, {"fully_cold": 2, "cold_weights": 1, "warm": 1},
+                               hand_off=True)
+    assert [s.kind for s in samples] == ["fully_cold", "fully_cold", "cold_weights", "warm"]
+    seen = _starts(starts)
+    assert len(seen) == 4 and group_members(seen[-1]["pid"])  # the warm start is still up
+    assert [group_members(s["pid"]) for s in seen[:-1]] == [[], [], []]
+    with e.serve_shared(variant, config) as running:
+        assert running.pid == seen[-1]["pid"]
+        assert running.reused_from == "warm"
+        assert running.exit_code() is None
+    assert len(_starts(starts)) == 4  # no fifth start
+    assert group_members(seen[-1]["pid"]) == []
+    assert not Path(seen[-1]["cache_root"]).exists()  # its scratch caches went with it
+
+
+def test_a_handed_off_engine_never_outlives_the_run_nor_meets_another_engine(
+        fake_bin, tmp_path, variant, monkeypatch):
+    """Another configuration starts its own engine after the parked one is reaped (one engine
+    at a time); one nothing takes is reaped at the run's end (the resource's teardown)."""
+    starts = tmp_path / "starts.jsonl"
+    monkeypatch.setenv("FAKE_ENGINE_STARTS", str(starts))
+    e = engine(fake_bin, tmp_path)
+    config = e.adhoc_config(variant, "x")
+    e.time_starts(variant, config, {"warm": 1}, hand_off=True)
+    parked = _starts(starts)[-1]["pid"]
+    other = e.adhoc_config(variant, "y")
+    assert other.hash != config.hash
+    with e.serve_shared(variant, other) as running:
+        assert running.reused_from == "" and running.pid != parked
+        assert group_members(parked) == []
+    e.time_starts(variant, config, {"warm": 1}, hand_off=True)
+    parked = _starts(starts)[-1]["pid"]
+    assert group_members(parked)
+    e.teardown_after_execution(None)
+    assert group_members(parked) == []
+    with e.serve_shared(variant, config) as running:  # nothing parked any more: a fresh start
+        assert running.reused_from == "" and running.pid != parked
