@@ -332,30 +332,18 @@ ENGINE_PAIRS = (("vllm-twins", "sglang-twins", TWIN),
 
 
 def engine_choices() -> dict[str, object]:
-    """Each pair's model -> the h200 engine choice the plan makes at the fourth run's configs
-    with the committed configs/engine_measurements.json (onboarding/deploy/engine_choice.py)."""
+    """Each pair's model -> (the h200 engine choice the plan makes at the fourth run's pins
+    with the committed configs/engine_measurements.json, every engine's configuration)."""
     import tempfile
 
-    from assets.deploy import build_plan
-    from onboarding.deploy.engine_choice import choose_engine, engine_candidates
-    from onboarding.deploy.serving_plan import serving_plan
+    from onboarding.deploy.engine_choice import choose_engine
     from resources.config_files import ConfigFiles
     from tests import gpu_recordings as rec
 
-    tmp = Path(tempfile.mkdtemp())
-    cf = ConfigFiles(config_dir=str(rec.configs_at_run4(tmp / "configs")))
+    cf, candidates = rec.candidates_at_run4(Path(tempfile.mkdtemp()))
     measured = ConfigFiles().engine_measurements()
-    out = {}
-    for _, _, item in ENGINE_PAIRS:
-        model = item.split(":")[0]
-        spec, nodes, stack = cf.spec(model), cf.nodes(), cf.stack()
-        ckpt = None if spec.is_twin else rec.checkpoint(tmp / model / "ckpt")
-        variant = None if spec.is_twin else rec.serving_variant(tmp / model / "variant")
-        plan = build_plan(spec, nodes, ckpt, variant, None if spec.is_twin else ("bf16",))
-        config = serving_plan(spec, plan, nodes, stack).config("h200")
-        candidates, _ = engine_candidates(config, spec, stack.templates, cf.stack_config())
-        out[model] = (choose_engine("h200", candidates, measured, stack.engine), candidates)
-    return out
+    return {m: (choose_engine("h200", c, measured, cf.stack().engine), c)
+            for m, c in candidates.items()}
 
 
 def engines_section() -> str:
@@ -387,7 +375,7 @@ def engines_section() -> str:
                     "frontend-bound": "yes" if r.get("frontend_bound") else "no"})
             g = goodput_at_slo(step["rows"], target, gpus)
             ph = step["start_phases"]
-            (t,) = [r for r in step["rows"] if r["load"] == g[1]][:1]
+            t = next(r for r in step["rows"] if r["load"] == g[1])
             summary.append({
                 "model": step["model"], "precision": step["precision"], "engine": engine,
                 "configuration": step["config_hash"],

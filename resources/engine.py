@@ -146,6 +146,15 @@ class _Parked:
     kind: str  # the load-timing start it was: fully_cold, cold_weights or warm
     cleanup: Any = None  # called once it is reaped (its scratch caches)
 
+    def reap(self) -> None:
+        """Stop its process group, then remove what it used."""
+        try:
+            if self.running.process is not None:
+                reap_group(self.running.process, grace_s=REAP_GRACE_S)
+        finally:
+            if self.cleanup is not None:
+                self.cleanup()
+
 
 _PARKED: list[_Parked] = []  # at most one
 
@@ -157,13 +166,7 @@ def _key(variant: VariantRef, config: EngineConfig) -> tuple[str, str, str]:
 def release_parked() -> None:
     """Reap the parked engine, if any, and remove what it used."""
     while _PARKED:
-        p = _PARKED.pop()
-        try:
-            if p.running.process is not None:
-                reap_group(p.running.process, grace_s=REAP_GRACE_S)
-        finally:
-            if p.cleanup is not None:
-                p.cleanup()
+        _PARKED.pop().reap()
 
 
 atexit.register(release_parked)
@@ -434,11 +437,7 @@ class Engine(dg.ConfigurableResource):
         try:
             yield running
         finally:
-            try:
-                reap_group(found.running.process, grace_s=REAP_GRACE_S)
-            finally:
-                if found.cleanup is not None:
-                    found.cleanup()
+            found.reap()
 
     def teardown_after_execution(self, context: Any) -> None:
         """The run's (or the step process's) end: no engine outlives it."""

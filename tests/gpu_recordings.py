@@ -95,6 +95,29 @@ def configs_at_run4(target: Path) -> Path:
     return target
 
 
+RUN4_MODELS = ("llama-3-1-8b-instruct-twin", MODEL)  # what the fourth run swept on both engines
+
+
+def candidates_at_run4(tmp: Path) -> tuple[ConfigFiles, dict[str, dict[str, Any]]]:
+    """The configs at the fourth run's pins and, per model it swept, its h200 configuration in
+    every engine template there (engine -> EngineConfig), planned as serving_config plans it:
+    SmolLM2 from its fetched shape and bf16 variant (the first run's, the same checkpoint)."""
+    from assets.deploy import build_plan
+    from onboarding.deploy.engine_choice import engine_candidates
+    from onboarding.deploy.serving_plan import serving_plan
+
+    cf = ConfigFiles(config_dir=str(configs_at_run4(tmp / "configs")))
+    out = {}
+    for model in RUN4_MODELS:
+        spec, nodes, stack = cf.spec(model), cf.nodes(), cf.stack()
+        ckpt = None if spec.is_twin else checkpoint(tmp / model / "ckpt")
+        variant = None if spec.is_twin else serving_variant(tmp / model / "variant")
+        plan = build_plan(spec, nodes, ckpt, variant, None if spec.is_twin else ("bf16",))
+        config = serving_plan(spec, plan, nodes, stack).config(NODE_TYPE)
+        out[model] = engine_candidates(config, spec, stack.templates, cf.stack_config())[0]
+    return cf, out
+
+
 def sweep_rows_run3() -> list[dict[str, str]]:
     """The third run's serving_benchmark.csv (SmolLM2, gpu profile, concurrency 1, 8, 32, 128)."""
     with open(H200_RUN3 / "serving_benchmark.csv", newline="") as f:

@@ -10,17 +10,13 @@ import dataclasses
 
 import pytest
 
-from assets.deploy import build_plan
 from onboarding.deploy.engine_choice import (
     DEFAULT,
     MEASURED,
     choose_engine,
-    engine_candidates,
     goodput_at_slo,
     measurements_from_twins,
 )
-from onboarding.deploy.serving_plan import serving_plan
-from resources.config_files import ConfigFiles
 from tests import gpu_recordings as rec
 
 TWIN, SMOL = "llama-3-1-8b-instruct-twin", "smollm2-135m"
@@ -31,17 +27,7 @@ STEPS = {TWIN: ("vllm-twins", "sglang-twins", f"{TWIN}:fp8"),
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
     """Each model's h200 configuration in every engine template, at the run's pins."""
-    tmp = tmp_path_factory.mktemp("run4")
-    cf = ConfigFiles(config_dir=str(rec.configs_at_run4(tmp / "configs")))
-    out = {}
-    for model in STEPS:
-        spec, nodes, stack = cf.spec(model), cf.nodes(), cf.stack()
-        ckpt = None if spec.is_twin else rec.checkpoint(tmp / model / "ckpt")
-        variant = None if spec.is_twin else rec.serving_variant(tmp / model / "variant")
-        plan = build_plan(spec, nodes, ckpt, variant, None if spec.is_twin else ("bf16",))
-        config = serving_plan(spec, plan, nodes, stack).config("h200")
-        out[model] = engine_candidates(config, spec, stack.templates, cf.stack_config())[0]
-    return cf, out
+    return rec.candidates_at_run4(tmp_path_factory.mktemp("run4"))
 
 
 def steps(model: str) -> dict[str, dict]:
