@@ -7,7 +7,8 @@
 #                                         GGUF reassembled and checked, then `prepare`
 #   bash bench/gpu_device.sh onboard A    the onboard job up to the published variant (and the
 #                                         twins' CPU part: config fetch, markers, serving_config)
-#   bash bench/gpu_device.sh onboard T    load_timing (three kinds of start)
+#   bash bench/gpu_device.sh onboard T    load_timing (three kinds of start; T_REPEATS=3,0,0:
+#                                         three fully cold starts only)
 #   bash bench/gpu_device.sh onboard B    serving_benchmark, manifests, readiness, reports
 #                                         (carry .kserve-crds: the CRDs the manifests are
 #                                         validated against; `crd-paths` prints what is set)
@@ -86,7 +87,9 @@ case "$1" in
       T) sel=(--select serving_stack,load_timing) ;;
       *) sel=(--exclude "${first#serving_stack,},served_accuracy,load_timing") ;;
     esac
-    python3 bench/gpu_serving.py onboard --out "$OUT" "${sel[@]}" --tag "$2" ;;
+    # T_REPEATS=cold,cold_weights,warm: load_timing's starts (default the device budget's 3,1,1)
+    python3 bench/gpu_serving.py onboard --out "$OUT" "${sel[@]}" --tag "$2" \
+        ${T_REPEATS:+--load-timing-repeats "$T_REPEATS"} ;;
   twins)
     python3 bench/gpu_serving.py twins --out "$OUT" --deadline-s "${DEADLINE_S:-540}" \
         --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8,llama-3-1-70b-instruct-twin:fp8,llama-3-1-8b-instruct-twin:bf16,llama-3-1-8b-instruct-twin:nvfp4}" \

@@ -314,6 +314,11 @@ def onboard(args) -> int:
             runs.append((model, stages - first))
         for model, stages in runs:
             run_config = cf.automation().launch.run_config("device_budget", stages)
+            if args.load_timing_repeats and "load_timing" in stages:
+                cold, cold_weights, warm = args.load_timing_repeats
+                lt = run_config.setdefault("ops", {}).setdefault("load_timing", {})
+                lt.setdefault("config", {}).update(
+                    cold_repeats=cold, cold_weights_repeats=cold_weights, warm_repeats=warm)
             t = time.monotonic()
             say(f"onboard_model[{model}] selection {sorted(stages)}")
             result = job.execute_in_process(
@@ -653,15 +658,32 @@ def frontend_bodies(served: str, prompts: list[str], out_len: int,
     # The client samples since issue 24's fix; greedy is what it sent before (the run of
     # 2026-12-02 called these "ours without temperature (sampled)" and "ours").
     greedy = completion_bodies(served, prompts, out_len, temperature=0.0)
-    out = {"ours": completion_bodies(served, prompts, out_len),
+    ours = completion_bodies(served, prompts, out_len)
+    out = {"ours": ours,
            "ours, greedy (before the fix)": greedy,
            "bench body (sampled)": [bench(p, False) for p in prompts],
-           "bench body, greedy": [bench(p, True) for p in prompts]}
+           "bench body, greedy": [bench(p, True) for p in prompts],
+           # issue 25 item 4's req/s gap, one ingredient at a time: how the client has the
+           # server count a chunk's tokens (continuous usage in every chunk, the chunk's own
+           # ids, or none: one token per text chunk, as `vllm bench serve` counts)
+           "ours, token ids per chunk": completion_bodies(served, prompts, out_len,
+                                                          count_tokens_by="token_ids"),
+           "ours, no count per chunk": completion_bodies(served, prompts, out_len,
+                                                         count_tokens_by="text")}
     if token_prompts:  # the prompt's content, as vllm bench's random dataset makes it
-        out["ours, greedy, random-token prompts"] = [
-            _json.dumps({**_json.loads(b), "prompt": ids}).encode()
-            for b, ids in zip(greedy, token_prompts, strict=False)]
+        def with_ids(bodies: list[bytes]) -> list[bytes]:
+            return [_json.dumps({**_json.loads(b), "prompt": ids}).encode()
+                    for b, ids in zip(bodies, token_prompts, strict=False)]
+
+        out["ours, greedy, random-token prompts"] = with_ids(greedy)
+        out["ours, random-token prompts"] = with_ids(ours)
     return out
+
+
+def client_names(arg: str) -> tuple[str, ...]:
+    """`--frontend-clients`: names separated by ';' (several names hold a comma), or by ','
+    where there is no ';' (the form the earlier runs' commands used)."""
+    return tuple(c.strip() for c in arg.split(";" if ";" in arg else ",") if c.strip())
 
 
 def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work: Path,
@@ -815,6 +837,11 @@ def main() -> int:
                     "before the rest")
     ap.add_argument("--exclude", default="", help="onboard: the job's assets but these")
     ap.add_argument("--tag", default="a", help="onboard: names this call's files")
+    ap.add_argument("--load-timing-repeats", default=None,
+                    type=lambda s: tuple(int(x) for x in s.split(",")),
+                    help="onboard: load_timing's fully cold, cold-weights and warm starts "
+                    "(e.g. 3,0,0: three fully cold starts and nothing else, where the device "
+                    "budget is short); default the device_budget sweep's")
     ap.add_argument("--models", default=MODEL, help="onboard: partitions, one job each")
     ap.add_argument("--twins", default="llama-3-1-8b-instruct-twin:fp8,"
                     "llama-3-1-70b-instruct-twin:fp8,llama-3-1-8b-instruct-twin:bf16,"
@@ -834,10 +861,10 @@ def main() -> int:
     ap.add_argument("--seconds-per-point", type=float, default=12)
     ap.add_argument("--frontend-runs", type=int, default=3, help="frontend: rounds of clients")
     ap.add_argument("--max-num-seqs", type=int, default=0, help="frontend: override the plan's")
-    ap.add_argument("--frontend-clients", type=lambda s: tuple(c.strip() for c in s.split(",")
-                                                               if c.strip()),
-                    default=(), help="frontend: only these clients (names as in frontend.json, "
-                    "e.g. 'ours,vllm bench serve'); default all")
+    ap.add_argument("--frontend-clients", type=client_names, default=(),
+                    help="frontend: only these clients (names as in frontend.json, separated "
+                    "by ';', or by ',' where no name has one: 'ours,vllm bench serve'); "
+                    "default all")
     ap.add_argument("--crosscheck-concurrency", type=int, default=32)
     ap.add_argument("--crosscheck-tokens", type=lambda s: tuple(int(x) for x in s.split(",")),
                     default=(512, 256), help="input,output tokens of the cross-check point")

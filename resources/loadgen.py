@@ -77,12 +77,21 @@ class PointRun:
         self.metrics_during = [t for t in map(valid, self.metrics_during) if t is not None]
 
 
+COUNT_TOKENS_BY = ("usage", "token_ids", "text")
+
+
 def completion_bodies(model: str, prompts: Sequence[str], max_tokens: int,
-                      ignore_eos: bool = True, temperature: float | None = None) -> list[bytes]:
+                      ignore_eos: bool = True, temperature: float | None = None,
+                      count_tokens_by: str = "usage") -> list[bytes]:
     """Request bodies, serialized once before the run so the hot loop does no JSON encoding.
 
-    `continuous_usage_stats` makes vLLM put the cumulative token count in every chunk: a chunk
-    can carry several tokens, or a token without text, and only the count tells.
+    A chunk can carry several tokens, or a token without text, so the client asks the server
+    to count them (`count_tokens_by`): "usage" sets `continuous_usage_stats`, and vLLM puts
+    the cumulative token count in every chunk; "token_ids" sets vLLM's `return_token_ids`,
+    which puts each chunk's own ids in its choice (and the prompt's ids in the first); "text"
+    asks for neither, and every chunk with text counts as one token (`vllm bench serve`'s
+    basis: a chunk of k tokens reads as one gap k times too long; the point's `itl_basis`
+    says so).
 
     No temperature unless one is given: the server samples as it would for a user who sets
     none (the model's generation_config), as `vllm bench serve` does. Forcing greedy decoding
@@ -91,12 +100,18 @@ def completion_bodies(model: str, prompts: Sequence[str], max_tokens: int,
     than its shared tokenizer's), and while no text comes out vLLM's incremental detokenizer
     re-decodes the whole prompt and output at every step, so its API server spends several
     times the CPU per token and saturates first."""
-    extra = {} if temperature is None else {"temperature": temperature}
+    if count_tokens_by not in COUNT_TOKENS_BY:
+        raise ValueError(f"count_tokens_by={count_tokens_by!r}: one of {COUNT_TOKENS_BY}")
+    extra: dict = {} if temperature is None else {"temperature": temperature}
+    options: dict = {"include_usage": True}
+    if count_tokens_by == "usage":
+        options["continuous_usage_stats"] = True
+    elif count_tokens_by == "token_ids":
+        extra["return_token_ids"] = True
     return [
         json.dumps({
             "model": model, "prompt": p, "max_tokens": max_tokens, "stream": True,
-            "ignore_eos": ignore_eos, **extra,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "ignore_eos": ignore_eos, **extra, "stream_options": options,
         }).encode()
         for p in prompts
     ]
@@ -194,7 +209,7 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: bytes,
     wire = _Sent()
     last = None  # when the last chunk that carried a token arrived
     tokens = 0  # counted so far
-    usage_chunks = 0  # chunks with choices that carried cumulative usage
+    usage_chunks = 0  # chunks with choices that carried the server's count (usage or ids)
     done = False
     started = False
     try:
@@ -234,11 +249,14 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: bytes,
                     choices = obj.get("choices")
                     usage = obj.get("usage")
                     if choices:
-                        if usage:  # continuous usage: cumulative tokens, with or without text
+                        c0 = choices[0]
+                        if (ids := c0.get("token_ids")) is not None:  # this chunk's own ids
+                            new = len(ids)
+                            usage_chunks += 1
+                        elif usage:  # continuous usage: cumulative tokens, text or none
                             new = (usage.get("completion_tokens") or 0) - tokens
                             usage_chunks += 1
                         else:  # usage only at the end: one token per chunk with text
-                            c0 = choices[0]
                             text = c0.get("text")
                             if text is None and (delta := c0.get("delta")):
                                 text = delta.get("content")

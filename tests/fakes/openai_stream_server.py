@@ -114,11 +114,15 @@ class Truth:
 
 
 def _chunk(model: str, text: str, finish: str | None = None, sep: bytes = b"\n\n",
-           usage: tuple[int, int] | None = None) -> bytes:
+           usage: tuple[int, int] | None = None, token_ids: list[int] | None = None) -> bytes:
     """One SSE event; `usage` (prompt, cumulative completion tokens) as vLLM's continuous
-    usage stats put it in every chunk."""
+    usage stats put it in every chunk; `token_ids` as vLLM's `return_token_ids` puts this
+    chunk's own ids in its choice (vllm/entrypoints/openai/completion/serving.py)."""
+    choice: dict = {"index": 0, "text": text, "finish_reason": finish}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
     body: dict = {"id": "cmpl-fake", "object": "text_completion", "model": model,
-                  "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+                  "choices": [choice]}
     if usage is not None:
         body["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1],
                          "total_tokens": usage[0] + usage[1]}
@@ -159,11 +163,11 @@ def build_app(cfg: FakeConfig) -> web.Application:
     truth = Truth()
     streams: dict[tuple, tuple[list[int], list[bytes], bytes]] = {}
 
-    def stream(n: int, prompt_tokens: int, per_chunk_usage: bool, sep: bytes
-               ) -> tuple[list[int], list[bytes], bytes]:
+    def stream(n: int, prompt_tokens: int, per_chunk_usage: bool, sep: bytes,
+               ids: bool = False) -> tuple[list[int], list[bytes], bytes]:
         """Chunk sizes, chunk events and the whole stream of one request shape (cached: the
         fake must stay faster than any client it measures)."""
-        key = (n, prompt_tokens, per_chunk_usage, sep)
+        key = (n, prompt_tokens, per_chunk_usage, sep, ids)
         if (hit := streams.get(key)) is None:
             sizes, events, k = chunk_sizes(n, cfg.tokens_per_chunk), [], 0
             for size in sizes:
@@ -171,7 +175,8 @@ def build_app(cfg: FakeConfig) -> web.Application:
                                else " tok" for i in range(k, k + size))
                 k += size
                 events.append(_chunk(cfg.model, text, "length" if k == n else None, sep,
-                                     (prompt_tokens, k) if per_chunk_usage else None))
+                                     (prompt_tokens, k) if per_chunk_usage else None,
+                                     list(range(k - size, k)) if ids else None))
             tail = _usage(cfg.model, prompt_tokens, n, sep)
             hit = streams[key] = (sizes, events + [tail], b"".join(events) + tail)
         return hit
@@ -203,7 +208,8 @@ def build_app(cfg: FakeConfig) -> web.Application:
         opts = body.get("stream_options") or {}
         per_chunk_usage = bool(cfg.continuous_usage and opts.get("include_usage")
                                and opts.get("continuous_usage_stats"))
-        sizes, events, whole = stream(n, prompt_tokens, per_chunk_usage, sep)
+        sizes, events, whole = stream(n, prompt_tokens, per_chunk_usage, sep,
+                                      bool(body.get("return_token_ids")))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         truth.running += 1

@@ -300,6 +300,38 @@ def test_a_server_without_usage_per_chunk_is_timed_per_text_chunk_and_says_so():
     assert s.tpot_ms.mean == pytest.approx(true_itl_ms, rel=0.05)
 
 
+def test_token_ids_per_chunk_count_tokens_without_continuous_usage():
+    """`return_token_ids` (vLLM puts each chunk's own ids in its choice) counts the tokens of
+    a merged chunk as exactly as continuous usage does, without a usage object per chunk."""
+    bodies = completion_bodies("fake", ["a b c"] * 16, 21, count_tokens_by="token_ids")
+    assert all(b'"return_token_ids": true' in b and b"continuous_usage_stats" not in b
+               for b in bodies)
+    with running_fake_server(itl_ms=5, tokens_per_chunk=4, continuous_usage=False) as url:
+        r = LoadGenerator().run_point(url, bodies, concurrency=8, max_seconds=60,
+                                      request_timeout_s=30)
+        t = truth(url)
+    s = summarize(r.records, r.duration_s)
+    assert s.completed == 16
+    assert {(rec.content_chunks, rec.stream_tokens, rec.output_tokens)
+            for rec in r.records} == {(6, 21, 21)}
+    assert s.itl_basis == "per token"
+    assert s.itl_ms.mean == pytest.approx(statistics.mean(t["itl_s"]) * 1e3, rel=0.05)
+
+
+def test_counting_by_text_ignores_a_servers_count_and_says_so():
+    """`count_tokens_by="text"` asks for no count (`vllm bench serve`'s body): a chunk of 4
+    tokens is one gap, and the basis says per text chunk."""
+    bodies = completion_bodies("fake", ["a b c"] * 16, 21, count_tokens_by="text")
+    assert not any(b"continuous_usage_stats" in b or b"return_token_ids" in b for b in bodies)
+    with running_fake_server(itl_ms=5, tokens_per_chunk=4) as url:
+        r = LoadGenerator().run_point(url, bodies, concurrency=8, max_seconds=60,
+                                      request_timeout_s=30)
+    s = summarize(r.records, r.duration_s)
+    assert s.completed == 16 and s.itl_basis.startswith("per text chunk")
+    with pytest.raises(ValueError, match="count_tokens_by"):
+        completion_bodies("fake", ["a"], 4, count_tokens_by="logprobs")
+
+
 def test_without_usage_per_chunk_tokens_without_text_are_no_content_and_say_why():
     with running_fake_server(itl_ms=1, empty_every=1, continuous_usage=False) as url:
         r = run(url, n=4, out=5, concurrency=2)
