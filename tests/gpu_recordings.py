@@ -43,6 +43,7 @@ H200 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200"
 H200_RUN2 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02"  # issues 24 and 25
 H200_RUN3 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run3"  # issue 25
 H200_RUN4 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run4"  # issues 29, 25
+H200_RUN5 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run5"  # issues 29, 25
 MODEL = "smollm2-135m"
 NODE_TYPE = "h200"
 RUN_CONFIG_HASH = "0660e584b7cc"  # serving_config's h200 configuration there (vLLM 0.22.0)
@@ -77,22 +78,38 @@ def recording_run4(name: str) -> dict[str, Any]:
     return json.loads((H200_RUN4 / f"{name}.json").read_text())
 
 
-def configs_at_run4(target: Path) -> Path:
-    """The repository's configs/ with the fourth run's pins laid over: the versions `prepare`
-    changed there (its `changed`), and SGLang at the release its steps ran. With these the plan
-    reproduces every configuration hash the run recorded, for both engines."""
+@cache
+def recording_run5(name: str) -> dict[str, Any]:
+    """The fifth H200 run: `sglang-twins`, `vllm-twins` (the 8B twin in bf16 on each engine),
+    `onboard-T` (three fully cold starts of SmolLM2), `prepare`, `onboard-A` (its README)."""
+    return json.loads((H200_RUN5 / f"{name}.json").read_text())
+
+
+def _configs_at(record, target: Path) -> Path:
+    """The repository's configs/ with a run's pins laid over: the versions its `prepare`
+    changed there (`changed`), and SGLang at the release its `sglang-twins` steps ran."""
     shutil.copytree(PROJECT_ROOT / "configs", target)
     stack = yaml.safe_load((target / "stack.yaml").read_text())
-    changed = recording_run4("prepare")["steps"]["configs"]["changed"]
+    changed = record("prepare")["steps"]["configs"]["changed"]
     for key, (_, new) in changed.items():
         if key.startswith("versions."):
             stack["versions"][key.split(".", 1)[1]] = new
-    (sgl,) = {s["engine"] for s in recording_run4("sglang-twins")["steps"].values()
-              if s.get("engine")}
+    (sgl,) = {s["engine"] for s in record("sglang-twins")["steps"].values() if s.get("engine")}
     name, version = sgl.split(" ")
     stack["versions"][name] = version
     (target / "stack.yaml").write_text(yaml.safe_dump(stack, sort_keys=False))
     return target
+
+
+def configs_at_run4(target: Path) -> Path:
+    """The configs at the fourth run's pins. With these the plan reproduces every
+    configuration hash the run recorded, for both engines."""
+    return _configs_at(recording_run4, target)
+
+
+def configs_at_run5(target: Path) -> Path:
+    """The configs at the fifth run's pins (the fourth's: vLLM 0.22.0, SGLang 0.5.17)."""
+    return _configs_at(recording_run5, target)
 
 
 RUN4_MODELS = ("llama-3-1-8b-instruct-twin", MODEL)  # what the fourth run swept on both engines
@@ -116,6 +133,43 @@ def candidates_at_run4(tmp: Path) -> tuple[ConfigFiles, dict[str, dict[str, Any]
         config = serving_plan(spec, plan, nodes, stack).config(NODE_TYPE)
         out[model] = engine_candidates(config, spec, stack.templates, cf.stack_config())[0]
     return cf, out
+
+
+def candidates_at_run5(tmp: Path) -> tuple[ConfigFiles, dict[str, Any]]:
+    """The 8B twin's bf16 configuration in every engine template at the fifth run's pins, as
+    its steps ran it: the plan's h200 configuration (FP8, the twin's planned precision) with
+    the precision replaced (bench/gpu_serving.py twin_target), then each engine's template."""
+    from assets.deploy import build_plan
+    from onboarding.deploy.engine_choice import engine_candidates
+    from onboarding.deploy.serving_plan import serving_plan
+
+    twin = RUN4_MODELS[0]
+    cf = ConfigFiles(config_dir=str(configs_at_run5(tmp / "configs")))
+    spec, nodes, stack = cf.spec(twin), cf.nodes(), cf.stack()
+    planned = serving_plan(spec, build_plan(spec, nodes, None, None, None), nodes,
+                           stack).config(NODE_TYPE)
+    bf16 = dataclasses.replace(planned, precision="bf16")
+    return cf, engine_candidates(bf16, spec, stack.templates, cf.stack_config())[0]
+
+
+def start_samples_from(starts_md: str) -> list[StartSample]:
+    """load_timing's starts from its `starts` table (3 decimals there)."""
+    def num(text: str) -> float | None:
+        return float(text) if text else None
+
+    return [StartSample(r["kind"], float(r["resident_fraction"]), num(r["weights_loaded_s"]),
+                        num(r["engine_weights_load_s"]), num(r["health_ready_s"]),
+                        float(r["first_token_s"]))
+            for r in read_md_table(starts_md)]
+
+
+def load_timing_result_run5() -> LoadTimingResult:
+    """What load_timing stored in the fifth run (three fully cold starts, nothing else),
+    recomputed from its starts."""
+    md = recording_run5("onboard-T")["assets"][MODEL]["load_timing"]
+    result = summarize_load_timing(MODEL, md["precision"], start_samples_from(md["starts"]),
+                                   md["weight_bytes"], md["raw_read_gbps"])
+    return dataclasses.replace(result, node_type=md["node_type"], config_hash=md["config_hash"])
 
 
 def sweep_rows_run3() -> list[dict[str, str]]:
@@ -169,13 +223,7 @@ def benchmark_result(slo: Slo) -> tuple[ServingBenchmarkResult, str, list[str]]:
 
 def start_samples() -> list[StartSample]:
     """load_timing's three starts from its `starts` table (3 decimals there)."""
-    def num(text: str) -> float | None:
-        return float(text) if text else None
-
-    return [StartSample(r["kind"], float(r["resident_fraction"]), num(r["weights_loaded_s"]),
-                        num(r["engine_weights_load_s"]), num(r["health_ready_s"]),
-                        float(r["first_token_s"]))
-            for r in read_md_table(asset_metadata("T", "load_timing")["starts"])]
+    return start_samples_from(asset_metadata("T", "load_timing")["starts"])
 
 
 def load_timing_result() -> LoadTimingResult:

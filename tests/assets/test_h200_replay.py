@@ -25,7 +25,7 @@ from assets.deploy import kserve_manifest, serving_config
 from assets.partitions import models_partitions
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.tables import read_md_table
-from onboarding.serving.stats import PointStats, slo_violations
+from onboarding.serving.stats import LoadTimingResult, PointStats, slo_violations
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.huggingface import HuggingFaceStore
 from resources.manifest_validator import ManifestValidator
@@ -64,7 +64,8 @@ def repo_configs(tmp_path) -> ConfigFiles:
 
 
 def replay(instance: dg.DagsterInstance, configs: ConfigFiles, outputs: OutputDirs,
-           tmp_path: Path, with_load_timing: bool) -> dg.ExecuteInJobResult:
+           tmp_path: Path, with_load_timing: bool,
+           load_timing: LoadTimingResult | None = None) -> dg.ExecuteInJobResult:
     """Store what the run's assets stored (stand-ins returning the recorded values), then
     materialize the real serving_config and kserve_manifest on them. The recorded SLO is
     recomputed from the CSV at the SLO these configs resolve (the same file both ways)."""
@@ -74,8 +75,8 @@ def replay(instance: dg.DagsterInstance, configs: ConfigFiles, outputs: OutputDi
               "serving_variant": rec.serving_variant(tmp_path / "checkpoint"),
               "accuracy": rec.accuracy(), "serving_benchmark": result,
               "published_variant": rec.published("B")}
-    if with_load_timing:
-        values["load_timing"] = rec.load_timing_result()
+    if with_load_timing:  # call T's by default; `load_timing`: another run's at this hash
+        values["load_timing"] = load_timing or rec.load_timing_result()
     store_upstream(instance, rec.MODEL, **values)
     return dg.materialize(
         [serving_config, kserve_manifest, *UPSTREAM], instance=instance,

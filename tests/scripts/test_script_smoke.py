@@ -169,6 +169,21 @@ def test_shell_scripts_parse_and_gpu_device_refuses_an_unknown_step(tmp_path):
     assert done.returncode == 2 and "unknown step no-such-step" in done.stderr
 
 
+@pytest.mark.parametrize("step", [["twins"], ["onboard", "T"], ["frontend"],
+                                  ["sglang", "check"], ["sglang", "twins"]])
+def test_gpu_device_steps_refuse_to_run_before_the_payload_is_installed(tmp_path, step):
+    """The fifth H200 lease: its first call was refused, the batch went on, and the sweeps
+    died inside Python on `No module named 'dagster'`. A step that needs the installed vLLM
+    payload now stops first, exit 3, saying what to run."""
+    done = subprocess.run(["bash", "bench/gpu_device.sh", *step], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, check=False,
+                          env={**os.environ, "OUT": str(tmp_path),
+                               "SITE": str(tmp_path / "no-site")})
+    assert done.returncode == 3, done.stderr
+    assert "the vLLM payload is not installed" in done.stderr
+    assert "bash bench/gpu_device.sh install" in done.stderr
+
+
 def test_sglang_steps_parse_and_the_check_stops_where_a_cpu_has_no_build(tmp_path):
     """Issue 29's SGLang steps run only on the H200 (bench/sglang_payload.sh downloads 431 MiB
     of wheels; docs/gpu.md has the run): the payload script parses, gpu_device.sh's sglang
