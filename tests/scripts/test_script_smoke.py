@@ -115,8 +115,9 @@ def test_gate_looks_prints_the_ratio_against_the_rule_before(tmp_path):
 
 @pytest.mark.slow
 def test_predictions_record_is_the_committed_recording(tmp_path):
-    """`--record` asks AIConfigurator for the calibration points and one model's ladder (about
-    a minute here; regenerating docs/predictions.md asks for every model, three): what it
+    """`--record` asks AIConfigurator for the calibration points and one model's ladder (6 s
+    here, 42 s before the data set's version was resolved once per process; regenerating
+    docs/predictions.md asks for every model): what it
     writes must be, byte for byte, the recording the CPU tests replay."""
     out = tmp_path / "recorded.json"
     run_script(["bench/predictions.py", "--record", str(out)], tmp_path)
