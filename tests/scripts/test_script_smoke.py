@@ -230,14 +230,23 @@ def test_quantize_bench_prints_its_ratio_against_modelopt_direct(tmp_path):
     assert "vs modelopt direct" in proc.stdout and "(passed: True)" in proc.stdout
 
 
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """`bench/gpu_serving.py prepare` without the node probe, run once for the two tests that
+    need it (its SmolLM2 build from the GGUF took about 20 s of each): its `out` and `work`.
+    A test that goes on from it works on a copy."""
+    needs_model()
+    root = tmp_path_factory.mktemp("prepared")
+    run_script(["bench/gpu_serving.py", "prepare", "--out", str(root / "out"), "--work",
+                str(root / "work"), "--probe-burn-s", "0", "--node-type", "cpu"], root)
+    return root
+
+
 @pytest.mark.slow
-def test_gpu_serving_prepare_builds_the_model_and_pins_the_configs_on_a_cpu(tmp_path):
+def test_gpu_serving_prepare_builds_the_model_and_pins_the_configs_on_a_cpu(prepared):
     """`prepare` (the first device call) without the node probe; `onboard` and `twins` need the
     H200 and run there (bench/gpu_device.sh), their recordings replayed in tests/assets/."""
-    needs_model()
-    out, work = tmp_path / "out", tmp_path / "work"
-    run_script(["bench/gpu_serving.py", "prepare", "--out", str(out), "--work", str(work),
-                "--probe-burn-s", "0", "--node-type", "cpu"], tmp_path)
+    work = prepared / "work"
     assert (work / "smollm2-135m-instruct" / "model.safetensors").is_file()  # build_smollm2.py
     assert (work / "configs" / "stack.yaml").is_file()
 
@@ -370,14 +379,14 @@ def test_gpu_x2_doc_sections_are_current(tmp_path):
 
 
 @pytest.mark.slow
-def test_gpu_x2_twins_dry_run_plans_the_configurations_the_h200_recorded(tmp_path):
-    """x2-twins and x2-tp on a CPU: prepare, the configs pinned to the H200's recorded versions,
-    the twins' onboard CPU part for h200, then each step's dry run. The planned hashes must be
-    the ones run 3 recorded on the H200; TP 2 runs on GPUs 0 and 1."""
-    needs_model()
+def test_gpu_x2_twins_dry_run_plans_the_configurations_the_h200_recorded(prepared, tmp_path):
+    """x2-twins and x2-tp on a CPU: prepare (the module's one run, copied), the configs pinned
+    to the H200's recorded versions, the twins' onboard CPU part for h200, then each step's dry
+    run. The planned hashes must be the ones run 3 recorded on the H200; TP 2 runs on GPUs 0
+    and 1."""
     out, work = tmp_path / "out", tmp_path / "work"
-    run_script(["bench/gpu_serving.py", "prepare", "--out", str(out), "--work", str(work),
-                "--probe-burn-s", "0", "--node-type", "cpu"], tmp_path)
+    shutil.copytree(prepared / "out", out, symlinks=True)
+    shutil.copytree(prepared / "work", work, symlinks=True)
     run_script(["bench/gpu_x2.py", "pin", "--work", str(work)], tmp_path)
     run_script(["bench/gpu_serving.py", "onboard", "--out", str(out), "--work", str(work),
                 "--node-type", "h200", "--tag", "x2-plan", "--models",
