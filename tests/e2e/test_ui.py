@@ -75,7 +75,8 @@ class DagsterDev:
             [str(PROJECT_ROOT / ".venv" / "bin" / "dagster"), "dev", "-w", str(self.workspace),
              "-h", "127.0.0.1", "-p", str(self.port)],
             cwd=PROJECT_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_default_sigint)
+            stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_default_sigint)  # noqa: PLW1509 (one signal() call, no lock taken)
         log.close()
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
