@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -287,12 +288,16 @@ def test_serving_sweep_dry_run_builds_its_job_with_every_resource(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.engine
 def test_served_accuracy_gpu_scores_bf16_through_the_cpu_engine(tmp_path):
     """Its documented CPU mode (bf16 only: the CPU build serves nothing else)."""
     needs_engine()
-    run_script(["bench/served_accuracy_gpu.py", "--out", str(tmp_path / "out"), "--work",
-                str(tmp_path / "work"), "--precisions", "bf16", "--limit", "4",
-                "--checkpoint", str(SMOL)], tmp_path, timeout_s=900)
+    # vLLM's IPC sockets go under TMPDIR: a pytest-xdist worker's tmp_path (popen-gwN/ more)
+    # took their paths past the 107 characters a unix socket path may have
+    with tempfile.TemporaryDirectory(prefix="onb-") as short:
+        run_script(["bench/served_accuracy_gpu.py", "--out", str(tmp_path / "out"), "--work",
+                    str(tmp_path / "work"), "--precisions", "bf16", "--limit", "4",
+                    "--checkpoint", str(SMOL)], tmp_path, timeout_s=900, env={"TMPDIR": short})
     [report] = list((tmp_path / "out").glob("served_accuracy_*.json"))
     body = json.loads(report.read_text())  # both phases reached: in process, then served
     assert set(body["in_process"]) == set(body["served"]) == {"bf16"}
