@@ -111,7 +111,9 @@ case "${1:-demo}" in
     setup
     setup_system
     shift || true
-    exec .venv/bin/python -m pytest "$@" ;;
+    # two pytest-xdist workers, one per core; the engine tests go together to one of them and a
+    # test marked `alone` gets the machine to itself (tests/conftest.py). `-n 0` runs serially.
+    exec .venv/bin/python -m pytest -n 2 "$@" ;;
   ui)
     setup
     exec .venv/bin/python scripts/demo.py --ui ;;

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import fcntl
 import os
 import shutil
 import uuid
@@ -14,6 +17,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
+# Under pytest-xdist (scripts/dev.sh test runs its workers) each worker gets one OpenMP
+# thread: the vLLM CPU engine pins its worker to core 0 (the other core is its API server's),
+# and a 2-thread torch beside it spun at its barriers (the SmolLM2 quantize e2e took 335 s
+# instead of 60). A test is the same test on one thread. Serial runs keep the defaults. Set
+# before anything imports torch.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from onboarding.common.paths import PROJECT_ROOT
 from resources.config_files import ConfigFiles, OutputDirs
@@ -23,6 +34,100 @@ from tests.fakes.faulty_s3_proxy import FaultyS3Proxy
 from tests.tiny_models import build_tiny_llama
 
 ACCESS_KEY, SECRET_KEY = "onboarding-test", "onboarding-test-secret"
+
+
+def _work_units(root: Path = PROJECT_ROOT) -> dict[str, str]:
+    """Module, or module::test, -> the unit of work it goes in, read from the sources (the
+    pytest-xdist controller collects nothing itself): "engine" for what is marked `engine`;
+    a module that has a module-scoped fixture is one unit, so the fixture is set up once."""
+    units = {}
+    for path in sorted((root / "tests").rglob("test_*.py")):
+        rel = str(path.relative_to(root))
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets) \
+                    and "mark.engine" in ast.unparse(node.value):
+                units[rel] = "engine"
+            elif isinstance(node, ast.FunctionDef) and any(
+                    "mark.engine" in ast.unparse(d) for d in node.decorator_list):
+                units[f"{rel}::{node.name}"] = "engine"
+            elif isinstance(node, ast.FunctionDef) and any(
+                    "fixture" in ast.unparse(d) and "scope='module'" in ast.unparse(d)
+                    for d in node.decorator_list):
+                units.setdefault(rel, rel)
+    return units
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """The tests that start the vLLM CPU engine (marked `engine`, checked by
+    tests/test_markers.py) go to one worker as one unit of work, in their order: never two
+    engines at once on the 2 cores, and, the largest unit, handed out first. A module with a
+    module-scoped fixture goes whole too; every other test is a unit of its own, for whichever
+    worker is free, in the order pytest_collection_modifyitems below sets. (pytest 9 ignores the node-id suffix that xdist's own `loadgroup` groups
+    by: measured, its groups were split across workers.)"""
+    if config.getoption("dist") != "load":  # `-n N` alone; an explicit --dist is obeyed
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # the order is the collection's (sorted below)
+
+    units = _work_units()
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module, _, name = nodeid.partition("::")
+            test = f"{module}::{name.split('[')[0]}"
+            return units.get(test) or units.get(module) or nodeid
+
+    return Units(config, log)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """On a pytest-xdist worker, the order the units of work are handed out in: the engine unit,
+    its `alone` test first; the `waits` tests, which run beside that one; the whole modules;
+    the rest, each kept in its order."""
+    if not WORKER:
+        return
+    units = _work_units()
+
+    def rank(item) -> int:
+        module, _, name = item.nodeid.partition("::")
+        unit = units.get(f"{module}::{name.split('[')[0]}") or units.get(module)
+        if item.get_closest_marker("alone"):
+            return 0
+        if unit == "engine":
+            return 1
+        return 2 if item.get_closest_marker("waits") else 3 if unit else 4
+
+    items.sort(key=rank)  # stable
+
+
+@contextlib.contextmanager
+def _machine(root: Path, alone: bool):
+    """A test marked `alone` has the machine to itself: it waits for the test running beside it
+    to end and no other starts until it is done (writer first: the gate), except those marked
+    `waits` (they take no part: hardly any CPU). Others share it."""
+    with open(root / "machine.gate", "a") as gate, open(root / "machine.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # both released when the files close
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Around setup (module and session fixtures included), call and teardown of each test."""
+    if not WORKER:
+        yield
+        return
+    if item.get_closest_marker("waits"):
+        yield
+        return
+    root = Path(item.config.option.basetemp).parent  # the run's, shared by its workers
+    with _machine(root, item.get_closest_marker("alone") is not None):
+        yield
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

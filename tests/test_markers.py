@@ -3,7 +3,9 @@
 A test module that reaches the vLLM CPU engine, PostgreSQL, a browser or `dagster dev` carries
 the `slow` marker: module-wide, or on each test that reaches one (directly or through one of
 the module's own top-level helpers or fixtures). SeaweedFS (one server for the session,
-seconds) and the fake OpenAI engine (tests/fakes) stay in the quick lane on purpose.
+seconds) and the fake OpenAI engine (tests/fakes) stay in the quick lane on purpose. A test
+that reaches the vLLM CPU engine also carries `engine`: under pytest-xdist those run as one
+group, one engine at a time (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -20,22 +22,23 @@ STARTS = {"the vLLM CPU engine": '".venv-engine"', "PostgreSQL": "tests.e2e.post
           "a browser": "/usr/bin/chromium", "dagster dev": '"dagster"), "dev"'}
 
 
-def _slow(decorators: list[ast.expr]) -> bool:
-    return any("mark.slow" in ast.unparse(d) for d in decorators)
+def _marked(decorators: list[ast.expr], marker: str = "slow") -> bool:
+    return any(f"mark.{marker}" in ast.unparse(d) for d in decorators)
 
 
-def _unmarked_starts(path: Path, root: Path = PROJECT_ROOT) -> list[str]:
+def _unmarked_starts(path: Path, root: Path = PROJECT_ROOT, marker: str = "slow",
+                     starts: dict[str, str] = STARTS) -> list[str]:
     text = path.read_text()
     tree = ast.parse(text)
     for node in tree.body:  # pytestmark = pytest.mark.slow (or a list holding it)
         if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets) \
-                and "mark.slow" in ast.unparse(node.value):
+                and f"mark.{marker}" in ast.unparse(node.value):
             return []
 
     def says(node: ast.AST) -> set[str]:
         segment = ast.get_source_segment(text, node) or ""
-        return {what for what, token in STARTS.items() if token in segment}
+        return {what for what, token in starts.items() if token in segment}
 
     # names the module binds at top level to a start (VLLM = ... / "vllm")
     bound = {t.id: says(n) for n in tree.body if isinstance(n, ast.Assign)
@@ -51,7 +54,7 @@ def _unmarked_starts(path: Path, root: Path = PROJECT_ROOT) -> list[str]:
 
     out = []
     for name, f in funcs.items():
-        if not name.startswith("test_") or _slow(f.decorator_list):
+        if not name.startswith("test_") or _marked(f.decorator_list, marker):
             continue
         reached = direct(f) | {w for h in names(f) & set(funcs) for w in direct(funcs[h])}
         out += [f"{path.relative_to(root)}::{name} reaches {w}" for w in sorted(reached)]
@@ -65,6 +68,15 @@ def test_every_test_that_starts_an_engine_or_a_service_is_slow():
         "; ".join(unmarked)
 
 
+def test_every_test_that_starts_the_engine_is_marked_engine():
+    """`engine` puts them in one pytest-xdist group (tests/conftest.py): one engine at a time."""
+    engine = {"the vLLM CPU engine": STARTS["the vLLM CPU engine"]}
+    unmarked = [u for p in sorted(TESTS.rglob("test_*.py")) if p != Path(__file__)
+                for u in _unmarked_starts(p, marker="engine", starts=engine)]
+    assert not unmarked, "mark these @pytest.mark.engine (one engine at a time under " \
+        "pytest-xdist): " + "; ".join(unmarked)
+
+
 def test_the_check_sees_an_unmarked_engine_start(tmp_path):
     sample = tmp_path / "test_sample.py"
     sample.write_text('VLLM = ROOT / ".venv-engine" / "bin" / "vllm"\n\n'
@@ -73,3 +85,8 @@ def test_the_check_sees_an_unmarked_engine_start(tmp_path):
                       "def test_serves():\n    needs_engine()\n")
     found = [u.split("::")[1] for u in _unmarked_starts(sample, tmp_path)]
     assert found == ["test_serves reaches the vLLM CPU engine"]
+    found = [u.split("::")[1] for u in _unmarked_starts(sample, tmp_path, marker="engine")]
+    assert found == ["test_serves reaches the vLLM CPU engine"]
+    sample.write_text(sample.read_text().replace("def test_serves", "@pytest.mark.engine\n"
+                                                 "def test_serves"))
+    assert _unmarked_starts(sample, tmp_path, marker="engine") == []

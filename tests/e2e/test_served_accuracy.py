@@ -27,7 +27,7 @@ from resources.quantizer import ModelOptQuantizer
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 VLLM = PROJECT_ROOT / ".venv-engine" / "bin" / "vllm"

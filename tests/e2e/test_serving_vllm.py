@@ -40,7 +40,7 @@ from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 VLLM = PROJECT_ROOT / ".venv-engine" / "bin" / "vllm"

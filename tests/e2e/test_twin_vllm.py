@@ -40,7 +40,7 @@ from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 VLLM = PROJECT_ROOT / ".venv-engine" / "bin" / "vllm"
@@ -120,6 +120,7 @@ def _api_cpu_s_per_1k_tokens(running, client, seed: int) -> float:
         _generated_tokens(running.base_url) - tokens)
 
 
+@pytest.mark.alone  # a neighbour's load moved the ratio past 1.2 (1.22 measured beside one)
 def test_the_client_costs_the_api_server_no_more_per_token_than_vllm_bench_serve(tmp_path):
     """Issue 24, on the CPU engine: the load generator must not load the engine it measures.
 

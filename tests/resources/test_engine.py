@@ -50,6 +50,7 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+@pytest.mark.waits
 def test_ready_phases_env_and_the_whole_group_is_reaped(fake_bin, tmp_path, variant,
                                                         monkeypatch):
     record = tmp_path / "record.json"
@@ -80,6 +81,7 @@ def test_missing_binary_says_how_to_build_it(tmp_path, variant):
         start_once(e, variant)
 
 
+@pytest.mark.waits
 def test_exit_during_start_carries_the_log_tail(fake_bin, tmp_path, variant, monkeypatch):
     monkeypatch.setenv("FAKE_ENGINE_EXIT_CODE", "3")
     monkeypatch.setenv("FAKE_ENGINE_CHILD", "1")
@@ -116,6 +118,7 @@ def test_a_model_path_that_cannot_be_served_is_refused_before_the_engine_starts(
     assert not record.exists()  # the engine was never started
 
 
+@pytest.mark.waits
 def test_never_ready_times_out_and_is_reaped(fake_bin, tmp_path, variant, monkeypatch):
     monkeypatch.setenv("FAKE_ENGINE_NEVER_READY", "1")
     monkeypatch.setenv("FAKE_ENGINE_CHILD", "1")
@@ -125,6 +128,7 @@ def test_never_ready_times_out_and_is_reaped(fake_bin, tmp_path, variant, monkey
     assert _fake_engine_group_gone(tmp_path / "record.json")
 
 
+@pytest.mark.waits
 def test_a_start_whose_completions_hang_fails_within_its_timeout(fake_bin, tmp_path, variant,
                                                                  monkeypatch):
     """/health answers 200 but the completion probe never does, and the engine ignores SIGTERM

@@ -112,6 +112,7 @@ def test_resets_are_counted_under_documented_causes(fault, causes):
     assert all(rec.detail for rec in r.records if not rec.ok)  # the exception, for the logs
 
 
+@pytest.mark.waits
 def test_a_stalled_stream_is_a_timeout():
     with running_fake_server(itl_ms=1, fault="stall", fault_every=2) as url:
         r = LoadGenerator().run_point(url, completion_bodies("fake", ["x"] * 4, 8),
@@ -177,6 +178,7 @@ def test_an_undocumented_cause_is_refused_by_the_statistics():
 
 @pytest.mark.parametrize("metrics_fault,said", [("404", "HTTP 404"), ("stall", "timed out"),
                                                 ("garbage", "not Prometheus text")])
+@pytest.mark.waits
 def test_a_broken_metrics_endpoint_never_costs_the_point(metrics_fault, said):
     with running_fake_server(itl_ms=1, metrics_fault=metrics_fault) as url:
         r = LoadGenerator(scrape_timeout_s=0.5).run_point(
@@ -190,6 +192,7 @@ def test_a_broken_metrics_endpoint_never_costs_the_point(metrics_fault, said):
                                   "scrape_last_error": r.scrape_last_error}
 
 
+@pytest.mark.waits
 def test_a_stalled_metrics_endpoint_costs_a_point_one_scrape_timeout_not_one_per_scrape():
     """Issue 30, item 2: the scrape before the point times out; nothing more is asked of that
     /metrics in the point (neither during it nor after it), so the point ends within its

@@ -175,6 +175,7 @@ def test_a_gpu_job_without_cuda_fails_with_the_workers_own_error(tmp_path):
     assert (tmp_path / "gpu-job-copy.log").is_file()
 
 
+@pytest.mark.waits
 def test_a_hung_gpu_job_is_killed_at_its_timeout(tmp_path):
     hang = tmp_path / "hang.py"
     hang.write_text("import time\ntime.sleep(600)\n")

@@ -112,6 +112,7 @@ def _safetensors(path: Path, n_bytes: int) -> bytes:
     return path.read_bytes()
 
 
+@pytest.mark.waits
 def test_a_failed_run_never_journals_chunks_it_did_not_receive(
         s3_server, s3_store, s3_proxy, tmp_path, unique_prefix):
     """Issue 10, item 1. One shard answers 503 to every GET; the other shard's ranges are
@@ -203,6 +204,7 @@ def test_a_transient_fault_that_recovers_is_logged(
         assert "connection" in recovered[0]
 
 
+@pytest.mark.waits
 def test_a_hung_endpoint_fails_within_its_timeouts_and_says_it_timed_out():
     """The endpoint accepts the TCP connection and never answers (a blackhole port)."""
     logs: list[str] = []
@@ -222,6 +224,7 @@ def test_a_hung_endpoint_fails_within_its_timeouts_and_says_it_timed_out():
     assert len([line for line in logs if line.startswith("retry ")]) == 2
 
 
+@pytest.mark.waits
 def test_the_listing_deadline_bounds_every_attempt_together():
     with Blackhole() as hole:
         store = S3ObjectStore(endpoint_url=hole.endpoint_url, access_key_id="a",
@@ -236,6 +239,7 @@ def test_the_listing_deadline_bounds_every_attempt_together():
     assert elapsed_s < 4 + 10  # the deadline (no attempt runs past it), slack
 
 
+@pytest.mark.waits
 def test_no_attempt_starts_that_a_timeout_like_the_last_would_carry_past_the_deadline():
     """Issue 30, item 3: attempts that time out after 2 s, a deadline of 5.5 s. Two fit; a
     third would start at about 4.1 s and, timing out like the others, end past the deadline,
@@ -251,6 +255,7 @@ def test_no_attempt_starts_that_a_timeout_like_the_last_would_carry_past_the_dea
     assert "2 attempts" in str(info.value) and "list_read_timeout_s" in str(info.value)
 
 
+@pytest.mark.waits
 def test_a_hung_endpoint_fails_within_30_s_at_the_defaults():
     """Issue 30, item 3: at the defaults a hung endpoint failed a listing after 54 s (five
     attempts x a 10 s read timeout), over a minute through the CLI. The bound is the one the

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -115,8 +116,9 @@ def test_gate_looks_prints_the_ratio_against_the_rule_before(tmp_path):
 
 @pytest.mark.slow
 def test_predictions_record_is_the_committed_recording(tmp_path):
-    """`--record` asks AIConfigurator for the calibration points and one model's ladder (about
-    a minute here; regenerating docs/predictions.md asks for every model, three): what it
+    """`--record` asks AIConfigurator for the calibration points and one model's ladder (6 s
+    here, 42 s before the data set's version was resolved once per process; regenerating
+    docs/predictions.md asks for every model): what it
     writes must be, byte for byte, the recording the CPU tests replay."""
     out = tmp_path / "recorded.json"
     run_script(["bench/predictions.py", "--record", str(out)], tmp_path)
@@ -244,14 +246,23 @@ def test_quantize_bench_prints_its_ratio_against_modelopt_direct(tmp_path):
     assert "vs modelopt direct" in proc.stdout and "(passed: True)" in proc.stdout
 
 
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """`bench/gpu_serving.py prepare` without the node probe, run once for the two tests that
+    need it (its SmolLM2 build from the GGUF took about 20 s of each): its `out` and `work`.
+    A test that goes on from it works on a copy."""
+    needs_model()
+    root = tmp_path_factory.mktemp("prepared")
+    run_script(["bench/gpu_serving.py", "prepare", "--out", str(root / "out"), "--work",
+                str(root / "work"), "--probe-burn-s", "0", "--node-type", "cpu"], root)
+    return root
+
+
 @pytest.mark.slow
-def test_gpu_serving_prepare_builds_the_model_and_pins_the_configs_on_a_cpu(tmp_path):
+def test_gpu_serving_prepare_builds_the_model_and_pins_the_configs_on_a_cpu(prepared):
     """`prepare` (the first device call) without the node probe; `onboard` and `twins` need the
     H200 and run there (bench/gpu_device.sh), their recordings replayed in tests/assets/."""
-    needs_model()
-    out, work = tmp_path / "out", tmp_path / "work"
-    run_script(["bench/gpu_serving.py", "prepare", "--out", str(out), "--work", str(work),
-                "--probe-burn-s", "0", "--node-type", "cpu"], tmp_path)
+    work = prepared / "work"
     assert (work / "smollm2-135m-instruct" / "model.safetensors").is_file()  # build_smollm2.py
     assert (work / "configs" / "stack.yaml").is_file()
 
@@ -292,12 +303,16 @@ def test_serving_sweep_dry_run_builds_its_job_with_every_resource(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.engine
 def test_served_accuracy_gpu_scores_bf16_through_the_cpu_engine(tmp_path):
     """Its documented CPU mode (bf16 only: the CPU build serves nothing else)."""
     needs_engine()
-    run_script(["bench/served_accuracy_gpu.py", "--out", str(tmp_path / "out"), "--work",
-                str(tmp_path / "work"), "--precisions", "bf16", "--limit", "4",
-                "--checkpoint", str(SMOL)], tmp_path, timeout_s=900)
+    # vLLM's IPC sockets go under TMPDIR: a pytest-xdist worker's tmp_path (popen-gwN/ more)
+    # took their paths past the 107 characters a unix socket path may have
+    with tempfile.TemporaryDirectory(prefix="onb-") as short:
+        run_script(["bench/served_accuracy_gpu.py", "--out", str(tmp_path / "out"), "--work",
+                    str(tmp_path / "work"), "--precisions", "bf16", "--limit", "4",
+                    "--checkpoint", str(SMOL)], tmp_path, timeout_s=900, env={"TMPDIR": short})
     [report] = list((tmp_path / "out").glob("served_accuracy_*.json"))
     body = json.loads(report.read_text())  # both phases reached: in process, then served
     assert set(body["in_process"]) == set(body["served"]) == {"bf16"}
@@ -384,14 +399,14 @@ def test_gpu_x2_doc_sections_are_current(tmp_path):
 
 
 @pytest.mark.slow
-def test_gpu_x2_twins_dry_run_plans_the_configurations_the_h200_recorded(tmp_path):
-    """x2-twins and x2-tp on a CPU: prepare, the configs pinned to the H200's recorded versions,
-    the twins' onboard CPU part for h200, then each step's dry run. The planned hashes must be
-    the ones run 3 recorded on the H200; TP 2 runs on GPUs 0 and 1."""
-    needs_model()
+def test_gpu_x2_twins_dry_run_plans_the_configurations_the_h200_recorded(prepared, tmp_path):
+    """x2-twins and x2-tp on a CPU: prepare (the module's one run, copied), the configs pinned
+    to the H200's recorded versions, the twins' onboard CPU part for h200, then each step's dry
+    run. The planned hashes must be the ones run 3 recorded on the H200; TP 2 runs on GPUs 0
+    and 1."""
     out, work = tmp_path / "out", tmp_path / "work"
-    run_script(["bench/gpu_serving.py", "prepare", "--out", str(out), "--work", str(work),
-                "--probe-burn-s", "0", "--node-type", "cpu"], tmp_path)
+    shutil.copytree(prepared / "out", out, symlinks=True)
+    shutil.copytree(prepared / "work", work, symlinks=True)
     run_script(["bench/gpu_x2.py", "pin", "--work", str(work)], tmp_path)
     run_script(["bench/gpu_serving.py", "onboard", "--out", str(out), "--work", str(work),
                 "--node-type", "h200", "--tag", "x2-plan", "--models",
