@@ -123,3 +123,26 @@ def test_every_table_of_docs_gpu_is_generated_or_labelled_typed_by_hand():
             head = body.split("\n### ", 1)[0]
             assert TYPED in head, f"## {title}: a table with no recording behind it, and the " \
                 f"section does not say '{TYPED}'"
+
+
+def test_the_frontend_variants_each_differ_from_ours_by_the_ingredient_they_name():
+    """Issue 25 item 4's clients (bench/gpu_serving.py frontend, H200 only): each body is the
+    project's own with one ingredient changed, so a req/s difference on the device points at
+    that ingredient; and `--frontend-clients` reads names that hold commas."""
+    import json
+
+    from bench.gpu_serving import client_names, frontend_bodies
+
+    bodies = {k: json.loads(v[0]) for k, v in
+              frontend_bodies("m", ["a b", "c d"], 8, [[1, 2], [3, 4]]).items()}
+    ours = bodies["ours"]
+    assert ours["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert bodies["ours, token ids per chunk"] == {
+        **ours, "return_token_ids": True, "stream_options": {"include_usage": True}}
+    assert bodies["ours, no count per chunk"] == {**ours, "stream_options": {"include_usage": True}}
+    assert bodies["ours, random-token prompts"] == {**ours, "prompt": [1, 2]}
+    assert bodies["ours, greedy, random-token prompts"] == {**ours, "prompt": [1, 2],
+                                                            "temperature": 0.0}
+    assert client_names("ours;ours, token ids per chunk;vllm bench serve") == (
+        "ours", "ours, token ids per chunk", "vllm bench serve")
+    assert client_names("ours,vllm bench serve") == ("ours", "vllm bench serve")
