@@ -6,7 +6,8 @@
 #   bash bench/gpu_device.sh install      .gpu7: the last piece, install into /tmp/site, the
 #                                         GGUF reassembled and checked, then `prepare`
 #   bash bench/gpu_device.sh onboard A    the onboard job up to the published variant (and the
-#                                         twins' CPU part: config fetch, markers, serving_config)
+#                                         twins' CPU part: config fetch, markers, serving_config;
+#                                         MODELS=llama-3-1-8b-instruct-twin: that part alone)
 #   bash bench/gpu_device.sh onboard T    load_timing (three kinds of start; T_REPEATS=3,0,0:
 #                                         three fully cold starts only)
 #   bash bench/gpu_device.sh onboard B    serving_benchmark, manifests, readiness, reports
@@ -97,7 +98,8 @@ case "$1" in
     first=$first,published_variant
     twins=llama-3-1-8b-instruct-twin,llama-3-1-70b-instruct-twin
     case "$2" in
-      A) sel=(--select "$first" --models "smollm2-135m,$twins") ;;
+      # MODELS=<ids>: A for those only (the frontend step needs only the 8B twin's plan)
+      A) sel=(--select "$first" --models "${MODELS:-smollm2-135m,$twins}") ;;
       T) sel=(--select serving_stack,load_timing) ;;
       *) sel=(--exclude "${first#serving_stack,},served_accuracy,load_timing") ;;
     esac

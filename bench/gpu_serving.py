@@ -717,6 +717,7 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
     for name, bodies in clients[k:] + clients[:k]:
         before = _scrape(running.base_url)
         api0, tree0, t0 = process_cpu_s(running.pid), tree_cpu_s(running.pid), time.monotonic()
+        client0 = _client_cpu_s()
         if bodies is None:
             got = vllm_bench(running.base_url, served, tok_dir, concurrency, n, in_len, out_len,
                              work, warmups=0)
@@ -733,6 +734,9 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
                    "tokens_per_chunk": st.tokens_per_chunk, "load_s": r.duration_s}
         wall = time.monotonic() - t0
         api, tree = process_cpu_s(running.pid) - api0, tree_cpu_s(running.pid) - tree0
+        # the client's own CPU (ours in this process; `vllm bench serve` a waited-for child,
+        # its start-up included): whether a client that cannot keep up explains its req/s
+        client = {k: round(v - client0[k], 2) for k, v in _client_cpu_s().items()}
         after = _scrape(running.base_url)
         tokens = _generated(after) - _generated(before)
         b, a = parse_metrics(before), parse_metrics(after)
@@ -742,7 +746,8 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
                    # over the load itself (vllm bench's own start-up is idle time here)
                    api_cores=round(api / row["load_s"], 3) if row.get("load_s") else None,
                    api_cpu_s_per_1k_tokens=round(1e3 * api / tokens, 4) if tokens else None,
-                   engine_itl_ms=itl * 1e3 if itl is not None else None)
+                   engine_itl_ms=itl * 1e3 if itl is not None else None,
+                   client_cpu_s=client["children" if bodies is None else "self"])
         if row.get("client_itl_ms") and row["engine_itl_ms"]:
             row["itl_vs_engine"] = round(row["client_itl_ms"] / row["engine_itl_ms"] - 1, 4)
         say(f"frontend c={concurrency} run {run_no} {name}: {row.get('req_s')} req/s, API "
@@ -750,6 +755,15 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
             f"engine {row.get('itl_vs_engine')}")
         rows.append(row)
     return rows
+
+
+def _client_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system) of this process and of its waited-for children."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return {"self": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime}
 
 
 def frontend(args) -> int:

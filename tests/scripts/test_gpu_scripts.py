@@ -6,6 +6,7 @@ scripts/gpu_noisy_neighbour.py."""
 from __future__ import annotations
 
 import json
+import os
 
 import yaml
 
@@ -146,3 +147,37 @@ def test_the_frontend_variants_each_differ_from_ours_by_the_ingredient_they_name
     assert client_names("ours;ours, token ids per chunk;vllm bench serve") == (
         "ours", "ours, token ids per chunk", "vllm bench serve")
     assert client_names("ours,vllm bench serve") == ("ours", "vllm bench serve")
+
+
+def test_a_frontend_round_against_a_fake_server_times_each_client_and_its_own_cpu(tmp_path):
+    """One round of bench/gpu_serving.py's frontend experiment (H200 only) against the fake
+    streaming server: every client asked for gives one row, in the rotated order, with the
+    client's own CPU seconds beside the API server's (whether a client that cannot keep up
+    explains its req/s), and an unknown client name is refused before anything is sent."""
+    from types import SimpleNamespace
+
+    import pytest
+    from transformers import AutoTokenizer
+
+    from bench.gpu_serving import frontend_point
+    from tests.fakes.openai_stream_server import running_fake_server
+
+    smol = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+    if not (smol / "tokenizer.json").is_file():
+        pytest.skip(f"{smol} not built (scripts/build_smollm2.py builds it offline)")
+    tok = AutoTokenizer.from_pretrained(smol, local_files_only=True)
+    vllm = load_stack(PROJECT_ROOT / "configs" / "stack.yaml").templates["vllm"]
+    engine = SimpleNamespace(template=lambda: vllm)
+    clients = ("ours", "ours, no count per chunk")
+    with running_fake_server(ttft_ms=5, itl_ms=2) as url:
+        running = SimpleNamespace(base_url=url, pid=os.getpid())  # any live pid has a /proc
+        rows = frontend_point(running, engine, "m", tok, smol, tmp_path, 2, 1, 16,
+                              8, only=clients)
+        with pytest.raises(SystemExit, match="unknown"):
+            frontend_point(running, engine, "m", tok, smol, tmp_path, 2, 0, 16, 8,
+                           only=("ours", "no such client"))
+    assert [r["client"] for r in rows] == [clients[1], clients[0]]  # run 1 starts at the second
+    for r in rows:
+        assert r["completed"] == 4 and r["concurrency"] == 2 and r["run"] == 1
+        assert r["client_cpu_s"] > 0 and r["client_itl_ms"] > 0
+    assert rows[1]["tokens_per_chunk"] == 1.0  # the fake sends one token a chunk by default
