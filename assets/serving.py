@@ -497,7 +497,8 @@ def run_sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, tem
         n_max = max(sweep.requests_at(int(max(c, 1))) for c in loads) + sweep.warmup_requests
         prompts = synthetic_prompts(tokenizer, n_max, sc.input_tokens, sc.prefix_tokens,
                                     seed=zlib.crc32(name.encode()))
-        bodies = completion_bodies(served_name, prompts, sc.output_tokens)
+        bodies = completion_bodies(served_name, prompts, sc.output_tokens,
+                                   count_tokens_by=template.load_generator.count_tokens_by)
         warm, pool_ = bodies[:sweep.warmup_requests], bodies[sweep.warmup_requests:]
         for load in loads:
             kw = ({"concurrency": int(load)} if sweep.mode == "concurrency"

@@ -27,11 +27,14 @@ from onboarding.serving.stats import Slo, headline
 from tests.gpu_recordings import (
     H200,
     MODEL,
+    RUN6_FRONTEND,
+    frontend_rows_run6,
     points,
     recording_run2,
     recording_run3,
     recording_run4,
     recording_run5,
+    recording_run6,
     sweep_rows,
     sweep_rows_run3,
 )
@@ -429,8 +432,12 @@ def engines_section() -> str:
          f"{peer['median_ttft_ms']:.0f} ms / p95 {peer['p95_ttft_ms']:.0f} ms.")])
 
 
-def frontend_verdicts(all_rows: list[dict]) -> list[str]:
-    """Issue 24's targets per concurrency over `all_rows` (medians, with their n)."""
+PEER = "vllm bench serve"
+
+
+def frontend_verdicts(all_rows: list[dict], client: str = "ours") -> list[str]:
+    """Issue 24's targets per concurrency over `all_rows` (medians, with their n): `client`
+    against `vllm bench serve`."""
     import statistics
 
     def med(rs, k):
@@ -438,8 +445,8 @@ def frontend_verdicts(all_rows: list[dict]) -> list[str]:
 
     out = []
     for conc in sorted({r["concurrency"] for r in all_rows}, reverse=True):
-        ours = [r for r in all_rows if r["concurrency"] == conc and r["client"] == "ours"]
-        peer = [r for r in all_rows if r["concurrency"] == conc and r["client"] != "ours"]
+        ours = [r for r in all_rows if r["concurrency"] == conc and r["client"] == client]
+        peer = [r for r in all_rows if r["concurrency"] == conc and r["client"] == PEER]
         cpu = med(ours, "api_cpu_s_per_1k_tokens") / med(peer, "api_cpu_s_per_1k_tokens")
         rps = med(ours, "req_s") / med(peer, "req_s")
         itl = med(ours, "itl_vs_engine")
@@ -481,6 +488,44 @@ def run4_frontend_section() -> str:
         ("Issue 24's targets over both leases' runs at that concurrency (medians; the runs come "
         "from two engine starts on two machines of the same kind):"), "",
         *[f"- {v}." for v in frontend_verdicts(both)]])
+
+
+def run6_frontend_section() -> str:
+    """Issue 25 item 4 on the sixth run: one ingredient of the client's body at a time against
+    `vllm bench serve` at 32, 128 and 256 (at least three runs each), medians per client with
+    every run's req/s, and issue 24's targets for the client as it was and as it now is."""
+    import statistics
+
+    rows = frontend_rows_run6()
+    engines = [recording_run6(name)["steps"]["engine"] for name, _ in RUN6_FRONTEND]
+    hashes = {e["config_hash"] for e in engines}
+    table = []
+    for conc in sorted({r["concurrency"] for r in rows}):
+        for client in dict.fromkeys(r["client"] for r in rows if r["concurrency"] == conc):
+            rs = [r for r in rows if r["concurrency"] == conc and r["client"] == client]
+
+            def med(k, rs=rs):
+                return statistics.median(r[k] for r in rs)
+
+            table.append({
+                "concurrency": conc, "client": client, "n": len(rs),
+                "req/s median": fmt(med("req_s")),
+                "req/s per run": ", ".join(f"{r['req_s']:.1f}" for r in rs),
+                "API CPU s / 1k tokens": fmt(med("api_cpu_s_per_1k_tokens")),
+                "ITL vs engine": f"{100 * med('itl_vs_engine'):+.1f} %",
+                "TTFT p50 ms": fmt(med("ttft_p50_ms")),
+                "client CPU s": fmt(med("client_cpu_s"))})
+    return "\n".join([
+        (f"llama-3-1-8b-instruct-twin fp8 at `{', '.join(sorted(hashes))}` (max_num_seqs 256), "
+         f"{len(engines)} engine starts on two leases (ready after "
+         f"{', '.join(str(round(e['ready_s'])) for e in engines)} s); 2 x concurrency prompts of "
+         f"512 tokens, 256 out, per run; order rotated by run; {len(rows)} runs in all."), "",
+        md_table(table), "",
+        "Issue 24's targets, medians against `vllm bench serve`'s over the same runs:", "",
+        *[f"- ours (continuous usage per chunk, the client before this run): {v}."
+          for v in frontend_verdicts(rows)],
+        *[f"- ours, token ids per chunk (the client for vLLM since this run): {v}."
+          for v in frontend_verdicts(rows, "ours, token ids per chunk")]])
 
 
 def run5_load_timing_section() -> str:
@@ -534,7 +579,8 @@ def regenerated(doc: str) -> str:
                        ("h200 run3 frontend", run3_frontend_section()),
                        ("h200 engines", engines_section()),
                        ("h200 run4 frontend", run4_frontend_section()),
-                       ("h200 run5 load timing", run5_load_timing_section())):
+                       ("h200 run5 load timing", run5_load_timing_section()),
+                       ("h200 run6 frontend", run6_frontend_section())):
         doc = splice_generated(doc, name, body)
     return doc
 

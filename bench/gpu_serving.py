@@ -605,7 +605,8 @@ def crosscheck(running, served: str, tok_dir: Path, concurrency: int, work: Path
     out: dict = {"concurrency": concurrency, "prompts": n, "input_tokens": in_len,
                  "output_tokens": out_len}
     prompts = synthetic_prompts(tokenizer, n + concurrency, in_len, 0, seed=7)
-    bodies = completion_bodies(served, prompts, out_len)
+    bodies = completion_bodies(served, prompts, out_len,
+                               count_tokens_by=engine.template().load_generator.count_tokens_by)
     metrics = engine.template().metrics
     run_ = LoadGenerator().run_point(running.base_url, bodies[concurrency:],
                                      concurrency=concurrency, max_seconds=120,

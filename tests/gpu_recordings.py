@@ -44,6 +44,10 @@ H200_RUN2 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02"  # issue
 H200_RUN3 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run3"  # issue 25
 H200_RUN4 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run4"  # issues 29, 25
 H200_RUN5 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run5"  # issues 29, 25
+H200_RUN6 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run6"  # issue 25 item 4
+# the sixth run's frontend calls: (file, lease), in the order they ran
+RUN6_FRONTEND = (("frontend", "6th, call 1"), ("frontend-256", "6th b, call 1"),
+                 ("frontend-128-256", "6th b, call 2"))
 MODEL = "smollm2-135m"
 NODE_TYPE = "h200"
 RUN_CONFIG_HASH = "0660e584b7cc"  # serving_config's h200 configuration there (vLLM 0.22.0)
@@ -83,6 +87,21 @@ def recording_run5(name: str) -> dict[str, Any]:
     """The fifth H200 run: `sglang-twins`, `vllm-twins` (the 8B twin in bf16 on each engine),
     `onboard-T` (three fully cold starts of SmolLM2), `prepare`, `onboard-A` (its README)."""
     return json.loads((H200_RUN5 / f"{name}.json").read_text())
+
+
+@cache
+def recording_run6(name: str) -> dict[str, Any]:
+    """The sixth H200 run (two leases, vLLM 0.22.0, the 8B FP8 twin at max-num-seqs 256):
+    `frontend` (c=128 and 32, five clients, three runs), `frontend-256` (c=256, three clients,
+    three runs) and `frontend-128-256` (both, a fresh engine on the second lease), `prepare*`,
+    `onboard-A*` (the twin's plan alone; its README says which is which)."""
+    return json.loads((H200_RUN6 / f"{name}.json").read_text())
+
+
+def frontend_rows_run6() -> list[dict[str, Any]]:
+    """Every row of the sixth run's frontend calls, each with the call it came from."""
+    return [{**r, "call": call} for name, call in RUN6_FRONTEND
+            for r in recording_run6(name)["steps"]["rows"]["rows"]]
 
 
 def _configs_at(record, target: Path) -> Path:

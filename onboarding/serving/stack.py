@@ -26,7 +26,7 @@ import subprocess
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -92,6 +92,24 @@ class LoadGeneratorNeeds(StrictConfig):
     protocol forbids unknown fields answers 400 to one it lacks)."""
 
     request_extensions: list[str] = Field(default_factory=list)
+    count_tokens_by: Literal["usage", "token_ids", "text"] = Field(
+        default="usage", description=(
+            "how the client has this engine count a streamed chunk's tokens "
+            "(resources/loadgen.completion_bodies): its cumulative usage in every chunk, the "
+            "chunk's own token ids, or one token per chunk with text"))
+
+    @model_validator(mode="after")
+    def _count_is_accepted(self) -> LoadGeneratorNeeds:
+        needed = COUNT_EXTENSION[self.count_tokens_by]
+        if needed and needed not in self.request_extensions:
+            raise ValueError(f"count_tokens_by {self.count_tokens_by!r} sends {needed}, which "
+                             f"request_extensions does not list")
+        return self
+
+
+# The body field each way of counting a chunk's tokens sends (None: nothing beyond OpenAI's)
+COUNT_EXTENSION = {"usage": "stream_options.continuous_usage_stats",
+                   "token_ids": "return_token_ids", "text": None}
 
 
 class EngineTemplate(StrictConfig):

@@ -207,15 +207,33 @@ def _extensions(body: dict, prefix: str = "") -> set[str]:
     return out
 
 
-def test_every_engine_accepts_what_the_load_generator_sends():
-    sent = set()
-    for body in completion_bodies("m", ["p"], 4) + completion_bodies("m", ["p"], 4,
-                                                                     temperature=0.0):
-        sent |= _extensions(json.loads(body))
-    extensions = sent - OPENAI_COMPLETION_FIELDS
-    assert extensions == {"ignore_eos", "stream_options.continuous_usage_stats"}
+def test_every_engine_accepts_what_the_load_generator_sends_it():
+    """Each engine gets the bodies its template's count_tokens_by makes (vLLM: its own
+    return_token_ids, the others continuous usage), and lists every extension in them."""
+    modes = {}
     for name, t in load_stack(CONFIGS / "stack.yaml").templates.items():
-        assert extensions <= set(t.load_generator.request_extensions), name
+        lg = t.load_generator
+        sent = set()
+        for body in completion_bodies("m", ["p"], 4, count_tokens_by=lg.count_tokens_by) + \
+                completion_bodies("m", ["p"], 4, temperature=0.0,
+                                  count_tokens_by=lg.count_tokens_by):
+            sent |= _extensions(json.loads(body))
+        extensions = sent - OPENAI_COMPLETION_FIELDS
+        assert extensions <= set(lg.request_extensions), name
+        modes[name] = (lg.count_tokens_by, extensions)
+    assert modes["vllm"] == ("token_ids", {"ignore_eos", "return_token_ids"})
+    assert modes["sglang"] == ("usage", {"ignore_eos", "stream_options.continuous_usage_stats"})
+
+
+def test_a_template_that_counts_by_a_field_it_does_not_accept_is_refused():
+    from pydantic import ValidationError
+
+    from onboarding.serving.stack import LoadGeneratorNeeds
+
+    with pytest.raises(ValidationError, match="return_token_ids"):
+        LoadGeneratorNeeds(request_extensions=["ignore_eos"], count_tokens_by="token_ids")
+    assert LoadGeneratorNeeds(request_extensions=[], count_tokens_by="text").count_tokens_by \
+        == "text"
 
 
 def test_every_template_names_its_distribution_and_the_fingerprint_reads_it():
