@@ -497,7 +497,7 @@ def run6_frontend_section() -> str:
     import statistics
 
     rows = frontend_rows_run6()
-    engines = [recording_run6(name)["steps"]["engine"] for name, _ in RUN6_FRONTEND]
+    engines = [recording_run6(name)["steps"]["engine"] for name in RUN6_FRONTEND]
     hashes = {e["config_hash"] for e in engines}
     table = []
     for conc in sorted({r["concurrency"] for r in rows}):

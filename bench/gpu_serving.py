@@ -657,7 +657,9 @@ def frontend_bodies(served: str, prompts: list[str], out_len: int,
         return _json.dumps(body).encode()
 
     # The client samples since issue 24's fix; greedy is what it sent before (the run of
-    # 2026-12-02 called these "ours without temperature (sampled)" and "ours").
+    # 2026-12-02 called these "ours without temperature (sampled)" and "ours"). "ours" is the
+    # recordings' name for the continuous-usage body: vLLM's template has counted by token ids
+    # ("ours, token ids per chunk") since the sixth run, the others still count by usage.
     greedy = completion_bodies(served, prompts, out_len, temperature=0.0)
     ours = completion_bodies(served, prompts, out_len)
     out = {"ours": ours,

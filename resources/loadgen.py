@@ -28,6 +28,7 @@ import aiohttp
 import dagster as dg
 import orjson
 
+from onboarding.serving.stack import COUNT_EXTENSION
 from onboarding.serving.stats import RequestRecord, parse_metrics
 
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -77,7 +78,9 @@ class PointRun:
         self.metrics_during = [t for t in map(valid, self.metrics_during) if t is not None]
 
 
-COUNT_TOKENS_BY = ("usage", "token_ids", "text")
+# the ways to count a chunk's tokens, each with the body field it sends (an engine template
+# names one: configs/stack.yaml load_generator.count_tokens_by)
+COUNT_TOKENS_BY = tuple(COUNT_EXTENSION)
 
 
 def completion_bodies(model: str, prompts: Sequence[str], max_tokens: int,

@@ -45,9 +45,8 @@ H200_RUN3 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run3"  # 
 H200_RUN4 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run4"  # issues 29, 25
 H200_RUN5 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run5"  # issues 29, 25
 H200_RUN6 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run6"  # issue 25 item 4
-# the sixth run's frontend calls: (file, lease), in the order they ran
-RUN6_FRONTEND = (("frontend", "6th, call 1"), ("frontend-256", "6th b, call 1"),
-                 ("frontend-128-256", "6th b, call 2"))
+# the sixth run's frontend calls, in the order they ran (its README: which lease and command)
+RUN6_FRONTEND = ("frontend", "frontend-256", "frontend-128-256")
 MODEL = "smollm2-135m"
 NODE_TYPE = "h200"
 RUN_CONFIG_HASH = "0660e584b7cc"  # serving_config's h200 configuration there (vLLM 0.22.0)
@@ -99,9 +98,8 @@ def recording_run6(name: str) -> dict[str, Any]:
 
 
 def frontend_rows_run6() -> list[dict[str, Any]]:
-    """Every row of the sixth run's frontend calls, each with the call it came from."""
-    return [{**r, "call": call} for name, call in RUN6_FRONTEND
-            for r in recording_run6(name)["steps"]["rows"]["rows"]]
+    """Every row of the sixth run's frontend calls, in the order they ran."""
+    return [r for name in RUN6_FRONTEND for r in recording_run6(name)["steps"]["rows"]["rows"]]
 
 
 def _configs_at(record, target: Path) -> Path:

@@ -23,7 +23,7 @@ def medians(client: str, key: str) -> dict[int, float]:
 
 
 def test_every_call_ran_the_same_configuration_and_enough_runs():
-    assert {recording_run6(n)["steps"]["engine"]["config_hash"] for n, _ in RUN6_FRONTEND} == {
+    assert {recording_run6(n)["steps"]["engine"]["config_hash"] for n in RUN6_FRONTEND} == {
         "10d9dd492b23"}
     rows = frontend_rows_run6()
     for client in (PEER, *CLIENT_FOR.values()):

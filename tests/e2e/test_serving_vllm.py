@@ -293,9 +293,13 @@ def test_token_exact_prompts_and_exact_output_lengths(running, tokenizer):
 
 
 def _point_vs_engine(engine: Engine, r, tokenizer, out_tokens: int) -> dict:
-    """16 requests at a time (the engine's max_num_seqs), 32 of them: client vs histograms."""
+    """16 requests at a time (the engine's max_num_seqs), 32 of them: client vs histograms,
+    the tokens counted as the serving benchmark has this engine count them (its template)."""
     prompts = synthetic_prompts(tokenizer, 32, 20)
-    run = LoadGenerator().run_point(r.base_url, completion_bodies("smol", prompts, out_tokens),
+    count = engine.template().load_generator.count_tokens_by
+    run = LoadGenerator().run_point(r.base_url,
+                                    completion_bodies("smol", prompts, out_tokens,
+                                                      count_tokens_by=count),
                                     concurrency=16, max_seconds=300, request_timeout_s=300)
     s = summarize(run.records, run.duration_s)
     m = engine.template().metrics

@@ -335,6 +335,22 @@ def test_counting_by_text_ignores_a_servers_count_and_says_so():
         completion_bodies("fake", ["a"], 4, count_tokens_by="logprobs")
 
 
+def test_each_way_of_counting_sends_the_one_field_the_stack_says_it_sends():
+    """The stack's COUNT_EXTENSION is what a template's request_extensions is checked against
+    (onboarding/serving/stack.py); the bodies must send exactly that field beyond the text
+    count's, or the check would vouch for a field the client does not send."""
+    from onboarding.serving.stack import COUNT_EXTENSION
+
+    def fields(body: dict, prefix: str = "") -> set[str]:
+        return set().union(*(fields(v, f"{prefix}{k}.") if isinstance(v, dict)
+                             else {f"{prefix}{k}"} for k, v in body.items()))
+
+    plain = fields(json.loads(completion_bodies("m", ["p"], 4, count_tokens_by="text")[0]))
+    for mode, field in COUNT_EXTENSION.items():
+        sent = fields(json.loads(completion_bodies("m", ["p"], 4, count_tokens_by=mode)[0]))
+        assert sent - plain == ({field} if field else set()), mode
+
+
 def test_without_usage_per_chunk_tokens_without_text_are_no_content_and_say_why():
     with running_fake_server(itl_ms=1, empty_every=1, continuous_usage=False) as url:
         r = run(url, n=4, out=5, concurrency=2)
