@@ -100,6 +100,11 @@ class LoadGeneratorNeeds(StrictConfig):
 
     @model_validator(mode="after")
     def _count_is_accepted(self) -> LoadGeneratorNeeds:
+        """A template that names its way of counting must accept the field it sends. One that
+        names none gets the client's default, continuous usage, as every template did before
+        the field existed (the recorded runs' stack files have no `load_generator`)."""
+        if "count_tokens_by" not in self.model_fields_set:
+            return self
         needed = COUNT_EXTENSION[self.count_tokens_by]
         if needed and needed not in self.request_extensions:
             raise ValueError(f"count_tokens_by {self.count_tokens_by!r} sends {needed}, which "

@@ -232,6 +232,10 @@ def test_a_template_that_counts_by_a_field_it_does_not_accept_is_refused():
 
     with pytest.raises(ValidationError, match="return_token_ids"):
         LoadGeneratorNeeds(request_extensions=["ignore_eos"], count_tokens_by="token_ids")
+    with pytest.raises(ValidationError, match="continuous_usage_stats"):
+        LoadGeneratorNeeds(request_extensions=[], count_tokens_by="usage")
+    # a template that names no way of counting (a recorded run's stack file) keeps the default
+    assert LoadGeneratorNeeds().count_tokens_by == "usage"
     assert LoadGeneratorNeeds(request_extensions=[], count_tokens_by="text").count_tokens_by \
         == "text"
 
