@@ -18,7 +18,9 @@
 #                                         (TWINS, CONCURRENCY, CROSSCHECK choose what runs)
 #   bash bench/gpu_device.sh frontend     issue 24: the client's request ingredients one at a
 #                                         time against `vllm bench serve`, API-server CPU/token
-#                                         (CLIENTS=ours,vllm bench serve: only those two)
+#                                         (CLIENTS=ours,vllm bench serve: only those two;
+#                                         API_SERVERS=4: vLLM --api-server-count 4; NAME=x
+#                                         writes x.json instead of frontend.json)
 #   bash bench/gpu_device.sh served       issue 25: served accuracy of bf16, FP8 and NVFP4
 #                                         (PRECISIONS chooses; EAGER=1 for enforce_eager)
 #   bash bench/gpu_device.sh sglang piece K   issue 29: keep .sglK's part of SGLang's payload
@@ -122,7 +124,7 @@ case "$1" in
     python3 bench/gpu_serving.py frontend --out "$OUT" --deadline-s "${DEADLINE_S:-540}" \
         --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8}" --concurrency "${CONCURRENCY:-256,128}" \
         --frontend-runs "${RUNS:-3}" --max-num-seqs "${MAX_NUM_SEQS:-256}" \
-        --frontend-clients "${CLIENTS:-}" ;;
+        --frontend-clients "${CLIENTS:-}" --api-servers "${API_SERVERS:-1}" --name "${NAME:-frontend}" ;;
   served)
     need_payload "$@"
     # issue 25 item 2: SmolLM2 bf16, FP8 and NVFP4 in process and through vLLM

@@ -639,6 +639,17 @@ def _generated(text: str) -> float:
     return sum(v for k, v in parse_metrics(text).items() if k.endswith("generation_tokens_total"))
 
 
+def _counted_per_request(before: dict, after: dict, completed) -> int:
+    """How many times the engine's request_success counter counted each completed request
+    between two parsed scrapes (1 with one API server; N where N API servers each count it);
+    1 where it cannot be told (nothing completed, no counter)."""
+    succ = sum(v - before.get(k, 0.0) for k, v in after.items()
+               if k.split("{")[0].endswith("request_success_total"))
+    if not completed or succ <= 0:
+        return 1
+    return max(1, round(succ / completed))
+
+
 def frontend_bodies(served: str, prompts: list[str], out_len: int,
                     token_prompts: list[list[int]] | None = None) -> dict[str, list[bytes]]:
     """The project's bodies and, one ingredient at a time, `vllm bench serve`'s (its
@@ -693,7 +704,7 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
                    concurrency: int, run_no: int, in_len: int, out_len: int,
                    only: tuple[str, ...] = ()) -> list[dict]:
     """One round of every client at one concurrency, fresh prompts, order rotated by run."""
-    from onboarding.serving.frontend import process_cpu_s, tree_cpu_s
+    from onboarding.serving.frontend import frontend_cpu_delta, frontend_processes_cpu_s, tree_cpu_s
     from onboarding.serving.prompts import synthetic_prompts
     from onboarding.serving.stats import histogram_mean_delta, parse_metrics, summarize
     from resources.loadgen import LoadGenerator
@@ -719,7 +730,8 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
     rows = []
     for name, bodies in clients[k:] + clients[:k]:
         before = _scrape(running.base_url)
-        api0, tree0, t0 = process_cpu_s(running.pid), tree_cpu_s(running.pid), time.monotonic()
+        api0, tree0 = frontend_processes_cpu_s(running.pid), tree_cpu_s(running.pid)
+        t0 = time.monotonic()
         client0 = _client_cpu_s()
         if bodies is None:
             got = vllm_bench(running.base_url, served, tok_dir, concurrency, n, in_len, out_len,
@@ -736,13 +748,19 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
                    "ttft_p50_ms": st.ttft_s.p50 * 1e3, "completed": st.completed,
                    "tokens_per_chunk": st.tokens_per_chunk, "load_s": r.duration_s}
         wall = time.monotonic() - t0
-        api, tree = process_cpu_s(running.pid) - api0, tree_cpu_s(running.pid) - tree0
+        # every API server process (one, or --api-server-count's N and their launcher)
+        per_process = frontend_cpu_delta(api0, frontend_processes_cpu_s(running.pid))
+        api, tree = sum(c for _, c in per_process.values()), tree_cpu_s(running.pid) - tree0
         # the client's own CPU (ours in this process; `vllm bench serve` a waited-for child,
         # its start-up included): whether a client that cannot keep up explains its req/s
         client = {k: round(v - client0[k], 2) for k, v in _client_cpu_s().items()}
         after = _scrape(running.base_url)
-        tokens = _generated(after) - _generated(before)
         b, a = parse_metrics(before), parse_metrics(after)
+        # vLLM with --api-server-count N counted each request more than once on the CPU build
+        # (0.32: 8 request_success for 4 requests with N=2), the histograms' sums with their
+        # counts, so a mean holds; the token counter is divided by that count per request
+        counted = _counted_per_request(b, a, row.get("completed"))
+        tokens = (_generated(after) - _generated(before)) / counted
         itl = histogram_mean_delta(b, a, metrics.itl_histogram)
         row.update(client=name, concurrency=concurrency, run=run_no, wall_s=round(wall, 2),
                    generated_tokens=tokens, api_cpu_s=round(api, 2), tree_cpu_s=round(tree, 2),
@@ -750,7 +768,9 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
                    api_cores=round(api / row["load_s"], 3) if row.get("load_s") else None,
                    api_cpu_s_per_1k_tokens=round(1e3 * api / tokens, 4) if tokens else None,
                    engine_itl_ms=itl * 1e3 if itl is not None else None,
-                   client_cpu_s=client["children" if bodies is None else "self"])
+                   client_cpu_s=client["children" if bodies is None else "self"],
+                   engine_counts_per_request=counted,
+                   api_processes=sorted([t[:48], round(c, 2)] for t, c in per_process.values()))
         if row.get("client_itl_ms") and row["engine_itl_ms"]:
             row["itl_vs_engine"] = round(row["client_itl_ms"] / row["engine_itl_ms"] - 1, 4)
         say(f"frontend c={concurrency} run {run_no} {name}: {row.get('req_s')} req/s, API "
@@ -776,10 +796,11 @@ def frontend(args) -> int:
     per 1,000 generated tokens, its cores, req/s and the client's mean ITL against the engine's
     histogram. Writes frontend.json after every run."""
     onboard_env(args.work, args.node_type, args.engine_bin)
-    rep = Report(args.out, "frontend")
+    rep = Report(args.out, args.name or "frontend")
     from transformers import AutoTokenizer
 
     from pipelines.resources import config_files
+    from onboarding.serving.frontend import frontend_processes_cpu_s
     from resources.engine import Engine
 
     cf = config_files()
@@ -789,22 +810,29 @@ def frontend(args) -> int:
     tok_src = args.work / "smollm2-135m-instruct"
     tokenizer = AutoTokenizer.from_pretrained(tok_src, local_files_only=True)
     variant, config, note = twin_target(args.work, twin_id, precision, args.node_type)
-    if args.max_num_seqs:  # the issue's engine ran 256 at once; the h200 plan admits fewer
-        import dataclasses
+    import dataclasses
 
+    if args.max_num_seqs:  # the issue's engine ran 256 at once; the h200 plan admits fewer
         flag = f"--max-num-seqs={args.max_num_seqs}"
         config = dataclasses.replace(
             config, params={**config.params, "max_num_seqs": args.max_num_seqs},
             param_args=tuple(flag if a.startswith("--max-num-seqs=") else a
                              for a in config.param_args))
         note += f"; max_num_seqs {args.max_num_seqs} for this experiment"
+    if args.api_servers > 1:  # issue 25 item 4 at 256: the one API server is the bottleneck
+        config = dataclasses.replace(
+            config, params={**config.params, "api_server_count": args.api_servers},
+            param_args=(*config.param_args, f"--api-server-count={args.api_servers}"))
+        note += f"; {args.api_servers} API server processes for this experiment"
     in_len, out_len = args.crosscheck_tokens
     rows: list[dict] = []
     budget_end = T0 + args.deadline_s
     with engine.serve(variant, config) as running:
         rep.step("engine", twin=twin_id, precision=precision, config_hash=config.hash,
                  basis=note, ready_s=round(running.phases.first_token_s, 1),
-                 argv_params=config.params)
+                 argv_params=config.params, api_servers=args.api_servers,
+                 processes=sorted(t[:48] for t, _ in
+                                  frontend_processes_cpu_s(running.pid).values()))
         for run_no in range(args.frontend_runs):
             for conc in args.concurrency:
                 if time.monotonic() + 10 * conc / 16 > budget_end:
@@ -814,7 +842,7 @@ def frontend(args) -> int:
                                        tokenizer, tok_src, args.work, conc, run_no, in_len,
                                        out_len, args.frontend_clients)
                 rep.step("rows", rows=rows)
-    pack(args.out, "frontend", [args.work / "engine-logs"])
+    pack(args.out, args.name or "frontend", [args.work / "engine-logs"])
     return 0
 
 
@@ -867,8 +895,8 @@ def main() -> int:
                     default=[], help="twins: run each twin at each of these tensor-parallel "
                     "sizes instead of the plan's (e.g. 1,2; its own configuration hash, recorded "
                     "as tp_override); default the plan's")
-    ap.add_argument("--name", default="", help="twins: names the phase's files (<name>.json, "
-                    "<name>.tar.gz) instead of twins")
+    ap.add_argument("--name", default="", help="twins, frontend: names the phase's files "
+                    "(<name>.json, <name>.tar.gz) instead of the phase's name")
     ap.add_argument("--dry-run", action="store_true", help="twins: the configuration, engine "
                     "argv and GPUs of each item, written and printed; no engine starts")
     ap.add_argument("--scenarios", default="chat")
@@ -878,6 +906,8 @@ def main() -> int:
     ap.add_argument("--seconds-per-point", type=float, default=12)
     ap.add_argument("--frontend-runs", type=int, default=3, help="frontend: rounds of clients")
     ap.add_argument("--max-num-seqs", type=int, default=0, help="frontend: override the plan's")
+    ap.add_argument("--api-servers", type=int, default=1, help="frontend: vLLM's "
+                    "--api-server-count (1: the plan's single API server)")
     ap.add_argument("--frontend-clients", type=client_names, default=(),
                     help="frontend: only these clients (names as in frontend.json, separated "
                     "by ';', or by ',' where no name has one: 'ours,vllm bench serve'); "

@@ -73,6 +73,48 @@ def tree_cpu_s(pid: int, reaped: bool = False) -> float:
     return total
 
 
+ENGINE_PROCESS_TITLES = ("EngineCore", "VLLM::Worker", "VllmWorker")
+"""Words in the process title (vLLM's `set_process_title`: VLLM::EngineCore, VLLM::Worker,
+VLLM::Worker_TP0) that mark a process as the engine's, not its frontend's: its subtree is not
+the API server's."""
+
+
+def process_title(pid: int) -> str:
+    """The process's command line as `ps` shows it (a title set by setproctitle included)."""
+    raw = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()
+    return raw.decode(errors="replace") or Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def frontend_processes_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
+    """CPU seconds and title of every frontend process of the engine that `pid` starts: `pid`
+    and its descendants outside any engine-core subtree. With one API server that is `pid`
+    alone (vLLM's EngineCore is its child); with `--api-server-count N` the launcher `pid`
+    and its N API server children (vllm/entrypoints/cli/serve.py, run_multi_api_server)."""
+    out: dict[int, tuple[str, float]] = {}
+    todo, seen = [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            title = process_title(p)
+            if p != pid and any(w in title for w in ENGINE_PROCESS_TITLES):
+                continue
+            out[p] = (title, process_cpu_s(p))
+        except (OSError, ValueError, IndexError):
+            continue  # exited between the listing and the read
+        todo += children(p)
+    return out
+
+
+def frontend_cpu_delta(before: dict[int, tuple[str, float]],
+                       after: dict[int, tuple[str, float]]) -> dict[int, tuple[str, float]]:
+    """Each frontend process's CPU seconds between two `frontend_processes_cpu_s` readings (a
+    process that appeared between them counts from zero)."""
+    return {p: (t, cpu - before.get(p, (t, 0.0))[1]) for p, (t, cpu) in after.items()}
+
+
 def frontend_columns(cpu_s: float | None, seconds: float) -> dict[str, float | bool | None]:
     """The sweep table's columns for one point: the API server's mean share of a core over the
     point, and whether that makes the point frontend-bound. None where it could not be read."""

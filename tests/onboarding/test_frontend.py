@@ -13,6 +13,8 @@ from onboarding.serving.frontend import (
     FrontendSampler,
     cpu_between,
     frontend_columns,
+    frontend_cpu_delta,
+    frontend_processes_cpu_s,
     process_cpu_s,
     tree_cpu_s,
 )
@@ -97,3 +99,42 @@ def test_reaped_adds_the_cpu_of_children_that_exited_and_were_waited_for():
                    check=True)
     own, both = process_cpu_s(os.getpid()) - own0, process_cpu_s(os.getpid(), reaped=True) - all0
     assert both - own >= 0.4  # the child's 0.5 CPU s, counted only with reaped
+
+
+def test_the_frontend_is_the_launcher_and_its_api_servers_not_the_engine_core_below_it():
+    """`vllm serve --api-server-count N` runs a launcher with N API server children beside the
+    EngineCore child (the titles vLLM sets: VLLM::APIServer_0, VLLM::EngineCore); the API
+    servers' CPU is the frontend's, the engine core's and its workers' is not."""
+    burn = ("import sys, time\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.3: pass\ntime.sleep(30)")
+    launcher = ("import subprocess, sys, time\n"
+                f"burn = {burn!r}\n"
+                "kids = [subprocess.Popen([sys.executable, '-c', burn, title]) for title in "
+                "('VLLM::APIServer_0', 'VLLM::APIServer_1', 'VLLM::EngineCore')]\n"
+                "time.sleep(30)")
+    proc = subprocess.Popen([sys.executable, "-c", launcher])
+    try:
+        before = frontend_processes_cpu_s(proc.pid)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            after = frontend_processes_cpu_s(proc.pid)
+            kids = {p: tc for p, tc in after.items() if p != proc.pid}
+            if (sum("APIServer" in t for t, _ in kids.values()) == 2
+                    and all(c >= 0.3 for t, c in kids.values() if "APIServer" in t)):
+                break
+            time.sleep(0.1)
+        # the launcher's own command line names the titles too: count its children only
+        titles = [t for p, (t, _) in after.items() if p != proc.pid]
+        assert sum("APIServer" in t for t in titles) == 2
+        assert not any("EngineCore" in t for t in titles)
+        assert proc.pid in after
+        delta = frontend_cpu_delta(before, after)
+        servers = [c for p, (t, c) in delta.items() if p != proc.pid and "APIServer" in t]
+        assert len(servers) == 2 and all(c > 0.2 for c in servers)
+    finally:
+        for p in [*(int(c) for c in (os.popen(f"pgrep -P {proc.pid}").read().split())), proc.pid]:
+            try:
+                os.kill(p, 9)
+            except ProcessLookupError:
+                pass
+        proc.wait()

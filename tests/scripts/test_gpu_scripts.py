@@ -181,3 +181,15 @@ def test_a_frontend_round_against_a_fake_server_times_each_client_and_its_own_cp
         assert r["completed"] == 4 and r["concurrency"] == 2 and r["run"] == 1
         assert r["client_cpu_s"] > 0 and r["client_itl_ms"] > 0
     assert rows[1]["tokens_per_chunk"] == 1.0  # the fake sends one token a chunk by default
+
+
+def test_the_frontend_divides_the_token_counter_by_how_often_each_request_was_counted():
+    """vLLM 0.32 (CPU) with --api-server-count 2 counted 8 request_success for 4 requests; the
+    frontend experiment's CPU per 1,000 tokens must not halve because of it."""
+    from bench.gpu_serving import _counted_per_request
+
+    before = {"vllm:request_success_total": 10.0}
+    assert _counted_per_request(before, {"vllm:request_success_total": 18.0}, 4) == 2
+    assert _counted_per_request(before, {"vllm:request_success_total": 14.0}, 4) == 1
+    assert _counted_per_request(before, {"vllm:request_success_total": 14.0}, 0) == 1
+    assert _counted_per_request({}, {}, 4) == 1  # no counter: nothing to divide by
