@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -473,6 +474,93 @@ def test_the_add_points_script_writes_a_file_the_loader_reads(tmp_path, config_d
     points = load_points(config_dir / "predict" / "h200_points.json")
     assert [p.model for p in points.points][-2:] == ["m-twin", "m-twin"]
     assert load_points(CONFIGS / "predict" / "h200_points.json").points[-1].model != "m-twin"
+
+
+RUN4_TWINS = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run4" / "vllm-twins.json"
+
+
+def add_points_script(tmp_path: Path, config_dir: Path, *source: str, precision="fp8",
+                      extra=()):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "scripts" / "add_measured_points.py"), *source,
+         "--model", "llama-3-1-8b-instruct-twin", "--config-json",
+         str(PROJECT_ROOT / "twins" / "llama-3-1-8b-instruct-twin" / "config.json"),
+         "--config-key", "llama-3.1-8b", "--precision", precision, "--tp", "1", "--gpus", "1",
+         "--engine", "vllm 0.22.0", "--source", "test", "--measured-on", "2026-12-02",
+         "--config-dir", str(config_dir), *extra],
+        capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_twins_recording_becomes_the_points_of_its_rows_at_one_precision(tmp_path, config_dir):
+    """`--twins-json`: the rows of a `bench/gpu_serving.py twins` step at --precision go
+    through points_from_sweep_rows as a CSV's do (the same points, number for number); the c64
+    row is above the engine's --max-num-seqs 32 and left out; the same configuration from the
+    same engine replaces the earlier point."""
+    step = json.loads(RUN4_TWINS.read_text())["steps"]["llama-3-1-8b-instruct-twin:fp8"]
+    before = load_points(config_dir / "predict" / "h200_points.json")
+    proc = add_points_script(tmp_path, config_dir, "--twins-json", str(RUN4_TWINS),
+                             extra=["--max-num-seqs", "32"])
+    assert proc.returncode == 0, proc.stderr
+    assert "3 of 4 sweep rows added" in proc.stdout
+    after = load_points(config_dir / "predict" / "h200_points.json")
+    added = [p for p in after.points if p.source == "test"]
+    rows = {r["load"]: r for r in step["rows"]}
+    assert [p.concurrency for p in added] == [1, 8, 32]
+    for p in added:
+        r = rows[p.concurrency]
+        assert (p.precision, p.tensor_parallel, p.scenario, p.input_tokens, p.output_tokens) == \
+            ("fp8", 1, "chat", 512, 256)
+        assert p.ttft_p50_ms == pytest.approx(r["ttft_p50_s"] * 1e3)
+        assert p.ttft_p95_ms == pytest.approx(r["ttft_p95_s"] * 1e3)
+        assert p.tpot_mean_ms == pytest.approx(r["tpot_mean_ms"])
+        assert p.itl_mean_ms == pytest.approx(r["itl_mean_ms"])
+        assert p.output_tokens_per_s == pytest.approx(r["output_tokens_per_s"])
+    replaced = {p.key for p in added} & {p.key for p in before.points
+                                          if p.engine == "vllm 0.22.0"}
+    assert replaced and len(after.points) == len(before.points) + 3 - len(replaced)
+
+    # the same rows as a serving_benchmark.csv give the same points
+    from onboarding.common.tables import write_csv
+
+    csv_dir = tmp_path / "csv-configs"
+    shutil.copytree(config_dir, csv_dir)
+    table = write_csv(tmp_path / "serving_benchmark.csv", step["rows"])
+    proc = add_points_script(tmp_path, csv_dir, "--csv", str(table),
+                             extra=["--max-num-seqs", "32"])
+    assert proc.returncode == 0, proc.stderr
+    via_csv = [p for p in load_points(csv_dir / "predict" / "h200_points.json").points
+               if p.source == "test"]
+    assert [p.key for p in via_csv] == [p.key for p in added]
+    for a, b in zip(via_csv, added, strict=True):
+        nums = {k for k, v in b.model_dump().items() if isinstance(v, float)}
+        assert a.model_dump(exclude=nums) == b.model_dump(exclude=nums)
+        assert a.model_dump(include=nums) == pytest.approx(b.model_dump(include=nums))
+
+
+def test_a_twins_recording_without_that_precision_or_malformed_is_refused(tmp_path, config_dir):
+    shipped = (config_dir / "predict" / "h200_points.json").read_text()
+    proc = add_points_script(tmp_path, config_dir, "--twins-json", str(RUN4_TWINS),
+                             precision="bf16")
+    assert proc.returncode == 2
+    assert "has no sweep rows at precision bf16" in proc.stderr
+    assert "llama-3-1-8b-instruct-twin:fp8: 4 rows" in proc.stderr  # what it does hold
+    proc = add_points_script(tmp_path, config_dir, "--twins-json", str(RUN4_TWINS),
+                             extra=["--max-num-seqs", "64"])
+    assert proc.returncode == 2 and "--max-num-seqs 64 but it ran 32" in proc.stderr
+    broken = tmp_path / "broken.json"
+    for text, needle in [("{", "is not JSON"), ('{"phase": "twins"}', "no `steps` object"),
+                         ('{"steps": {"t:fp8": {"precision": "fp8", "rows": [{"load": 1}]}}}',
+                          "steps.t:fp8.rows.0: lacks scenario, completed")]:
+        broken.write_text(text)
+        proc = add_points_script(tmp_path, config_dir, "--twins-json", str(broken))
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    proc = add_points_script(tmp_path, config_dir, "--twins-json", str(RUN4_TWINS),
+                             "--csv", str(broken))
+    assert proc.returncode == 2 and "not allowed with" in proc.stderr
+    assert (config_dir / "predict" / "h200_points.json").read_text() == shipped
 
 
 def test_a_pooling_model_is_not_covered_and_never_asked_and_its_sla_choice_is_memory():
