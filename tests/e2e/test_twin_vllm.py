@@ -134,10 +134,12 @@ def test_the_client_costs_the_api_server_no_more_per_token_than_vllm_bench_serve
 
     The same load from both (128 at a time, 128 requests, 896 tokens in, 128 out,
     ignore_eos),
-    taking turns, three runs each. Tolerance 1.2x on the medians (target 1.1x): at this load
-    the client sending temperature 0 measured 1.30-1.31x (median of 2-3 runs), without it
-    1.05-1.08x, and single runs moved by up to 10 % on this shared 2-core machine. No wall time
-    is asserted."""
+    taking turns, three runs each, the client counting tokens as the serving benchmark does
+    (the engine template's `load_generator.count_tokens_by`). Tolerance 1.2x on the medians
+    (target 1.1x): at this load the client sending temperature 0 measured 1.30-1.31x (median of
+    2-3 runs), without it 1.05-1.08x counting by continuous usage, 1.04x counting by token ids
+    (2026-12-03, one test run), and single runs moved by up to 10 % on this shared 2-core
+    machine. No wall time is asserted."""
     from transformers import AutoTokenizer
 
     model = twin_source_dir("llama-3-1-8b-instruct-twin", tmp_path / "twin")
