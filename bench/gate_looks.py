@@ -61,10 +61,11 @@ def items(rng: np.random.Generator, size: int, true_drop: float) -> tuple[list[f
 
 
 def evaluator(values: list[float], first: int):
-    def evaluate(tasks: list[str], limit: int | None) -> dict[str, TaskScore]:
-        n = limit or first
-        got = values[:n]
-        return {"t": TaskScore("t", "acc", sum(got) / n, None, n, dict(enumerate(got)),
+    def evaluate(tasks: list[str], limit: int | None,
+                 items: dict[str, list[int]] | None = None) -> dict[str, TaskScore]:
+        idx = items["t"] if items else range(limit or first)
+        got = {i: values[i] for i in idx}
+        return {"t": TaskScore("t", "acc", sum(got.values()) / len(got), None, len(got), got,
                                len(values))}
     return evaluate
 

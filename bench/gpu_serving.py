@@ -799,8 +799,8 @@ def frontend(args) -> int:
     rep = Report(args.out, args.name or "frontend")
     from transformers import AutoTokenizer
 
-    from pipelines.resources import config_files
     from onboarding.serving.frontend import frontend_processes_cpu_s
+    from pipelines.resources import config_files
     from resources.engine import Engine
 
     cf = config_files()

@@ -46,8 +46,9 @@ def in_process_scorer(evaluator: Evaluator, gates: AccuracyGates, eval_s: dict[s
                       precision: str, model, tokenizer) -> Evaluate:
     """Scores of one model in process (a checkpoint dir, or a module in memory with its
     tokenizer); seconds add up in `eval_s[precision]`."""
-    def evaluate(tasks: list[str], limit: int | None) -> dict[str, TaskScore]:
-        run = evaluator.evaluate(model, tokenizer, tasks, limit=limit)
+    def evaluate(tasks: list[str], limit: int | None,
+                 items: dict[str, list[int]] | None = None) -> dict[str, TaskScore]:
+        run = evaluator.evaluate(model, tokenizer, tasks, limit=limit, items=items)
         eval_s[precision] = eval_s.get(precision, 0.0) + run.seconds
         return scores_from_lm_eval(run.results, run.samples, gates, run.sizes)
     return evaluate
@@ -71,19 +72,23 @@ def serve_for_eval(engine: Engine, variant: VariantRef, spec: ModelSpec
 
 def score_served(engine: Engine, evaluator: Evaluator, spec: ModelSpec, ref: VariantRef,
                  gates: AccuracyGates, plan: dict[int | None, list[str]],
-                 eval_s: dict[str, float], log: Log = None) -> dict[str, TaskScore]:
-    """One engine start for `ref`, then each group of tasks on its item count (`plan`)."""
+                 eval_s: dict[str, float], log: Log = None,
+                 items: dict[str, list[int]] | None = None) -> dict[str, TaskScore]:
+    """One engine start for `ref`, then each group of tasks on its item count (`plan`), or on
+    exactly the `items` named per task."""
     t0 = time.perf_counter()
     scores: dict[str, TaskScore] = {}
     if log:
-        items = ", ".join(f"{t} ({n or 'default'} items)" for n, ts in plan.items() for t in ts)
-        log(f"{ref.precision}: serving {ref.path} for {items}")
+        what = ", ".join(f"{t} ({len(items[t]) if items else n or 'default'} items)"
+                         for n, ts in plan.items() for t in ts)
+        log(f"{ref.precision}: serving {ref.path} for {what}")
     with serve_for_eval(engine, ref, spec) as (running, max_len):
         if log:
             log(f"{ref.precision}: engine ready in {running.phases.first_token_s:.1f} s")
         for limit, tasks in plan.items():
-            run = evaluator.evaluate_served(running.base_url, running.served_name, ref.path,
-                                            tasks, limit=limit, max_length=max_len)
+            run = evaluator.evaluate_served(
+                running.base_url, running.served_name, ref.path, tasks, limit=limit,
+                max_length=max_len, items={t: items[t] for t in tasks} if items else None)
             scores.update(scores_from_lm_eval(run.results, run.samples, gates, run.sizes))
     eval_s[ref.precision] = eval_s.get(ref.precision, 0.0) + time.perf_counter() - t0
     return scores
@@ -92,8 +97,10 @@ def score_served(engine: Engine, evaluator: Evaluator, spec: ModelSpec, ref: Var
 def served_scorer(engine: Engine, evaluator: Evaluator, spec: ModelSpec, ref: VariantRef,
                   gates: AccuracyGates, eval_s: dict[str, float], log: Log = None) -> Evaluate:
     """More items for the gate's ScoreBook: the engine starts again for them."""
-    def evaluate(tasks: list[str], limit: int | None) -> dict[str, TaskScore]:
-        return score_served(engine, evaluator, spec, ref, gates, {limit: tasks}, eval_s, log)
+    def evaluate(tasks: list[str], limit: int | None,
+                 items: dict[str, list[int]] | None = None) -> dict[str, TaskScore]:
+        return score_served(engine, evaluator, spec, ref, gates, {limit: tasks}, eval_s, log,
+                            items)
     return evaluate
 
 

@@ -29,15 +29,27 @@ class EvalRun:
     sizes: dict = field(default_factory=dict)  # task -> items it has in all
 
 
+def _items_cover(tasks: list[str], items: dict[str, list[int]] | None) -> list[str]:
+    """`tasks`, checked against `items`: lm-eval scores every item of a task its `samples`
+    leaves out (or names with an empty list), so each task must name some."""
+    if items is not None:
+        bare = [t for t in tasks if not items.get(t)] if tasks else ["(the default tasks)"]
+        if bare:
+            raise ValueError(f"items name no item of {bare}: each task needs its indices")
+    return tasks
+
+
 class Evaluator(dg.ConfigurableResource):
     """Interface: score a model on named tasks."""
 
-    def evaluate(self, model, tokenizer, tasks: list[str], limit: int | None = None) -> EvalRun:
+    def evaluate(self, model, tokenizer, tasks: list[str], limit: int | None = None,
+                 items: dict[str, list[int]] | None = None) -> EvalRun:
         raise NotImplementedError
 
     def evaluate_served(self, base_url: str, served_name: str, tokenizer_dir: str | Path,
                         tasks: list[str], limit: int | None = None,
-                        max_length: int | None = None) -> EvalRun:
+                        max_length: int | None = None,
+                        items: dict[str, list[int]] | None = None) -> EvalRun:
         raise NotImplementedError
 
 
@@ -94,23 +106,26 @@ class LmEvalEvaluator(Evaluator):
                 resolved.append(name)
         return resolved
 
-    def evaluate(self, model, tokenizer, tasks: list[str], limit: int | None = None) -> EvalRun:
+    def evaluate(self, model, tokenizer, tasks: list[str], limit: int | None = None,
+                 items: dict[str, list[int]] | None = None) -> EvalRun:
         """`model` is an nn.Module (scored as it is in memory) or a checkpoint directory.
-        `limit`: items per task for this call (None: the resource's `limit`)."""
+        `limit`: items per task for this call (None: the resource's `limit`); `items`: exactly
+        these item indices per task instead (lm-eval's `samples`)."""
         import torch
         from lm_eval.models.huggingface import HFLM
 
-        task_cfgs = self.resolve_tasks(tasks)
+        task_cfgs = self.resolve_tasks(_items_cover(tasks, items))
         if isinstance(model, str | Path):
             lm = HFLM(pretrained=str(model), dtype="bfloat16", batch_size=self.batch_size,
                       device="cuda" if torch.cuda.is_available() else "cpu")
         else:
             lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.batch_size)
-        return self._run(lm, task_cfgs, limit)
+        return self._run(lm, task_cfgs, limit, items)
 
     def evaluate_served(self, base_url: str, served_name: str, tokenizer_dir: str | Path,
                         tasks: list[str], limit: int | None = None,
-                        max_length: int | None = None) -> EvalRun:
+                        max_length: int | None = None,
+                        items: dict[str, list[int]] | None = None) -> EvalRun:
         """The same tasks against a running engine's OpenAI-compatible completions endpoint
         (lm-eval's `local-completions`): loglikelihoods from the prompt's echoed logprobs for
         multiple choice, greedy completions for generation. Requests carry token ids from the
@@ -118,21 +133,25 @@ class LmEvalEvaluator(Evaluator):
         same tokens; nothing but `base_url` (the engine on 127.0.0.1) is contacted."""
         from lm_eval.models.openai_completions import LocalCompletionsAPI
 
-        task_cfgs = self.resolve_tasks(tasks)
+        task_cfgs = self.resolve_tasks(_items_cover(tasks, items))
         lm = LocalCompletionsAPI(
             base_url=base_url.rstrip("/") + "/v1/completions", model=served_name,
             tokenizer=str(tokenizer_dir), tokenizer_backend="huggingface",
             tokenized_requests=True, num_concurrent=self.served_concurrency,
             max_retries=self.served_max_retries, timeout=self.served_timeout_s,
             max_length=max_length or 2048, batch_size=1)
-        return self._run(lm, task_cfgs, limit)
+        return self._run(lm, task_cfgs, limit, items)
 
-    def _run(self, lm, task_cfgs: list, limit: int | None) -> EvalRun:
+    def _run(self, lm, task_cfgs: list, limit: int | None,
+             items: dict[str, list[int]] | None = None) -> EvalRun:
         import lm_eval
 
         t0 = time.perf_counter()
         out = lm_eval.simple_evaluate(model=lm, tasks=task_cfgs,
-                                      limit=self.limit if limit is None else limit,
+                                      limit=None if items is not None else
+                                      self.limit if limit is None else limit,
+                                      samples=None if items is None else
+                                      {t: sorted(v) for t, v in items.items()},
                                       log_samples=True, bootstrap_iters=1000,
                                       random_seed=0, numpy_random_seed=0, torch_random_seed=0)
         seconds = time.perf_counter() - t0

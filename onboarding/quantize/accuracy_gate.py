@@ -390,14 +390,35 @@ def next_items(v: TaskVerdict, gates: AccuracyGates, cap: int) -> int:
     return min(cap, max(needed, 2 * v.n, gates.min_items))
 
 
-Evaluate = Callable[[list[str], int | None], dict[str, TaskScore]]
+Evaluate = Callable[..., dict[str, TaskScore]]
+"""`evaluate(tasks, limit, items=None)`: scores of `tasks` on their first `limit` items (None:
+the evaluator's own count), or, with `items` ({task: item indices}), on exactly those items."""
+
+
+def merge_scores(first: TaskScore, more: TaskScore) -> TaskScore:
+    """A task's score over the items of both: the per-item results of each kept as they were
+    scored, the mean and its standard error (lm-eval's `mean_stderr`: sample stddev / sqrt n)
+    recomputed over all of them."""
+    if more.metric != first.metric:
+        raise ValueError(f"{first.task}: {first.metric} and {more.metric} do not add up")
+    per_item = {**first.per_item, **more.per_item}
+    values = list(per_item.values())
+    n = len(values)
+    mean = sum(values) / n
+    stderr = (math.sqrt(sum((x - mean) ** 2 for x in values) / (n - 1)) / math.sqrt(n)
+              if n > 1 else None)
+    return TaskScore(first.task, first.metric, mean, stderr, n, per_item,
+                     first.size or more.size)
 
 
 class ScoreBook:
-    """One model's latest scores per task; `ensure` re-evaluates tasks on more items.
+    """One model's scores per task, grown by `ensure` while the gate needs more items.
 
-    lm-eval's `limit` takes a task's first items, so a larger limit scores a superset and the
-    baseline, grown for one variant, still pairs with another variant's fewer items.
+    lm-eval's `limit` takes a task's first items, so the items scored are always a prefix: a
+    baseline grown for one variant still pairs with another variant's fewer items. Growing
+    scores only the items not scored yet and keeps the earlier ones (a later look of a
+    group-sequential test adds observations to the earlier look's; it does not redraw them),
+    where the task's score is the mean of its per-item results and its size is known.
     """
 
     def __init__(self, evaluate: Evaluate, scores: dict[str, TaskScore]):
@@ -409,10 +430,23 @@ class ScoreBook:
         """Scored on the evaluator's own item count (`limit` None)."""
         return cls(evaluate, evaluate(tasks, None))
 
+    def _growable(self, task: str) -> bool:
+        s = self.scores.get(task)
+        return bool(s and s.size and s.per_item and set(s.per_item) == set(range(s.n))
+                    and math.isclose(s.value, sum(s.per_item.values()) / s.n, abs_tol=1e-9))
+
     def ensure(self, tasks: list[str], items: int) -> None:
         short = [t for t in tasks if t not in self.scores or self.scores[t].n < items]
-        if short:
-            self.scores.update(self._evaluate(short, items))
+        grow = {t: list(range(self.scores[t].n, min(items, self.scores[t].size)))
+                for t in short if self._growable(t)}
+        grow = {t: idx for t, idx in grow.items() if idx}
+        again = [t for t in short if t not in grow]
+        if grow:
+            more = self._evaluate(sorted(grow), None, items=grow)
+            for t in grow:
+                self.scores[t] = merge_scores(self.scores[t], more[t])
+        if again:
+            self.scores.update(self._evaluate(again, items))
 
 
 def decide(precision: str, baseline: ScoreBook, variant: ScoreBook, gates: AccuracyGates,

@@ -132,11 +132,20 @@ class FakeEvaluator:
     def __init__(self, per_task: dict[str, list[float]], default_limit: int):
         self.per_task, self.default_limit, self.calls = per_task, default_limit, []
 
-    def __call__(self, tasks: list[str], limit: int | None) -> dict[str, TaskScore]:
+    def __call__(self, tasks: list[str], limit: int | None,
+                 items: dict[str, list[int]] | None = None) -> dict[str, TaskScore]:
         tasks = tasks or sorted(self.per_task)
         n = limit or self.default_limit
-        self.calls.append((tuple(tasks), limit))
-        return {t: score(self.per_task[t][:n], t, size=len(self.per_task[t])) for t in tasks}
+        if items is None:
+            self.calls.append((tuple(tasks), limit))
+            return {t: score(self.per_task[t][:n], t, size=len(self.per_task[t])) for t in tasks}
+        self.calls.append((tuple(tasks), {t: (min(i), max(i) + 1) for t, i in items.items()}))
+        out = {}
+        for t in tasks:
+            got = {i: self.per_task[t][i] for i in items[t]}
+            out[t] = TaskScore(t, "acc", sum(got.values()) / len(got), None, len(got), got,
+                               len(self.per_task[t]))
+        return out
 
 
 def test_inconclusive_re_evaluates_only_that_task_up_to_its_size_then_fails_closed():
@@ -153,8 +162,9 @@ def test_inconclusive_re_evaluates_only_that_task_up_to_its_size_then_fails_clos
     assert by_task["onb_facts_mc"].verdict == "pass" and by_task["onb_facts_mc"].n == 100
     assert by_task["onb_arith_gen"].n == 280
     # one jump: the interval at 100 items needed more than the task has, so straight to 280
+    # (only the 180 items the first look did not score)
     assert base_eval.calls == var_eval.calls == [((("onb_arith_gen", "onb_facts_mc")), None),
-                                                 (("onb_arith_gen",), 280)]
+                                                 (("onb_arith_gen",), {"onb_arith_gen": (100, 280)})]
     assert logs == ["fp8: inconclusive on onb_arith_gen; re-evaluating on 280 items"]
     # a second variant pairs with the grown baseline without evaluating it again
     decide("nvfp4", baseline, ScoreBook.first(
@@ -194,7 +204,53 @@ def test_the_cap_and_the_open_policy():
     gate = decide("fp8", ScoreBook.first(evals[0], []), ScoreBook.first(evals[1], []), capped)
     assert gate.verdict == "inconclusive" and gate.passed  # open policy: passes, still flagged
     assert gate.items == 150 and "inconclusive after 150 items (passes open" in gate.reason
-    assert evals[0].calls[-1] == (("a",), 150)
+    assert evals[0].calls[-1] == (("a",), {"a": (100, 150)})
+
+
+class RescoringEvaluator(FakeEvaluator):
+    """Scores an item differently each time it is asked for it (as a batch of another shape
+    can): what a look kept shows whether the earlier items were scored again."""
+
+    def __call__(self, tasks, limit, items=None):
+        got = super().__call__(tasks, limit, items)
+        k = len(self.calls)
+        return {t: TaskScore(t, s.metric, s.value + k, s.stderr, s.n,
+                             {i: v + k for i, v in s.per_item.items()}, s.size)
+                for t, s in got.items()}
+
+
+def test_a_second_look_scores_only_the_new_items_and_keeps_the_first_looks():
+    """The second look adds items 100-279 to the first look's 0-99 as they were scored then
+    (a group-sequential look adds observations), and the score is their mean with lm-eval's
+    mean stderr (sample stddev / sqrt n)."""
+    base = [1.0, 0.0] * 140
+    book = ScoreBook.first(RescoringEvaluator({"a": base}, 100), ["a"])
+    book.ensure(["a"], 280)
+    s = book.scores["a"]
+    assert s.n == 280 and sorted(s.per_item) == list(range(280))
+    assert {s.per_item[i] - base[i] for i in range(100)} == {1.0}  # the first call's, kept
+    assert {s.per_item[i] - base[i] for i in range(100, 280)} == {2.0}
+    values = list(s.per_item.values())
+    mean = sum(values) / 280
+    assert s.value == pytest.approx(mean)
+    assert s.stderr == pytest.approx(
+        math.sqrt(sum((x - mean) ** 2 for x in values) / 279) / math.sqrt(280))
+    book.ensure(["a"], 280)  # nothing short: nothing asked
+    assert len(book._evaluate.calls) == 2
+
+
+def test_a_score_that_is_not_the_mean_of_its_items_is_scored_again_on_the_larger_prefix():
+    """Growing by the new items alone is sound only for a mean over items; a task whose value
+    is not that mean (another aggregation), or whose size is unknown, is asked again whole."""
+    ev = FakeEvaluator({"a": [1.0, 0.0] * 100}, 100)
+    book = ScoreBook.first(ev, ["a"])
+    s = book.scores["a"]
+    book.scores["a"] = TaskScore("a", s.metric, 0.7, s.stderr, s.n, s.per_item, s.size)
+    book.ensure(["a"], 150)
+    assert ev.calls[-1] == (("a",), 150) and book.scores["a"].n == 150
+    unsized = ScoreBook(ev, {"a": TaskScore("a", "acc", 0.5, None, 2, {0: 1.0, 1: 0.0}, 0)})
+    unsized.ensure(["a"], 20)
+    assert ev.calls[-1] == (("a",), 20)
 
 
 def test_a_variant_that_becomes_decisive_with_more_items_stops_there():

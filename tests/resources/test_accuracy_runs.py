@@ -150,17 +150,20 @@ class RecordedEvaluator:
         self.by_path, self.calls = by_path, []
 
     def evaluate_served(self, base_url, served_name, tokenizer_dir, tasks, limit=None,
-                        max_length=None) -> EvalRun:
+                        max_length=None, items=None) -> EvalRun:
         scores = self.by_path[str(tokenizer_dir)]
-        self.calls.append((Path(tokenizer_dir).name, tuple(tasks), limit, max_length))
+        self.calls.append((Path(tokenizer_dir).name, tuple(tasks),
+                           limit if items is None else
+                           {t: (min(i), max(i) + 1) for t, i in items.items()}, max_length))
         results, samples, sizes = {}, {}, {}
         for t in tasks:
             s = scores[t]
-            items = sorted(s.per_item.items())[:limit]
+            items_ = (sorted(s.per_item.items())[:limit] if items is None else
+                      [(i, s.per_item[i]) for i in items[t]])
             metric = METRICS[t]
-            results[t] = {f"{metric},none": sum(v for _, v in items) / len(items),
-                          "sample_len": len(items)}
-            samples[t] = [{"doc_id": i, metric: v} for i, v in items]
+            results[t] = {f"{metric},none": sum(v for _, v in items_) / len(items_),
+                          "sample_len": len(items_)}
+            samples[t] = [{"doc_id": i, metric: v} for i, v in items_]
             sizes[t] = s.size
         return EvalRun(results, samples, 0.0, sum(len(v) for v in samples.values()), sizes)
 
@@ -281,7 +284,10 @@ def test_an_inconclusive_served_gate_restarts_the_engines_for_more_items(world):
     assert set(starts[3:]) == {"bf16"} | {p for p, _ in undecided}
     more = evaluator.calls[3:]
     assert {(c[0], t) for c in more if c[0] != "rev" for t in c[1]} <= undecided
-    limits = [c[2] for c in more if c[0] == "nvfp4"]
+    # each restart scores only the items after those already scored (the ranges follow on)
+    ranges = [c[2]["onb_arith_gen"] for c in more if c[0] == "nvfp4"]
+    assert [lo for lo, _ in ranges] == [20] + [hi for _, hi in ranges[:-1]]
+    limits = [hi for _, hi in ranges]
     assert limits == sorted(limits) and limits[0] >= 40  # at least doubled each round
     gate = report.gate("nvfp4")
     assert gate.items == limits[-1] == report.record("nvfp4").scores["onb_arith_gen"].n

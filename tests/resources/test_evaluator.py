@@ -38,3 +38,34 @@ def test_evaluate_a_model_object_and_a_directory_agree(tmp_path):
     assert [s["doc_id"] for s in in_memory.samples["onb_facts_mc"]] == list(range(6))
     assert in_memory.results["onb_facts_mc"]["acc,none"] == from_disk.results[
         "onb_facts_mc"]["acc,none"]
+
+
+def test_named_items_are_scored_under_their_own_ids_as_the_prefix_scores_them(tmp_path):
+    """The gate's later look asks for the items after the first look's (lm-eval's `samples`):
+    they come back under their indices in the task, with the results the longer prefix gives
+    them (the few-shot sampler is `first_n`, so an item's prompt does not depend on which
+    items run beside it)."""
+    from onboarding.quantize.accuracy_gate import AccuracyGates
+
+    ckpt = build_tiny_causal_lm(tmp_path / "m")
+    ev = LmEvalEvaluator(limit=6, batch_size=1)
+    gates = AccuracyGates.model_validate({
+        "tolerance": {"max_abs_drop": 0.03}, "z": 1.645, "min_items": 2,
+        "metric_preference": ["acc", "exact_match"]})
+    tasks = ["onb_facts_mc", "onb_arith_gen"]
+    whole = _scores(ev.evaluate(ckpt, None, tasks), gates)
+    later = ev.evaluate(ckpt, None, tasks, items={t: [3, 4, 5] for t in tasks})
+    assert later.items == 6
+    part = _scores(later, gates)
+    for t in tasks:
+        assert sorted(part[t].per_item) == [3, 4, 5]
+        assert part[t].per_item == {i: whole[t].per_item[i] for i in (3, 4, 5)}
+        assert part[t].size == whole[t].size > 6  # the task's own size, not the three asked
+    with pytest.raises(ValueError, match="onb_arith_gen"):
+        ev.evaluate(ckpt, None, tasks, items={"onb_facts_mc": [1]})
+
+
+def _scores(run, gates):
+    from onboarding.quantize.accuracy_gate import scores_from_lm_eval
+
+    return scores_from_lm_eval(run.results, run.samples, gates, run.sizes)
