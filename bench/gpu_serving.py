@@ -639,6 +639,11 @@ def _generated(text: str) -> float:
     return sum(v for k, v in parse_metrics(text).items() if k.endswith("generation_tokens_total"))
 
 
+def _counter(parsed: dict, suffix: str) -> float:
+    """The sum of a parsed scrape's series whose name ends in `suffix` (0 where none)."""
+    return sum(v for k, v in parsed.items() if k.split("{")[0].endswith(suffix))
+
+
 def _counted_per_request(before: dict, after: dict, completed) -> int:
     """How many times the engine's request_success counter counted each completed request
     between two parsed scrapes (1 with one API server; N where N API servers each count it);
@@ -761,6 +766,12 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
         # counts, so a mean holds; the token counter is divided by that count per request
         counted = _counted_per_request(b, a, row.get("completed"))
         tokens = (_generated(after) - _generated(before)) / counted
+        # what the engine did with the prompts (its counters, vLLM's names): a client whose
+        # prompts are longer, or hit the prefix cache less, loads the engine more per request
+        engine_work = {k: round((_counter(a, name) - _counter(b, name)) / counted, 1)
+                       for k, name in (("prompt_tokens", "prompt_tokens_total"),
+                                       ("prefix_cache_queries", "prefix_cache_queries_total"),
+                                       ("prefix_cache_hits", "prefix_cache_hits_total"))}
         itl = histogram_mean_delta(b, a, metrics.itl_histogram)
         row.update(client=name, concurrency=concurrency, run=run_no, wall_s=round(wall, 2),
                    generated_tokens=tokens, api_cpu_s=round(api, 2), tree_cpu_s=round(tree, 2),
@@ -769,7 +780,7 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
                    api_cpu_s_per_1k_tokens=round(1e3 * api / tokens, 4) if tokens else None,
                    engine_itl_ms=itl * 1e3 if itl is not None else None,
                    client_cpu_s=client["children" if bodies is None else "self"],
-                   engine_counts_per_request=counted,
+                   engine_counts_per_request=counted, **engine_work,
                    api_processes=sorted([t[:48], round(c, 2)] for t, c in per_process.values()))
         if row.get("client_itl_ms") and row["engine_itl_ms"]:
             row["itl_vs_engine"] = round(row["client_itl_ms"] / row["engine_itl_ms"] - 1, 4)
