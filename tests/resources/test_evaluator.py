@@ -69,3 +69,16 @@ def _scores(run, gates):
     from onboarding.quantize.accuracy_gate import scores_from_lm_eval
 
     return scores_from_lm_eval(run.results, run.samples, gates, run.sizes)
+
+
+def test_project_tasks_are_loaded_without_indexing_lm_evals_registry():
+    """lm-eval's own TaskManager indexes every task YAML it ships (9-11 s per call here,
+    bench/eval_call.py); the project's tasks are config dicts and load from an empty index,
+    while a registry name still resolves through the full one."""
+    from resources.evaluator import lm_eval_tasks
+
+    bare = lm_eval_tasks(False)
+    assert bare is lm_eval_tasks(False)  # built once per process
+    assert "mmlu" not in bare.all_tasks
+    loaded = bare.load(LmEvalEvaluator().resolve_tasks([]))
+    assert sorted(loaded["tasks"]) == ["onb_arith_gen", "onb_facts_mc"]
