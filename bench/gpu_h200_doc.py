@@ -28,13 +28,16 @@ from tests.gpu_recordings import (
     H200,
     MODEL,
     RUN6_FRONTEND,
+    RUN7_FRONTEND,
     frontend_rows_run6,
+    frontend_rows_run7,
     points,
     recording_run2,
     recording_run3,
     recording_run4,
     recording_run5,
     recording_run6,
+    recording_run7,
     sweep_rows,
     sweep_rows_run3,
 )
@@ -568,6 +571,50 @@ def run5_load_timing_section() -> str:
          f"in the node cache): {probe.explanation}. Job T took {job['seconds']:.0f} s.")])
 
 
+def run7_frontend_section() -> str:
+    """Issue 25 item 4 on the seventh run: the stack's client and `vllm bench serve` at 256
+    and 128 against vLLM with four API server processes, medians with every run's req/s and
+    the engine's own ITL, and issue 24's targets."""
+    import statistics
+
+    rows = frontend_rows_run7()
+    engines = [recording_run7(name)["steps"]["engine"] for name in RUN7_FRONTEND]
+    table = []
+    for conc in sorted({r["concurrency"] for r in rows}, reverse=True):
+        for client in dict.fromkeys(r["client"] for r in rows if r["concurrency"] == conc):
+            rs = [r for r in rows if r["concurrency"] == conc and r["client"] == client]
+
+            def med(k, rs=rs):
+                got = [r[k] for r in rs if r.get(k) is not None]
+                return statistics.median(got) if got else None
+
+            table.append({
+                "concurrency": conc, "client": client, "n": len(rs),
+                "req/s median": fmt(med("req_s")),
+                "req/s per run": ", ".join(f"{r['req_s']:.1f}" for r in rs),
+                "API CPU s / 1k tokens": fmt(med("api_cpu_s_per_1k_tokens")),
+                "API servers' cores": fmt(med("api_cores")),
+                "engine ITL ms": fmt(med("engine_itl_ms")),
+                "ITL vs engine": f"{100 * med('itl_vs_engine'):+.1f} %",
+                "TTFT p50 ms": fmt(med("ttft_p50_ms")),
+                **({"prompt tokens": fmt(med("prompt_tokens"))}
+                   if med("prompt_tokens") is not None else {})})
+    e = engines[0]
+    return "\n".join([
+        (f"llama-3-1-8b-instruct-twin fp8 at `{e['config_hash']}` (max_num_seqs 256, "
+         f"`--api-server-count {e['api_servers']}`: "
+         f"{sum('APIServer' in t for t in e['processes'])} API server processes beside the "
+         f"launcher), {len(engines)} engine start(s) (ready after "
+         f"{', '.join(str(round(x['ready_s'])) for x in engines)} s); 2 x concurrency prompts "
+         f"of 512 tokens, 256 out, per run; order rotated by run; {len(rows)} runs in all; the "
+         "API CPU is the sum over the launcher and its API servers; the engine counted each "
+         f"request {'once' if {r['engine_counts_per_request'] for r in rows} == {1} else 'more than once'}."),
+        "", md_table(table), "",
+        "Issue 24's targets, medians against `vllm bench serve`'s over the same runs:", "",
+        *[f"- ours, token ids per chunk (the stack's client for vLLM): {v}."
+          for v in frontend_verdicts(rows, "ours, token ids per chunk")]])
+
+
 def regenerated(doc: str) -> str:
     """docs/gpu.md with its generated sections computed again from the recordings."""
     for name, body in (("h200 sweep", sweep_section()), ("h200 load timing",
@@ -580,7 +627,8 @@ def regenerated(doc: str) -> str:
                        ("h200 engines", engines_section()),
                        ("h200 run4 frontend", run4_frontend_section()),
                        ("h200 run5 load timing", run5_load_timing_section()),
-                       ("h200 run6 frontend", run6_frontend_section())):
+                       ("h200 run6 frontend", run6_frontend_section()),
+                       ("h200 run7 frontend", run7_frontend_section())):
         doc = splice_generated(doc, name, body)
     return doc
 

@@ -47,6 +47,10 @@ H200_RUN5 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run5"  # 
 H200_RUN6 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run6"  # issue 25 item 4
 # the sixth run's frontend calls, in the order they ran (its README: which lease and command)
 RUN6_FRONTEND = ("frontend", "frontend-256", "frontend-128-256")
+H200_RUN7 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-03-run7"  # issue 25 item 4
+# the seventh run's frontend calls (vLLM --api-server-count 4), in the order they ran
+RUN7_FRONTEND = tuple(n for n in ("frontend-asc4", "frontend-asc4-prompts")
+                      if (H200_RUN7 / f"{n}.json").is_file())
 MODEL = "smollm2-135m"
 NODE_TYPE = "h200"
 RUN_CONFIG_HASH = "0660e584b7cc"  # serving_config's h200 configuration there (vLLM 0.22.0)
@@ -95,6 +99,19 @@ def recording_run6(name: str) -> dict[str, Any]:
     three runs) and `frontend-128-256` (both, a fresh engine on the second lease), `prepare*`,
     `onboard-A*` (the twin's plan alone; its README says which is which)."""
     return json.loads((H200_RUN6 / f"{name}.json").read_text())
+
+
+@cache
+def recording_run7(name: str) -> dict[str, Any]:
+    """The seventh H200 run (vLLM 0.22.0, the 8B FP8 twin at max-num-seqs 256, four API server
+    processes): `frontend-asc4` (c=256 and 128, the stack's client and `vllm bench serve`, four
+    runs each), `prepare`, `onboard-A` (the twin's plan alone; its README)."""
+    return json.loads((H200_RUN7 / f"{name}.json").read_text())
+
+
+def frontend_rows_run7() -> list[dict[str, Any]]:
+    """Every row of the seventh run's frontend calls, in the order they ran."""
+    return [r for name in RUN7_FRONTEND for r in recording_run7(name)["steps"]["rows"]["rows"]]
 
 
 def frontend_rows_run6() -> list[dict[str, Any]]:
