@@ -735,7 +735,8 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
     rows = []
     for name, bodies in clients[k:] + clients[:k]:
         before = _scrape(running.base_url)
-        api0, tree0 = frontend_processes_cpu_s(running.pid), tree_cpu_s(running.pid)
+        titles = engine.template().engine_process_titles
+        api0, tree0 = frontend_processes_cpu_s(running.pid, titles), tree_cpu_s(running.pid)
         t0 = time.monotonic()
         client0 = _client_cpu_s()
         if bodies is None:
@@ -754,7 +755,7 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
                    "tokens_per_chunk": st.tokens_per_chunk, "load_s": r.duration_s}
         wall = time.monotonic() - t0
         # every API server process (one, or --api-server-count's N and their launcher)
-        per_process = frontend_cpu_delta(api0, frontend_processes_cpu_s(running.pid))
+        per_process = frontend_cpu_delta(api0, frontend_processes_cpu_s(running.pid, titles))
         api, tree = sum(c for _, c in per_process.values()), tree_cpu_s(running.pid) - tree0
         # the client's own CPU (ours in this process; `vllm bench serve` a waited-for child,
         # its start-up included): whether a client that cannot keep up explains its req/s
@@ -843,7 +844,9 @@ def frontend(args) -> int:
                  basis=note, ready_s=round(running.phases.first_token_s, 1),
                  argv_params=config.params, api_servers=args.api_servers,
                  processes=sorted(t[:48] for t, _ in
-                                  frontend_processes_cpu_s(running.pid).values()))
+                                  frontend_processes_cpu_s(
+                                      running.pid,
+                                      engine.template().engine_process_titles).values()))
         for run_no in range(args.frontend_runs):
             for conc in args.concurrency:
                 if time.monotonic() + 10 * conc / 16 > budget_end:

@@ -73,23 +73,23 @@ def tree_cpu_s(pid: int, reaped: bool = False) -> float:
     return total
 
 
-ENGINE_PROCESS_TITLES = ("EngineCore", "VLLM::Worker", "VllmWorker")
-"""Words in the process title (vLLM's `set_process_title`: VLLM::EngineCore, VLLM::Worker,
-VLLM::Worker_TP0) that mark a process as the engine's, not its frontend's: its subtree is not
-the API server's."""
-
-
 def process_title(pid: int) -> str:
     """The process's command line as `ps` shows it (a title set by setproctitle included)."""
     raw = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()
     return raw.decode(errors="replace") or Path(f"/proc/{pid}/comm").read_text().strip()
 
 
-def frontend_processes_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
+def frontend_processes_cpu_s(pid: int, engine_titles: Sequence[str] = ()
+                             ) -> dict[int, tuple[str, float]]:
     """CPU seconds and title of every frontend process of the engine that `pid` starts: `pid`
-    and its descendants outside any engine-core subtree. With one API server that is `pid`
-    alone (vLLM's EngineCore is its child); with `--api-server-count N` the launcher `pid`
-    and its N API server children (vllm/entrypoints/cli/serve.py, run_multi_api_server)."""
+    and its descendants outside any subtree whose title holds one of `engine_titles` (the
+    template's `engine_process_titles`: vLLM's set_process_title names its engine core
+    VLLM::EngineCore and its workers VLLM::Worker...). With one API server that is `pid` alone
+    (the engine core is its child); with vLLM's `--api-server-count N` the launcher `pid` and
+    its N API server children (vllm/entrypoints/cli/serve.py, run_multi_api_server). With no
+    titles, `pid` alone."""
+    if not engine_titles:
+        return {pid: (process_title(pid), process_cpu_s(pid))}
     out: dict[int, tuple[str, float]] = {}
     todo, seen = [pid], set()
     while todo:
@@ -99,7 +99,7 @@ def frontend_processes_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
         seen.add(p)
         try:
             title = process_title(p)
-            if p != pid and any(w in title for w in ENGINE_PROCESS_TITLES):
+            if p != pid and any(w in title for w in engine_titles):
                 continue
             out[p] = (title, process_cpu_s(p))
         except (OSError, ValueError, IndexError):

@@ -146,6 +146,10 @@ class EngineTemplate(StrictConfig):
     # a fully cold start points them at an empty directory.
     cache_env: dict[str, str] = Field(default_factory=dict)
     load_generator: LoadGeneratorNeeds = Field(default_factory=LoadGeneratorNeeds)
+    # Words in the process title of the engine's own processes (engine core, workers), which
+    # are not its frontend: the API CPU the frontend experiment reads leaves their subtrees
+    # out (onboarding/serving/frontend.py). Empty: the started process alone is the frontend.
+    engine_process_titles: list[str] = Field(default_factory=list)
     # Why no number here comes from this engine: set for an engine no run of this project has
     # started. Its configurations, manifests and launchers say so, and no evidence is ever
     # "measured" for them (engine_config.evidence).

@@ -114,10 +114,11 @@ def test_the_frontend_is_the_launcher_and_its_api_servers_not_the_engine_core_be
                 "time.sleep(30)")
     proc = subprocess.Popen([sys.executable, "-c", launcher])
     try:
-        before = frontend_processes_cpu_s(proc.pid)
+        titles = engine_titles()
+        before = frontend_processes_cpu_s(proc.pid, titles)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            after = frontend_processes_cpu_s(proc.pid)
+            after = frontend_processes_cpu_s(proc.pid, titles)
             kids = {p: tc for p, tc in after.items() if p != proc.pid}
             if (sum("APIServer" in t for t, _ in kids.values()) == 2
                     and all(c >= 0.3 for t, c in kids.values() if "APIServer" in t)):
@@ -128,6 +129,7 @@ def test_the_frontend_is_the_launcher_and_its_api_servers_not_the_engine_core_be
         assert sum("APIServer" in t for t in titles) == 2
         assert not any("EngineCore" in t for t in titles)
         assert proc.pid in after
+        assert list(frontend_processes_cpu_s(proc.pid)) == [proc.pid]  # no titles: pid alone
         delta = frontend_cpu_delta(before, after)
         servers = [c for p, (t, c) in delta.items() if p != proc.pid and "APIServer" in t]
         assert len(servers) == 2 and all(c > 0.2 for c in servers)
@@ -138,3 +140,12 @@ def test_the_frontend_is_the_launcher_and_its_api_servers_not_the_engine_core_be
             except ProcessLookupError:
                 pass
         proc.wait()
+
+
+def engine_titles() -> list[str]:
+    """The vLLM template's `engine_process_titles` (configs/stack.yaml)."""
+    from onboarding.common.paths import PROJECT_ROOT
+    from onboarding.serving.stack import load_stack
+
+    return load_stack(PROJECT_ROOT / "configs" / "stack.yaml").templates[
+        "vllm"].engine_process_titles

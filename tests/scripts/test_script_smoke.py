@@ -40,7 +40,9 @@ ELSEWHERE = {
 # Scripts this module runs, each by the test named.
 HERE = {
     "bench/fetch.py": "test_fetch_bench_reaches_its_warm_path",
+    "bench/eval_call.py": "test_eval_call_prints_the_ratio_against_lm_evals_default",
     "bench/gate_looks.py": "test_gate_looks_prints_the_ratio_against_the_rule_before",
+    "bench/gate_relook.py": "test_gate_relook_prints_the_ratio_against_the_prefix",
     "bench/gpu_device.sh": "test_shell_scripts_parse_and_gpu_device_refuses_an_unknown_step",
     "bench/gpu_serving.py":
         "test_gpu_serving_prepare_builds_the_model_and_pins_the_configs_on_a_cpu",
@@ -112,6 +114,22 @@ def test_gate_looks_prints_the_ratio_against_the_rule_before(tmp_path):
     assert "error at the limit, shipped ÷ before:" in proc.stdout
     rows = json.loads(out.read_text())
     assert rows["runs"] == 40 and 0 <= rows["at_limit/shipped"]["pass_rate"] <= 1
+
+
+def test_eval_call_prints_the_ratio_against_lm_evals_default(tmp_path):
+    needs_model()
+    proc = run_script(["bench/eval_call.py", "--repeats", "1", "--limit", "2"], tmp_path)
+    assert "x 2 tasks):" in proc.stdout and "per-item results identical" in proc.stdout
+
+
+def test_gate_relook_prints_the_ratio_against_the_prefix(tmp_path):
+    needs_model()
+    out = tmp_path / "relook.json"
+    proc = run_script(["bench/gate_relook.py", "--repeats", "1", "--first", "2", "--upto",
+                       "4", "--json", str(out)], tmp_path)
+    assert "faster per model (items 2-3)" in proc.stdout
+    got = json.loads(out.read_text())
+    assert got["items_agree"] == "2 of 2" and len(got["seconds"]["prefix"]) == 1
 
 
 @pytest.mark.slow
