@@ -633,12 +633,6 @@ def crosscheck(running, served: str, tok_dir: Path, concurrency: int, work: Path
 
 # ---- frontend: which ingredient makes the engine's API server work harder (issue 24) ----
 
-def _generated(text: str) -> float:
-    from onboarding.serving.stats import parse_metrics
-
-    return sum(v for k, v in parse_metrics(text).items() if k.endswith("generation_tokens_total"))
-
-
 def _counter(parsed: dict, suffix: str) -> float:
     """The sum of a parsed scrape's series whose name ends in `suffix` (0 where none)."""
     return sum(v for k, v in parsed.items() if k.split("{")[0].endswith(suffix))
@@ -648,8 +642,7 @@ def _counted_per_request(before: dict, after: dict, completed) -> int:
     """How many times the engine's request_success counter counted each completed request
     between two parsed scrapes (1 with one API server; N where N API servers each count it);
     1 where it cannot be told (nothing completed, no counter)."""
-    succ = sum(v - before.get(k, 0.0) for k, v in after.items()
-               if k.split("{")[0].endswith("request_success_total"))
+    succ = _counter(after, "request_success_total") - _counter(before, "request_success_total")
     if not completed or succ <= 0:
         return 1
     return max(1, round(succ / completed))
@@ -766,7 +759,8 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
         # (0.32: 8 request_success for 4 requests with N=2), the histograms' sums with their
         # counts, so a mean holds; the token counter is divided by that count per request
         counted = _counted_per_request(b, a, row.get("completed"))
-        tokens = (_generated(after) - _generated(before)) / counted
+        tokens = (_counter(a, "generation_tokens_total")
+                  - _counter(b, "generation_tokens_total")) / counted
         # what the engine did with the prompts (its counters, vLLM's names): a client whose
         # prompts are longer, or hit the prefix cache less, loads the engine more per request
         engine_work = {k: round((_counter(a, name) - _counter(b, name)) / counted, 1)

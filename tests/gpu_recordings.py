@@ -49,8 +49,7 @@ H200_RUN6 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run6"  # 
 RUN6_FRONTEND = ("frontend", "frontend-256", "frontend-128-256")
 H200_RUN7 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-03-run7"  # issue 25 item 4
 # the seventh run's frontend calls (vLLM --api-server-count 4), in the order they ran
-RUN7_FRONTEND = tuple(n for n in ("frontend-asc4", "frontend-asc4-prompts")
-                      if (H200_RUN7 / f"{n}.json").is_file())
+RUN7_FRONTEND = ("frontend-asc4",)
 MODEL = "smollm2-135m"
 NODE_TYPE = "h200"
 RUN_CONFIG_HASH = "0660e584b7cc"  # serving_config's h200 configuration there (vLLM 0.22.0)

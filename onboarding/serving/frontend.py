@@ -14,7 +14,7 @@ import bisect
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -56,21 +56,30 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def tree_cpu_s(pid: int, reaped: bool = False) -> float:
-    """CPU seconds of `pid` and all its living descendants (the whole engine); `reaped` adds
-    each one's waited-for children (`process_cpu_s`)."""
-    total, todo, seen = 0.0, [pid], set()
+def _walk(pid: int, visit: Callable[[int], bool]) -> None:
+    """`visit` `pid` and its living descendants, each once; where it returns False the walk
+    does not go below that process. One that exits between the listing and the read is left
+    out."""
+    todo, seen = [pid], set()
     while todo:
         p = todo.pop()
         if p in seen:
             continue
         seen.add(p)
         try:
-            total += process_cpu_s(p, reaped)
+            if not visit(p):
+                continue
         except (OSError, ValueError, IndexError):
-            continue  # exited between the listing and the read
+            continue
         todo += children(p)
-    return total
+
+
+def tree_cpu_s(pid: int, reaped: bool = False) -> float:
+    """CPU seconds of `pid` and all its living descendants (the whole engine); `reaped` adds
+    each one's waited-for children (`process_cpu_s`)."""
+    cpu: list[float] = []
+    _walk(pid, lambda p: cpu.append(process_cpu_s(p, reaped)) or True)
+    return sum(cpu)
 
 
 def process_title(pid: int) -> str:
@@ -91,20 +100,15 @@ def frontend_processes_cpu_s(pid: int, engine_titles: Sequence[str] = ()
     if not engine_titles:
         return {pid: (process_title(pid), process_cpu_s(pid))}
     out: dict[int, tuple[str, float]] = {}
-    todo, seen = [pid], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            title = process_title(p)
-            if p != pid and any(w in title for w in engine_titles):
-                continue
-            out[p] = (title, process_cpu_s(p))
-        except (OSError, ValueError, IndexError):
-            continue  # exited between the listing and the read
-        todo += children(p)
+
+    def visit(p: int) -> bool:
+        title = process_title(p)
+        if p != pid and any(w in title for w in engine_titles):
+            return False  # the engine's own subtree
+        out[p] = (title, process_cpu_s(p))
+        return True
+
+    _walk(pid, visit)
     return out
 
 

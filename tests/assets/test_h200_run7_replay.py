@@ -11,7 +11,6 @@ import statistics
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.serving.stack import load_stack
 from tests.gpu_recordings import (
-    RUN7_FRONTEND,
     frontend_rows_run6,
     frontend_rows_run7,
     recording_run7,
@@ -67,7 +66,3 @@ def test_what_the_run_showed_besides_req_s_below_the_peer_and_a_slower_engine_st
         assert median(rows, client, conc, "api_cpu_s_per_1k_tokens") <= 1.1 * median(
             rows, PEER, conc, "api_cpu_s_per_1k_tokens")
 
-
-def test_every_recorded_call_is_one_configuration():
-    hashes = {recording_run7(n)["steps"]["engine"]["config_hash"] for n in RUN7_FRONTEND}
-    assert len(hashes) == 1 and RUN7_FRONTEND[0] == "frontend-asc4"
