@@ -126,12 +126,21 @@ class NvmlSource:
                                  "gpu": n.nvmlDeviceGetIndex(data.device),
                                  "xid": int(data.eventData)})
             finally:
-                n.nvmlEventSetFree(event_set)
+                try:
+                    n.nvmlEventSetFree(event_set)
+                except n.NVMLError:
+                    pass  # NVML already shut down (close() gave up waiting): it freed the set
 
-        threading.Thread(target=loop, name="nvml-xid", daemon=True).start()
+        self._xid_thread = threading.Thread(target=loop, name="nvml-xid", daemon=True)
+        self._xid_thread.start()
         return ""
 
     def close(self) -> None:
+        """Shuts NVML down after the XID thread has freed its event set (the caller has set
+        its stop event): freeing after `nvmlShutdown` raises NVMLError_Uninitialized."""
+        thread = getattr(self, "_xid_thread", None)
+        if thread is not None:
+            thread.join(timeout=4 * XID_WAIT_MS / 1e3 + 1)
         self.nvml.nvmlShutdown()
 
 

@@ -104,3 +104,69 @@ def test_dcgm_exporter_is_scraped_when_configured(exporter_url):
 def test_an_unreachable_exporter_is_unavailable_with_the_reason():
     sampler = GpuTelemetry(dcgm_exporter_url="http://127.0.0.1:9/metrics").sampler().start()
     assert sampler.stop() == [] and "did not answer" in sampler.unavailable
+
+
+class DriverOrder:
+    """NVML's calls as the XID watch makes them, in the driver's order rules: a handle used
+    after `nvmlShutdown` raises NVMLError_Uninitialized (as on the H200 in the eighth run, where
+    the `nvml-xid` thread freed its event set after the sampler had shut NVML down). Stands in
+    for the driver this machine lacks; the GPU runs exercise the real one."""
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_Timeout(NVMLError):
+        pass
+
+    class NVMLError_Uninitialized(NVMLError):
+        pass
+
+    nvmlEventTypeXidCriticalError = 8
+
+    def __init__(self):
+        self.calls: list[str] = []
+        self.up = True
+
+    def _need_init(self, name):
+        self.calls.append(name)
+        if not self.up:
+            raise self.NVMLError_Uninitialized("Uninitialized")
+
+    def nvmlEventSetCreate(self):
+        self._need_init("create")
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, handle, kind, event_set):
+        self._need_init("register")
+
+    def nvmlEventSetWait_v2(self, event_set, wait_ms):
+        self._need_init("wait")
+        time.sleep(wait_ms / 1e3)
+        raise self.NVMLError_Timeout("Timeout")
+
+    def nvmlEventSetFree(self, event_set):
+        self._need_init("free")
+
+    def nvmlShutdown(self):
+        self.calls.append("shutdown")
+        self.up = False
+
+
+def test_the_xid_watch_frees_its_event_set_before_nvml_shuts_down(monkeypatch):
+    from resources import telemetry as rt
+
+    driver = DriverOrder()
+    source = object.__new__(rt.NvmlSource)  # no driver here: the source around a stand-in
+    source.nvml, source.handles, source.unreadable = driver, {0: object()}, {}
+    raised: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    stop = threading.Event()
+    assert source.watch_xids(stop, time.monotonic(), []) == ""
+    wait_for(lambda: "wait" in driver.calls)
+    stop.set()
+    source.close()
+    for t in threading.enumerate():  # the watch's thread ends either way; then judge its calls
+        if t.name == "nvml-xid":
+            t.join(timeout=5)
+    assert raised == []
+    assert driver.calls.index("free") < driver.calls.index("shutdown")
