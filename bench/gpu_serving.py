@@ -542,8 +542,11 @@ def twins(args) -> int:
 
 
 def vllm_bench(url: str, served: str, tokenizer: Path, concurrency: int, prompts: int,
-               in_len: int, out_len: int, work: Path, warmups: int | None = None) -> dict:
-    """`vllm bench serve` at one point against the running engine (the peer client)."""
+               in_len: int, out_len: int, work: Path, warmups: int | None = None,
+               seed: int | None = None) -> dict:
+    """`vllm bench serve` at one point against the running engine (the peer client). Its
+    random dataset is drawn from `--seed` (default 0, vllm/benchmarks/serve.py): the same
+    prompts on every call unless `seed` differs, and a repeated prompt hits the prefix cache."""
     python = Path(os.environ["ENGINE_BIN_DIR"]) / "python"  # the engine's interpreter
     argv = [str(python), "-m", "vllm.entrypoints.cli.main", "bench", "serve",
             "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
@@ -554,6 +557,8 @@ def vllm_bench(url: str, served: str, tokenizer: Path, concurrency: int, prompts
             "--num-warmups", str(concurrency if warmups is None else warmups),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
             "--save-result", "--result-dir", str(work), "--result-filename", "vllm-bench.json"]
+    if seed is not None:
+        argv += ["--seed", str(seed)]
     p = run(argv, 300)
     if p.returncode != 0:
         return {"error": (p.stdout + p.stderr)[-2000:]}
@@ -698,6 +703,12 @@ def client_names(arg: str) -> tuple[str, ...]:
     return tuple(c.strip() for c in arg.split(";" if ";" in arg else ",") if c.strip())
 
 
+# `vllm bench serve` as the runs up to the seventh called it (its default seed: the same
+# prompts in every run, so from the second run on the engine's prefix cache holds them), and
+# with fresh prompts per run as the project's client has them (True: `--seed` per run)
+PEER_SEEDS = {"vllm bench serve": False, "vllm bench serve, fresh prompts per run": True}
+
+
 def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work: Path,
                    concurrency: int, run_no: int, in_len: int, out_len: int,
                    only: tuple[str, ...] = ()) -> list[dict]:
@@ -709,7 +720,8 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
 
     n = 2 * concurrency
     metrics = engine.template().metrics
-    prompts = synthetic_prompts(tokenizer, n, in_len, 0, seed=1000 * concurrency + run_no)
+    seed = 1000 * concurrency + run_no  # fresh prompts per run and point, for every client
+    prompts = synthetic_prompts(tokenizer, n, in_len, 0, seed=seed)
     import random
 
     rng = random.Random(concurrency + 7919 * run_no)
@@ -717,7 +729,7 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
     token_prompts = [[rng.randrange(vocab) for _ in range(in_len)] for _ in range(n)]
     clients: list[tuple[str, list[bytes] | None]] = [
         *frontend_bodies(served, prompts, out_len, token_prompts).items(),
-        ("vllm bench serve", None)]
+        *((name, None) for name in PEER_SEEDS)]
     if only:  # issue 25 item 4: the fixed client against `vllm bench serve`, nothing else
         unknown = set(only) - {name for name, _ in clients}
         if unknown:
@@ -734,7 +746,7 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
         client0 = _client_cpu_s()
         if bodies is None:
             got = vllm_bench(running.base_url, served, tok_dir, concurrency, n, in_len, out_len,
-                             work, warmups=0)
+                             work, warmups=0, seed=seed if PEER_SEEDS[name] else None)
             row = {"req_s": got.get("request_throughput"), "client_itl_ms": got.get("mean_itl_ms"),
                    "ttft_p50_ms": got.get("median_ttft_ms"), "completed": got.get("completed"),
                    "error": got.get("error"), "load_s": got.get("duration")}

@@ -183,6 +183,49 @@ def test_a_frontend_round_against_a_fake_server_times_each_client_and_its_own_cp
     assert rows[1]["tokens_per_chunk"] == 1.0  # the fake sends one token a chunk by default
 
 
+def test_the_fresh_prompts_peer_draws_new_prompts_per_run_and_the_old_one_repeats(
+        tmp_path, monkeypatch):
+    """The seventh run's req/s gap: `vllm bench serve` at its default seed sends the same
+    random prompts in every run, which the engine's prefix cache then holds, while the project's
+    client draws fresh ones. The fresh-prompts peer passes a `--seed` per run and point (the
+    project's own prompt seed); the old one passes none. The peer here is a script in place of
+    the engine's interpreter that records its argv and writes vllm bench's result file."""
+    from types import SimpleNamespace
+
+    import pytest
+    from transformers import AutoTokenizer
+
+    from bench.gpu_serving import PEER_SEEDS, frontend_point
+    from tests.fakes.openai_stream_server import running_fake_server
+
+    smol = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+    if not (smol / "tokenizer.json").is_file():
+        pytest.skip(f"{smol} not built (scripts/build_smollm2.py builds it offline)")
+    tok = AutoTokenizer.from_pretrained(smol, local_files_only=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    argv_log = tmp_path / "argv.log"
+    peer = bin_dir / "python"
+    peer.write_text(f"""#!/bin/sh
+echo "$*" >> {argv_log}
+while [ $# -gt 0 ]; do [ "$1" = --result-dir ] && dir=$2; shift; done
+echo '{{"completed": 4, "duration": 1.0, "request_throughput": 4.0}}' > $dir/vllm-bench.json
+""")
+    peer.chmod(0o755)
+    vllm = load_stack(PROJECT_ROOT / "configs" / "stack.yaml").templates["vllm"]
+    engine = SimpleNamespace(template=lambda: vllm)
+    monkeypatch.setenv("ENGINE_BIN_DIR", str(bin_dir))
+    with running_fake_server(ttft_ms=5, itl_ms=2) as url:
+        running = SimpleNamespace(base_url=url, pid=os.getpid())
+        rows = frontend_point(running, engine, "m", tok, smol, tmp_path, 2, 1, 16, 8,
+                              only=tuple(PEER_SEEDS))
+    calls = dict(zip([r["client"] for r in rows], argv_log.read_text().splitlines(),
+                     strict=True))
+    assert "--seed 2001" in calls["vllm bench serve, fresh prompts per run"]  # 1000 c + run
+    assert "--seed" not in calls["vllm bench serve"]
+    assert all(r["req_s"] == 4.0 and r["completed"] == 4 for r in rows)
+
+
 def test_the_frontend_divides_the_token_counter_by_how_often_each_request_was_counted():
     """vLLM 0.32 (CPU) with --api-server-count 2 counted 8 request_success for 4 requests; the
     frontend experiment's CPU per 1,000 tokens must not halve because of it."""
