@@ -29,8 +29,10 @@ from tests.gpu_recordings import (
     MODEL,
     RUN6_FRONTEND,
     RUN7_FRONTEND,
+    RUN8_FRONTEND,
     frontend_rows_run6,
     frontend_rows_run7,
+    frontend_rows_run8,
     points,
     recording_run2,
     recording_run3,
@@ -38,6 +40,7 @@ from tests.gpu_recordings import (
     recording_run5,
     recording_run6,
     recording_run7,
+    recording_run8,
     sweep_rows,
     sweep_rows_run3,
 )
@@ -438,9 +441,10 @@ def engines_section() -> str:
 PEER = "vllm bench serve"
 
 
-def frontend_verdicts(all_rows: list[dict], client: str = "ours") -> list[str]:
+def frontend_verdicts(all_rows: list[dict], client: str = "ours", peer: str = PEER
+                      ) -> list[str]:
     """Issue 24's targets per concurrency over `all_rows` (medians, with their n): `client`
-    against `vllm bench serve`."""
+    against `peer` (`vllm bench serve` as the runs call it)."""
     import statistics
 
     def med(rs, k):
@@ -449,17 +453,17 @@ def frontend_verdicts(all_rows: list[dict], client: str = "ours") -> list[str]:
     out = []
     for conc in sorted({r["concurrency"] for r in all_rows}, reverse=True):
         ours = [r for r in all_rows if r["concurrency"] == conc and r["client"] == client]
-        peer = [r for r in all_rows if r["concurrency"] == conc and r["client"] == PEER]
-        cpu = med(ours, "api_cpu_s_per_1k_tokens") / med(peer, "api_cpu_s_per_1k_tokens")
-        rps = med(ours, "req_s") / med(peer, "req_s")
+        them = [r for r in all_rows if r["concurrency"] == conc and r["client"] == peer]
+        cpu = med(ours, "api_cpu_s_per_1k_tokens") / med(them, "api_cpu_s_per_1k_tokens")
+        rps = med(ours, "req_s") / med(them, "req_s")
         itl = med(ours, "itl_vs_engine")
         out.append(
             f"c={conc} (n={len(ours)} runs each): API CPU per token {cpu:.2f}x the peer's "
             f"({'holds' if cpu <= 1.1 else 'misses'} <= 1.1x), req/s {rps:.2f}x "
             f"({'holds' if rps >= 1.0 else 'misses'} >= 1.0x), client ITL {100 * itl:+.1f} % "
             f"of the engine's histogram ({'holds' if abs(itl) <= 0.02 else 'misses'} 2 %; "
-            f"the peer's {100 * med(peer, 'itl_vs_engine'):+.1f} %), API server "
-            f"{med(ours, 'api_cores'):.2f} / {med(peer, 'api_cores'):.2f} cores")
+            f"the peer's {100 * med(them, 'itl_vs_engine'):+.1f} %), API server "
+            f"{med(ours, 'api_cores'):.2f} / {med(them, 'api_cores'):.2f} cores")
     return out
 
 
@@ -571,14 +575,12 @@ def run5_load_timing_section() -> str:
          f"in the node cache): {probe.explanation}. Job T took {job['seconds']:.0f} s.")])
 
 
-def run7_frontend_section() -> str:
-    """Issue 25 item 4 on the seventh run: the stack's client and `vllm bench serve` at 256
-    and 128 against vLLM with four API server processes, medians with every run's req/s and
-    the engine's own ITL, and issue 24's targets."""
+def median_table(rows: list[dict]) -> list[dict]:
+    """Per concurrency (highest first) and client, over its runs: medians, every run's req/s,
+    the engine's own ITL, and what the engine's counters saw of the prompts where the rows
+    carry them (prompt tokens; the prefix cache's hits per run, as a share of its queries)."""
     import statistics
 
-    rows = frontend_rows_run7()
-    engines = [recording_run7(name)["steps"]["engine"] for name in RUN7_FRONTEND]
     table = []
     for conc in sorted({r["concurrency"] for r in rows}, reverse=True):
         for client in dict.fromkeys(r["client"] for r in rows if r["concurrency"] == conc):
@@ -588,6 +590,8 @@ def run7_frontend_section() -> str:
                 got = [r[k] for r in rs if r.get(k) is not None]
                 return statistics.median(got) if got else None
 
+            hits = [r["prefix_cache_hits"] / r["prefix_cache_queries"] for r in rs
+                    if r.get("prefix_cache_queries")]
             table.append({
                 "concurrency": conc, "client": client, "n": len(rs),
                 "req/s median": fmt(med("req_s")),
@@ -598,21 +602,102 @@ def run7_frontend_section() -> str:
                 "ITL vs engine": f"{100 * med('itl_vs_engine'):+.1f} %",
                 "TTFT p50 ms": fmt(med("ttft_p50_ms")),
                 **({"prompt tokens": fmt(med("prompt_tokens"))}
-                   if med("prompt_tokens") is not None else {})})
+                   if med("prompt_tokens") is not None else {}),
+                **({"prefix-cache hits per run": ", ".join(f"{100 * h:.0f} %" for h in hits)}
+                   if hits else {})})
+    return table
+
+
+def asc_engine_line(engines: list[dict], rows: list[dict]) -> str:
+    """What ran, for the runs with several API server processes (the seventh on)."""
     e = engines[0]
+    return (f"llama-3-1-8b-instruct-twin fp8 at `{e['config_hash']}` (max_num_seqs 256, "
+            f"`--api-server-count {e['api_servers']}`: "
+            f"{sum('APIServer' in t for t in e['processes'])} API server processes beside the "
+            f"launcher), {len(engines)} engine start(s) (ready after "
+            f"{', '.join(str(round(x['ready_s'])) for x in engines)} s); 2 x concurrency prompts "
+            f"of 512 tokens, 256 out, per run; order rotated by run; {len(rows)} runs in all; the "
+            "API CPU is the sum over the launcher and its API servers; the engine counted each "
+            f"request {'once' if {r['engine_counts_per_request'] for r in rows} == {1} else 'more than once'}.")
+
+
+def run7_frontend_section() -> str:
+    """Issue 25 item 4 on the seventh run: the stack's client and `vllm bench serve` at 256
+    and 128 against vLLM with four API server processes, medians with every run's req/s and
+    the engine's own ITL, and issue 24's targets."""
+    rows = frontend_rows_run7()
+    engines = [recording_run7(name)["steps"]["engine"] for name in RUN7_FRONTEND]
     return "\n".join([
-        (f"llama-3-1-8b-instruct-twin fp8 at `{e['config_hash']}` (max_num_seqs 256, "
-         f"`--api-server-count {e['api_servers']}`: "
-         f"{sum('APIServer' in t for t in e['processes'])} API server processes beside the "
-         f"launcher), {len(engines)} engine start(s) (ready after "
-         f"{', '.join(str(round(x['ready_s'])) for x in engines)} s); 2 x concurrency prompts "
-         f"of 512 tokens, 256 out, per run; order rotated by run; {len(rows)} runs in all; the "
-         "API CPU is the sum over the launcher and its API servers; the engine counted each "
-         f"request {'once' if {r['engine_counts_per_request'] for r in rows} == {1} else 'more than once'}."),
-        "", md_table(table), "",
+        asc_engine_line(engines, rows), "", md_table(median_table(rows)), "",
         "Issue 24's targets, medians against `vllm bench serve`'s over the same runs:", "",
         *[f"- ours, token ids per chunk (the stack's client for vLLM): {v}."
           for v in frontend_verdicts(rows, "ours, token ids per chunk")]])
+
+
+FRESH_PEER = "vllm bench serve, fresh prompts per run"
+
+
+def paired_req_s(rows: list[dict], client: str, peer: str) -> dict[int, list[float]]:
+    """Per concurrency, `client`'s req/s over `peer`'s in each run (the two ran back to back
+    on one engine with that run's prompts)."""
+    out: dict[int, list[float]] = {}
+    for conc in sorted({r["concurrency"] for r in rows}, reverse=True):
+        for run in sorted({r["run"] for r in rows if r["concurrency"] == conc}):
+            got = {r["client"]: r["req_s"] for r in rows
+                   if r["concurrency"] == conc and r["run"] == run}
+            if client in got and peer in got:
+                out.setdefault(conc, []).append(got[client] / got[peer])
+    return out
+
+
+def run8_frontend_section() -> str:
+    """Issue 25 item 4 on the eighth run: the seventh run's req/s gap taken apart with the
+    engine's prefix-cache counters: `vllm bench serve` at its default seed (the same prompts
+    every run) and with fresh prompts per run, beside the stack's client."""
+    rows = frontend_rows_run8()
+    engines = [recording_run8(name)["steps"]["engine"] for name in RUN8_FRONTEND]
+    client = "ours, token ids per chunk"
+    paired = paired_req_s(rows, client, FRESH_PEER)
+    return "\n".join([
+        asc_engine_line(engines, rows), "", md_table(median_table(rows)), "",
+        ("Issue 24's targets, medians against the peer with fresh prompts per run (the one "
+         "whose prompts are as new to the engine as the client's):"), "",
+        *[f"- {client} (the stack's client for vLLM): {v}."
+          for v in frontend_verdicts(rows, client, FRESH_PEER)], "",
+        ("The client's req/s over that peer's, run by run (the two back to back on one engine): "
+         + "; ".join(f"c={c}: {', '.join(f'{x:.2f}' for x in v)}" for c, v in paired.items())
+         + "."), "",
+        "Against the peer as every earlier run called it (its default seed), for comparison:", "",
+        *[f"- {client}: {v}." for v in frontend_verdicts(rows, client, PEER)]])
+
+
+def run8_twins_section() -> str:
+    """The NVFP4 twin with the sampling client (the eighth run), beside the second run's
+    greedy rows of the same configuration: the points the calibration now holds."""
+    (step,) = recording_run8("vllm-twins-nvfp4")["steps"].values()
+    greedy = recording_run2("twins")["steps"][f"{step['model']}:nvfp4"]
+    rows = [{"client": "sampling (eighth run)",
+             **point_row({**r, "meets_slo": str(r["meets_slo"])}, step["tensor_parallel"])}
+            for r in step["rows"]]
+    loads = {r["load"] for r in step["rows"]}
+    rows += [{"client": "greedy (second run)",
+              **point_row({**r, "meets_slo": str(r["meets_slo"])}, greedy["tensor_parallel"])}
+             for r in greedy["rows"] if r["load"] in loads]
+    slo = Slo(**step["slo"])
+    result, basis, violations = headline(step["model"], step["precision"], "h200",
+                                         step["tensor_parallel"], slo, points(step["rows"]), True)
+    return "\n".join([
+        (f"{step['model']} {step['precision']} at `{step['config_hash']}` "
+         f"({step['config_basis']}; the second run's "
+         f"{'the same' if greedy['config_hash'] == step['config_hash'] else '`' + greedy['config_hash'] + '`'}), "
+         f"`--load-format {step['argv_params']['load_format']}`, max-num-seqs "
+         f"{step['argv_params']['max_num_seqs']}: ready after {step['ready_s']:.1f} s; "
+         f"telemetry {'read' if not step['telemetry_unavailable'] else 'unavailable'}."), "",
+        md_table([{k: v for k, v in r.items() if k != "scenario"} for r in rows]), "",
+        (f"Recomputed by `serving_stats.headline`: SLO at target {slo.target_concurrency} "
+         f"**{'met' if result.slo_pass else 'missed'}**"
+         f"{' (' + '; '.join(violations) + ')' if violations else ''}, headline "
+         f"{result.tokens_per_s_per_gpu:.0f} tokens/s/GPU ({basis}).")])
 
 
 def regenerated(doc: str) -> str:
@@ -628,7 +713,9 @@ def regenerated(doc: str) -> str:
                        ("h200 run4 frontend", run4_frontend_section()),
                        ("h200 run5 load timing", run5_load_timing_section()),
                        ("h200 run6 frontend", run6_frontend_section()),
-                       ("h200 run7 frontend", run7_frontend_section())):
+                       ("h200 run7 frontend", run7_frontend_section()),
+                       ("h200 run8 frontend", run8_frontend_section()),
+                       ("h200 run8 twins", run8_twins_section())):
         doc = splice_generated(doc, name, body)
     return doc
 

@@ -17,6 +17,7 @@ import csv
 import dataclasses
 import json
 import shutil
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,9 @@ RUN6_FRONTEND = ("frontend", "frontend-256", "frontend-128-256")
 H200_RUN7 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-03-run7"  # issue 25 item 4
 # the seventh run's frontend calls (vLLM --api-server-count 4), in the order they ran
 RUN7_FRONTEND = ("frontend-asc4",)
+H200_RUN8 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-04-run8"  # issue 25 item 4
+# the eighth run's frontend calls (four API servers, the peer with and without fresh prompts)
+RUN8_FRONTEND = ("frontend-asc4-seeds-256", "frontend-asc4-seeds-128-32")
 MODEL = "smollm2-135m"
 NODE_TYPE = "h200"
 RUN_CONFIG_HASH = "0660e584b7cc"  # serving_config's h200 configuration there (vLLM 0.22.0)
@@ -108,14 +112,31 @@ def recording_run7(name: str) -> dict[str, Any]:
     return json.loads((H200_RUN7 / f"{name}.json").read_text())
 
 
+@cache
+def recording_run8(name: str) -> dict[str, Any]:
+    """The eighth H200 run (vLLM 0.22.0, the 8B FP8 twin at max-num-seqs 256, four API server
+    processes): `frontend-asc4-seeds-256` and `frontend-asc4-seeds-128-32` (the stack's client,
+    `vllm bench serve` at its default seed and with fresh prompts per run, three runs each),
+    `vllm-twins-nvfp4` (the NVFP4 twin with the sampling client), `prepare*`, `onboard-A*`."""
+    return json.loads((H200_RUN8 / f"{name}.json").read_text())
+
+
+def frontend_rows_of(load: Callable[[str], dict[str, Any]], names: tuple[str, ...]
+                     ) -> list[dict[str, Any]]:
+    """Every row of a run's frontend calls (`load` reads one by name), in the order they ran."""
+    return [r for name in names for r in load(name)["steps"]["rows"]["rows"]]
+
+
+def frontend_rows_run8() -> list[dict[str, Any]]:
+    return frontend_rows_of(recording_run8, RUN8_FRONTEND)
+
+
 def frontend_rows_run7() -> list[dict[str, Any]]:
-    """Every row of the seventh run's frontend calls, in the order they ran."""
-    return [r for name in RUN7_FRONTEND for r in recording_run7(name)["steps"]["rows"]["rows"]]
+    return frontend_rows_of(recording_run7, RUN7_FRONTEND)
 
 
 def frontend_rows_run6() -> list[dict[str, Any]]:
-    """Every row of the sixth run's frontend calls, in the order they ran."""
-    return [r for name in RUN6_FRONTEND for r in recording_run6(name)["steps"]["rows"]["rows"]]
+    return frontend_rows_of(recording_run6, RUN6_FRONTEND)
 
 
 def _configs_at(record, target: Path) -> Path:

@@ -56,7 +56,8 @@ def test_what_the_run_showed_besides_req_s_below_the_peer_and_a_slower_engine_st
     """docs/gpu.md, the seventh run: with four API servers the peer's req/s rose past the
     client's at 128 and 256, and the engine's own ITL (its histogram) was higher under the
     client's load than under the peer's at the same concurrency; per token the API servers
-    still spent no more than 1.1x the peer's CPU."""
+    still spent no more than 1.1x the peer's CPU. (The eighth run found why: the peer sent the
+    same prompts every run, which the engine's prefix cache held; test_h200_run8_replay.py.)"""
     rows = frontend_rows_run7()
     client = stack_client()
     for conc in (256, 128):
