@@ -19,6 +19,8 @@
 #   bash bench/gpu_device.sh frontend     issue 24: the client's request ingredients one at a
 #                                         time against `vllm bench serve`, API-server CPU/token
 #                                         (CLIENTS=ours,vllm bench serve: only those two;
+#                                         "vllm bench serve, fresh prompts per run": the peer
+#                                         with a --seed per run, as fresh as the client's;
 #                                         API_SERVERS=4: vLLM --api-server-count 4; NAME=x
 #                                         writes x.json instead of frontend.json)
 #   bash bench/gpu_device.sh served       issue 25: served accuracy of bf16, FP8 and NVFP4
