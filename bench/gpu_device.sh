@@ -21,6 +21,7 @@
 #                                         (CLIENTS=ours,vllm bench serve: only those two;
 #                                         "vllm bench serve, fresh prompts per run": the peer
 #                                         with a --seed per run, as fresh as the client's;
+#                                         WARMUP=0: no discarded round after the start;
 #                                         API_SERVERS=4: vLLM --api-server-count 4; NAME=x
 #                                         writes x.json instead of frontend.json)
 #   bash bench/gpu_device.sh served       issue 25: served accuracy of bf16, FP8 and NVFP4
@@ -126,7 +127,8 @@ case "$1" in
     python3 bench/gpu_serving.py frontend --out "$OUT" --deadline-s "${DEADLINE_S:-540}" \
         --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8}" --concurrency "${CONCURRENCY:-256,128}" \
         --frontend-runs "${RUNS:-3}" --max-num-seqs "${MAX_NUM_SEQS:-256}" \
-        --frontend-clients "${CLIENTS:-}" --api-servers "${API_SERVERS:-1}" --name "${NAME:-frontend}" ;;
+        --frontend-clients "${CLIENTS:-}" --api-servers "${API_SERVERS:-1}" --name "${NAME:-frontend}" \
+        --frontend-warmup "${WARMUP:-1}" ;;
   served)
     need_payload "$@"
     # issue 25 item 2: SmolLM2 bf16, FP8 and NVFP4 in process and through vLLM

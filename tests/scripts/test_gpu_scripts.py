@@ -226,6 +226,32 @@ echo '{{"completed": 4, "duration": 1.0, "request_throughput": 4.0}}' > $dir/vll
     assert all(r["req_s"] == 4.0 and r["completed"] == 4 for r in rows)
 
 
+def test_the_frontend_warm_up_round_completes_on_prompts_no_measured_run_sends():
+    """The discarded round after the engine start (bench/gpu_serving.py frontend, H200 only):
+    one request per stream, all answered, on prompts drawn from a seed no measured run uses
+    (1000 x concurrency + run), so it primes no prefix cache for them."""
+    from types import SimpleNamespace
+
+    import pytest
+    from transformers import AutoTokenizer
+
+    from bench.gpu_serving import WARMUP_SEED, frontend_warmup
+    from onboarding.serving.prompts import synthetic_prompts
+    from tests.fakes.openai_stream_server import running_fake_server
+
+    smol = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+    if not (smol / "tokenizer.json").is_file():
+        pytest.skip(f"{smol} not built (scripts/build_smollm2.py builds it offline)")
+    tok = AutoTokenizer.from_pretrained(smol, local_files_only=True)
+    with running_fake_server(ttft_ms=5, itl_ms=2) as url:
+        got = frontend_warmup(SimpleNamespace(base_url=url), "m", tok, 4, 16, 8)
+    assert got["requests"] == got["completed"] == 4 and got["concurrency"] == 4
+    measured = {tuple(synthetic_prompts(tok, 4, 16, 0, seed=1000 * c + run))
+                for c in (4, 32, 128, 256) for run in range(10)}
+    assert tuple(synthetic_prompts(tok, 4, 16, 0, seed=WARMUP_SEED)) not in measured
+    assert all(WARMUP_SEED != 1000 * c + run for c in range(1, 1025) for run in range(100))
+
+
 def test_the_frontend_divides_the_token_counter_by_how_often_each_request_was_counted():
     """vLLM 0.32 (CPU) with --api-server-count 2 counted 8 request_success for 4 requests; the
     frontend experiment's CPU per 1,000 tokens must not halve because of it."""
