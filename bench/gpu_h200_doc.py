@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.gpu_serving import PEER_SEEDS
 from onboarding.common.tables import md_table, read_md_table, splice_generated
 from onboarding.serving.stats import Slo, headline
 from tests.gpu_recordings import (
@@ -611,7 +612,8 @@ def median_table(rows: list[dict]) -> list[dict]:
 def asc_engine_line(engines: list[dict], rows: list[dict]) -> str:
     """What ran, for the runs with several API server processes (the seventh on)."""
     e = engines[0]
-    return (f"llama-3-1-8b-instruct-twin fp8 at `{e['config_hash']}` (max_num_seqs 256, "
+    return (f"llama-3-1-8b-instruct-twin fp8 at `{e['config_hash']}` (max_num_seqs "
+            f"{e['argv_params']['max_num_seqs']}, "
             f"`--api-server-count {e['api_servers']}`: "
             f"{sum('APIServer' in t for t in e['processes'])} API server processes beside the "
             f"launcher), {len(engines)} engine start(s) (ready after "
@@ -634,7 +636,7 @@ def run7_frontend_section() -> str:
           for v in frontend_verdicts(rows, "ours, token ids per chunk")]])
 
 
-FRESH_PEER = "vllm bench serve, fresh prompts per run"
+(FRESH_PEER,) = (name for name, fresh in PEER_SEEDS.items() if fresh)  # the --seed-per-run peer
 
 
 def paired_req_s(rows: list[dict], client: str, peer: str) -> dict[int, list[float]]:
@@ -671,6 +673,10 @@ def run8_frontend_section() -> str:
         *[f"- {client}: {v}." for v in frontend_verdicts(rows, client, PEER)]])
 
 
+def same_or(config_hash: str, step: dict) -> str:
+    return "the same" if config_hash == step["config_hash"] else f"`{config_hash}`"
+
+
 def run8_twins_section() -> str:
     """The NVFP4 twin with the sampling client (the eighth run), beside the second run's
     greedy rows of the same configuration: the points the calibration now holds."""
@@ -688,8 +694,7 @@ def run8_twins_section() -> str:
                                          step["tensor_parallel"], slo, points(step["rows"]), True)
     return "\n".join([
         (f"{step['model']} {step['precision']} at `{step['config_hash']}` "
-         f"({step['config_basis']}; the second run's "
-         f"{'the same' if greedy['config_hash'] == step['config_hash'] else '`' + greedy['config_hash'] + '`'}), "
+         f"({step['config_basis']}; the second run's {same_or(greedy['config_hash'], step)}), "
          f"`--load-format {step['argv_params']['load_format']}`, max-num-seqs "
          f"{step['argv_params']['max_num_seqs']}: ready after {step['ready_s']:.1f} s; "
          f"telemetry {'read' if not step['telemetry_unavailable'] else 'unavailable'}."), "",

@@ -545,8 +545,9 @@ def vllm_bench(url: str, served: str, tokenizer: Path, concurrency: int, prompts
                in_len: int, out_len: int, work: Path, warmups: int | None = None,
                seed: int | None = None) -> dict:
     """`vllm bench serve` at one point against the running engine (the peer client). Its
-    random dataset is drawn from `--seed` (default 0, vllm/benchmarks/serve.py): the same
-    prompts on every call unless `seed` differs, and a repeated prompt hits the prefix cache."""
+    random dataset is drawn from `--seed` (default 0; vLLM 0.32's
+    vllm/benchmarks/datasets/datasets.py): the same prompts on every call unless `seed`
+    differs, and a repeated prompt hits the prefix cache."""
     python = Path(os.environ["ENGINE_BIN_DIR"]) / "python"  # the engine's interpreter
     argv = [str(python), "-m", "vllm.entrypoints.cli.main", "bench", "serve",
             "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
@@ -703,7 +704,7 @@ def client_names(arg: str) -> tuple[str, ...]:
     return tuple(c.strip() for c in arg.split(";" if ";" in arg else ",") if c.strip())
 
 
-# `vllm bench serve` as the runs up to the seventh called it (its default seed: the same
+# `vllm bench serve` as the runs up to the eighth called it (its default seed: the same
 # prompts in every run, so from the second run on the engine's prefix cache holds them), and
 # with fresh prompts per run as the project's client has them (True: `--seed` per run)
 PEER_SEEDS = {"vllm bench serve": False, "vllm bench serve, fresh prompts per run": True}
@@ -715,8 +716,7 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
     """One round of every client at one concurrency, fresh prompts, order rotated by run."""
     from onboarding.serving.frontend import frontend_cpu_delta, frontend_processes_cpu_s, tree_cpu_s
     from onboarding.serving.prompts import synthetic_prompts
-    from onboarding.serving.stats import histogram_mean_delta, parse_metrics, summarize
-    from resources.loadgen import LoadGenerator
+    from onboarding.serving.stats import histogram_mean_delta, parse_metrics
 
     n = 2 * concurrency
     metrics = engine.template().metrics
@@ -751,10 +751,7 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
                    "ttft_p50_ms": got.get("median_ttft_ms"), "completed": got.get("completed"),
                    "error": got.get("error"), "load_s": got.get("duration")}
         else:
-            r = LoadGenerator(metrics_path="").run_point(
-                running.base_url, bodies, concurrency=concurrency, max_seconds=240,
-                request_timeout_s=240)
-            st = summarize(r.records, r.duration_s)
+            r, st = ours_round(running.base_url, bodies, concurrency)
             row = {"req_s": st.request_throughput_rps, "client_itl_ms": st.itl_ms.mean,
                    "ttft_p50_ms": st.ttft_s.p50 * 1e3, "completed": st.completed,
                    "tokens_per_chunk": st.tokens_per_chunk, "load_s": r.duration_s}
@@ -798,6 +795,17 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
     return rows
 
 
+def ours_round(base_url: str, bodies: list[bytes], concurrency: int):
+    """One round of the project's client (no /metrics scrape of its own: the experiment
+    scrapes around it): the run and its statistics."""
+    from onboarding.serving.stats import summarize
+    from resources.loadgen import LoadGenerator
+
+    r = LoadGenerator(metrics_path="").run_point(base_url, bodies, concurrency=concurrency,
+                                                 max_seconds=240, request_timeout_s=240)
+    return r, summarize(r.records, r.duration_s)
+
+
 WARMUP_SEED = 999_999  # no measured run's prompt seed (1000 x concurrency + run)
 
 
@@ -807,14 +815,11 @@ def frontend_warmup(running, served: str, tokenizer, concurrency: int, in_len: i
     on prompts no measured run sends (so it primes no prefix cache for them): in the seventh
     and eighth runs the first measured run after a start read the lowest req/s of its point."""
     from onboarding.serving.prompts import synthetic_prompts
-    from onboarding.serving.stats import summarize
-    from resources.loadgen import LoadGenerator, completion_bodies
+    from resources.loadgen import completion_bodies
 
     prompts = synthetic_prompts(tokenizer, concurrency, in_len, 0, seed=WARMUP_SEED)
-    r = LoadGenerator(metrics_path="").run_point(
-        running.base_url, completion_bodies(served, prompts, out_len), concurrency=concurrency,
-        max_seconds=240, request_timeout_s=240)
-    st = summarize(r.records, r.duration_s)
+    r, st = ours_round(running.base_url, completion_bodies(served, prompts, out_len),
+                       concurrency)
     return {"concurrency": concurrency, "requests": len(prompts), "completed": st.completed,
             "seconds": round(r.duration_s, 2), "req_s": st.request_throughput_rps}
 

@@ -64,6 +64,7 @@ class NvmlSource:
         self.gpus = list(range(count)) if gpus is None else [g for g in gpus if g < count]
         self.handles = {g: pynvml.nvmlDeviceGetHandleByIndex(g) for g in self.gpus}
         self.unreadable: dict[str, str] = {}
+        self._xid_thread: threading.Thread | None = None  # watch_xids' thread, joined by close()
         n = pynvml
         reasons = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             n.nvmlDeviceGetCurrentClocksThrottleReasons
@@ -138,9 +139,8 @@ class NvmlSource:
     def close(self) -> None:
         """Shuts NVML down after the XID thread has freed its event set (the caller has set
         its stop event): freeing after `nvmlShutdown` raises NVMLError_Uninitialized."""
-        thread = getattr(self, "_xid_thread", None)
-        if thread is not None:
-            thread.join(timeout=4 * XID_WAIT_MS / 1e3 + 1)
+        if self._xid_thread is not None:
+            self._xid_thread.join(timeout=4 * XID_WAIT_MS / 1e3 + 1)
         self.nvml.nvmlShutdown()
 
 

@@ -158,6 +158,7 @@ def test_the_xid_watch_frees_its_event_set_before_nvml_shuts_down(monkeypatch):
     driver = DriverOrder()
     source = object.__new__(rt.NvmlSource)  # no driver here: the source around a stand-in
     source.nvml, source.handles, source.unreadable = driver, {0: object()}, {}
+    source._xid_thread = None  # as __init__ leaves it
     raised: list[BaseException] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
     stop = threading.Event()
