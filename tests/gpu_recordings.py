@@ -54,6 +54,9 @@ RUN7_FRONTEND = ("frontend-asc4",)
 H200_RUN8 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-04-run8"  # issue 25 item 4
 # the eighth run's frontend calls (four API servers, the peer with and without fresh prompts)
 RUN8_FRONTEND = ("frontend-asc4-seeds-256", "frontend-asc4-seeds-128-32")
+H200_RUN9 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-04-run9"  # issue 25 item 4
+# the ninth run's frontend calls (four API servers, the warm-up round, the fresh-prompts peer)
+RUN9_FRONTEND = ("frontend-asc4-seeds-more", "frontend-asc4-seeds-more2", "frontend-asc4-seeds-256b")
 MODEL = "smollm2-135m"
 NODE_TYPE = "h200"
 RUN_CONFIG_HASH = "0660e584b7cc"  # serving_config's h200 configuration there (vLLM 0.22.0)
@@ -121,10 +124,26 @@ def recording_run8(name: str) -> dict[str, Any]:
     return json.loads((H200_RUN8 / f"{name}.json").read_text())
 
 
+@cache
+def recording_run9(name: str) -> dict[str, Any]:
+    """The ninth H200 run (vLLM 0.22.0, the 8B FP8 twin at max-num-seqs 256, four API server
+    processes, one discarded warm-up round after each engine start): the three calls of
+    `RUN9_FRONTEND` (the stack's client and `vllm bench serve` with fresh prompts per run at
+    256 and 128), `prepare*`, `onboard-A*` (its README says which lease ran what)."""
+    return json.loads((H200_RUN9 / f"{name}.json").read_text())
+
+
 def frontend_rows_of(load: Callable[[str], dict[str, Any]], names: tuple[str, ...]
                      ) -> list[dict[str, Any]]:
     """Every row of a run's frontend calls (`load` reads one by name), in the order they ran."""
     return [r for name in names for r in load(name)["steps"]["rows"]["rows"]]
+
+
+def frontend_rows_run9() -> list[dict[str, Any]]:
+    """The ninth run's rows, each tagged with the call (`RUN9_FRONTEND`) it came from: run
+    numbers restart with every call, so a run is (call, concurrency, run)."""
+    return [{**r, "call": name} for name in RUN9_FRONTEND
+            for r in recording_run9(name)["steps"]["rows"]["rows"]]
 
 
 def frontend_rows_run8() -> list[dict[str, Any]]:
