@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -31,9 +32,11 @@ from tests.gpu_recordings import (
     RUN6_FRONTEND,
     RUN7_FRONTEND,
     RUN8_FRONTEND,
+    RUN9_FRONTEND,
     frontend_rows_run6,
     frontend_rows_run7,
     frontend_rows_run8,
+    frontend_rows_run9,
     points,
     recording_run2,
     recording_run3,
@@ -42,6 +45,7 @@ from tests.gpu_recordings import (
     recording_run6,
     recording_run7,
     recording_run8,
+    recording_run9,
     sweep_rows,
     sweep_rows_run3,
 )
@@ -644,9 +648,10 @@ def paired_req_s(rows: list[dict], client: str, peer: str) -> dict[int, list[flo
     on one engine with that run's prompts)."""
     out: dict[int, list[float]] = {}
     for conc in sorted({r["concurrency"] for r in rows}, reverse=True):
-        for run in sorted({r["run"] for r in rows if r["concurrency"] == conc}):
-            got = {r["client"]: r["req_s"] for r in rows
-                   if r["concurrency"] == conc and r["run"] == run}
+        # a run is (call, run) where the rows say their call: run numbers restart per call
+        at = [r for r in rows if r["concurrency"] == conc]
+        for run in dict.fromkeys((r.get("call"), r["run"]) for r in at):
+            got = {r["client"]: r["req_s"] for r in at if (r.get("call"), r["run"]) == run}
             if client in got and peer in got:
                 out.setdefault(conc, []).append(got[client] / got[peer])
     return out
@@ -705,6 +710,58 @@ def run8_twins_section() -> str:
          f"{result.tokens_per_s_per_gpu:.0f} tokens/s/GPU ({basis}).")])
 
 
+def api_server_spread(r: dict) -> tuple[float, float]:
+    """Of one row's API server processes (not the launcher): the busiest one's share of their
+    CPU, and its cores over the run (its CPU seconds over the client's load time)."""
+    cpu = [c for name, c in r["api_processes"] if "APIServer" in name]
+    return max(cpu) / sum(cpu), max(cpu) / r["load_s"]
+
+
+def run9_frontend_section() -> str:
+    """Issue 25 item 4 on the ninth run: more runs of the stack's client against the
+    fresh-prompts peer at 256 and 128, each engine start followed by one discarded warm-up
+    round, with how evenly the four API servers shared each run."""
+    rows = frontend_rows_run9()
+    recs = [recording_run9(name)["steps"] for name in RUN9_FRONTEND]
+    client = "ours, token ids per chunk"
+    paired = paired_req_s(rows, client, FRESH_PEER)
+    skipped = [f"{k} of `{name}`" for name, st in zip(RUN9_FRONTEND, recs)
+               for k, v in st.items() if isinstance(v, dict) and "skipped" in v]
+    spread = {c: [api_server_spread(r) for r in rows if r["client"] == c]
+              for c in (client, FRESH_PEER)}
+    off = [r for r in rows if abs(r["itl_vs_engine"]) > 0.02]
+    return "\n".join([
+        asc_engine_line([st["engine"] for st in recs], rows), "",
+        ("Warm-up rounds (discarded, prompts from a seed no measured run uses): "
+         + ", ".join(f"{st['warm-up']['completed']} of {st['warm-up']['requests']} requests at "
+                     f"c={st['warm-up']['concurrency']}" for st in recs)
+         + ". Not started because the call's `DEADLINE_S` would have passed (the experiment "
+         "allows 10 s per 16 of concurrency before each point): "
+         + f"{', '.join(skipped) or 'none'}."), "",
+        md_table(median_table(rows)), "",
+        ("Issue 24's targets, medians against the peer with fresh prompts per run:"), "",
+        *[f"- {client} (the stack's client for vLLM): {v}."
+          for v in frontend_verdicts(rows, client, FRESH_PEER)], "",
+        ("The client's req/s over that peer's, run by run (the two back to back on one engine): "
+         + "; ".join(f"c={c} ({len(v)} runs): {', '.join(f'{x:.2f}' for x in v)}"
+                     for c, v in paired.items()) + "."), "",
+        ("The busiest of the four API servers, its share of their CPU per run: "
+         + "; ".join(f"{c}: {min(s for s, _ in v):.2f}-{max(s for s, _ in v):.2f} "
+                     f"(median {statistics.median(s for s, _ in v):.2f})"
+                     for c, v in spread.items()) + "."), "",
+        ("Runs whose busiest API server ran at 0.8 cores or more: "
+         + "; ".join(f"c={r['concurrency']} run {r['run']} of `{r['call']}`, {r['client']}: "
+                     f"{r['req_s']:.1f} req/s, share {api_server_spread(r)[0]:.2f}, "
+                     f"{api_server_spread(r)[1]:.2f} cores, ITL vs engine "
+                     f"{100 * r['itl_vs_engine']:+.1f} %"
+                     for r in rows if api_server_spread(r)[1] >= 0.8) + "."), "",
+        *[f"- Off the ITL target: c={r['concurrency']} run {r['run']} of `{r['call']}`, "
+          f"{r['client']}: {r['req_s']:.1f} req/s, client ITL {r['client_itl_ms']:.1f} ms "
+          f"against the engine's {r['engine_itl_ms']:.1f} ({100 * r['itl_vs_engine']:+.1f} %), "
+          f"the busiest API server {api_server_spread(r)[0]:.2f} of their CPU at "
+          f"{api_server_spread(r)[1]:.2f} cores." for r in off]])
+
+
 def regenerated(doc: str) -> str:
     """docs/gpu.md with its generated sections computed again from the recordings."""
     for name, body in (("h200 sweep", sweep_section()), ("h200 load timing",
@@ -720,7 +777,8 @@ def regenerated(doc: str) -> str:
                        ("h200 run6 frontend", run6_frontend_section()),
                        ("h200 run7 frontend", run7_frontend_section()),
                        ("h200 run8 frontend", run8_frontend_section()),
-                       ("h200 run8 twins", run8_twins_section())):
+                       ("h200 run8 twins", run8_twins_section()),
+                       ("h200 run9 frontend", run9_frontend_section())):
         doc = splice_generated(doc, name, body)
     return doc
 
