@@ -10,7 +10,11 @@ peak RSS, and the ratios peer-time / our-time (>= 1.0 means we are at least as f
 boto3 `download_file` by name and against the best peer. Then the warm path: a `checkpoint`
 materialization (with its integrity check) of the already verified entry.
 
-    .venv/bin/python bench/fetch.py [--gb 1.0] [--files 4] [--reps 3]
+`--load N` runs N busy CPU processes (pure-Python spin loops, `nice` 0) beside every contender,
+the "loaded machine" of issue 28: on 2 cores, `--load 2` leaves the fetch and the S3 server
+competing for CPU with two other busy processes, as when the suite or a build runs beside it.
+
+    .venv/bin/python bench/fetch.py [--gb 1.0] [--files 4] [--reps 3] [--load 0]
 """
 
 from __future__ import annotations
@@ -189,17 +193,25 @@ WARM = textwrap.dedent("""
 """)
 
 
+def start_load(n: int) -> list[subprocess.Popen]:
+    """`n` processes that spin on the CPU until killed (the loaded machine)."""
+    return [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(n)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gb", type=float, default=1.0)
     ap.add_argument("--files", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--load", type=int, default=0,
+                    help="busy CPU processes beside every contender (default 0: a quiet machine)")
     args = ap.parse_args()
     from resources.s3 import S3ObjectStore
     from resources.seaweedfs import LocalS3Server
 
     work = Path(tempfile.mkdtemp(prefix="bench-fetch-", dir=ROOT / ".cache"))
     server = LocalS3Server(work / "s3", AK, SK).start()
+    load: list[subprocess.Popen] = []
     try:
         src = work / "src"
         make_checkpoint(src, int(args.gb * (1 << 30)), args.files)
@@ -221,6 +233,7 @@ def main() -> None:
                       "boto3 download_file + fsync": (BOTO3, {"FSYNC": "1"})}
         results: dict[str, list[tuple[float, float, int, float, float, float]]] = {
             k: [] for k in contenders}
+        load = start_load(args.load)
         names = list(contenders)
         for rep in range(args.reps):
             order = names[rep % len(names):] + names[:rep % len(names)]
@@ -242,7 +255,8 @@ def main() -> None:
                       f"  CPU {inner_cpu:5.2f}s of {cpu:5.2f}s (server {server_cpu:4.2f}s)  {rss / 1e6:4.0f} MB RSS"
                       f"  load {os.getloadavg()[0]:.1f}", flush=True)
         print(f"\ncheckpoint: {args.files} safetensors files, {total / 1e9:.2f} GB, "
-              f"{args.reps} interleaved repetitions, medians\n")
+              f"{args.reps} interleaved repetitions, medians; {args.load} busy CPU process(es) "
+              f"beside each contender on {os.cpu_count()} cores\n")
         print("| contender | transfer s (median) | MB/s | whole process s (median) | "
               "CPU s, transfer (median) | CPU s, process (median) | CPU s, S3 server (median) | "
               "peak RSS MB |\n|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -285,6 +299,9 @@ def main() -> None:
         print(f"warm re-materialization of the verified {total / 1e9:.2f} GB entry (asset + "
               f"completeness + full sha256 integrity check): median {statistics.median(warm):.2f}s")
     finally:
+        for p in load:
+            p.kill()
+            p.wait()
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
