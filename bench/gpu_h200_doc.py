@@ -648,10 +648,9 @@ def paired_req_s(rows: list[dict], client: str, peer: str) -> dict[int, list[flo
     on one engine with that run's prompts)."""
     out: dict[int, list[float]] = {}
     for conc in sorted({r["concurrency"] for r in rows}, reverse=True):
-        # a run is (call, run) where the rows say their call: run numbers restart per call
         at = [r for r in rows if r["concurrency"] == conc]
-        for run in dict.fromkeys((r.get("call"), r["run"]) for r in at):
-            got = {r["client"]: r["req_s"] for r in at if (r.get("call"), r["run"]) == run}
+        for run in dict.fromkeys((r["call"], r["run"]) for r in at):  # run numbers restart per call
+            got = {r["client"]: r["req_s"] for r in at if (r["call"], r["run"]) == run}
             if client in got and peer in got:
                 out.setdefault(conc, []).append(got[client] / got[peer])
     return out
@@ -727,9 +726,11 @@ def run9_frontend_section() -> str:
     paired = paired_req_s(rows, client, FRESH_PEER)
     skipped = [f"{k} of `{name}`" for name, st in zip(RUN9_FRONTEND, recs)
                for k, v in st.items() if isinstance(v, dict) and "skipped" in v]
-    spread = {c: [api_server_spread(r) for r in rows if r["client"] == c]
-              for c in (client, FRESH_PEER)}
-    off = [r for r in rows if abs(r["itl_vs_engine"]) > 0.02]
+    share_cores = [(r, *api_server_spread(r)) for r in rows]
+    spread = {c: [s for r, s, _ in share_cores if r["client"] == c] for c in (client, FRESH_PEER)}
+
+    def which(r: dict) -> str:
+        return f"c={r['concurrency']} run {r['run']} of `{r['call']}`, {r['client']}"
     return "\n".join([
         asc_engine_line([st["engine"] for st in recs], rows), "",
         ("Warm-up rounds (discarded, prompts from a seed no measured run uses): "
@@ -746,20 +747,17 @@ def run9_frontend_section() -> str:
          + "; ".join(f"c={c} ({len(v)} runs): {', '.join(f'{x:.2f}' for x in v)}"
                      for c, v in paired.items()) + "."), "",
         ("The busiest of the four API servers, its share of their CPU per run: "
-         + "; ".join(f"{c}: {min(s for s, _ in v):.2f}-{max(s for s, _ in v):.2f} "
-                     f"(median {statistics.median(s for s, _ in v):.2f})"
+         + "; ".join(f"{c}: {min(v):.2f}-{max(v):.2f} (median {statistics.median(v):.2f})"
                      for c, v in spread.items()) + "."), "",
         ("Runs whose busiest API server ran at 0.8 cores or more: "
-         + "; ".join(f"c={r['concurrency']} run {r['run']} of `{r['call']}`, {r['client']}: "
-                     f"{r['req_s']:.1f} req/s, share {api_server_spread(r)[0]:.2f}, "
-                     f"{api_server_spread(r)[1]:.2f} cores, ITL vs engine "
-                     f"{100 * r['itl_vs_engine']:+.1f} %"
-                     for r in rows if api_server_spread(r)[1] >= 0.8) + "."), "",
-        *[f"- Off the ITL target: c={r['concurrency']} run {r['run']} of `{r['call']}`, "
-          f"{r['client']}: {r['req_s']:.1f} req/s, client ITL {r['client_itl_ms']:.1f} ms "
-          f"against the engine's {r['engine_itl_ms']:.1f} ({100 * r['itl_vs_engine']:+.1f} %), "
-          f"the busiest API server {api_server_spread(r)[0]:.2f} of their CPU at "
-          f"{api_server_spread(r)[1]:.2f} cores." for r in off]])
+         + "; ".join(f"{which(r)}: {r['req_s']:.1f} req/s, share {s:.2f}, {cores:.2f} cores, "
+                     f"ITL vs engine {100 * r['itl_vs_engine']:+.1f} %"
+                     for r, s, cores in share_cores if cores >= 0.8) + "."), "",
+        *[f"- Off the ITL target: {which(r)}: {r['req_s']:.1f} req/s, client ITL "
+          f"{r['client_itl_ms']:.1f} ms against the engine's {r['engine_itl_ms']:.1f} "
+          f"({100 * r['itl_vs_engine']:+.1f} %), the busiest API server {s:.2f} of their CPU "
+          f"at {cores:.2f} cores." for r, s, cores in share_cores
+          if abs(r["itl_vs_engine"]) > 0.02]])
 
 
 def regenerated(doc: str) -> str:

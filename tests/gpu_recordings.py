@@ -135,15 +135,14 @@ def recording_run9(name: str) -> dict[str, Any]:
 
 def frontend_rows_of(load: Callable[[str], dict[str, Any]], names: tuple[str, ...]
                      ) -> list[dict[str, Any]]:
-    """Every row of a run's frontend calls (`load` reads one by name), in the order they ran."""
-    return [r for name in names for r in load(name)["steps"]["rows"]["rows"]]
+    """Every row of a run's frontend calls (`load` reads one by name), in the order they ran,
+    each tagged with the call it came from: run numbers restart with every call, so a run is
+    (call, concurrency, run)."""
+    return [{**r, "call": name} for name in names for r in load(name)["steps"]["rows"]["rows"]]
 
 
 def frontend_rows_run9() -> list[dict[str, Any]]:
-    """The ninth run's rows, each tagged with the call (`RUN9_FRONTEND`) it came from: run
-    numbers restart with every call, so a run is (call, concurrency, run)."""
-    return [{**r, "call": name} for name in RUN9_FRONTEND
-            for r in recording_run9(name)["steps"]["rows"]["rows"]]
+    return frontend_rows_of(recording_run9, RUN9_FRONTEND)
 
 
 def frontend_rows_run8() -> list[dict[str, Any]]:
