@@ -1,7 +1,7 @@
 """The real engine: PyPI's vLLM CPU build in .venv-engine serving SmolLM2-135M (bf16).
 
 Real starts take 25-50 s and ~4 GB here, so the suite makes few: one Dagster run (1 cold + 1
-warm start, one benchmark start) on a reduced sweep, one benchmark whose engine is killed in its
+warm start, the benchmark on the warm one) on a reduced sweep, one benchmark whose engine is killed in its
 second point, then one module-scoped engine for the client checks. Skipped, with the reason,
 when the engine venv or the model has not been built.
 """
@@ -109,9 +109,11 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, o
                                       "optional_upstream": optional_upstream, "configs": configs,
                                       "outputs": outputs},
         run_config={"ops": {
-            "load_timing": {"config": {"cold_repeats": 1, "warm_repeats": 1}},
+            "load_timing": {"config": {"cold_repeats": 1, "cold_weights_repeats": 0,
+                                       "warm_repeats": 1}},
+            # the quick sweep's rule (configs/automation.yaml): 2 requests at 1, 8 at 4
             "serving_benchmark": {"config": {"concurrency": [1, 4],
-                                             "requests_per_point": 8}}}})
+                                             "requests_per_point": 2}}}})
     assert result.success
     md = {k: getattr(v, "value", v) for k, v in next(
         iter(result.asset_materializations_for_node("load_timing"))).metadata.items()}
@@ -125,9 +127,10 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, o
               if e.event_type_value == "ASSET_CHECK_EVALUATION"
               and e.event_specific_data.check_name == SLO_CHECK)
     assert ev.check_name == SLO_CHECK and ev.passed == bench.slo_pass
-    # three starts (fully cold, the profile's cold-weights one, warm): the sweep ran on the warm
-    # one, handed off by load_timing, rather than a fourth
-    assert len(list((tmp_path / "logs").glob("engine-*.log"))) == 3
+    # two starts (fully cold, warm; the cold-weights kind is the fake engine's to test, in
+    # tests/resources/test_engine.py, and the demo's): the sweep ran on the warm one, handed
+    # off by load_timing, rather than a third
+    assert len(list((tmp_path / "logs").glob("engine-*.log"))) == 2
     b_md = next(iter(result.asset_materializations_for_node("serving_benchmark"))).metadata
     assert b_md["engine_start"].value.startswith("reused load_timing's warm start")
     print(json.dumps({"load_timing": {k: md[k] for k in (
@@ -224,7 +227,7 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
                        "telemetry": GpuTelemetry(),
                        "optional_upstream": optional_upstream, "configs": configs, "outputs": outputs},
             run_config={"ops": {"serving_benchmark": {"config": {
-                "concurrency": [1, 4, 8], "requests_per_point": 8}}}}, raise_on_error=False)
+                "concurrency": [1, 4, 8], "requests_per_point": 2}}}}, raise_on_error=False)
     finally:
         stop.set()
         killer.join()
@@ -243,7 +246,9 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
     assert int(dying.group(1)) in (4, 8) and rows["load"].iloc[-1] == int(dying.group(1)), said
     assert list(rows["load"]) == [1, 4, 8][:len(rows)] and len(rows) >= 2
     assert list(rows["engine_exited"]) == [False] * (len(rows) - 1) + [True]
-    assert (rows["completed"][:-1] == 8).all() and rows["failed"].iloc[-1] > 0
+    # every earlier point complete: each of its requests (2 at concurrency 1, 8 at 4)
+    assert (rows["completed"][:-1] == rows["requests"][:-1]).all()
+    assert list(rows["requests"][:-1]) == [2, 8][:len(rows) - 1] and rows["failed"].iloc[-1] > 0
     assert _group_members(killed["pid"]) == []  # EngineCore and workers reaped too
     print(json.dumps({"error": message[message.index("EngineError"):][:400],
                       "rows": rows[["load", "completed", "failed", "errors_by_cause",

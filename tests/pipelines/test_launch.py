@@ -94,3 +94,22 @@ def test_a_catalogued_or_registered_id_is_refused(defs, instance, config_dir):
     assert _register(defs, instance, id="mine", source="s3://models/mine/").success
     again = _register(defs, instance, id="mine", source="s3://models/other/")
     assert not again.success and "already registered with source" in _error(again)
+
+
+def test_the_shipped_quick_sweep_judges_the_cpu_slo_on_two_rounds_per_stream():
+    """The demo's quick sweep (issue 28) shrinks the points it does not judge, never the one it
+    does: on the cpu profile the SLO's target concurrency is swept with two rounds per stream
+    (the profile's min_rounds_per_point), and no point has fewer than that."""
+    from resources.config_files import ConfigFiles
+
+    shipped = ConfigFiles()
+    profile = shipped.profiles()["cpu"]
+    target = shipped.slo_section().node_types["cpu"].target_concurrency
+    quick = shipped.automation().launch.sweeps["quick"]["serving_benchmark"]
+    sweep = profile.sweep.model_copy(update=quick)
+    assert target in sweep.concurrency
+    assert sweep.requests_at(target) == profile.sweep.min_rounds_per_point * target
+    assert all(sweep.requests_at(c) >= profile.sweep.min_rounds_per_point * c
+               for c in sweep.concurrency)
+    # the full sweep is the profile as it stands
+    assert not shipped.automation().launch.sweeps["full"]
