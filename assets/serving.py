@@ -15,6 +15,7 @@ not applicable; the sweep measures the real kernels at the real shape (docs/twin
 
 import base64
 import dataclasses
+import itertools
 import zlib
 from dataclasses import dataclass
 
@@ -494,17 +495,23 @@ def run_sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, tem
     rows: list[dict] = []
     points: dict[str, list[tuple[int, PointStats]]] = {}
     for name, sc in scenarios.items():
-        n_max = max(sweep.requests_at(int(max(c, 1))) for c in loads) + sweep.warmup_requests
-        prompts = synthetic_prompts(tokenizer, n_max, sc.input_tokens, sc.prefix_tokens,
+        # Each point its own prompts, none sent before in this sweep: a prompt sent again is
+        # served from the engine's prefix cache and skips its prefill (issue 28: every point
+        # took the first N of one list, so each point after the first re-sent the earlier
+        # points' prompts). `prefix_tokens` are the only tokens a scenario's prompts share.
+        counts = [sweep.requests_at(int(max(load, 1))) for load in loads]
+        prompts = synthetic_prompts(tokenizer, sweep.warmup_requests + sum(counts),
+                                    sc.input_tokens, sc.prefix_tokens,
                                     seed=zlib.crc32(name.encode()))
         bodies = completion_bodies(served_name, prompts, sc.output_tokens,
                                    count_tokens_by=template.load_generator.count_tokens_by)
-        warm, pool_ = bodies[:sweep.warmup_requests], bodies[sweep.warmup_requests:]
-        for load in loads:
+        warm = bodies[:sweep.warmup_requests]
+        starts = list(itertools.accumulate(counts, initial=sweep.warmup_requests))[:-1]
+        for load, first, n in zip(loads, starts, counts, strict=True):
             kw = ({"concurrency": int(load)} if sweep.mode == "concurrency"
                   else {"rate_rps": float(load)})
             run = loadgen.run_point(
-                running.base_url, pool_[:sweep.requests_at(int(max(load, 1)))],
+                running.base_url, bodies[first:first + n],
                 max_seconds=sweep.max_seconds_per_point,
                 request_timeout_s=sweep.request_timeout_s, warmup_bodies=warm,
                 scrape_interval_s=sweep.scrape_interval_s, **kw)

@@ -1,6 +1,7 @@
 """`load_timing` and `serving_benchmark` in a real Dagster instance, against the fake engine
 fixture (fast); the real vLLM CPU engine is exercised in tests/e2e/test_serving_vllm.py."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -385,3 +386,47 @@ def test_a_handed_off_engine_is_reaped_at_the_end_of_a_run_without_the_benchmark
     assert result.success
     seen = _starts(starts)
     assert len(seen) == 4 and [group_members(s["pid"]) for s in seen] == [[], [], [], []]
+
+
+class RecordingLoadGenerator(LoadGenerator):
+    """The real load generator, which also writes down the prompts each point sent (one JSON
+    line per point: its measured prompts and its warm-up prompts)."""
+
+    record_to: str
+
+    def run_point(self, base_url, bodies, **kw):
+        prompts = [json.loads(b)["prompt"] for b in bodies]
+        warm = [json.loads(b)["prompt"] for b in kw.get("warmup_bodies", ())]
+        with open(self.record_to, "a") as f:
+            f.write(json.dumps({"measured": prompts, "warmup": warm}) + "\n")
+        return super().run_point(base_url, bodies, **kw)
+
+
+def test_no_point_of_the_sweep_resends_a_prompt_an_earlier_point_sent(config_dir, model_dir,
+                                                                        fake_engine, tmp_path):
+    """Every load point measures prompts the engine has not seen: a prompt sent again is served
+    from the engine's prefix cache (on by default in vLLM), which skips its prefill and flatters
+    that point's TTFT and throughput. Until issue 28 every point of a scenario took the first N
+    prompts of one list, so each point after the first re-sent the earlier points' prompts; the
+    scenario's `prefix_tokens` are the only tokens its prompts are meant to share."""
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat", "rag"],
+               engine_args={"max_model_len": 2048})
+    record = tmp_path / "prompts.jsonl"
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [KEY])
+    result = dg.materialize(
+        [*stub_variant(model_dir), dg.AssetSpec("load_timing", partitions_def=models_partitions),
+         serving_benchmark], partition_key=KEY, instance=instance,
+        resources={"engine": fake_engine, "loadgen": RecordingLoadGenerator(record_to=str(record)),
+                   "telemetry": GpuTelemetry(), "optional_upstream": optional_upstream,
+                   "configs": fake_engine.configs,
+                   "outputs": OutputDirs(reports_dir=str(tmp_path / "reports"))},
+        run_config={"ops": {"serving_benchmark": {"config": {
+            "concurrency": [1, 2, 4], "requests_per_point": 4}}}}, raise_on_error=False)
+    assert result.success
+    points = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(points) == 6  # chat and rag, three loads each
+    measured = [p for point in points for p in point["measured"]]
+    assert [len(p["measured"]) for p in points] == [4, 4, 8] * 2
+    assert len(set(measured)) == len(measured), "a point re-sent a prompt already sent"
+    assert not set(measured) & {p for point in points for p in point["warmup"]}
