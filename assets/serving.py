@@ -45,6 +45,7 @@ from onboarding.serving.stats import (
     PointStats,
     ServingBenchmarkResult,
     Slo,
+    counter_ratio_delta,
     headline,
     histogram_mean_delta,
     parse_metrics,
@@ -314,7 +315,9 @@ def _timing_metadata(result: LoadTimingResult, samples: list, engine: Engine) ->
 
 
 def server_side(run: PointRun, engine_metrics) -> dict[str, float | None]:
-    """Server-reported TTFT/ITL means and peak queue/KV usage during the point."""
+    """Server-reported TTFT/ITL means, peak queue/KV usage and the share of the prompt tokens
+    the prefix cache served, over the point's measured requests (its first scrape follows the
+    warm-up)."""
     if run.metrics_before is None or run.metrics_after is None:
         return {}
     before, after = parse_metrics(run.metrics_before), parse_metrics(run.metrics_after)
@@ -322,6 +325,8 @@ def server_side(run: PointRun, engine_metrics) -> dict[str, float | None]:
     ttft = histogram_mean_delta(before, after, engine_metrics.ttft_histogram)
     itl = histogram_mean_delta(before, after, engine_metrics.itl_histogram)
     return {
+        "prefix_cache_hit_fraction": counter_ratio_delta(
+            before, after, engine_metrics.prefix_cache_hits, engine_metrics.prefix_cache_queries),
         "server_ttft_mean_s": ttft,
         "server_itl_mean_ms": itl * 1e3 if itl is not None else None,
         "peak_running": max(m.get(engine_metrics.running, 0.0) for m in during),

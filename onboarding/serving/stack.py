@@ -84,6 +84,11 @@ class MetricNames(StrictConfig):
     kv_cache_usage: str
     ttft_histogram: str
     itl_histogram: str
+    # Counters of prompt tokens looked up in the engine's prefix cache and found there (sample
+    # names, `_total` included); None where the engine exposes none. A sweep point's hit
+    # fraction says whether it measured prefills or the cache (docs/serving.md).
+    prefix_cache_queries: str | None = None
+    prefix_cache_hits: str | None = None
 
 
 class LoadGeneratorNeeds(StrictConfig):

@@ -315,6 +315,19 @@ def histogram_mean_delta(before: dict[str, float], after: dict[str, float],
     return (after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)) / count
 
 
+def counter_ratio_delta(before: dict[str, float], after: dict[str, float], part: str | None,
+                        whole: str | None) -> float | None:
+    """What counter `part` grew by between two scrapes over what counter `whole` grew by (a
+    prefix cache's hits over its queries); None when a name is not given or `whole` did not
+    grow."""
+    if not part or not whole:
+        return None
+    grew = after.get(whole, 0.0) - before.get(whole, 0.0)
+    if grew <= 0:
+        return None
+    return (after.get(part, 0.0) - before.get(part, 0.0)) / grew
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), q)) if values else math.nan
 

@@ -127,6 +127,12 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, o
               if e.event_type_value == "ASSET_CHECK_EVALUATION"
               and e.event_specific_data.check_name == SLO_CHECK)
     assert ev.check_name == SLO_CHECK and ev.passed == bench.slo_pass
+    # each point measured prefills, not vLLM's prefix cache: chat shares no prefix, and no point
+    # re-sends an earlier one's prompts (the concurrency-4 point re-sent them all before issue
+    # 28's fix); the engine's own counters say so
+    rows = pd.read_csv(outputs.reports / KEY / "serving_benchmark.csv")
+    assert list(rows["load"]) == [1, 4]
+    assert (rows["prefix_cache_hit_fraction"] < 0.1).all(), rows["prefix_cache_hit_fraction"]
     # two starts (fully cold, warm; the cold-weights kind is the fake engine's to test, in
     # tests/resources/test_engine.py, and the demo's): the sweep ran on the warm one, handed
     # off by load_timing, rather than a third
@@ -404,6 +410,6 @@ def test_metrics_names_in_the_template_exist(running):
         names = parse_metrics(resp.read().decode())
     m = engine.template().metrics
     for name in (m.running, m.waiting, m.kv_cache_usage, f"{m.ttft_histogram}_count",
-                 f"{m.itl_histogram}_sum"):
+                 f"{m.itl_histogram}_sum", m.prefix_cache_queries, m.prefix_cache_hits):
         assert name in names, name
 

@@ -191,3 +191,16 @@ def test_a_blocking_profile_sweeps_the_target_concurrency():
     assert swept.concurrency == sorted(swept.concurrency)
     cpu = profiles["cpu"]  # warn-only: its sweep is what it says
     assert cpu.sweep_for(target_concurrency=48).concurrency == cpu.sweep.concurrency
+
+
+def test_a_points_prefix_cache_hit_fraction_is_its_counters_growth():
+    """The sweep row's `prefix_cache_hit_fraction`: hits over queries, both as the engine's
+    counters grew during the point, so a point served from the cache shows it (issue 28)."""
+    from onboarding.serving.stats import counter_ratio_delta
+
+    before = {"vllm:prefix_cache_queries_total": 1000.0, "vllm:prefix_cache_hits_total": 900.0}
+    after = {"vllm:prefix_cache_queries_total": 3000.0, "vllm:prefix_cache_hits_total": 1400.0}
+    names = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+    assert counter_ratio_delta(before, after, *names) == 0.25
+    assert counter_ratio_delta(before, before, *names) is None  # nothing queried
+    assert counter_ratio_delta(before, after, None, None) is None  # an engine without them
