@@ -130,6 +130,24 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+def forget_dagster_state_storage() -> None:
+    """Clear the defs-state storage Dagster 1.13 keeps in a ContextVar while an instance is
+    entered (dagster/_core/storage/defs_state/base.py, `set_defs_state_storage`, from
+    `DagsterInstance.__enter__`). Two instances exited out of order leave the first one's
+    storage there after that instance is gone, and a later `dg.materialize` without an instance
+    then fails on it ("Attempted to resolve undefined DagsterInstance weakref", seen once in a
+    whole-suite run, tests/scripts/test_demo.py; tests/test_floors.py reproduces it)."""
+    from dagster._core.storage.defs_state.base import _current_storage
+
+    _current_storage.set(None)
+
+
+@pytest.fixture(autouse=True)
+def _no_state_storage_from_an_earlier_test():
+    """Each test starts without a Dagster instance's storage that an earlier test left."""
+    forget_dagster_state_storage()
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     from tests.engine_python import close_engine_python
 
