@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import gc
-
 import dagster as dg
-import pytest
+from dagster._core.storage.defs_state.base import DefsStateStorage
 
 from tests.conftest import forget_dagster_state_storage
 
@@ -15,7 +13,10 @@ def one() -> int:
     return 1
 
 
-def test_instances_exited_out_of_order_leave_a_dead_storage_that_each_test_forgets(tmp_path):
+def test_instances_exited_out_of_order_leave_their_storage_that_each_test_forgets(tmp_path):
+    """Once the first instance is gone, the storage left behind answers a later
+    `dg.materialize` with "Attempted to resolve undefined DagsterInstance weakref" (seen in a
+    whole-suite run; when the instance is collected decides whether a given test meets it)."""
     (tmp_path / "first").mkdir()
     (tmp_path / "second").mkdir()
     first = dg.DagsterInstance.local_temp(str(tmp_path / "first"))
@@ -24,9 +25,7 @@ def test_instances_exited_out_of_order_leave_a_dead_storage_that_each_test_forge
     second.__enter__()
     first.__exit__(None, None, None)
     second.__exit__(None, None, None)  # resets Dagster's ContextVar to the first's storage
-    del first, second
-    gc.collect()
-    with pytest.raises(dg.DagsterInvariantViolationError, match="weakref"):
-        dg.materialize([one])  # the state a later test met (tests/scripts/test_demo.py)
+    assert DefsStateStorage.get() is first.defs_state_storage  # left behind, first exited
     forget_dagster_state_storage()  # what the autouse fixture does before every test
+    assert DefsStateStorage.get() is None
     assert dg.materialize([one]).success
