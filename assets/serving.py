@@ -15,7 +15,6 @@ not applicable; the sweep measures the real kernels at the real shape (docs/twin
 
 import base64
 import dataclasses
-import itertools
 import zlib
 from dataclasses import dataclass
 
@@ -510,13 +509,13 @@ def run_sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, tem
                                     seed=zlib.crc32(name.encode()))
         bodies = completion_bodies(served_name, prompts, sc.output_tokens,
                                    count_tokens_by=template.load_generator.count_tokens_by)
-        warm = bodies[:sweep.warmup_requests]
-        starts = list(itertools.accumulate(counts, initial=sweep.warmup_requests))[:-1]
-        for load, first, n in zip(loads, starts, counts, strict=True):
+        warm, first = bodies[:sweep.warmup_requests], sweep.warmup_requests
+        for load, n in zip(loads, counts, strict=True):
             kw = ({"concurrency": int(load)} if sweep.mode == "concurrency"
                   else {"rate_rps": float(load)})
+            point_bodies, first = bodies[first:first + n], first + n
             run = loadgen.run_point(
-                running.base_url, bodies[first:first + n],
+                running.base_url, point_bodies,
                 max_seconds=sweep.max_seconds_per_point,
                 request_timeout_s=sweep.request_timeout_s, warmup_bodies=warm,
                 scrape_interval_s=sweep.scrape_interval_s, **kw)
