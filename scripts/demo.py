@@ -209,9 +209,11 @@ def _published(published: dict) -> list[str]:
 def _starts(t) -> list[str]:
     if t.cold_start_p95_s is None:
         return [f"    nothing started: {t.reason}"]
+    kinds = {"cold weights": t.cold_weights_p50_s, "warm": t.warm_start_p50_s}
     line = (f"    configuration {t.config_hash or '?'} on {t.node_type} ({t.precision}): "
-            f"fully cold p50 {_s(t.cold_start_p50_s)} / p95 {_s(t.cold_start_p95_s)}, "
-            f"cold weights p50 {_s(t.cold_weights_p50_s)}, warm p50 {_s(t.warm_start_p50_s)}")
+            f"fully cold p50 {_s(t.cold_start_p50_s)} / p95 {_s(t.cold_start_p95_s)}"
+            + "".join(f", {k} p50 {_s(v)}" for k, v in kinds.items() if v is not None)
+            + "".join(f"; {k}: not started in this pass" for k, v in kinds.items() if v is None))
     return [line] + ([f"    stand-in: {t.reason}"] if t.reason else [])
 
 
@@ -299,8 +301,10 @@ def main() -> int:
         print(f"onboarding {args.model} ({sweep} pass; eval items per task: "
               f"{os.environ.get('ONBOARDING_EVAL_LIMIT', 'all')}"
               + ("; shrunk for time: the eval items (an inconclusive gate still re-evaluates on "
-                 "more) and the serving sweep below; --full runs every item and the whole "
-                 "sweep" if sweep == "quick" else "") + ")")
+                 "more), one engine start in load timing (fully cold, the kind its check judges; "
+                 "no cold-weights or warm start) and the serving sweep below; --full runs every "
+                 "item, every kind of start and the whole sweep" if sweep == "quick" else "")
+              + ")")
         return 0 if run_job(args.model, args.select, sweep) else 1
     except KeyboardInterrupt:
         return 130

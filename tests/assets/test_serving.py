@@ -348,6 +348,27 @@ def _starts(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def test_the_quick_pass_makes_one_start_the_cold_start_check_judges_and_benchmarks_on_it(
+        config_dir, model_dir, fake_engine, tmp_path, monkeypatch):
+    """The shipped quick sweep (configs/automation.yaml, issue 28): load_timing starts the
+    engine once, fully cold, the kind its check judges; the benchmark then runs on that start
+    (no second one) and says which it was; the skipped kinds read as not measured."""
+    from resources.config_files import ConfigFiles
+
+    starts = tmp_path / "starts.jsonl"
+    monkeypatch.setenv("FAKE_ENGINE_STARTS", str(starts))
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"])
+    quick = ConfigFiles().automation().launch.run_config("quick")
+    result = materialize(stub_variant(model_dir), fake_engine, quick)
+    assert result.success
+    assert len(_starts(starts)) == 1
+    t = metadata(result, "load_timing")
+    assert t["cold_start_p95_s"] > 0 and check_result(result, COLD_START_CHECK).passed
+    assert t["warm_start_p50_s"] is None and t["cold_weights_p50_s"] is None
+    b = metadata(result, "serving_benchmark")
+    assert b["engine_start"].startswith("reused load_timing's fully_cold start")
+
+
 def test_the_benchmark_measures_on_load_timings_last_start_not_a_start_of_its_own(
         config_dir, model_dir, fake_engine, tmp_path, monkeypatch):
     """One run, one configuration: load_timing's starts (2 fully cold, 1 cold weights, 1 warm)

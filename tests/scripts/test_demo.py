@@ -38,6 +38,21 @@ def test_a_ready_model_shows_hashes_uri_three_starts_manifests_and_the_verdict(t
     assert "    h200   ready" in text
 
 
+def test_a_quick_pass_says_which_kinds_of_start_it_did_not_make(tmp_path):
+    """The quick sweep makes only the fully cold start: the line names the kinds it skipped
+    instead of printing a dash for them, as if they had been measured and were empty."""
+    import dataclasses
+
+    stored = ready_model()
+    values = _values(stored, tmp_path)
+    values["load_timing"] = dataclasses.replace(values["load_timing"], cold_weights_p50_s=None,
+                                                warm_start_p50_s=None)
+    text = "\n".join(summary(stored.model, values, {"load_timing"}))
+    assert "fully cold p50 41.0 s / p95 55.2 s; cold weights: not started in this pass; " \
+           "warm: not started in this pass" in text
+    assert " - " not in text and "p50 -" not in text
+
+
 def test_a_stand_in_run_says_what_was_measured_where_and_why_nothing_is_ready(tmp_path):
     stored = stand_in_model()
     text = "\n".join(summary(stored.model, _values(stored, tmp_path), ALL))
