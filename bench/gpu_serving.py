@@ -446,9 +446,71 @@ def twin_items(args) -> list[tuple[str, str, str, int | None]]:
     return out
 
 
+# The engine's counters a point's request record keeps, before and after the point (vLLM's
+# names end so; `_counter` sums a name's series): what its prompts cost the engine, and how much
+# of that its prefix cache served
+POINT_COUNTERS = ("prompt_tokens_total", "prefix_cache_queries_total", "prefix_cache_hits_total",
+                  "generation_tokens_total", "request_success_total")
+# Per request, what `summarize` computes a point's TTFT, TPOT and throughput from (each token's
+# gap is kept as a count and a sum: 256 floats a request would be most of the file)
+REQUEST_FIELDS = ("ok", "error", "start_s", "ttft_s", "e2e_s", "output_tokens", "stream_tokens",
+                  "prompt_tokens", "content_chunks", "tokens_from_usage", "client_queue_s",
+                  "itl_n", "itl_sum_s")
+
+
+def prompt_digest(body: bytes) -> str:
+    """A short name for the prompt of one request body (the first 16 hex digits of its sha256):
+    two points that sent one prompt share a digest."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(json.loads(body)["prompt"]).encode()).hexdigest()[:16]
+
+
+class PointRecorder:
+    """The project's load generator, writing down what each point of a sweep sent and got, one
+    JSON line per point appended to `path` as it ends: the digest of every prompt it sent (the
+    first len(records) bodies: `_fixed_concurrency` hands them out in order and sends none after
+    its deadline) and of its warm-up prompts, every request's record (REQUEST_FIELDS), and the
+    engine's POINT_COUNTERS in the scrapes around the measured requests. A replay recomputes
+    the sweep row's numbers from these and checks that no point re-sent an earlier one's prompt
+    (issue 28)."""
+
+    def __init__(self, loadgen, path: Path, item: str):
+        self.loadgen, self.path, self.item = loadgen, path, item
+        self.lines = 0
+
+    def run_point(self, base_url: str, bodies, **kw):
+        from onboarding.serving.stats import parse_metrics
+
+        run = self.loadgen.run_point(base_url, bodies, **kw)
+        sent = list(bodies[:len(run.records)])
+
+        def counters(text: str | None) -> dict[str, float] | None:
+            if text is None:
+                return None
+            parsed = parse_metrics(text)
+            return {k: _counter(parsed, k) for k in POINT_COUNTERS}
+
+        line = {"item": self.item, "point": self.lines,
+                "load": kw.get("concurrency", kw.get("rate_rps")),
+                "duration_s": run.duration_s, "bodies_given": len(bodies),
+                "sent": [prompt_digest(b) for b in sent],
+                "warmup": [prompt_digest(b) for b in kw.get("warmup_bodies", ())],
+                "counters_before": counters(run.metrics_before),
+                "counters_after": counters(run.metrics_after),
+                "fields": list(REQUEST_FIELDS),
+                "records": [[getattr(r, f) for f in REQUEST_FIELDS[:-2]]
+                            + [len(r.itl_s), sum(r.itl_s)] for r in run.records]}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line, separators=(",", ":")) + "\n")
+        self.lines += 1
+        return run
+
+
 def twins(args) -> int:
     onboard_env(args.work, args.node_type, args.engine_bin)
     rep = Report(args.out, args.name or "twins")
+    requests_path = args.out / f"{args.name or 'twins'}-requests.jsonl"
     from assets.serving import run_sweep
     from onboarding.serving.frontend import FrontendSampler
     from onboarding.serving.profiles import resolve_slo
@@ -519,9 +581,11 @@ def twins(args) -> int:
                                          if isinstance(v, (int, float)) or v is None}
                 entry["engine_log"] = running.log_path.name
                 say(f"{item}: ready in {entry['ready_s']} s ({config.hash}, {note})")
-                rows, _ = run_sweep(BenchContext(twin_id), None, LoadGenerator(), running,
+                loadgen = PointRecorder(LoadGenerator(), requests_path, item)
+                rows, _ = run_sweep(BenchContext(twin_id), None, loadgen, running,
                                     engine.template(), spec.served_name, scenarios, sweep, slo,
                                     tokenizer, sampler, frontend)
+                entry["requests_file"] = requests_path.name
                 entry["rows"] = rows
                 rep.step(item, **entry)
                 if first and args.crosscheck_concurrency:

@@ -57,6 +57,7 @@ RUN8_FRONTEND = ("frontend-asc4-seeds-256", "frontend-asc4-seeds-128-32")
 H200_RUN9 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-04-run9"  # issue 25 item 4
 # the ninth run's frontend calls (four API servers, the warm-up round, the fresh-prompts peer)
 RUN9_FRONTEND = ("frontend-asc4-seeds-more", "frontend-asc4-seeds-more2", "frontend-asc4-seeds-256b")
+H200_RUN10 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-04-run10"  # issue 28
 MODEL = "smollm2-135m"
 NODE_TYPE = "h200"
 RUN_CONFIG_HASH = "0660e584b7cc"  # serving_config's h200 configuration there (vLLM 0.22.0)
@@ -131,6 +132,48 @@ def recording_run9(name: str) -> dict[str, Any]:
     `RUN9_FRONTEND` (the stack's client and `vllm bench serve` with fresh prompts per run at
     256 and 128), `prepare*`, `onboard-A*` (its README says which lease ran what)."""
     return json.loads((H200_RUN9 / f"{name}.json").read_text())
+
+
+@cache
+def recording_run10(name: str) -> dict[str, Any]:
+    """The tenth H200 run (vLLM 0.22.0, the 8B twin's sweeps again after issue 28's fix: each
+    load point its own prompts): `vllm-twins*` (the device's `twins.json` of each call, renamed;
+    its README says which call ran what), `prepare`, `onboard-A`."""
+    return json.loads((H200_RUN10 / f"{name}.json").read_text())
+
+
+@cache
+def requests_run10(name: str) -> tuple[dict[str, Any], ...]:
+    """The per-point request records of a tenth-run twins call (`<name>-requests.jsonl.gz`,
+    bench/gpu_serving.py PointRecorder: one line per point, in the order the points ran)."""
+    import gzip
+
+    with gzip.open(H200_RUN10 / f"{name}-requests.jsonl.gz", "rt") as f:
+        return tuple(json.loads(line) for line in f)
+
+
+def stats_of_point(line: dict[str, Any], slo: Slo | None = None) -> PointStats:
+    """One PointRecorder line's requests summarized again by the asset's own `summarize`: the
+    row's TTFT, TPOT, e2e and throughput figures. Each token gap is not kept (a count and a sum
+    per request), so its ITL percentiles are not recomputed; the pooled mean is
+    (`itl_mean_ms_of`)."""
+    from onboarding.serving.stats import RequestRecord, summarize
+
+    fields = line["fields"]
+    records = []
+    for values in line["records"]:
+        r = dict(zip(fields, values, strict=True))
+        r.pop("itl_n"), r.pop("itl_sum_s")
+        records.append(RequestRecord(**r))
+    return summarize(records, line["duration_s"], slo)
+
+
+def itl_mean_ms_of(line: dict[str, Any]) -> float:
+    """The pooled mean gap between tokens over a point's completed requests, in ms."""
+    fields = line["fields"]
+    ok, n, total = fields.index("ok"), fields.index("itl_n"), fields.index("itl_sum_s")
+    done = [v for v in line["records"] if v[ok]]
+    return 1e3 * sum(v[total] for v in done) / sum(v[n] for v in done)
 
 
 def frontend_rows_of(load: Callable[[str], dict[str, Any]], names: tuple[str, ...]

@@ -262,3 +262,63 @@ def test_the_frontend_divides_the_token_counter_by_how_often_each_request_was_co
     assert _counted_per_request(before, {"vllm:request_success_total": 14.0}, 4) == 1
     assert _counted_per_request(before, {"vllm:request_success_total": 14.0}, 0) == 1
     assert _counted_per_request({}, {}, 4) == 1  # no counter: nothing to divide by
+
+
+def test_the_twins_sweep_sends_each_point_prompts_no_earlier_point_sent(tmp_path):
+    """bench/gpu_serving.py twins (H200 only) sweeps through the serving benchmark's own
+    `run_sweep` with PointRecorder in place of the load generator, as the device runs it, here
+    against the fake streaming server: one line per point, and no prompt digest in two points
+    (issue 28: before c5b0991 every point took the first N prompts of one list, so the points at
+    2 and 4 re-sent the first point's, which vLLM's prefix cache then served without prefill);
+    the warm-up prompts are none of them. Each line's records summarize to its sweep row."""
+    from types import SimpleNamespace
+
+    import pytest
+    from transformers import AutoTokenizer
+
+    from assets.serving import run_sweep
+    from bench.gpu_serving import REQUEST_FIELDS, BenchContext, PointRecorder
+    from onboarding.serving.frontend import FrontendSampler
+    from onboarding.serving.profiles import resolve_slo
+    from resources.config_files import ConfigFiles
+    from resources.loadgen import LoadGenerator
+    from resources.telemetry import GpuTelemetry
+    from tests.fakes.openai_stream_server import running_fake_server
+    from tests.gpu_recordings import itl_mean_ms_of, stats_of_point
+
+    smol = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+    if not (smol / "tokenizer.json").is_file():
+        pytest.skip(f"{smol} not built (scripts/build_smollm2.py builds it offline)")
+    tok = AutoTokenizer.from_pretrained(smol, local_files_only=True)
+    cf = ConfigFiles()
+    twin = "llama-3-1-8b-instruct-twin"
+    _, profile = cf.profile("gpu", "h200")
+    # the gpu profile's chat scenario and sweep (warm-up, rounds per stream), made small
+    scenarios = {"chat": profile.scenarios["chat"].model_copy(update={"output_tokens": 4})}
+    sweep = profile.sweep.model_copy(update={"concurrency": [1, 2, 4], "requests_per_point": 6,
+                                             "max_seconds_per_point": 30})
+    slo = resolve_slo(cf.slo_section(), "h200", cf.spec(twin))
+    vllm = load_stack(PROJECT_ROOT / "configs" / "stack.yaml").templates["vllm"]
+    path = tmp_path / "twins-requests.jsonl"
+    with running_fake_server(ttft_ms=5, itl_ms=1) as url, \
+            GpuTelemetry().sampler([0]) as sampler, FrontendSampler(os.getpid()) as frontend:
+        running = SimpleNamespace(base_url=url, pid=os.getpid(), exited=lambda _=None: False)
+        rows, _ = run_sweep(BenchContext(twin), None,
+                            PointRecorder(LoadGenerator(), path, f"{twin}:fp8"), running, vllm,
+                            "m", scenarios, sweep, slo, tok, sampler, frontend)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [x["load"] for x in lines] == [1, 2, 4] == [r["load"] for r in rows]
+    assert [len(x["sent"]) for x in lines] == [6, 6, 8] == [r["requests"] for r in rows]
+    sent = [d for x in lines for d in x["sent"]]
+    assert len(set(sent)) == len(sent), "a point re-sent a prompt an earlier point sent"
+    warm = {d for x in lines for d in x["warmup"]}
+    assert len(warm) == sweep.warmup_requests and not warm & set(sent)
+    for x, row in zip(lines, rows, strict=True):
+        assert x["fields"] == list(REQUEST_FIELDS)
+        stats = stats_of_point(x, slo)
+        assert stats.ttft_s.p50 == row["ttft_p50_s"] and stats.ttft_s.p95 == row["ttft_p95_s"]
+        assert stats.output_tokens_per_s == row["output_tokens_per_s"]
+        assert stats.tpot_ms.mean == row["tpot_mean_ms"]
+        assert abs(itl_mean_ms_of(x) - row["itl_mean_ms"]) < 1e-9
+        # the fake server keeps no prefix-cache counters: they read 0, and the row's share None
+        assert x["counters_after"]["prefix_cache_queries_total"] == 0
