@@ -42,6 +42,23 @@ def lm_eval_tasks(with_registry: bool):
     return TaskManager(include_defaults=with_registry, metadata={})
 
 
+def collect_env_once() -> None:
+    """Make torch's environment report, which lm-eval adds to every result, a once-per-process
+    read. `simple_evaluate` calls `add_env_info` (lm_eval/loggers/utils.py), which calls
+    `torch.utils.collect_env.get_pretty_env_info`: `pip list` twice and more in subprocesses,
+    0.45 s a call on a 2-core machine (2026-12-04), in every evaluation the gate runs (seven in
+    the demo's quick pass). What it reports (the interpreter, torch, the installed packages)
+    does not change while the process runs, so the first report is reused as it is."""
+    import torch.utils.collect_env as collect_env
+
+    found = collect_env.get_pretty_env_info
+    if getattr(found, "_collected_once", False):
+        return
+    once = functools.cache(found)
+    once._collected_once = True
+    collect_env.get_pretty_env_info = once
+
+
 def _items_cover(tasks: list[str], items: dict[str, list[int]] | None) -> list[str]:
     """`tasks`, checked against `items`: lm-eval scores every item of a task its `samples`
     leaves out (or names with an empty list), so each task must name some."""
@@ -160,6 +177,7 @@ class LmEvalEvaluator(Evaluator):
              items: dict[str, list[int]] | None = None) -> EvalRun:
         import lm_eval
 
+        collect_env_once()
         t0 = time.perf_counter()
         out = lm_eval.simple_evaluate(model=lm, tasks=task_cfgs,
                                       task_manager=lm_eval_tasks(

@@ -82,3 +82,23 @@ def test_project_tasks_are_loaded_without_indexing_lm_evals_registry():
     assert "mmlu" not in bare.all_tasks
     loaded = bare.load(LmEvalEvaluator().resolve_tasks([]))
     assert sorted(loaded["tasks"]) == ["onb_arith_gen", "onb_facts_mc"]
+
+
+def test_torchs_environment_report_is_collected_once_per_process(tmp_path, monkeypatch):
+    """lm-eval adds torch's `collect_env` report to every result (`add_env_info`, which runs
+    `pip list` in subprocesses: 0.45 s a call here); the evaluator collects it once and every
+    later result carries the same report."""
+    import torch.utils.collect_env as collect_env
+
+    calls = []
+
+    def counted() -> str:
+        calls.append(1)
+        return f"report {len(calls)}"
+
+    monkeypatch.setattr(collect_env, "get_pretty_env_info", counted)
+    ckpt = build_tiny_causal_lm(tmp_path / "m")
+    ev = LmEvalEvaluator(limit=2, batch_size=2)
+    runs = [ev.evaluate(ckpt, None, ["onb_facts_mc"]) for _ in range(2)]
+    assert len(calls) == 1
+    assert all(r.items == 2 for r in runs)
