@@ -152,6 +152,46 @@ def requests_run10(name: str) -> tuple[dict[str, Any], ...]:
         return tuple(json.loads(line) for line in f)
 
 
+# the tenth run's twins calls, in the order they ran (its README: what each swept)
+RUN10_TWINS = ("vllm-twins-1", "vllm-twins-2", "vllm-twins-3", "vllm-twins-4")
+
+
+def sweeps_run10() -> list[tuple[str, dict[str, Any], tuple[dict[str, Any], ...]]]:
+    """Every sweep of the tenth run in the order it ran: (call, its step, the step's request
+    lines from the call's PointRecorder file, in point order)."""
+    out = []
+    for call in RUN10_TWINS:
+        lines = requests_run10(call)
+        for key, step in recording_run10(call)["steps"].items():
+            if step.get("rows"):
+                out.append((call, step, tuple(x for x in lines if x["item"] == key)))
+    return out
+
+
+def flattered_sweeps() -> dict[str, tuple[str, dict[str, Any]]]:
+    """Per precision, the 8B twin's sweep whose rows were the calibration points until the
+    tenth run (configs/predict/h200_points.json before it): (which run, its step). Each ran
+    before c5b0991, so every point after concurrency 1 re-sent earlier points' prompts."""
+    twin = "llama-3-1-8b-instruct-twin"
+    return {"fp8": ("4th run", recording_run4("vllm-twins")["steps"][f"{twin}:fp8"]),
+            "bf16": ("5th run", recording_run5("vllm-twins")["steps"][f"{twin}:bf16"]),
+            "nvfp4": ("8th run", recording_run8("vllm-twins-nvfp4")["steps"][f"{twin}:nvfp4"])}
+
+
+def resent_before_fix(rows: list[dict[str, Any]]) -> list[int]:
+    """How many of each point's requests re-sent a prompt an earlier point of the same sweep had
+    sent, for a sweep measured before c5b0991 (its rows in the order they ran, one scenario):
+    every point sent a prefix of one prompt list (`requests` of them: a fixed-concurrency point
+    hands its bodies out in order and sends none after its deadline), so a point's overlap with
+    the earlier ones is the shorter of its prefix and the longest earlier one."""
+    out, longest = [], 0
+    for row in rows:
+        n = int(float(row["requests"]))
+        out.append(min(n, longest))
+        longest = max(longest, n)
+    return out
+
+
 def stats_of_point(line: dict[str, Any], slo: Slo | None = None) -> PointStats:
     """One PointRecorder line's requests summarized again by the asset's own `summarize`: the
     row's TTFT, TPOT, e2e and throughput figures. Each token gap is not kept (a count and a sum
