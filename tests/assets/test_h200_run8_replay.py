@@ -65,17 +65,16 @@ def test_with_fresh_prompts_the_peers_engine_step_and_req_s_are_the_clients():
     assert median(CLIENT, 128, "req_s") < 0.8 * median(PEER, 128, "req_s")
 
 
-def test_the_calibration_holds_the_sampled_nvfp4_rows_of_this_run():
+def test_the_sampled_nvfp4_rows_were_measured_and_then_replaced_by_fresh_prompt_rows():
+    """This run's NVFP4 rows were the calibration's NVFP4 points until the tenth run, whose
+    sweep sent every point fresh prompts (this one re-sent earlier points' prompts, issue 28);
+    the points now come from there (tests/assets/test_h200_run10_replay.py holds them)."""
     (step,) = recording_run8("vllm-twins-nvfp4")["steps"].values()
     assert step["precision"] == "nvfp4" and step["argv_params"]["max_num_seqs"] == 32
     points = json.loads((PROJECT_ROOT / "configs" / "predict" / "h200_points.json").read_text())
     nvfp4 = {p["concurrency"]: p for p in points["points"]
              if p["model"] == step["model"] and p["precision"] == "nvfp4"}
-    by_load = {int(r["load"]): r for r in step["rows"]}
     assert sorted(nvfp4) == [1, 8, 32]  # c64 measured a queue (max-num-seqs 32): left out
-    for conc, p in nvfp4.items():
-        assert "h200-2026-12-04-run8/vllm-twins-nvfp4.json" in p["source"]
-        assert p["ttft_p95_ms"] == by_load[conc]["ttft_p95_s"] * 1e3
-        assert p["tpot_mean_ms"] == by_load[conc]["tpot_mean_ms"]
+    assert all("h200-2026-12-04-run10/" in p["source"] for p in nvfp4.values())
     assert step["telemetry_unavailable"] == "" and all(
         r["gpu_telemetry"].startswith("1 GPU") for r in step["rows"])
