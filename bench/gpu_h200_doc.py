@@ -14,6 +14,7 @@ fails when the page differs (tests/scripts/test_gpu_scripts.py holds the page to
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import re
 import statistics
@@ -33,6 +34,7 @@ from tests.gpu_recordings import (
     RUN7_FRONTEND,
     RUN8_FRONTEND,
     RUN9_FRONTEND,
+    flattered_sweeps,
     frontend_rows_run6,
     frontend_rows_run7,
     frontend_rows_run8,
@@ -46,8 +48,10 @@ from tests.gpu_recordings import (
     recording_run7,
     recording_run8,
     recording_run9,
+    resent_before_fix,
     sweep_rows,
     sweep_rows_run3,
+    sweeps_run10,
 )
 from tests.gpu_recordings import recording as load
 
@@ -760,6 +764,103 @@ def run9_frontend_section() -> str:
           if abs(r["itl_vs_engine"]) > 0.02]])
 
 
+def counter_delta(after: dict, before: dict, name: str) -> float:
+    return after[f"{name}_total"] - before[f"{name}_total"]
+
+
+def warmup_hits(sweeps) -> tuple[float, float]:
+    """The prefix-cache hits and lookups (prompt tokens) between one point's end and the next
+    one's start over every sweep: the warm-up prompts re-sent before each point (the same ones
+    every time), the only repeats in a fixed sweep."""
+    hits = queries = 0.0
+    for _, _, lines in sweeps:
+        for prev, x in itertools.pairwise(lines):
+            hits += counter_delta(x["counters_before"], prev["counters_after"],
+                                  "prefix_cache_hits")
+            queries += counter_delta(x["counters_before"], prev["counters_after"],
+                                     "prefix_cache_queries")
+    return hits, queries
+
+
+def run10_rows() -> list[dict]:
+    """Per precision and concurrency: the flattered sweep's point (the calibration's until the
+    tenth run) beside every fresh sweep's, as the doc's table shows them."""
+    sweeps = sweeps_run10()
+    hits, queries = warmup_hits(sweeps)
+    out = []
+    for precision, (label, old) in flattered_sweeps().items():
+        fresh = [step for _, step, _ in sweeps if step["precision"] == precision]
+        resent = resent_before_fix(old["rows"])
+        for i, o in enumerate(old["rows"]):
+            new = [step["rows"][i] for step in fresh]
+            assert all(r["load"] == o["load"] for r in new), (precision, i)
+
+            def both(key: str, scale: float = 1e3, rows=new, o=o) -> str:
+                return (f"{o[key] * scale:.0f} → "
+                        + ", ".join(f"{r[key] * scale:.0f}" for r in rows))
+            tok = [r["output_tokens_per_s"] / step["tensor_parallel"]
+                   for r, step in zip(new, fresh, strict=True)]
+            old_tok = o["output_tokens_per_s"] / old["tensor_parallel"]
+            n = int(o["requests"])
+            out.append({
+                "precision": precision, "concurrency": o["load"],
+                "flattered sweep": label,
+                "requests old; new": f"{n}; " + ", ".join(str(r["requests"]) for r in new),
+                "old: re-sent (cache could serve)": (
+                    f"{resent[i]} of {n} ({100 * resent[i] * hits / queries / n:.0f} %)"
+                    if resent[i] else "0"),
+                "TTFT p50 ms old → new": both("ttft_p50_s"),
+                "TTFT p95 ms old → new": both("ttft_p95_s"),
+                "engine TTFT mean ms old → new": both("server_ttft_mean_s"),
+                "output tokens/s/GPU old → new": (
+                    f"{old_tok:.0f} → " + ", ".join(f"{t:.0f}" for t in tok)),
+                "tokens/s new/old": ", ".join(f"{t / old_tok:.2f}" for t in tok),
+                "new: prefix-cache hits": ", ".join(
+                    f"{100 * r['prefix_cache_hit_fraction']:.1f} %" for r in new)})
+    return out
+
+
+def run10_twins_section() -> str:
+    """Issue 28: the 8B twin's sweeps measured again with fresh prompts per point (the tenth
+    run), beside the sweeps that were the calibration points, whose points after the first
+    re-sent earlier points' prompts into vLLM's prefix cache."""
+    sweeps = sweeps_run10()
+    hits, queries = warmup_hits(sweeps)
+    measured = [(counter_delta(x["counters_after"], x["counters_before"], "prefix_cache_hits"),
+                 counter_delta(x["counters_after"], x["counters_before"],
+                               "prefix_cache_queries"))
+                for _, _, lines in sweeps for x in lines]
+    lines = []
+    for precision, (label, old) in flattered_sweeps().items():
+        fresh = [(call, step) for call, step, _ in sweeps if step["precision"] == precision]
+        hashes = {step["config_hash"] for _, step in fresh}
+        (config,) = hashes
+        lines.append(
+            f"- {precision}: `{config}` ({fresh[0][1]['config_basis']}; the {label}'s "
+            f"{same_or(old['config_hash'], fresh[0][1])}), "
+            f"`enable_prefix_caching` {fresh[0][1]['argv_params']['enable_prefix_caching']}, "
+            f"max-num-seqs {fresh[0][1]['argv_params']['max_num_seqs']}; {len(fresh)} sweeps, "
+            "one engine start each (ready after "
+            + ", ".join(f"{step['ready_s']:.0f} s" for _, step in fresh) + "; calls "
+            + ", ".join(f"`{call}`" for call, _ in fresh) + ").")
+    return "\n".join([
+        ("The 8B twin (`--load-format dummy`), chat 512 in / 256 out, the project's client "
+         "(sampling); every fresh sweep's points sent prompts no earlier point of it sent "
+         "(PointRecorder's digests):"), "",
+        *lines, "",
+        md_table(run10_rows()), "",
+        (f"The engine's own counters over the measured requests of all {len(measured)} fresh "
+         f"points: {sum(h for h, _ in measured):.0f} prefix-cache hits in "
+         f"{sum(q for _, q in measured):.0f} prompt tokens looked up. Between points, the 8 "
+         f"warm-up prompts re-sent before every point (not measured) hit {hits:.0f} of "
+         f"{queries:.0f} ({100 * hits / queries:.1f} %): the cache was on and served every "
+         "repeat but the last block of each prompt, which is what the old sweeps' re-sent "
+         "prompts got. \"Re-sent\" is computed from the old rows' request counts (every "
+         "point sent the first `requests` prompts of one list); \"cache could serve\" is that "
+         "share times the warm-ups' hit share (the old sweeps recorded no counters)."),
+    ])
+
+
 def regenerated(doc: str) -> str:
     """docs/gpu.md with its generated sections computed again from the recordings."""
     for name, body in (("h200 sweep", sweep_section()), ("h200 load timing",
@@ -776,7 +877,8 @@ def regenerated(doc: str) -> str:
                        ("h200 run7 frontend", run7_frontend_section()),
                        ("h200 run8 frontend", run8_frontend_section()),
                        ("h200 run8 twins", run8_twins_section()),
-                       ("h200 run9 frontend", run9_frontend_section())):
+                       ("h200 run9 frontend", run9_frontend_section()),
+                       ("h200 run10 twins", run10_twins_section())):
         doc = splice_generated(doc, name, body)
     return doc
 
