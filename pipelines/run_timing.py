@@ -89,11 +89,16 @@ class TreeSampler:
         except OSError:
             kids = []
         for kid in kids:
-            seen = self.children.get(kid)
-            if seen is None and any(w in _command(kid) for w in _LOG_CAPTURE):
+            seen, command = self.children.get(kid), _command(kid)
+            if any(w in command for w in _LOG_CAPTURE):  # also one that exec'd into it
+                self.children.pop(kid, None)
                 continue
-            self.children[kid] = (ChildProcess(kid, _command(kid), now, now) if seen is None
-                                  else ChildProcess(kid, seen.command, seen.first_seen, now))
+            # read again at every look: a child first seen between fork and exec still shows
+            # its parent's command line; a zombie's is empty ("?"), so the last real one stays
+            if seen is not None and command == "?":
+                command = seen.command
+            self.children[kid] = ChildProcess(kid, command, seen.first_seen if seen else now,
+                                              now)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

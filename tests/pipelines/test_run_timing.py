@@ -83,3 +83,15 @@ def test_a_child_kept_up_into_a_later_step_is_listed_there_too():
     line = next(t for t in table if "uses_the_kept_child" in t)
     assert "sh -c sleep 30 true (kept from starts_and_keeps_a_child)" in line
     assert len(table) == 4  # header, two steps, total: no command spills onto a line of its own
+
+
+def test_a_child_is_named_by_what_it_executes_not_by_the_parent_it_was_forked_from():
+    """A child first seen between fork and exec still has its parent's command line (the demo
+    once listed its engine as `python demo.py`); it is named by what it runs once it has
+    exec'd, and a child gone before the last look keeps the name it had."""
+    with TreeSampler(interval_s=0.05) as sampler:
+        code = "import os, time\ntime.sleep(0.5)\nos.execv('/bin/sleep', ['sleep', '0.7'])"
+        child = subprocess.Popen(["python3", "-c", code])
+        child.wait()
+        time.sleep(0.2)
+    assert sampler.children[child.pid].command == "sleep 0.7"
