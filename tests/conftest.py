@@ -86,7 +86,9 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items) -> None:
     """On a pytest-xdist worker, the order the units of work are handed out in: the engine unit,
     its `alone` test first; the `waits` tests, which run beside that one; the whole modules;
-    the rest, each kept in its order."""
+    the rest, each kept in its order. An `alone(first=False)` test keeps its place (it shares
+    its module's engine fixture: moved first, it would start that engine a second time) and
+    still has the machine to itself when it runs."""
     if not WORKER:
         return
     units = _work_units()
@@ -94,7 +96,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     def rank(item) -> int:
         module, _, name = item.nodeid.partition("::")
         unit = units.get(f"{module}::{name.split('[')[0]}") or units.get(module)
-        if item.get_closest_marker("alone"):
+        alone = item.get_closest_marker("alone")
+        if alone is not None and alone.kwargs.get("first", True):
             return 0
         if unit == "engine":
             return 1

@@ -344,6 +344,10 @@ def test_stutter_scales_with_the_measured_itl():
     assert stutter_plan(10.0) == pytest.approx((0.15, 0.5))  # the floor it was tuned with
 
 
+# a neighbour's load moved the steady reading to 3.4 % (client 52.2 ms, engine 54.1 ms, one
+# whole-suite run of three on 2026-12-05; it passed alone). Likely, not measured: the API
+# server, short of CPU, delays first chunks more than last ones, shortening the client's span
+@pytest.mark.alone(first=False)
 def test_client_itl_is_the_engines_even_when_its_api_server_lags(running, tokenizer):
     """Mean ITL per token agrees with vLLM's `inter_token_latency_seconds` histogram.
 
