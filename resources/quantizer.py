@@ -57,6 +57,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                    "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja",
                    "chat_template.json", "generation_config.json")
 STATE_SUFFIX = ".modelopt.pt"
+# The bf16 baseline's perplexity on the held-out set, per checkpoint and held-out batches: the
+# same for every precision the step quantizes, so computed once per process (a model load and
+# a forward pass each time otherwise). Keyed by the weight files' identity (size, mtime), so a
+# checkpoint rewritten in place is measured again.
+_BASELINE_PPL: dict[tuple, float] = {}
 
 
 def _cpu_nvfp4_fake_quant(inputs, quantizer):
@@ -468,10 +473,13 @@ class ModelOptQuantizer(Quantizer):
         act_quant.enabled = False
         cand_weights = logits_on(candidate_model, batches)
         del candidate_model
-        base_model, _ = self._load_baseline(checkpoint_dir)
-        ppl_baseline = compare_logits(ref_full, logits_on(base_model, batches),
-                                      batches).ppl_candidate
-        del base_model
+        key = _baseline_key(checkpoint_dir, batches, self.torch_device())
+        ppl_baseline = _BASELINE_PPL.get(key)
+        if ppl_baseline is None:
+            base_model, _ = self._load_baseline(checkpoint_dir)
+            ppl_baseline = _BASELINE_PPL[key] = compare_logits(
+                ref_full, logits_on(base_model, batches), batches).ppl_candidate
+            del base_model
         gc.collect()
         if self.torch_device() == "cuda":
             torch.cuda.empty_cache()
@@ -497,6 +505,18 @@ class ModelOptQuantizer(Quantizer):
                        + "; ".join(problems) + ". Delete the variant and re-materialize "
                        "`quantized`; if it persists, report the Model Optimizer version.")
         return ExportCheck(not problems, weights_cmp, full_cmp, ppl_baseline, problem)
+
+
+def _baseline_key(checkpoint_dir: Path, batches: list, device: str) -> tuple:
+    """What the baseline's held-out perplexity depends on: its weights and the token ids."""
+    import hashlib
+
+    import torch
+
+    weights = tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                           for p in checkpoint_dir.glob("*.safetensors")))
+    ids = hashlib.sha256(torch.cat([b.flatten() for b in batches]).numpy().tobytes())
+    return (str(checkpoint_dir.resolve()), weights, ids.hexdigest(), device)
 
 
 def _activation_scales(model) -> dict:

@@ -5,6 +5,7 @@ backend stands in for the CUDA-only fake-quant kernel.
 """
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -88,6 +89,35 @@ def test_restored_model_is_the_calibrated_one(nvfp4, tiny_lm, quantizer):
     base = AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.bfloat16)
     with torch.no_grad():
         assert not torch.equal(base(ids).logits, quant)
+
+
+def test_the_baselines_held_out_perplexity_is_measured_once_per_checkpoint(
+        nvfp4, tiny_lm, tmp_path, monkeypatch):
+    """Every precision's export check reports the bf16 baseline's perplexity on the same held-out
+    text: the second check reuses it instead of loading and running the baseline again; a
+    checkpoint rewritten in place (new mtime) is measured again."""
+    (tmp_path / "cfg").mkdir()
+    counting = ModelOptQuantizer(device="cpu", configs=small_config(tmp_path / "cfg"))
+    loads: list[Path] = []
+    real = ModelOptQuantizer._load_baseline
+
+    def counted(self, checkpoint_dir):
+        loads.append(checkpoint_dir)
+        return real(self, checkpoint_dir)
+
+    monkeypatch.setattr(ModelOptQuantizer, "_load_baseline", counted)
+    dst, state = _copy_variant(nvfp4, tmp_path)
+    first = counting.verify_export(tiny_lm, dst, state)
+    after_first = len(loads)  # the restore's load, and the baseline's unless measured before
+    second = counting.verify_export(tiny_lm, dst, state)
+    assert second.ppl_baseline == first.ppl_baseline
+    assert len(loads) - after_first == 1  # the restore only
+    weights = tiny_lm / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    third = counting.verify_export(tiny_lm, dst, state)
+    assert len(loads) - after_first == 3  # the restore and the baseline, measured again
+    assert third.ppl_baseline == pytest.approx(first.ppl_baseline)
 
 
 def _copy_variant(v, tmp_path) -> tuple[Path, Path]:
