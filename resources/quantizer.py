@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import hashlib
 import json
 import os
 import resource
@@ -508,14 +509,13 @@ class ModelOptQuantizer(Quantizer):
 
 
 def _baseline_key(checkpoint_dir: Path, batches: list, device: str) -> tuple:
-    """What the baseline's held-out perplexity depends on: its weights and the token ids."""
-    import hashlib
-
-    import torch
-
-    weights = tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns)
-                           for p in checkpoint_dir.glob("*.safetensors")))
-    ids = hashlib.sha256(torch.cat([b.flatten() for b in batches]).numpy().tobytes())
+    """What the baseline's held-out perplexity depends on: its weights and the token ids (the
+    batches are CPU tensors, `_batches`)."""
+    weights = tuple(sorted((p.name, st.st_size, st.st_mtime_ns)
+                           for p in checkpoint_dir.glob("*.safetensors") for st in [p.stat()]))
+    ids = hashlib.sha256()
+    for b in batches:
+        ids.update(b.numpy().tobytes())
     return (str(checkpoint_dir.resolve()), weights, ids.hexdigest(), device)
 
 

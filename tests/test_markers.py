@@ -11,6 +11,9 @@ group, one engine at a time (tests/conftest.py).
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from onboarding.common.paths import PROJECT_ROOT
@@ -96,10 +99,6 @@ def test_a_worker_hands_out_the_alone_check_first_and_keeps_an_alone_first_false
     """Under pytest-xdist (tests/conftest.py): the `alone` check goes first, so the `waits`
     tests run beside it; an `alone(first=False)` test stays among its module's tests, so the
     module's engine fixture is set up once."""
-    import os
-    import subprocess
-    import sys
-
     files = ["tests/e2e/test_serving_vllm.py", "tests/e2e/test_twin_vllm.py"]
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
                           "-p", "no:cacheprovider", *files], cwd=PROJECT_ROOT, check=True,

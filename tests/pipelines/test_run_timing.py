@@ -4,6 +4,7 @@ and child processes from the sampler, in a real (ephemeral) Dagster instance."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 
 import dagster as dg
@@ -91,7 +92,7 @@ def test_a_child_is_named_by_what_it_executes_not_by_the_parent_it_was_forked_fr
     exec'd, and a child gone before the last look keeps the name it had."""
     with TreeSampler(interval_s=0.05) as sampler:
         code = "import os, time\ntime.sleep(0.5)\nos.execv('/bin/sleep', ['sleep', '0.7'])"
-        child = subprocess.Popen(["python3", "-c", code])
+        child = subprocess.Popen([sys.executable, "-c", code])
         child.wait()
         time.sleep(0.2)
     assert sampler.children[child.pid].command == "sleep 0.7"

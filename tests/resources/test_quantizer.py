@@ -107,16 +107,17 @@ def test_the_baselines_held_out_perplexity_is_measured_once_per_checkpoint(
 
     monkeypatch.setattr(ModelOptQuantizer, "_load_baseline", counted)
     dst, state = _copy_variant(nvfp4, tmp_path)
-    first = counting.verify_export(tiny_lm, dst, state)
-    after_first = len(loads)  # the restore's load, and the baseline's unless measured before
-    second = counting.verify_export(tiny_lm, dst, state)
+    checkpoint = shutil.copytree(tiny_lm, tmp_path / "checkpoint")  # rewritten below
+    first = counting.verify_export(checkpoint, dst, state)
+    assert len(loads) == 2  # the restore and the baseline (a new checkpoint path: not cached)
+    second = counting.verify_export(checkpoint, dst, state)
     assert second.ppl_baseline == first.ppl_baseline
-    assert len(loads) - after_first == 1  # the restore only
-    weights = tiny_lm / "model.safetensors"
+    assert len(loads) == 3  # the restore only
+    weights = checkpoint / "model.safetensors"
     stat = weights.stat()
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    third = counting.verify_export(tiny_lm, dst, state)
-    assert len(loads) - after_first == 3  # the restore and the baseline, measured again
+    third = counting.verify_export(checkpoint, dst, state)
+    assert len(loads) == 5  # the restore and the baseline, measured again
     assert third.ppl_baseline == pytest.approx(first.ppl_baseline)
 
 
