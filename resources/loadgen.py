@@ -353,13 +353,15 @@ class _Scraper:
 async def run_point_async(
     base_url: str, bodies: Sequence[bytes], *, concurrency: int | None = None,
     rate_rps: float | None = None, max_seconds: float, request_timeout_s: float,
-    warmup_bodies: Sequence[bytes] = (), metrics_path: str | None = "/metrics",
-    scrape_interval_s: float = 1.0, scrape_timeout_s: float = 5.0, seed: int = 0,
+    warmup_bodies: Sequence[bytes] = (), warmup_concurrency: int | None = None,
+    metrics_path: str | None = "/metrics", scrape_interval_s: float = 1.0,
+    scrape_timeout_s: float = 5.0, seed: int = 0,
 ) -> PointRun:
     """Send `bodies` at a fixed concurrency or as Poisson arrivals at `rate_rps`.
 
     Bounded twice: no request starts after `max_seconds`, and each request is cut at
-    `request_timeout_s`. Warm-up requests run first and are not recorded. Scrapes are bounded
+    `request_timeout_s`. Warm-up requests run first, `warmup_concurrency` of them at a time (the
+    point's concurrency when not given; 4 for a rate), and are not recorded. Scrapes are bounded
     by `scrape_timeout_s`, one in flight when the requests are done is abandoned, and after
     one timed out the point scrapes no more: a stalled /metrics costs a point at most one
     `scrape_timeout_s` in all, never one per scrape.
@@ -368,15 +370,15 @@ async def run_point_async(
         raise ValueError("give exactly one of concurrency and rate_rps")
     url = base_url.rstrip("/") + "/v1/completions"
     metrics_url = base_url.rstrip("/") + metrics_path if metrics_path else None
-    width = concurrency or 1024
+    warm_width = min(len(warmup_bodies), warmup_concurrency or concurrency or 4)
+    width = max(concurrency or 1024, warm_width)
     connector = aiohttp.TCPConnector(limit=width + 4, ttl_dns_cache=None)
     timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                      trace_configs=[_trace_config()]) as session:
         if warmup_bodies:
-            w = min(len(warmup_bodies), concurrency or 4)
-            await _fixed_concurrency(session, url, warmup_bodies, w, time.perf_counter(),
-                                     float("inf"))
+            await _fixed_concurrency(session, url, warmup_bodies, warm_width,
+                                     time.perf_counter(), float("inf"))
         run = PointRun(records=[], duration_s=0.0)
         scrapes = _Scraper(session, metrics_url, scrape_timeout_s, run)
         run.metrics_before = await scrapes.scrape()
@@ -447,11 +449,12 @@ class LoadGenerator(dg.ConfigurableResource):
 
     def run_point(self, base_url: str, bodies: Sequence[bytes], *, concurrency: int | None = None,
                   rate_rps: float | None = None, max_seconds: float, request_timeout_s: float,
-                  warmup_bodies: Sequence[bytes] = (), scrape_interval_s: float = 1.0,
-                  seed: int = 0) -> PointRun:
+                  warmup_bodies: Sequence[bytes] = (), warmup_concurrency: int | None = None,
+                  scrape_interval_s: float = 1.0, seed: int = 0) -> PointRun:
         return _run(run_point_async(
             base_url, bodies, concurrency=concurrency, rate_rps=rate_rps,
             max_seconds=max_seconds, request_timeout_s=request_timeout_s,
-            warmup_bodies=warmup_bodies, metrics_path=self.metrics_path,
+            warmup_bodies=warmup_bodies, warmup_concurrency=warmup_concurrency,
+            metrics_path=self.metrics_path,
             scrape_interval_s=scrape_interval_s, scrape_timeout_s=self.scrape_timeout_s,
             seed=seed))

@@ -93,6 +93,7 @@ class Truth:
     itl_s: list[float] = field(default_factory=list)
     completed: int = 0
     running: int = 0
+    most_running: int = 0  # the most requests streaming at once since the server started
     ttft_sum_s: float = 0.0
     itl_sum_s: float = 0.0
     itl_count: int = 0
@@ -213,6 +214,7 @@ def build_app(cfg: FakeConfig) -> web.Application:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         truth.running += 1
+        truth.most_running = max(truth.most_running, truth.running)
         try:
             if cfg.itl_s == 0 and not faulty:
                 if cfg.ttft_s:
@@ -290,7 +292,8 @@ def build_app(cfg: FakeConfig) -> web.Application:
         return web.json_response({"requests": truth.requests, "completed": truth.completed,
                                   "ttft_s": truth.ttft_s, "itl_s": truth.itl_s,
                                   "chunks": truth.chunks, "tokens": truth.tokens,
-                                  "metrics_scrapes": truth.metrics_scrapes})
+                                  "metrics_scrapes": truth.metrics_scrapes,
+                                  "most_running": truth.most_running})
 
     async def reset_truth(_: web.Request) -> web.Response:
         truth.__init__()

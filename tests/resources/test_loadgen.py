@@ -63,6 +63,19 @@ def test_warmup_requests_are_not_recorded():
     assert len(r.records) == 10
 
 
+def test_warmup_requests_run_warmup_concurrency_at_a_time():
+    """The sweep warms a scenario once with its warm-ups together (assets/serving.py
+    `run_sweep`); a point at concurrency 1 then sends them two at a time, not one by one."""
+    for kw, most in (({}, 1), ({"warmup_concurrency": 2}, 2)):
+        with running_fake_server(itl_ms=20) as url:
+            r = LoadGenerator().run_point(url, completion_bodies("fake", ["x"] * 2, 4),
+                                          concurrency=1, max_seconds=30, request_timeout_s=10,
+                                          warmup_bodies=completion_bodies("fake", ["w"] * 2, 8),
+                                          **kw)
+            assert truth(url)["most_running"] == most, kw
+        assert len(r.records) == 2
+
+
 def test_a_point_is_bounded_in_seconds():
     with running_fake_server(itl_ms=50) as url:
         r = LoadGenerator().run_point(url, completion_bodies("fake", ["x"] * 1000, 10),
