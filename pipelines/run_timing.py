@@ -26,6 +26,8 @@ _STEP_END = (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE)
 # Dagster's compute-log capture starts these beside every step (`tail -F` of the step's output
 # and its orphan watcher): real children, but the instance's, not the step's work.
 _LOG_CAPTURE = ("tail -F", "watch_orphans.py")
+# a child only ever seen between its fork and its exec, which still shows this process's argv
+FORK = "(forked, not seen after exec)"
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class TreeSampler:
             kids = children(self.pid)
         except OSError:
             kids = []
+        own = _command(self.pid)
         for kid in kids:
             seen, command = self.children.get(kid), _command(kid)
             if any(w in command for w in _LOG_CAPTURE):  # also one that exec'd into it
@@ -97,6 +100,11 @@ class TreeSampler:
             # its parent's command line; a zombie's is empty ("?"), so the last real one stays
             if seen is not None and command == "?":
                 command = seen.command
+            # one never seen after its exec (gone within one interval) says so, rather than
+            # passing for a second copy of the demo (`python demo.py (0)` in load_timing)
+            if command == own:
+                command = FORK
+
             self.children[kid] = ChildProcess(kid, command, seen.first_seen if seen else now,
                                               now)
 

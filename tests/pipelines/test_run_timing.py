@@ -9,7 +9,13 @@ import time
 
 import dagster as dg
 
-from pipelines.run_timing import TreeSampler, breakdown_lines, cpu_between, run_step_timings
+from pipelines.run_timing import (
+    FORK,
+    TreeSampler,
+    breakdown_lines,
+    cpu_between,
+    run_step_timings,
+)
 
 
 @dg.asset
@@ -84,6 +90,20 @@ def test_a_child_kept_up_into_a_later_step_is_listed_there_too():
     line = next(t for t in table if "uses_the_kept_child" in t)
     assert "sh -c sleep 30 true (kept from starts_and_keeps_a_child)" in line
     assert len(table) == 4  # header, two steps, total: no command spills onto a line of its own
+
+
+def test_a_child_seen_only_before_its_exec_is_not_named_as_this_process():
+    """A child that lives less than one interval after its exec may only ever be seen between
+    fork and exec, with this process's own command line: the demo's table then listed
+    `python demo.py (0)` under load_timing, as if the demo had started itself again."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    with TreeSampler(interval_s=0.05) as sampler:
+        child = ctx.Process(target=time.sleep, args=(0.5,))  # forked, never exec's
+        child.start()
+        child.join()
+    assert sampler.children[child.pid].command == FORK
 
 
 def test_a_child_is_named_by_what_it_executes_not_by_the_parent_it_was_forked_from():
