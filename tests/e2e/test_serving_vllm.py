@@ -177,9 +177,10 @@ def _group_members(pgid: int) -> list[int]:
 
 def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_points(
         config_dir, configs, outputs, tmp_path, model_dir):
-    """SIGKILL to the vLLM API server once the second point (concurrency 4) is under way: point
-    1 runs one request at a time, so the server's own `num_requests_running` gauge first reads 2
-    or more in point 2. The point the kill lands in is the harness's timing, not the code's
+    """SIGKILL to the vLLM API server once the second point (concurrency 4) is under way: the
+    scenario's warm-ups (in flight together) and point 1 (one request at a time) have finished,
+    by the server's own `request_success_total`, and its `num_requests_running` gauge reads 2 or
+    more, which in point 1 it cannot. The point the kill lands in is the harness's timing, not the code's
     behaviour (a slow scrape can let it land later), so the test reads it from the error and
     holds the partial CSV to it: every earlier point complete, the dying one marked."""
     write_spec(config_dir, KEY, "s3://models/smollm2-135m-instruct/", scenarios=["chat"],
@@ -202,6 +203,7 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
     port = free_port()
     killed: dict[str, int] = {}
     stop = threading.Event()
+    before_point_2 = configs.profile("cpu", "cpu")[1].sweep.warmup_requests + 2
 
     def kill_during_point_2() -> None:
         url = f"http://127.0.0.1:{port}/metrics"
@@ -211,7 +213,8 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
                     seen = parse_metrics(r.read().decode())
             except OSError:
                 continue
-            if seen.get("vllm:num_requests_running", 0) >= 2:
+            if (seen.get("vllm:request_success_total", 0) >= before_point_2
+                    and seen.get("vllm:num_requests_running", 0) >= 2):
                 pid = _group_leader(port)
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
