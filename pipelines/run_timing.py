@@ -28,6 +28,8 @@ _STEP_END = (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE)
 _LOG_CAPTURE = ("tail -F", "watch_orphans.py")
 # a child only ever seen between its fork and its exec, which still shows this process's argv
 FORK = "(forked, not seen after exec)"
+# one that had exited (a zombie, its command line gone) by the first look
+EXITED = "(exited before it was seen)"
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,8 @@ class TreeSampler:
             # passing for a second copy of the demo (`python demo.py (0)` in load_timing)
             if command == own:
                 command = FORK
+            elif command == "?" and seen is None:  # a zombie at its first look
+                command = EXITED
 
             self.children[kid] = ChildProcess(kid, command, seen.first_seen if seen else now,
                                               now)

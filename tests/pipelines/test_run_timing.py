@@ -6,10 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import dagster as dg
 
 from pipelines.run_timing import (
+    EXITED,
     FORK,
     TreeSampler,
     breakdown_lines,
@@ -104,6 +106,16 @@ def test_a_child_seen_only_before_its_exec_is_not_named_as_this_process():
         child.start()
         child.join()
     assert sampler.children[child.pid].command == FORK
+
+
+def test_a_child_that_exited_before_the_first_look_says_so():
+    """A zombie's command line is empty: one first seen that way was listed as `? (0)`."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    while Path(f"/proc/{child.pid}/cmdline").read_bytes():
+        time.sleep(0.02)
+    with TreeSampler(interval_s=0.05) as sampler:
+        child.wait()
+    assert sampler.children[child.pid].command == EXITED
 
 
 def test_a_child_is_named_by_what_it_executes_not_by_the_parent_it_was_forked_from():
