@@ -108,7 +108,6 @@ class TreeSampler:
                 command = FORK
             elif command == "?" and seen is None:  # a zombie at its first look
                 command = EXITED
-
             self.children[kid] = ChildProcess(kid, command, seen.first_seen if seen else now,
                                               now)
 
