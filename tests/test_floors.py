@@ -212,8 +212,9 @@ sensor = defs.resolve_sensor_def("serving_stack_sensor")
 configs = ConfigFiles(config_dir=str(broken))
 with dg.instance_for_test() as instance:
     def tick():
-        return sensor.evaluate_tick(dg.build_sensor_context(
-            instance=instance, definitions=defs, resources={"configs": configs}))
+        with dg.build_sensor_context(instance=instance, definitions=defs,
+                                     resources={"configs": configs}) as ctx:
+            return sensor.evaluate_tick(ctx)
     try:
         tick()
         print("broken: no error")

@@ -11,8 +11,8 @@ from pipelines.sensors import node_partitions_sensor
 
 
 def tick(instance, configs):
-    result = node_partitions_sensor(dg.build_sensor_context(instance=instance,
-                                                            resources={"configs": configs}))
+    with dg.build_sensor_context(instance=instance, resources={"configs": configs}) as ctx:
+        result = node_partitions_sensor(ctx)
     if isinstance(result, dg.SensorResult):
         for request in result.dynamic_partitions_requests:
             instance.add_dynamic_partitions(request.partitions_def_name,

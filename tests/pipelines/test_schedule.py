@@ -55,21 +55,24 @@ def STACK_DEPENDENT(defs):
 
 def _observe(instance, defs):
     """A serving_stack_sensor tick, its observation recorded as the daemon records it."""
-    ctx = dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(),
-                                  definitions=defs,
-                                  resources={"configs": defs.resources["configs"]})
-    data = serving_stack_sensor.evaluate_tick(ctx)
+    with dg.build_sensor_context(instance=instance, instance_ref=instance.get_ref(),
+                                 definitions=defs,
+                                 resources={"configs": defs.resources["configs"]}) as ctx:
+        data = serving_stack_sensor.evaluate_tick(ctx)
     for event in data.asset_events or []:
         instance.report_runless_asset_event(event)
     return data
 
 
 def _schedule_tick(instance, defs):
-    ctx = dg.build_schedule_context(instance=instance,
-                                    repository_def=defs.get_repository_def(),
-                                    resources={"configs": defs.resources["configs"],
-                                               "io_manager": defs.resources["io_manager"]})
-    return revalidation_schedule.evaluate_tick(ctx)
+    # as a context manager: the context enters the instance (which sets dagster's current
+    # defs-state storage) and, left open, resets that storage to this test's whenever the
+    # garbage collector closes it, in whichever test is running then
+    with dg.build_schedule_context(instance=instance,
+                                   repository_def=defs.get_repository_def(),
+                                   resources={"configs": defs.resources["configs"],
+                                              "io_manager": defs.resources["io_manager"]}) as ctx:
+        return revalidation_schedule.evaluate_tick(ctx)
 
 
 def _status(instance, defs, asset: str, partition: str) -> StaleStatus:
@@ -287,9 +290,9 @@ def test_observe_before_onboarding_records_the_stack_once(instance, configs):
 def _catalog_tick(instance, defs):
     """A catalog_partitions_sensor tick, its observations and partitions applied in the
     daemon's order (asset events first: dagster/_daemon/sensor.py)."""
-    ctx = dg.build_sensor_context(instance=instance, definitions=defs,
-                                  resources={"configs": defs.resources["configs"]})
-    data = catalog_partitions_sensor.evaluate_tick(ctx)
+    with dg.build_sensor_context(instance=instance, definitions=defs,
+                                 resources={"configs": defs.resources["configs"]}) as ctx:
+        data = catalog_partitions_sensor.evaluate_tick(ctx)
     for event in data.asset_events or []:
         instance.report_runless_asset_event(event)
     for req in data.dynamic_partitions_requests or []:

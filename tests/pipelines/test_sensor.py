@@ -61,10 +61,10 @@ class Ticker:
                           "io_manager": self.defs.resources["io_manager"]}
 
     def __call__(self):
-        ctx = dg.build_sensor_context(instance=self.instance, cursor=self.cursor,
-                                      instance_ref=self.instance.get_ref(),
-                                      resources=self.resources, definitions=self.defs)
-        data = self.sensor.evaluate_tick(ctx)
+        with dg.build_sensor_context(instance=self.instance, cursor=self.cursor,
+                                     instance_ref=self.instance.get_ref(),
+                                     resources=self.resources, definitions=self.defs) as ctx:
+            data = self.sensor.evaluate_tick(ctx)
         for req in data.dynamic_partitions_requests or []:
             self.instance.add_dynamic_partitions(req.partitions_def_name, req.partition_keys)
         for event in data.asset_events or []:
