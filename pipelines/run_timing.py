@@ -82,6 +82,7 @@ class TreeSampler:
     pid: int = field(default_factory=os.getpid)
     samples: list[tuple[float, float]] = field(default_factory=list)
     children: dict[int, ChildProcess] = field(default_factory=dict)
+    _own: str = ""  # this process's own command line, read once on entering
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -92,7 +93,6 @@ class TreeSampler:
             kids = children(self.pid)
         except OSError:
             kids = []
-        own = _command(self.pid)
         for kid in kids:
             seen, command = self.children.get(kid), _command(kid)
             if any(w in command for w in _LOG_CAPTURE):  # also one that exec'd into it
@@ -104,7 +104,7 @@ class TreeSampler:
                 command = seen.command
             # one never seen after its exec (gone within one interval) says so, rather than
             # passing for a second copy of the demo (`python demo.py (0)` in load_timing)
-            if command == own:
+            if command == self._own:
                 command = FORK
             elif command == "?" and seen is None:  # a zombie at its first look
                 command = EXITED
@@ -116,6 +116,7 @@ class TreeSampler:
             self._read()
 
     def __enter__(self) -> Self:
+        self._own = _command(self.pid)
         self._read()
         self._thread = threading.Thread(target=self._loop, name="run-cpu", daemon=True)
         self._thread.start()

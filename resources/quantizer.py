@@ -86,6 +86,7 @@ def _cpu_nvfp4_fake_quant(inputs, quantizer):
 
 
 def _nvfp4_fake_quant(inputs, amax, block: int):
+    """`_cpu_nvfp4_fake_quant` of `inputs` at a given amax and block size."""
     import torch
 
     if pad := -inputs.shape[-1] % block:  # zeros to whole blocks, as `NVFP4QTensor` pads
@@ -112,24 +113,6 @@ def _nvfp4_fake_quant(inputs, amax, block: int):
     # the input's sign; a negative value rounded to 0 is +0, as the E2M1 code table has it
     a.copysign_(x).add_(0.0)
     return a.mul_(step_scale).reshape(inputs.shape).to(inputs.dtype)
-
-
-def _nvfp4_round_trip(inputs, amax, block: int):
-    """Model Optimizer's own NVFP4 quantize and dequantize of `inputs`: the reference the CPU
-    backend is tested against. (`dequantize` cannot crop what `quantize` padded, so a last
-    dimension that is not whole blocks is padded with zeros here and cropped after.)"""
-    import torch
-    from modelopt.torch.quantization.qtensor import NVFP4QTensor
-
-    if pad := -inputs.shape[-1] % block:
-        padded = torch.nn.functional.pad(inputs, (0, pad))
-        return _nvfp4_round_trip(padded, amax, block)[..., :inputs.shape[-1]]
-    global_scale = amax.float().amax() / (6.0 * 448.0)
-    q, scale, global_scale = NVFP4QTensor.quantize(inputs.float(), block,
-                                                   weights_scaling_factor_2=global_scale)
-    out = q.dequantize(dtype=torch.float32, scale=scale, double_scale=global_scale,
-                       block_sizes={-1: block})
-    return out.reshape(inputs.shape).to(inputs.dtype)
 
 
 def register_cpu_backend() -> None:

@@ -425,15 +425,10 @@ class RecordingLoadGenerator(LoadGenerator):
         return super().run_point(base_url, bodies, **kw)
 
 
-def test_each_scenario_is_warmed_once_before_its_first_point_with_its_warmups_together(
-        config_dir, model_dir, fake_engine, tmp_path):
-    """Warm-up requests exist to take the engine past its first requests of a scenario's
-    shapes; a point that follows a measured point of the same scenario on the same engine is
-    past them already. So the sweep warms each scenario once, before its first point, with its
-    warm-up requests in flight together (up to the sweep's widest concurrency), not again
-    before every point at that point's concurrency (issue 28: a third of the quick pass's
-    benchmark on the CPU; the GPU profile sent eight 2048-token codegen warm-ups one after
-    another before its concurrency-1 point)."""
+def _recorded_sweep(config_dir, model_dir, fake_engine, tmp_path, concurrency: list[int]
+                    ) -> list[dict]:
+    """`serving_benchmark` over chat and rag at `concurrency` (4 requests per point) against
+    the fake engine, and what each point sent (RecordingLoadGenerator's lines)."""
     write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat", "rag"],
                engine_args={"max_model_len": 2048})
     record = tmp_path / "prompts.jsonl"
@@ -447,9 +442,21 @@ def test_each_scenario_is_warmed_once_before_its_first_point_with_its_warmups_to
                    "configs": fake_engine.configs,
                    "outputs": OutputDirs(reports_dir=str(tmp_path / "reports"))},
         run_config={"ops": {"serving_benchmark": {"config": {
-            "concurrency": [1, 4], "requests_per_point": 4}}}}, raise_on_error=False)
+            "concurrency": concurrency, "requests_per_point": 4}}}}, raise_on_error=False)
     assert result.success
-    points = [json.loads(line) for line in record.read_text().splitlines()]
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
+def test_each_scenario_is_warmed_once_before_its_first_point_with_its_warmups_together(
+        config_dir, model_dir, fake_engine, tmp_path):
+    """Warm-up requests exist to take the engine past its first requests of a scenario's
+    shapes; a point that follows a measured point of the same scenario on the same engine is
+    past them already. So the sweep warms each scenario once, before its first point, with its
+    warm-up requests in flight together (up to the sweep's widest concurrency), not again
+    before every point at that point's concurrency (issue 28: a third of the quick pass's
+    benchmark on the CPU; the GPU profile sent eight 2048-token codegen warm-ups one after
+    another before its concurrency-1 point)."""
+    points = _recorded_sweep(config_dir, model_dir, fake_engine, tmp_path, [1, 4])
     warmups = fake_engine.configs.profile("cpu", "cpu")[1].sweep.warmup_requests
     assert warmups >= 2  # so that "together" is something the old code did not do at 1
     assert [(p["load"], len(p["warmup"])) for p in points] == [(1, warmups), (4, 0)] * 2
@@ -464,22 +471,7 @@ def test_no_point_of_the_sweep_resends_a_prompt_an_earlier_point_sent(config_dir
     that point's TTFT and throughput. Until issue 28 every point of a scenario took the first N
     prompts of one list, so each point after the first re-sent the earlier points' prompts; the
     scenario's `prefix_tokens` are the only tokens its prompts are meant to share."""
-    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat", "rag"],
-               engine_args={"max_model_len": 2048})
-    record = tmp_path / "prompts.jsonl"
-    instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("models", [KEY])
-    result = dg.materialize(
-        [*stub_variant(model_dir), dg.AssetSpec("load_timing", partitions_def=models_partitions),
-         serving_benchmark], partition_key=KEY, instance=instance,
-        resources={"engine": fake_engine, "loadgen": RecordingLoadGenerator(record_to=str(record)),
-                   "telemetry": GpuTelemetry(), "optional_upstream": optional_upstream,
-                   "configs": fake_engine.configs,
-                   "outputs": OutputDirs(reports_dir=str(tmp_path / "reports"))},
-        run_config={"ops": {"serving_benchmark": {"config": {
-            "concurrency": [1, 2, 4], "requests_per_point": 4}}}}, raise_on_error=False)
-    assert result.success
-    points = [json.loads(line) for line in record.read_text().splitlines()]
+    points = _recorded_sweep(config_dir, model_dir, fake_engine, tmp_path, [1, 2, 4])
     assert len(points) == 6  # chat and rag, three loads each
     measured = [p for point in points for p in point["measured"]]
     assert [len(p["measured"]) for p in points] == [4, 4, 8] * 2

@@ -281,7 +281,7 @@ def test_the_cpu_nvfp4_backend_reproduces_model_optimizers_nvfp4_round_trip_bit_
     number of blocks (padded by `NVFP4QTensor`)."""
     from types import SimpleNamespace
 
-    from resources.quantizer import _cpu_nvfp4_fake_quant, _nvfp4_round_trip
+    from resources.quantizer import _cpu_nvfp4_fake_quant
 
     gen = torch.Generator().manual_seed(0)
     cases = []
@@ -308,3 +308,21 @@ def test_the_cpu_nvfp4_backend_reproduces_model_optimizers_nvfp4_round_trip_bit_
                 bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
                 assert got.dtype == dtype and got.shape == x.shape
                 assert torch.equal(got.view(bits), want.view(bits)), (x.shape, dtype, amax)
+
+
+def _nvfp4_round_trip(inputs, amax, block: int):
+    """Model Optimizer's own NVFP4 quantize and dequantize of `inputs`: the reference the CPU
+    backend is held to. (`dequantize` cannot crop what `quantize` padded, so a last
+    dimension that is not whole blocks is padded with zeros here and cropped after.)"""
+    import torch
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+
+    if pad := -inputs.shape[-1] % block:
+        padded = torch.nn.functional.pad(inputs, (0, pad))
+        return _nvfp4_round_trip(padded, amax, block)[..., :inputs.shape[-1]]
+    global_scale = amax.float().amax() / (6.0 * 448.0)
+    q, scale, global_scale = NVFP4QTensor.quantize(inputs.float(), block,
+                                                   weights_scaling_factor_2=global_scale)
+    out = q.dequantize(dtype=torch.float32, scale=scale, double_scale=global_scale,
+                       block_sizes={-1: block})
+    return out.reshape(inputs.shape).to(inputs.dtype)
