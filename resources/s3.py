@@ -64,6 +64,13 @@ from resources.object_store import (
 )
 
 _READ_BLOCK = 1 << 20
+# Each pwrite is at most this long. Linux sizes the page-cache folio a buffered write allocates
+# from the write's length (include/linux/pagemap.h write_begin_get_folio: fgf_set_order(len),
+# which ext4_write_begin calls); on the 2-core VM, 1 MiB writes (1 MiB folios) cost the fetch
+# 2-3 s of system time per GB in some machine states where 256 KiB writes cost 0.5-0.7 s
+# (docs/benchmarks.md, "Where the fetch's system time went"). 256 KiB is s3transfer's default
+# io_chunksize, the size download_file writes in.
+_WRITE_BLOCK = 256 << 10
 _AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"}
 _TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                     "InternalError", "ServiceUnavailable"}
@@ -587,12 +594,13 @@ def _status_phrase(status: int) -> str:
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int, path: Path) -> None:
-    """pwrite may write less than asked (a filesystem nearly full): write the rest or raise
-    the OSError, named after the file, for the cache to report as a disk problem."""
+    """Write `data` in pieces of at most _WRITE_BLOCK. pwrite may write less than asked (a
+    filesystem nearly full): write the rest or raise the OSError, named after the file, for
+    the cache to report as a disk problem."""
     view = memoryview(data)
     while view:
         try:
-            n = os.pwrite(fd, view, offset)
+            n = os.pwrite(fd, view[:_WRITE_BLOCK], offset)
         except OSError as exc:
             exc.filename = exc.filename or str(path)
             raise

@@ -91,6 +91,36 @@ def test_chunked_fetch_reassembles_large_objects_exactly(s3_store, tmp_path, uni
     assert not list(staging.glob("*.part*"))
 
 
+def test_chunks_reach_the_page_cache_in_writes_of_at_most_256_kib(s3_store, tmp_path,
+                                                                   unique_prefix, monkeypatch):
+    """The kernel sizes a buffered write's page-cache folio from the write's length (ext4's
+    large folios); 1 MiB writes took 1 MiB folios, which on the 2-core VM cost the fetch 2-3 s
+    of system time per GB in some machine states where 256 KiB writes, s3transfer's own
+    io_chunksize, cost 0.5-0.7 s (docs/benchmarks.md). The socket is still read in 1 MiB
+    blocks, and every byte lands once, where it belongs."""
+    from resources import s3
+
+    data = os.urandom((2 << 20) + 777)
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    (src_dir / "model.safetensors").write_bytes(data)
+    s3_store.upload_dir(src_dir, "models", unique_prefix)
+    src = parse_source(f"s3://models/{unique_prefix}")
+    writes: list[int] = []
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, buf, offset):
+        writes.append(len(buf))
+        return real_pwrite(fd, buf, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    s3_store.fetch(s3_store.describe(src), src, tmp_path / "staging", lambda n: None,
+                   lambda o, p, sha: None)
+    assert s3._READ_BLOCK == 1 << 20 and sum(writes) == len(data)
+    assert max(writes) == 256 << 10, writes
+    assert (tmp_path / "staging" / "model.safetensors").read_bytes() == data
+
+
 def test_fetch_refuses_when_disk_too_small(s3_store, tiny_checkpoint, unique_prefix, tmp_path):
     s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
     cache = NvmeCache(root=str(tmp_path / "cache"), reserve_gb=10_000_000)
