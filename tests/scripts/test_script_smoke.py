@@ -40,6 +40,7 @@ ELSEWHERE = {
 # Scripts this module runs, each by the test named.
 HERE = {
     "bench/fetch.py": "test_fetch_bench_reaches_its_warm_path",
+    "bench/write_block.py": "test_write_block_prints_both_write_lengths_and_the_ratio",
     "bench/eval_call.py": "test_eval_call_prints_the_ratio_against_lm_evals_default",
     "bench/gate_looks.py": "test_gate_looks_prints_the_ratio_against_the_rule_before",
     "bench/gate_relook.py": "test_gate_relook_prints_the_ratio_against_the_prefix",
@@ -222,6 +223,18 @@ def test_sglang_steps_parse_and_the_check_stops_where_a_cpu_has_no_build(tmp_pat
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "sglang-kernel: not installed" in proc.stdout
     assert "FAIL import sgl_kernel: ModuleNotFoundError" in proc.stdout
+
+
+def test_write_block_prints_both_write_lengths_and_the_ratio(tmp_path):
+    """Two small rounds, each after a small churn: both write lengths are timed in every round
+    and the summary names the peer the ratio is taken against."""
+    proc = run_script(["bench/write_block.py", "--gb", "0.02", "--reps", "2", "--churn-gb",
+                       "0.05", "--settle", "0"], tmp_path)
+    out = proc.stdout
+    assert out.count("256 KiB writes (ours)  wall") == 2 and out.count("1 MiB writes (before)  wall") == 2
+    assert "round 2: free blocks by order 0-10:" in out
+    assert "system time: 1 MiB writes / 256 KiB writes = " in out
+    assert not list((PROJECT_ROOT / ".cache").glob("bench-write-block-*"))
 
 
 # ---- slow: real services, the real model, the real engine ----
