@@ -314,7 +314,6 @@ def _nvfp4_round_trip(inputs, amax, block: int):
     """Model Optimizer's own NVFP4 quantize and dequantize of `inputs`: the reference the CPU
     backend is held to. (`dequantize` cannot crop what `quantize` padded, so a last
     dimension that is not whole blocks is padded with zeros here and cropped after.)"""
-    import torch
     from modelopt.torch.quantization.qtensor import NVFP4QTensor
 
     if pad := -inputs.shape[-1] % block:

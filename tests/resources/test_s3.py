@@ -93,11 +93,9 @@ def test_chunked_fetch_reassembles_large_objects_exactly(s3_store, tmp_path, uni
 
 def test_chunks_reach_the_page_cache_in_writes_of_at_most_256_kib(s3_store, tmp_path,
                                                                    unique_prefix, monkeypatch):
-    """The kernel sizes a buffered write's page-cache folio from the write's length (ext4's
-    large folios); 1 MiB writes took 1 MiB folios, which on the 2-core VM cost the fetch 2-3 s
-    of system time per GB in some machine states where 256 KiB writes, s3transfer's own
-    io_chunksize, cost 0.5-0.7 s (docs/benchmarks.md). The socket is still read in 1 MiB
-    blocks, and every byte lands once, where it belongs."""
+    """The page cache's folio follows the write's length, and 1 MiB folios cost this VM's fetch
+    several times the system time of 256 KiB ones (why: `_WRITE_BLOCK` in resources/s3.py).
+    The socket is still read in 1 MiB blocks, and every byte lands once, where it belongs."""
     from resources import s3
 
     data = os.urandom((2 << 20) + 777)

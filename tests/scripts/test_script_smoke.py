@@ -233,7 +233,7 @@ def test_write_block_prints_both_write_lengths_and_the_ratio(tmp_path):
     out = proc.stdout
     assert out.count("256 KiB writes (ours)  wall") == 2 and out.count("1 MiB writes (before)  wall") == 2
     assert "round 2: free blocks by order 0-10:" in out
-    assert "system time: 1 MiB writes / 256 KiB writes = " in out
+    assert "system time: 1 MiB writes (before) / 256 KiB writes (ours) = " in out
     assert not list((PROJECT_ROOT / ".cache").glob("bench-write-block-*"))
 
 
