@@ -1,7 +1,7 @@
 """What one GB of page-cache writes costs in system time, by write length: the fetch's pwrite
 pattern (16 threads, each writing whole 16 MiB chunks of a pre-sized file in 1 MiB blocks, its
 socket read size, then fdatasync), each block through the fetch's own `resources/s3.py::
-_pwrite_all` (pieces of `_WRITE_BLOCK`, 256 KiB since 2182177) against one 1 MiB pwrite per
+pwrite_all` (pieces of `WRITE_BLOCK`, 256 KiB since 2182177) against one 1 MiB pwrite per
 block (the fetch before), interleaved in the same run.
 
 Linux sizes a buffered write's page-cache folio from the write's length (include/linux/
@@ -27,17 +27,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from resources.s3 import _READ_BLOCK, _WRITE_BLOCK, _pwrite_all
+from resources.s3 import READ_BLOCK, WRITE_BLOCK, pwrite_all
 
 CHUNK = 16 << 20
 THREADS = 16
-OURS = f"{_WRITE_BLOCK >> 10} KiB writes (ours)"
-BEFORE = f"{_READ_BLOCK >> 20} MiB writes (before)"
+OURS = f"{WRITE_BLOCK >> 10} KiB writes (ours)"
+BEFORE = f"{READ_BLOCK >> 20} MiB writes (before)"
 
 
 def write_file(path: Path, size: int, ours: bool) -> tuple[float, float]:
     """Wall and system seconds of writing `size` bytes the way the fetch does, then syncing."""
-    data = os.urandom(_READ_BLOCK)
+    data = os.urandom(READ_BLOCK)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.ftruncate(fd, size)
     chunks = list(range(0, size, CHUNK))
@@ -49,10 +49,10 @@ def write_file(path: Path, size: int, ours: bool) -> tuple[float, float]:
                 if not chunks:
                     return
                 start = chunks.pop()
-            for off in range(start, min(start + CHUNK, size), _READ_BLOCK):
-                block = data[: min(_READ_BLOCK, size - off)]
+            for off in range(start, min(start + CHUNK, size), READ_BLOCK):
+                block = data[: min(READ_BLOCK, size - off)]
                 if ours:
-                    _pwrite_all(fd, block, off, path)
+                    pwrite_all(fd, block, off, path)
                 else:
                     os.pwrite(fd, block, off)
 

@@ -63,14 +63,14 @@ from resources.object_store import (
     log_to_python,
 )
 
-_READ_BLOCK = 1 << 20
+READ_BLOCK = 1 << 20
 # Each pwrite is at most this long. Linux sizes the page-cache folio a buffered write allocates
 # from the write's length (include/linux/pagemap.h write_begin_get_folio: fgf_set_order(len),
 # which ext4_write_begin calls); on the 2-core VM, 1 MiB writes (1 MiB folios) cost the fetch
 # 2-3 s of system time per GB in some machine states where 256 KiB writes cost 0.5-0.7 s
 # (docs/benchmarks.md, "Where the fetch's system time went"). 256 KiB is s3transfer's default
 # io_chunksize, the size download_file writes in.
-_WRITE_BLOCK = 256 << 10
+WRITE_BLOCK = 256 << 10
 _AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"}
 _TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                     "InternalError", "ServiceUnavailable"}
@@ -373,7 +373,7 @@ class S3ObjectStore(ObjectStore):
                 body = self.client().get_object(Bucket=bucket, Key=key,
                                                  Range=f"bytes={r[0]}-{r[1]}")["Body"]
                 n = 0
-                while data := body.read(_READ_BLOCK):
+                while data := body.read(READ_BLOCK):
                     n += len(data)
                 return n
             except (ClientError, BotoCoreError) as exc:
@@ -467,10 +467,10 @@ class S3ObjectStore(ObjectStore):
                     while pos < end and retry.elapsed_s < self.range_deadline_s:
                         if stop.is_set():
                             raise _Cancelled
-                        data = body.read(min(_READ_BLOCK, end - pos))
+                        data = body.read(min(READ_BLOCK, end - pos))
                         if not data:
                             break
-                        _pwrite_all(part.fd, data, pos, part.part)
+                        pwrite_all(part.fd, data, pos, part.part)
                         pos += len(data)
                         on_progress(len(data))
                 finally:
@@ -593,14 +593,14 @@ def _status_phrase(status: int) -> str:
         return ""
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int, path: Path) -> None:
-    """Write `data` in pieces of at most _WRITE_BLOCK. pwrite may write less than asked (a
+def pwrite_all(fd: int, data: bytes, offset: int, path: Path) -> None:
+    """Write `data` in pieces of at most WRITE_BLOCK. pwrite may write less than asked (a
     filesystem nearly full): write the rest or raise the OSError, named after the file, for
     the cache to report as a disk problem."""
     view = memoryview(data)
     while view:
         try:
-            n = os.pwrite(fd, view[:_WRITE_BLOCK], offset)
+            n = os.pwrite(fd, view[:WRITE_BLOCK], offset)
         except OSError as exc:
             exc.filename = exc.filename or str(path)
             raise
@@ -636,7 +636,7 @@ class _PartFile:
         self._sha = hashlib.sha256()
         self._next_hash = 0  # the first chunk not yet hashed
         self._hash_lock = threading.Lock()
-        self._buf = bytearray(_READ_BLOCK)
+        self._buf = bytearray(READ_BLOCK)
 
     def chunk_len(self, i: int) -> int:
         return min(self.chunk, self.obj.size - i * self.chunk)

@@ -94,7 +94,7 @@ def test_chunked_fetch_reassembles_large_objects_exactly(s3_store, tmp_path, uni
 def test_chunks_reach_the_page_cache_in_writes_of_at_most_256_kib(s3_store, tmp_path,
                                                                    unique_prefix, monkeypatch):
     """The page cache's folio follows the write's length, and 1 MiB folios cost this VM's fetch
-    several times the system time of 256 KiB ones (why: `_WRITE_BLOCK` in resources/s3.py).
+    several times the system time of 256 KiB ones (why: `WRITE_BLOCK` in resources/s3.py).
     The socket is still read in 1 MiB blocks, and every byte lands once, where it belongs."""
     from resources import s3
 
@@ -114,7 +114,7 @@ def test_chunks_reach_the_page_cache_in_writes_of_at_most_256_kib(s3_store, tmp_
     monkeypatch.setattr(os, "pwrite", pwrite)
     s3_store.fetch(s3_store.describe(src), src, tmp_path / "staging", lambda n: None,
                    lambda o, p, sha: None)
-    assert s3._READ_BLOCK == 1 << 20 and sum(writes) == len(data)
+    assert s3.READ_BLOCK == 1 << 20 and sum(writes) == len(data)
     assert max(writes) == 256 << 10, writes
     assert (tmp_path / "staging" / "model.safetensors").read_bytes() == data
 
