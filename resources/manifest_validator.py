@@ -1,7 +1,9 @@
-"""Validate rendered manifests against the cluster's own KServe CRDs, and optionally the cluster.
+"""Validate rendered manifests against KServe's CRDs, and optionally the cluster.
 
-The CRD's `openAPIV3Schema` is the contract of the KServe version a user runs, so its path is
-configuration (`kubectl get crd inferenceservices.serving.kserve.io -o yaml > isvc-crd.yaml`).
+The CRD's `openAPIV3Schema` is the contract of a KServe release. The default is the pinned
+release's CRDs shipped in deploy/kserve-crds/ (SOURCE there names the tag); a user who runs
+another KServe points `KSERVE_CRD_PATHS` at their cluster's own
+(`kubectl get crd inferenceservices.serving.kserve.io -o yaml > isvc-crd.yaml`).
 Two rules the API server applies but the schema does not spell out are added here, so a local
 pass means the server would accept the object too:
 - strict fields: an object schema with `properties` rejects unknown keys (kubectl's default
@@ -31,7 +33,7 @@ from onboarding.common.paths import PROJECT_ROOT
 
 CRD_PATHS_ENV = "KSERVE_CRD_PATHS"
 KUBE_CONTEXT_ENV = "ONBOARDING_KUBE_CONTEXT"
-DEFAULT_CRD_DIR = PROJECT_ROOT.parent / "shared" / "kserve"
+DEFAULT_CRD_DIR = PROJECT_ROOT / "deploy" / "kserve-crds"  # the pinned release (SOURCE there)
 DEFAULT_CRDS = ("serving.kserve.io_inferenceservices.yaml", "serving.kserve.io_servingruntimes.yaml",
                 "serving.kserve.io_localmodelcaches.yaml",
                 "serving.kserve.io_localmodelnodegroups.yaml",
@@ -150,7 +152,7 @@ class ManifestValidator(dg.ConfigurableResource):
     crd_paths: list[str] = Field(
         default_factory=list,
         description=f"CRD YAML files; empty: ${CRD_PATHS_ENV} (os.pathsep-separated), else the "
-        "copies in ../shared/kserve/",
+        "pinned release's copies in deploy/kserve-crds/",
     )
     kube_context: str = Field(
         default="", description=f"kubectl context for server dry runs; empty: ${KUBE_CONTEXT_ENV}"

@@ -8,7 +8,8 @@ schedule sees them as current), materializes the onboarding job for the model an
 its deployment rests on: the serving configuration (hash) per node type, the published
 variant, the three kinds of start, the benchmark, each manifest (measured at its configuration
 or not) and the readiness verdict with its reasons, read from the values the assets stored.
-`--ui` instead keeps the S3 server up and runs `dagster dev` on 127.0.0.1.
+`--ui` instead keeps the S3 server up and runs `dagster dev` on 127.0.0.1; with
+S3_ENDPOINT_URL and its credentials set, `--ui` runs on that endpoint and starts no server.
 """
 
 from __future__ import annotations
@@ -45,21 +46,74 @@ def credentials() -> tuple[str, str]:
     return creds["access_key"], creds["secret_key"]
 
 
+def write_env_file(keys: list[str]) -> Path:
+    """The environment for the CLI beside a running `dev.sh ui` (0600): those of `keys` set."""
+    env_file = DATA / "onboarding.env"
+    DATA.mkdir(parents=True, exist_ok=True)
+    env_file.write_text("".join(f"{k}={os.environ[k]}\n" for k in keys if k in os.environ))
+    env_file.chmod(0o600)
+    return env_file
+
+
+PATHS = ("ONBOARDING_CACHE_ROOT", "ONBOARDING_OUTPUT_DIR", "DAGSTER_HOME")
+
+
 def start_s3():
     from resources.seaweedfs import LocalS3Server
 
     access, secret = credentials()
     server = LocalS3Server(DATA / "seaweedfs", access, secret).start()
     os.environ.update(server.env())
-    os.environ.setdefault("ONBOARDING_CACHE_ROOT", str(DATA / "nvme"))
-    os.environ.setdefault("ONBOARDING_OUTPUT_DIR", str(DATA / "manifests"))
-    env_file = DATA / "onboarding.env"  # for the CLI beside a running `dev.sh ui`; 0600
-    keys = [*server.env(), "ONBOARDING_CACHE_ROOT", "ONBOARDING_OUTPUT_DIR", "DAGSTER_HOME"]
-    env_file.write_text("".join(f"{k}={os.environ[k]}\n" for k in keys if k in os.environ))
-    env_file.chmod(0o600)
+    env_file = write_env_file([*server.env(), *PATHS])
     print(f"local S3 (SeaweedFS) at {server.endpoint_url}, data in {server.data_dir}; "
           f"environment for the CLI in {env_file}")
     return server
+
+
+USER_S3 = ("S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+# What an endpoint answers for credentials it does not accept (the AWS S3 error codes).
+_BAD_CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken"}
+
+
+def use_user_s3() -> str | None:
+    """The user's own S3 endpoint, when S3_ENDPOINT_URL is set: the UI then onboards from it,
+    with the user's credentials, and no local server starts (docs/onboard-your-model.md).
+
+    Checked before anything starts: the credentials the pipeline's S3 resource reads must be
+    set, and the endpoint must accept them; a refusal of the listing itself (AccessDenied)
+    still proves both, since a bucket policy may allow only the model prefixes.
+    """
+    endpoint = os.environ.get("S3_ENDPOINT_URL")
+    if not endpoint:
+        return None
+    missing = [k for k in USER_S3[1:] if not os.environ.get(k)]
+    if missing:
+        raise SystemExit(f"S3_ENDPOINT_URL is set ({endpoint}) but {' and '.join(missing)} "
+                         "is not: export the credentials of that endpoint too, or unset "
+                         "S3_ENDPOINT_URL to use the local SeaweedFS server")
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from resources.s3 import S3ObjectStore
+
+    store = S3ObjectStore(endpoint_url=endpoint, access_key_id=os.environ[USER_S3[1]],
+                          secret_access_key=os.environ[USER_S3[2]])
+    try:
+        store.client().list_buckets()
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in _BAD_CREDENTIALS:
+            raise SystemExit(f"{endpoint} refuses AWS_ACCESS_KEY_ID "
+                             f"{os.environ[USER_S3[1]]!r} ({code}): export that endpoint's "
+                             "access key and secret") from None
+    except BotoCoreError as exc:
+        raise SystemExit(f"S3_ENDPOINT_URL {endpoint} does not answer ({exc}): check the URL "
+                         "(scheme, host, port), or unset it to use the local SeaweedFS "
+                         "server") from None
+    env_file = write_env_file([USER_S3[0], "AWS_DEFAULT_REGION", *PATHS])
+    print(f"your S3 endpoint {endpoint} (S3_ENDPOINT_URL, with your AWS_ACCESS_KEY_ID "
+          f"{os.environ[USER_S3[1]]}); no local S3 server started, nothing uploaded. "
+          f"Paths for the CLI in {env_file} (your credentials stay in your environment)")
+    return endpoint
 
 
 def upload_model(server, source: str, model_dir: Path = MODEL_DIR) -> None:
@@ -283,17 +337,24 @@ def main() -> int:
     # (also when a non-interactive shell started us with SIGINT ignored).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
-    server = start_s3()
+    os.environ.setdefault("ONBOARDING_CACHE_ROOT", str(DATA / "nvme"))
+    os.environ.setdefault("ONBOARDING_OUTPUT_DIR", str(DATA / "manifests"))
+    if not args.ui and os.environ.get("S3_ENDPOINT_URL"):
+        print(f"S3_ENDPOINT_URL ({os.environ['S3_ENDPOINT_URL']}) is left for `dev.sh ui`: "
+              "the demo runs on its own local S3 server")
+    server = None if args.ui and use_user_s3() else start_s3()
     try:
         from pipelines.resources import config_files
 
-        upload_model(server, config_files().spec(DEMO_MODEL).source)
-        upload_twins(server, config_files().catalog().specs.values())
+        if server is not None:
+            upload_model(server, config_files().spec(DEMO_MODEL).source)
+            upload_twins(server, config_files().catalog().specs.values())
         if args.ui:
             import dagster as dg
 
             register_partitions(dg.DagsterInstance.get())
-            print(f"Dagster UI: http://127.0.0.1:{args.port}  (Ctrl+C stops it and the S3 server)")
+            print(f"Dagster UI: http://127.0.0.1:{args.port}  (Ctrl+C stops it"
+                  + (" and the S3 server)" if server is not None else ")"))
             return run_dagster_dev(args.port)
         if not args.full:
             os.environ.setdefault("ONBOARDING_EVAL_LIMIT", "100")
@@ -309,7 +370,8 @@ def main() -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 #
 #   scripts/dev.sh demo    set up, start the local S3 server, onboard the small real model
 #   scripts/dev.sh test    set up, run the whole test suite (what CI runs)
-#   scripts/dev.sh ui      set up, start the local S3 server and `dagster dev` on 127.0.0.1:3000
+#   scripts/dev.sh ui      set up, start the local S3 server (none when S3_ENDPOINT_URL and its
+#                          credentials are set: yours is used) and `dagster dev` on 127.0.0.1:3000
 #   scripts/dev.sh report  print the paths of the readiness reports (opens the fleet page when
 #                          there is a display)
 #   scripts/dev.sh setup   only the setup

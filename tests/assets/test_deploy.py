@@ -31,7 +31,6 @@ from resources.s3 import S3ObjectStore
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 from tests.dagster_support import metadata, store_upstream
-from tests.kserve_crds import needs_kserve_crds
 
 # The upstream stages exist in this graph only as what they stored (external asset specs).
 UPSTREAM = [dg.AssetSpec(n, partitions_def=models_partitions)
@@ -76,7 +75,6 @@ def checks(result: dg.ExecuteInJobResult) -> dict[str, dg.AssetCheckEvaluation]:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
 
 
-@needs_kserve_crds
 def test_plan_only_models_render_valid_manifests_marked_as_estimates(
         env: Path, instance, configs, outputs):
     instance.add_dynamic_partitions("models", list(PLAN_ONLY))
@@ -123,7 +121,6 @@ def test_plan_only_models_render_valid_manifests_marked_as_estimates(
 @pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(),
                     reason="SmolLM2 not built: python scripts/build_smollm2.py "
                     ".cache/smollm2-135m-instruct")
-@needs_kserve_crds
 def test_small_real_model_carries_what_was_measured_at_its_configuration(
         env: Path, config_dir: Path, instance, configs, outputs):
     """Measurements count for a manifest only at exactly its configuration's hash on its node
@@ -225,7 +222,6 @@ def test_infeasible_everywhere_fails_the_plan_gate_with_the_shortfall(env: Path,
     assert not (env / key / "h100.yaml").exists()
 
 
-@needs_kserve_crds
 def test_manifest_invalid_for_the_configured_crd_blocks_the_routes(env: Path, tmp_path: Path,
                                                                    instance, configs, outputs):
     """An older cluster CRD without predictor.maxReplicas: the check names that path."""
@@ -251,7 +247,6 @@ def test_manifest_invalid_for_the_configured_crd_blocks_the_routes(env: Path, tm
     assert "gateway_routes" not in materialized
 
 
-@needs_kserve_crds
 def test_plan_model_job_runs_the_deploy_stage_for_a_plan_only_model(env: Path, instance,
                                                                   configs, outputs):
     from assets.deploy import defs as deploy_defs
@@ -270,7 +265,6 @@ def test_plan_model_job_runs_the_deploy_stage_for_a_plan_only_model(env: Path, i
     assert all(c.passed for c in result.get_asset_check_evaluations())
 
 
-@needs_kserve_crds
 def test_the_gateway_is_one_unpartitioned_table_over_every_model(env: Path, instance, configs,
                                                                  outputs):
     """gateway_routes is not a partition: one table fed by every partition of kserve_manifest,

@@ -34,7 +34,6 @@ from resources.upstream import optional_upstream
 from tests import gpu_recordings as rec
 from tests.conftest import assert_golden
 from tests.dagster_support import metadata, store_upstream
-from tests.kserve_crds import needs_kserve_crds
 
 GOLDEN = PROJECT_ROOT / "tests" / "golden"
 UPSTREAM = [dg.AssetSpec(n, partitions_def=models_partitions)
@@ -155,7 +154,6 @@ def test_the_recorded_checkpoint_config_is_the_one_fetched_there():
     assert f"| config.json | 818 | `{digest[:16]}" in table
 
 
-@needs_kserve_crds
 def test_at_the_run_stack_the_h200_manifest_is_the_one_rendered_there(
         instance, run_configs, outputs, tmp_path):
     """The device's B call saw no load_timing (README): replayed the same way, both manifests
@@ -187,7 +185,6 @@ def test_at_the_run_stack_the_h200_manifest_is_the_one_rendered_there(
     assert b300["labels"]["model-onboarding.io/measured"] == "false"  # never on a B300
 
 
-@needs_kserve_crds
 def test_with_the_load_timing_measured_there_only_the_startup_probe_changes(
         instance, run_configs, outputs, tmp_path):
     """load_timing ran at the same configuration on the first machine (call T); fed here, the
@@ -214,7 +211,6 @@ def test_with_the_load_timing_measured_there_only_the_startup_probe_changes(
     assert probe["failureThreshold"] < device_probe["failureThreshold"]  # 1800 s default
 
 
-@needs_kserve_crds
 def test_at_the_repository_stack_the_same_recordings_claim_nothing(
         instance, repo_configs, outputs, tmp_path):
     """configs/stack.yaml pins another vLLM: the h200 configuration hashes differently, so the

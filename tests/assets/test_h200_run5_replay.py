@@ -20,7 +20,6 @@ from tests import gpu_recordings as rec
 from tests.assets import test_h200_replay as first_run
 from tests.assets.test_h200_replay import GOLDEN, isvc, rendered, replay
 from tests.conftest import assert_golden
-from tests.kserve_crds import needs_kserve_crds
 
 # the first run's replay fixtures: its instance, and configs/ as that run had it (the same
 # pins and configuration 0660e584b7cc as this run's load timing)
@@ -101,7 +100,6 @@ def test_three_fully_cold_starts_make_a_p95_and_the_check_is_rejudged(run_config
     assert check["passed"] is (timing.cold_start_p95_s <= budget_s) is False
 
 
-@needs_kserve_crds
 def test_the_h200_manifest_sizes_its_startup_probe_from_the_three_start_p95(
         instance, run_configs, outputs, tmp_path):
     """Fed the fifth run's load timing (same configuration as the first run's sweep), the h200

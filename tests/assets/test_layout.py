@@ -21,7 +21,6 @@ from onboarding.common.paths import PROJECT_ROOT
 from onboarding.serving.stats import ServingBenchmarkResult
 from resources.manifest_validator import ManifestValidator
 from tests.dagster_support import store_upstream
-from tests.kserve_crds import needs_kserve_crds
 
 UPSTREAM = [dg.AssetSpec(n, partitions_def=models_partitions)
             for n in ("checkpoint", "serving_variant", "serving_benchmark")]
@@ -57,7 +56,6 @@ def metadata(result) -> dict:
     return {k: v.value for k, v in event.materialization.metadata.items()}
 
 
-@needs_kserve_crds
 def test_plan_only_layouts_render_every_output_and_pass_both_checks(env, instance, configs,
                                                                       outputs):
     instance.add_dynamic_partitions("models", list(MODELS))
@@ -85,7 +83,6 @@ def test_plan_only_layouts_render_every_output_and_pass_both_checks(env, instanc
     assert isvc["spec"]["predictor"]["priorityClassName"] == "model-latency-critical"
 
 
-@needs_kserve_crds
 def test_a_measured_benchmark_is_preferred_and_said(env, instance, configs, outputs):
     """serving_benchmark of qwen3-32b on b300 at 2 GPUs in nvfp4 replaces the rule there, and
     only there: the h200 layout (another node type) keeps the rule."""
@@ -120,7 +117,6 @@ def test_an_infeasible_layout_fails_the_blocking_check_with_its_reason(env, inst
     assert not (outputs.manifests / "layouts" / "too-much").exists()
 
 
-@needs_kserve_crds
 def test_plan_layouts_job_runs_it_and_onboarding_leaves_it_out(env, instance, configs, outputs):
     """Layouts span models: their own job plans them; one model's onboarding run never does
     (an infeasible layout must not fail it)."""

@@ -30,7 +30,6 @@ from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 from tests.dagster_support import metadata
 from tests.fakes.openai_stream_server import install_as_vllm
-from tests.kserve_crds import needs_kserve_crds
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 KEY = "tiny-model"
@@ -118,7 +117,6 @@ def _normalized(args: list[str], model_path: str, port: int) -> list[str]:
     return [a.replace(f"--port={port}", "--port=<port>") for a in out]
 
 
-@needs_kserve_crds
 def test_the_benchmarked_engine_command_is_the_rendered_container_args(
         config_dir, configs, outputs, model_dir, h200_engine, s3_store, tmp_path):
     write_spec(config_dir, KEY, "s3://models/tiny/", precision_ladder=["bf16"],

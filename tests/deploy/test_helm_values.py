@@ -20,6 +20,7 @@ import yaml
 
 from assets.step_tags import GPU_BOUND_ASSETS
 from onboarding.common.paths import PROJECT_ROOT
+from resources.manifest_validator import DEFAULT_CRD_DIR, DEFAULT_CRDS
 
 VALUES = yaml.safe_load((PROJECT_ROOT / "deploy" / "helm" / "values.yaml").read_text())
 K8S_VERSION = "1.33.0"
@@ -86,16 +87,18 @@ def test_step_pod_settings_point_at_real_config():
 
 
 def test_kserve_crds_come_from_the_image():
-    """kserve_manifest validates against the cluster's CRDs, copied into the CPU image."""
+    """kserve_manifest validates against the pinned release's CRDs, which the CPU image copies
+    to where the validator's default looks (WORKDIR/deploy/kserve-crds/); the Helm values set no
+    KSERVE_CRD_PATHS, so the shipped set is what runs unless a deployer overrides it."""
     dockerfile = (PROJECT_ROOT / "deploy" / "Dockerfile").read_text()
+    (workdir,) = re.findall(r"^WORKDIR (\S+)$", dockerfile, flags=re.MULTILINE)
     (target,) = re.findall(r"^COPY deploy/kserve-crds/ (\S+)$", dockerfile, flags=re.MULTILINE)
-    paths = _env()["KSERVE_CRD_PATHS"].split(":")
-    assert {Path(p).name for p in paths} == {"inferenceservices.yaml", "servingruntimes.yaml"}
-    assert all(Path(p).parent == Path(target) for p in paths)
+    image_root = Path(workdir)
+    assert image_root / target == image_root / DEFAULT_CRD_DIR.relative_to(PROJECT_ROOT)
+    assert "KSERVE_CRD_PATHS" not in _env()
+    assert all((DEFAULT_CRD_DIR / name).is_file() for name in DEFAULT_CRDS)
     ignore = (PROJECT_ROOT / "deploy" / "Dockerfile.dockerignore").read_text().splitlines()
     assert "!deploy/kserve-crds/" in ignore
-    readme = (PROJECT_ROOT / "deploy" / "kserve-crds" / "README.md").read_text()
-    assert all(Path(p).name in readme for p in paths)
 
 
 def test_configmaps_replace_files_that_exist_in_configs():

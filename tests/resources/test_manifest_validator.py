@@ -1,4 +1,4 @@
-"""ManifestValidator against the real KServe CRDs in ../shared/kserve/ (the configured default).
+"""ManifestValidator against the pinned KServe release's CRDs in deploy/kserve-crds/ (the default).
 
 The golden manifests must validate; deliberately broken copies must fail with the exact JSON
 path of each error. `kubectl` is a named fake here (no cluster on CI): it only shows that the
@@ -18,10 +18,8 @@ import yaml
 from onboarding.common.errors import ConfigError
 from onboarding.common.paths import PROJECT_ROOT
 from resources.manifest_validator import CRD_PATHS_ENV, DEFAULT_CRD_DIR, ManifestValidator
-from tests.kserve_crds import needs_kserve_crds
 
 GOLDEN = sorted((PROJECT_ROOT / "tests" / "golden").glob("*.yaml"))
-pytestmark = needs_kserve_crds
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +42,26 @@ def test_goldens_exist_and_validate(validator: ManifestValidator):
     every = {k.split("/")[0] for p in GOLDEN for k in validator.validate_file(p)}
     # issue 23: the goldens hold every kind rendered
     assert {"LocalModelCache", "LocalModelNodeGroup", "LLMInferenceService"} <= every
+
+
+def test_the_default_crds_are_the_pinned_release_shipped_with_the_project():
+    """A plain clone validates: the default set lives in the repository, from the KServe release
+    configs/stack.yaml pins (SOURCE names that tag), under its license, and is the release's
+    own files (each a CRD of the group the manifests use, serving the versions they render)."""
+    stack = yaml.safe_load((PROJECT_ROOT / "configs" / "stack.yaml").read_text())
+    pinned = stack["versions"]["kserve"]
+    assert DEFAULT_CRD_DIR.is_relative_to(PROJECT_ROOT)
+    source = (DEFAULT_CRD_DIR / "SOURCE").read_text()
+    assert source.startswith(f"kserve/kserve @ v{pinned} ("), source
+    assert "Apache License" in (DEFAULT_CRD_DIR / "LICENSE").read_text()
+    served = {}
+    for path in ManifestValidator().resolved_crd_paths():
+        crd = yaml.safe_load(Path(path).read_text())
+        assert Path(path).stem.removeprefix("serving.kserve.io_") in source, path
+        served[crd["spec"]["names"]["kind"]] = {v["name"] for v in crd["spec"]["versions"]}
+    assert "v1alpha2" in served["LLMInferenceService"]
+    assert "v1beta1" in served["InferenceService"]
+    assert {"LocalModelCache", "LocalModelNodeGroup", "ServingRuntime"} <= set(served)
 
 
 def test_wrong_type_is_reported_with_its_path(validator: ManifestValidator):
