@@ -6,11 +6,17 @@ on which object, why, and what to do next.
 
 from __future__ import annotations
 
+from onboarding.common.redact import redact_urls
+
 
 class OnboardingError(RuntimeError):
-    """An error a user can act on: `what` failed because `cause`; `fix` says what to do."""
+    """An error a user can act on: `what` failed because `cause`; `fix` says what to do.
+
+    Any URL quoted in it is redacted (`onboarding.common.redact`): these messages reach the
+    run's logs and the event store, where a pasted credential must never land."""
 
     def __init__(self, what: str, cause: str, fix: str):
+        what, cause, fix = redact_urls(what), redact_urls(cause), redact_urls(fix)
         self.what, self.cause, self.fix = what, cause, fix
         super().__init__(f"{what}: {cause}. {fix}")
 

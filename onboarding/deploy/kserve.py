@@ -24,6 +24,7 @@ from pydantic import Field
 from onboarding.common.config import StrictConfig, load_config_file
 from onboarding.common.errors import ConfigError
 from onboarding.common.names import to_dns1123_label
+from onboarding.common.redact import secret_urls
 from onboarding.deploy.plan import GIB, DeploymentPlan, NodePlan, NodeType
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.serving.engine_config import SECRET_NAME, EngineConfig, Evidence
@@ -845,7 +846,8 @@ def inline_secret_findings(docs: Any, secret_values: tuple[str, ...] = ()) -> li
     """Every place a credential appears inline; empty means the output is safe to commit.
 
     Flags env vars whose name looks like a credential but carry a literal `value`, CLI flags of
-    that kind, and any occurrence of a known secret value (e.g. this process's AWS key).
+    that kind, any occurrence of a known secret value (e.g. this process's AWS key), and any URL
+    with userinfo or a query string (a pasted presigned URL), shown redacted.
     """
     found: list[str] = []
     values = tuple(v for v in secret_values if v and len(v) >= 8)
@@ -865,6 +867,8 @@ def inline_secret_findings(docs: Any, secret_values: tuple[str, ...] = ()) -> li
                 found.append(f"{path}: argument {node.split('=', 1)[0]} carries a value")
             if any(v in node for v in values):
                 found.append(f"{path}: contains a secret value from the environment")
+            found.extend(f"{path}: URL {url} carries credentials or a signed query"
+                         for url in secret_urls(node))
 
     walk(docs, "$")
     return found

@@ -16,7 +16,8 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from onboarding.common.config import StrictConfig, load_yaml, validate_config
 from onboarding.common.errors import ConfigError
-from onboarding.common.names import is_dns1123_label
+from onboarding.common.names import is_dns1123_label, to_dns1123_label
+from onboarding.common.redact import redact_urls, url_secret
 
 Precision = Literal["nvfp4", "fp8", "bf16"]
 
@@ -87,6 +88,15 @@ def check_revision(revision: str) -> str:
 
 
 def parse_source(uri: str) -> SourceRef:
+    """`uri` as a SourceRef; one that carries a secret is refused and shown redacted, since a
+    source is echoed in errors, logs and manifest annotations."""
+    if secret := url_secret(uri):
+        raise ValueError(
+            f"{redact_urls(uri)!r} carries {secret}; a source must not hold credentials, which "
+            "would be echoed in logs, the event store and manifests. Write the bare "
+            "'s3://<bucket>/<prefix>/' (or 'hf://<org>/<name>@<revision>') and give "
+            "credentials through AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or HF_TOKEN); "
+            "revoke the credential you pasted if this file was shared")
     if m := _S3_URI.match(uri):
         prefix = m["prefix"]
         if bad := {".", ".."} & set(prefix.rstrip("/").split("/")):
@@ -103,7 +113,8 @@ def parse_source(uri: str) -> SourceRef:
         return SourceRef(kind="hf", location=m["repo"], path="",
                          revision=check_revision(revision) if revision is not None else None)
     raise ValueError(
-        "expected 's3://<bucket>/<prefix>/' or 'hf://<org>/<name>@<revision>', got " + repr(uri)
+        "expected 's3://<bucket>/<prefix>/' or 'hf://<org>/<name>@<revision>', got "
+        + repr(redact_urls(uri))
     )
 
 
@@ -222,6 +233,12 @@ class Catalog:
         for path, error in self.broken.items():
             if Path(path).stem == key:
                 raise error
+        if not is_dns1123_label(key):
+            raise ConfigError(
+                f"model {key!r}", "is not a model id: an id is a DNS-1123 label (lowercase "
+                "letters, digits and '-', at most 63, starting and ending with a letter or digit)",
+                f"Use the catalog id (e.g. {to_dns1123_label(key)!r} if that is the model), "
+                "not a file name, a Hub repository or a served name.")
         known = ", ".join(sorted(self.specs)) or "none"
         broken = (f"; {len(self.broken)} catalog file(s) do not validate: "
                   f"{', '.join(sorted(self.broken))}") if self.broken else ""

@@ -197,3 +197,11 @@ def test_a_config_file_is_read_again_only_when_it_changes(tmp_path):
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 2_000_000))
     with pytest.raises(ConfigError, match=r"field 'n'.*Fix tiny\.yaml"):
         load_config_file(_Tiny, path, "Fix tiny.yaml.")
+
+
+@pytest.mark.parametrize("key", ["Qwen3-32B", "org/name", "a_b", "-a"])
+def test_a_refused_model_id_names_the_rule_it_broke(tmp_path, key):
+    (tmp_path / "a.yaml").write_text("id: a\nsource: s3://models/a/\nserved_name: a\n")
+    with pytest.raises(ConfigError, match="DNS-1123 label") as info:
+        read_catalog(tmp_path).resolve(key)
+    assert "not in the catalog" not in str(info.value)
