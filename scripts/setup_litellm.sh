@@ -12,7 +12,7 @@ if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import litellm.proxy.prox
     >/dev/null 2>&1; then
   echo "litellm venv ready: $venv"; exit 0
 fi
-python3 -m venv "$venv"
+"${PY:-python3}" -m venv "$venv"
 "$venv/bin/pip" install -q litellm==1.110.2 websockets==15.0.1 fastapi==0.165.0 \
   uvicorn==0.54.0 backoff==2.2.1 orjson==3.13.0 APScheduler==3.11.3 python-multipart==0.0.34 \
   cryptography==50.0.2 PyJWT==2.15.1 rq==2.12.0 PyNaCl==1.6.2 rich==13.9.4 fastapi-sso==0.23.0 \
