@@ -13,25 +13,25 @@ from pydantic import Field
 
 from assets.partitions import models_partitions
 from onboarding.common.errors import ConfigError
-from onboarding.fetch.catalog import ModelSpec, parse_spec
+from onboarding.fetch.catalog import parse_spec
 from onboarding.fetch.discovery import write_discovered_spec
 from pipelines.jobs import onboard_model
 from resources.config_files import ConfigFiles
 
-_DEFAULTS = ModelSpec(id="defaults", source="s3://models/defaults/", served_name="defaults")
-
 
 class RegisterModel(dg.Config):
-    """One model to onboard. Unset fields take the catalog's defaults."""
+    """One model to onboard. Unset fields take the catalog's defaults (configs/models/
+    _defaults.yaml), as a catalog entry and a dropped checkpoint do."""
 
     id: str = Field(description="partition key: lowercase letters, digits and '-'")
     source: str = Field(description="s3://<bucket>/<prefix>/ or hf://<org>/<name>@<revision>")
     served_name: str | None = Field(default=None, description="OpenAI model name; default: id")
-    precision_ladder: list[str] = Field(
-        default=list(_DEFAULTS.precision_ladder),
-        description="tried in order; the first that passes the accuracy gate is served")
-    scenarios: list[str] = Field(default=list(_DEFAULTS.scenarios),
-                                 description="traffic profiles from configs/scenarios.yaml")
+    precision_ladder: list[str] | None = Field(
+        default=None, description="tried in order; the first that passes the accuracy gate is "
+        "served; empty: the catalog's default (configs/models/_defaults.yaml)")
+    scenarios: list[str] | None = Field(
+        default=None, description="traffic profiles from configs/scenarios.yaml; empty: the "
+        "catalog's default (configs/models/_defaults.yaml)")
     sweep: str = Field(
         default="", description="a sweep of configs/automation.yaml launch.sweeps (quick is a "
         "smoke pass, full the profile's whole sweep); empty: launch.default_sweep")
@@ -42,10 +42,12 @@ class RegisterModel(dg.Config):
 def register_model_spec(context: dg.OpExecutionContext, config: RegisterModel,
                         configs: ConfigFiles) -> dg.Output:
     data = config.model_dump(exclude={"sweep"}, exclude_none=True)
-    spec = parse_spec({"served_name": config.id, **data}, "register_model launch config")
+    catalog = configs.catalogued()
+    spec = parse_spec({"served_name": config.id, **data}, "register_model launch config",
+                      defaults=catalog.defaults)
     launch = configs.automation().launch
     sweep = config.sweep or launch.default_sweep
-    catalogued = configs.catalogued().specs
+    catalogued = catalog.specs
     if spec.id in catalogued:
         raise ConfigError(f"register_model: id {spec.id!r}", "is a catalog entry "
                           f"(source {catalogued[spec.id].source})", "Launch onboard_model on "

@@ -90,7 +90,8 @@ def _onboard_closed_folders(context: dg.SensorEvaluationContext, s3: S3ObjectSto
     """Judge each folder the scan closed: partitions to add and runs to request."""
     d = cfg.discovery
     stages = job_stages(context.repository_def, onboard_model.name)
-    catalog = configs.catalogued().specs  # what people wrote, not the sensor
+    catalogued = configs.catalogued()
+    catalog = catalogued.specs  # what people wrote, not the sensor
     discovered = configs.discovered().specs
     owners = {k.model: name for name, k in cursor.known.items() if k.state == "submitted"}
     new_keys: list[str] = []
@@ -99,7 +100,8 @@ def _onboard_closed_folders(context: dg.SensorEvaluationContext, s3: S3ObjectSto
         verdict = evaluate(folder, cursor.known.get(folder.name), bucket=d.bucket,
                            prefix=d.prefix, read=lambda key: s3.read_object(d.bucket, key),
                            marker=d.completion_marker, require_marker=d.require_marker,
-                           catalog=catalog, discovered=discovered, owners=owners)
+                           catalog=catalog, discovered=discovered, owners=owners,
+                           defaults=catalogued.defaults)
         if verdict is None:
             continue
         cursor.known[folder.name] = verdict.known

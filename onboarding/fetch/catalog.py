@@ -3,6 +3,10 @@
 A spec says where a checkpoint comes from and how it must be proven (precision ladder, eval
 tasks, traffic scenarios, SLO overrides). Unknown keys are rejected and every error names the
 file and the field, because a typo in a gate silently relaxing it is the worst failure here.
+
+What a spec leaves unset comes from the catalog's `_defaults.yaml` (`DEFAULTS_FILE`), the same
+for a catalog entry, a checkpoint dropped under the watched prefix and a launchpad model; the
+field defaults below apply only where a catalog has no such file.
 """
 
 from __future__ import annotations
@@ -204,7 +208,40 @@ class ModelSpec(StrictConfig):
         return parse_source(self.source)
 
 
-def parse_spec(data: Any, origin: str, default_id: str | None = None) -> ModelSpec:
+DEFAULTS_FILE = "_defaults.yaml"
+
+
+class SpecDefaults(StrictConfig):
+    """The catalog's defaults: what every spec gets for a field it does not set (mappings are
+    merged key by key, so `engine_args: {max_num_seqs: 64}` keeps the default max_model_len)."""
+
+    precision_ladder: list[Precision] | None = None
+    eval_tasks: list[str] | None = None
+    scenarios: list[str] | None = None
+    slo: SloOverrides | None = None
+    engine_args: dict[str, Any] | None = None
+
+    def under(self, data: dict[str, Any]) -> dict[str, Any]:
+        """`data` with the defaults filled in beneath it."""
+        out = {k: v for k, v in self.model_dump(exclude_none=True).items() if k not in data}
+        for key in ("slo", "engine_args"):
+            base = self.model_dump(exclude_none=True).get(key)
+            if base is not None and isinstance(data.get(key), dict):
+                out[key] = {**base, **data[key]}
+        return {**data, **out}
+
+
+def load_defaults(models_dir: Path) -> SpecDefaults:
+    """The catalog's `_defaults.yaml`; none (the field defaults) where it has no such file."""
+    path = models_dir / DEFAULTS_FILE
+    if not path.is_file():
+        return SpecDefaults()
+    return validate_config(SpecDefaults, load_yaml(path) or {}, str(path), "catalog defaults",
+                           "Fix the defaults file.")
+
+
+def parse_spec(data: Any, origin: str, default_id: str | None = None,
+               defaults: SpecDefaults | None = None) -> ModelSpec:
     """Validate one spec mapping; `origin` (a file path or URI) goes into every error."""
     if not isinstance(data, dict):
         raise ConfigError(
@@ -213,6 +250,8 @@ def parse_spec(data: Any, origin: str, default_id: str | None = None) -> ModelSp
         )
     if default_id is not None:
         data = {"id": default_id, **data}
+    if defaults is not None:
+        data = defaults.under(data)
     return validate_config(ModelSpec, data, origin, "model spec", "Fix the spec.")
 
 
@@ -226,6 +265,7 @@ class Catalog:
 
     specs: dict[str, ModelSpec]
     broken: dict[str, ConfigError] = field(default_factory=dict)  # file path -> its error
+    defaults: SpecDefaults = field(default_factory=SpecDefaults)  # the catalog's _defaults.yaml
 
     def resolve(self, key: str) -> ModelSpec:
         if key in self.specs:
@@ -260,12 +300,14 @@ def read_catalog(models_dir: Path, discovered_dir: Path | None = None) -> Catalo
     `discovered_dir`, so every stage resolves a discovered model like a catalogued one.
 
     A catalog entry wins over a discovered spec of the same id; that spec is reported broken.
+    `models_dir`'s `_defaults.yaml` fills in what each spec leaves unset.
     """
     if not models_dir.is_dir():
         raise ConfigError(
             str(models_dir), "the model catalog directory does not exist",
             "Set ONBOARDING_CONFIG_DIR to a directory holding models/*.yaml.",
         )
+    defaults = load_defaults(models_dir)
     specs: dict[str, ModelSpec] = {}
     broken: dict[str, ConfigError] = {}
     sources = [(models_dir, "catalog")]
@@ -274,8 +316,10 @@ def read_catalog(models_dir: Path, discovered_dir: Path | None = None) -> Catalo
     origin: dict[str, Path] = {}
     for directory, kind in sources:
         for path in sorted(directory.glob("*.yaml")):
+            if path.name == DEFAULTS_FILE:
+                continue
             try:
-                spec = parse_spec(load_yaml(path), str(path))
+                spec = parse_spec(load_yaml(path), str(path), defaults=defaults)
             except ConfigError as exc:
                 broken[str(path)] = exc
                 continue
@@ -288,7 +332,7 @@ def read_catalog(models_dir: Path, discovered_dir: Path | None = None) -> Catalo
                     fix)
                 continue
             specs[spec.id], origin[spec.id] = spec, path
-    return Catalog(specs, broken)
+    return Catalog(specs, broken, defaults)
 
 
 def load_catalog(models_dir: Path, discovered: Path | None = None) -> dict[str, ModelSpec]:

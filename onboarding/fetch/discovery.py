@@ -31,7 +31,7 @@ import yaml
 
 from onboarding.common.errors import ConfigError
 from onboarding.common.names import to_dns1123_label
-from onboarding.fetch.catalog import ModelSpec, parse_source, parse_spec
+from onboarding.fetch.catalog import ModelSpec, SpecDefaults, parse_source, parse_spec
 from onboarding.fetch.checkpoint_manifest import is_checkpoint_file
 
 SPEC_FILE = "onboarding.yaml"
@@ -207,12 +207,16 @@ def folder_uri(bucket: str, prefix: str, name: str) -> str:
 
 
 def resolve_spec(uri: str, name: str, spec_text: str | None,
-                 catalog: dict[str, ModelSpec]) -> tuple[ModelSpec, bool]:
+                 catalog: dict[str, ModelSpec], defaults: SpecDefaults | None = None,
+                 context_tokens: int | None = None) -> tuple[ModelSpec, bool]:
     """The spec for a discovered folder and whether it must be written as a discovered spec.
 
     A catalog entry whose source is this folder wins (nothing is written). Otherwise the spec
     file beside the weights, if any, is validated like a catalog entry, with the folder's URI as
-    source and a DNS-1123 form of the folder name as id and served name unless it sets them.
+    source, a DNS-1123 form of the folder name as id and served name unless it sets them, and
+    the catalog's defaults beneath it. A default max_model_len beyond the checkpoint's own
+    context (`context_tokens`, config.json's max_position_embeddings) is cut to it: the engine
+    refuses a longer one.
     """
     for spec in catalog.values():
         if spec.source_ref.kind == "s3" and spec.source_ref.uri == uri:
@@ -247,12 +251,29 @@ def resolve_spec(uri: str, name: str, spec_text: str | None,
     except ValueError as exc:
         raise ConfigError(uri, str(exc), "Rename the folder or set `id:` in its "
                           f"{SPEC_FILE}.") from None
+    defaults = defaults or SpecDefaults()
+    default_len = (defaults.engine_args or {}).get("max_model_len")
+    if (context_tokens and isinstance(default_len, int) and default_len > context_tokens
+            and "max_model_len" not in (data.get("engine_args") or {})):
+        defaults = defaults.model_copy(update={"engine_args": {
+            **(defaults.engine_args or {}), "max_model_len": context_tokens}})
     spec = parse_spec({"served_name": data.get("id", default_id), **data, "source": uri},
-                      origin, default_id=default_id)
+                      origin, default_id=default_id, defaults=defaults)
     if spec.id in catalog:
         raise ConfigError(origin, f"model id {spec.id!r} is already in the catalog with source "
                           f"{catalog[spec.id].source}", f"Set another `id:` in {SPEC_FILE}.")
     return spec, True
+
+
+def _context_tokens(read: ReadObject, config_key: str) -> int | None:
+    """config.json's max_position_embeddings; None where it has none (missing_parts has already
+    checked that the file is there)."""
+    try:
+        config = json.loads(read(config_key))
+    except ValueError:
+        return None
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _normalized(source: Any) -> str:
@@ -290,11 +311,12 @@ class Verdict:
 def evaluate(folder: Folder, before: Known | None, *, bucket: str, prefix: str,
              read: ReadObject, marker: str, require_marker: bool,
              catalog: dict[str, ModelSpec], discovered: dict[str, ModelSpec],
-             owners: dict[str, str]) -> Verdict | None:
+             owners: dict[str, str], defaults: SpecDefaults | None = None) -> Verdict | None:
     """None when there is nothing new (not a model folder, or unchanged content).
 
     `catalog` is what people wrote (configs/models), `discovered` what the sensor or
-    register_model stored, `owners` model id -> folder for the folders already onboarded.
+    register_model stored, `owners` model id -> folder for the folders already onboarded,
+    `defaults` the catalog's defaults (a dropped model gets what a catalogued one gets).
     """
     if not folder.files or (before is not None and before.unchanged(folder)):
         return None
@@ -308,7 +330,9 @@ def evaluate(folder: Folder, before: Known | None, *, bucket: str, prefix: str,
                        f"{uri}: not complete yet ({'; '.join(missing)})")
     try:
         text = read(key_prefix + SPEC_FILE).decode() if SPEC_FILE in folder.files else None
-        spec, write = resolve_spec(uri, folder.name, text, catalog)
+        context = (_context_tokens(read, key_prefix + "config.json")
+                   if defaults and (defaults.engine_args or {}).get("max_model_len") else None)
+        spec, write = resolve_spec(uri, folder.name, text, catalog, defaults, context)
         other, taken = owners.get(spec.id), discovered.get(spec.id)
         if other not in (None, folder.name):
             raise ConfigError(uri, f"model id {spec.id!r} is already taken by "

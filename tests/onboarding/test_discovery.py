@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from onboarding.common.errors import ConfigError
-from onboarding.fetch.catalog import ModelSpec, load_catalog
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.fetch.catalog import ModelSpec, load_catalog, load_defaults
 from onboarding.fetch.discovery import (
     Folder,
     Known,
@@ -103,6 +104,37 @@ def test_spec_beside_the_weights_defaults_and_overrides():
     assert write and spec.id == "my-model-v2" == spec.served_name
     assert spec.source == URI and spec.precision_ladder == ["fp8"]
     assert resolve_spec(URI, "m", None, {})[0].precision_ladder == ["nvfp4", "fp8", "bf16"]
+
+
+PROJECT_DEFAULTS = load_defaults(PROJECT_ROOT / "configs" / "models")
+
+
+def test_a_spec_beside_the_weights_keeps_its_fields_over_the_catalog_defaults():
+    text = "scenarios: [chat]\nengine_args: {max_num_seqs: 8}\n"
+    spec, _ = resolve_spec(URI, "m", text, {}, PROJECT_DEFAULTS, context_tokens=32768)
+    assert spec.scenarios == ["chat"]
+    assert spec.engine_args == {"max_model_len": 8192, "max_num_seqs": 8}  # merged by key
+    assert spec.eval_tasks == PROJECT_DEFAULTS.eval_tasks and spec.eval_tasks
+    spec, _ = resolve_spec(URI, "m", "engine_args: {max_model_len: 4096}\n", {},
+                           PROJECT_DEFAULTS, context_tokens=256)
+    assert spec.engine_args["max_model_len"] == 4096  # said by the spec: left to the engine
+    spec, _ = resolve_spec(URI, "m", None, {}, PROJECT_DEFAULTS, context_tokens=2048)
+    assert spec.engine_args["max_model_len"] == 2048
+
+
+def test_the_catalog_defaults_file_is_strict_and_skipped_as_an_entry(tmp_path: Path):
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "_defaults.yaml").write_text("scenarios: [rag]\nengine_args: {max_model_len: 4096}\n")
+    (models / "a.yaml").write_text("id: a\nsource: s3://models/a/\nserved_name: a\n"
+                                   "engine_args: {max_num_seqs: 4}\n")
+    catalog = load_catalog(models)
+    assert list(catalog) == ["a"]
+    assert catalog["a"].scenarios == ["rag"]
+    assert catalog["a"].engine_args == {"max_model_len": 4096, "max_num_seqs": 4}
+    (models / "_defaults.yaml").write_text("scenario: [rag]\n")
+    with pytest.raises(ConfigError, match=r"_defaults.yaml.*scenario"):
+        load_catalog(models)
 
 
 @pytest.mark.parametrize(("text", "needles"), [

@@ -4,6 +4,7 @@ Dagster instance; each tick is evaluated and its requests applied the way the da
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +16,7 @@ import yaml
 
 from assets.stack import current_stack
 from onboarding.common.errors import FetchError
+from onboarding.common.paths import PROJECT_ROOT
 from onboarding.deploy.readiness import Readiness
 from onboarding.fetch.discovery import ScanCursor
 from pipelines.sensors import catalog_partitions_sensor, new_checkpoint_sensor
@@ -205,6 +207,25 @@ def test_malformed_spec_is_reported_and_other_models_carry_on(
     s3_store.client().put_object(Bucket="models", Key=watched + "bad/onboarding.yaml",
                                  Body=b"precision_ladder: [fp8]\n")
     assert [r.partition_key for r in tick().run_requests] == ["bad"]
+
+
+def test_a_dropped_checkpoint_gets_what_a_catalogued_one_gets(
+        instance, watched, s3_store, tiny_checkpoint, config_dir, sensor_configs, model_spec):
+    """The project's catalog defaults (configs/models/_defaults.yaml) for both: the same
+    scenarios, eval tasks and ladder; max_model_len the default cut to the checkpoint's own
+    context (the tiny model's config.json allows 256 tokens, the engine refuses more)."""
+    shutil.copy(PROJECT_ROOT / "configs" / "models" / "_defaults.yaml", config_dir / "models")
+    write_spec(config_dir, "catalogued", "s3://models/elsewhere/")
+    s3_store.upload_dir(tiny_checkpoint, "models", watched + "dropped/")
+    assert [r.partition_key for r in Ticker(instance, s3_store, sensor_configs)().run_requests
+            ] == ["dropped"]
+    dropped, catalogued = model_spec("dropped"), model_spec("catalogued")
+    assert dropped.scenarios == catalogued.scenarios == ["chat", "rag", "codegen"]
+    assert dropped.eval_tasks == catalogued.eval_tasks == ["onb_facts_mc", "onb_arith_gen"]
+    assert dropped.precision_ladder == catalogued.precision_ladder
+    assert catalogued.engine_args["max_model_len"] == 8192
+    context = json.loads((tiny_checkpoint / "config.json").read_text())
+    assert dropped.engine_args["max_model_len"] == context["max_position_embeddings"] == 256
 
 
 def test_an_edited_spec_beside_the_weights_is_a_new_revision(

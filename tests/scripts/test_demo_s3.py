@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-import scripts.demo as demo
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.processes import free_port, reap_group
+from scripts import demo
 
 
 @pytest.fixture
