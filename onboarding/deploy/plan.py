@@ -21,6 +21,7 @@ from onboarding.common.errors import ConfigError, OnboardingError
 from onboarding.common.names import is_dns1123_label
 from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.fetch.catalog import ArchitectureHint, ModelSpec
+from onboarding.serving.kernels import KernelRule
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
 GIB = 1 << 30
@@ -121,6 +122,8 @@ class NodesConfig(StrictConfig):
     precisions: dict[Literal["nvfp4", "fp8", "bf16"], PrecisionFacts]
     planning: Planning
     node_types: dict[str, NodeType] = Field(min_length=1)
+    # which kernels a precision must run on each node type's architecture (serving/kernels.py)
+    kernel_gate: list[KernelRule] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> NodesConfig:
@@ -136,6 +139,14 @@ class NodesConfig(StrictConfig):
                         f"node_types.{name}.native_precisions lists {p}, which needs compute "
                         f"capability {need}+, but the node has {node.compute_capability}"
                     )
+        seen: dict[tuple[str, str, str], int] = {}
+        for i, rule in enumerate(self.kernel_gate):
+            for arch in rule.archs:
+                key = (rule.engine, rule.precision, arch)
+                if key in seen:
+                    raise ValueError(f"kernel_gate[{i}] and kernel_gate[{seen[key]}] both rule "
+                                     f"{rule.precision} on {arch} for {rule.engine}: keep one")
+                seen[key] = i
         return self
 
 

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from onboarding.common.config import StrictConfig, load_yaml, validate_config
 from onboarding.common.errors import ConfigError, OnboardingError
+from onboarding.serving.kernels import KernelFactPatterns
 
 ABSENT = "absent"
 # Distributions beside the engines' own (each template's `distributions`) whose version decides
@@ -139,6 +140,10 @@ class EngineTemplate(StrictConfig):
     # The log line that ends weight loading (`seconds`: the engine's own measure); None: not
     # known, and the start's phases go without it.
     weights_loaded_pattern: str | None = None
+    # The engine's own log lines that name the kernels a start chose (onboarding/serving/
+    # kernels.py): quantization method, linear kernel, MoE and attention backends, KV-cache
+    # dtype, CUDA-graph mode. Empty: not read for this engine.
+    kernel_facts: KernelFactPatterns = Field(default_factory=KernelFactPatterns)
     health_path: str = "/health"
     metrics: MetricNames
     # The env that turns the engine's own usage statistics off (set everywhere it starts).
