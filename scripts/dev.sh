@@ -56,10 +56,11 @@ setup_engine() {
   stamp_set engine "$want"
 }
 
-setup_system() {  # Debian packages some tests need (PostgreSQL server, Chromium)
+setup_system() {  # Debian packages some tests need (PostgreSQL server, Chromium, Prometheus)
   local missing=()
   command -v /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing+=(postgresql)
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v promtool >/dev/null 2>&1 || missing+=(prometheus)  # promtool + the server (docs/operations.md)
   [ ${#missing[@]} -eq 0 ] && return
   if [ "$(id -u)" != 0 ]; then
     log "not root: install ${missing[*]} yourself (apt-get install -y ${missing[*]}); the tests that need them skip and say so"
