@@ -36,6 +36,22 @@ class RemoteObject:
     etag_is_digest: bool = True  # False where the ETag is no digest of the bytes (SSE-KMS, SSE-C)
     git_sha1: str | None = None  # a Hub file stored in git (not LFS): its blob id
     evidence_note: str = ""  # why no stronger evidence is usable, said in the check's metadata
+    # When the source last wrote the object (S3 Last-Modified, ISO 8601, one-second resolution):
+    # its identity where the server gives no ETag.
+    last_modified: str | None = None
+
+    @property
+    def identity(self) -> str | None:
+        """What pins this object's version across requests and runs, so a resume never joins
+        bytes of two versions: the ETag, else Last-Modified; None when the source gives neither
+        (then nothing an earlier run left of it is trusted)."""
+        if self.etag:
+            return f"etag {self.etag}"
+        if self.last_modified:
+            return f"last-modified {self.last_modified}"
+        if self.sha256 or self.git_sha1:  # a recorded digest: a changed object fails it
+            return f"sha256 {self.sha256}" if self.sha256 else f"git-sha1 {self.git_sha1}"
+        return None
 
     def evidence(self) -> tuple[str, str | None]:
         """What verifies this object once fetched: (kind, the value to compare with), the

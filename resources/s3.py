@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import replace
+from datetime import datetime
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, TypeVar
@@ -276,7 +277,10 @@ class S3ObjectStore(ObjectStore):
             objects = list(pool.map(lambda o: self._evidence(source.location, o, log), objects))
         h = hashlib.sha256()
         for o in sorted(objects, key=lambda o: o.path):
-            h.update(f"{o.path}\0{o.size}\0{o.etag}\n".encode())
+            # Without an ETag, Last-Modified tells a re-upload of the same size apart: a new
+            # version is a new revision, staged afresh (the line is unchanged where an ETag is).
+            lm = "" if o.etag else f"\0{o.last_modified}"
+            h.update(f"{o.path}\0{o.size}\0{o.etag}{lm}\n".encode())
         return RemoteCheckpoint(source=uri, revision="s3-" + h.hexdigest()[:16],
                                 objects=sorted(objects, key=lambda o: o.path), ignored=ignored)
 
@@ -296,8 +300,11 @@ class S3ObjectStore(ObjectStore):
             sha256 = base64.b64decode(value).hex()  # a whole-object SHA256: what we stream
         etag_is_digest = (head.get("ServerSideEncryption") not in ("aws:kms", "aws:kms:dsse")
                           and not head.get("SSECustomerAlgorithm"))
+        modified = head.get("LastModified")
         obj = replace(obj, sha256=sha256, checksum_algorithm=algorithm, checksum=value,
-                      etag_is_digest=etag_is_digest)
+                      etag_is_digest=etag_is_digest,
+                      etag=head.get("ETag", "").strip('"') or obj.etag,
+                      last_modified=modified.isoformat() if modified else None)
         n_parts = checksums.parts_of(obj.etag) or checksums.parts_of(value)
         whole = bool(algorithm and checksums.can_compute(algorithm)
                      and checksums.parts_of(value) is None)
@@ -402,6 +409,12 @@ class S3ObjectStore(ObjectStore):
         for obj in remote.objects:
             final = staging / obj.path
             part = _PartFile(obj, final, chunk)
+            if obj.identity is None and (final.exists() or part.part.exists()):
+                log(f"{obj.path}: the source gives no ETag, Last-Modified or checksum for it, "
+                    "so what an earlier run fetched of it cannot be told from a newer version "
+                    "of the same size: fetching it from the start")
+                final.unlink(missing_ok=True)
+                part.drop_leftovers()
             if final.is_file() and final.stat().st_size == obj.size:
                 part.drop_leftovers()  # a run killed between the rename and the journal's unlink
                 resumed += obj.size
@@ -461,9 +474,12 @@ class S3ObjectStore(ObjectStore):
             retry.begin()
             pos = start
             try:
-                body = self._ranges_client().get_object(Bucket=source.location, Key=part.obj.key,
-                                                        Range=f"bytes={start}-{end - 1}")["Body"]
+                resp = self._ranges_client().get_object(
+                    Bucket=source.location, Key=part.obj.key, Range=f"bytes={start}-{end - 1}",
+                    **_unchanged_since_seen(part.obj))
+                body = resp["Body"]
                 try:
+                    _check_same_version(part.obj, resp, where)
                     while pos < end and retry.elapsed_s < self.range_deadline_s:
                         if stop.is_set():
                             raise _Cancelled
@@ -476,6 +492,9 @@ class S3ObjectStore(ObjectStore):
                 finally:
                     body.close()
             except (ClientError, BotoCoreError) as exc:
+                if _precondition_failed(exc):
+                    raise _changed_while_fetching(part.obj, where, "the server refused the "
+                                                  "range: precondition failed") from None
                 found = self._transient(exc, self.range_read_timeout_s)
                 if found is None:
                     raise self._explain(exc, where) from None
@@ -584,6 +603,43 @@ def _without_gc(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     finally:
         if was:
             gc.enable()
+
+
+def _unchanged_since_seen(obj: RemoteObject) -> dict[str, Any]:
+    """The conditions that make the server refuse a range of another version of `obj` (412):
+    If-Match on the ETag, else If-Unmodified-Since on Last-Modified (one-second resolution)."""
+    if obj.etag:
+        return {"IfMatch": f'"{obj.etag}"'}
+    if obj.last_modified:
+        return {"IfUnmodifiedSince": datetime.fromisoformat(obj.last_modified)}
+    return {}
+
+
+def _check_same_version(obj: RemoteObject, resp: dict, where: str) -> None:
+    """A server that ignores the conditions still names the version it sent: bytes of any other
+    version than the one the fetch pinned never reach the part file."""
+    etag = resp.get("ETag", "").strip('"') or None
+    modified = resp.get("LastModified")
+    if obj.etag and etag and etag != obj.etag:
+        raise _changed_while_fetching(obj, where, f"ETag {obj.etag} became {etag}")
+    if not obj.etag and obj.last_modified and modified is not None and \
+            modified != datetime.fromisoformat(obj.last_modified):
+        raise _changed_while_fetching(obj, where, f"Last-Modified {obj.last_modified} became "
+                                      f"{modified.isoformat()}")
+
+
+def _precondition_failed(exc: Exception) -> bool:
+    if not isinstance(exc, ClientError):
+        return False
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return status == 412 or exc.response.get("Error", {}).get("Code") == "PreconditionFailed"
+
+
+def _changed_while_fetching(obj: RemoteObject, where: str, how: str) -> FetchError:
+    return FetchError(where, f"the object was replaced at the source while it was being fetched "
+                      f"({how}); no byte of the new version was written beside the old ones",
+                      "Re-run when the upload has finished: the next run sees the new version "
+                      "as a new revision and fetches it from the start.")
 
 
 def _status_phrase(status: int) -> str:

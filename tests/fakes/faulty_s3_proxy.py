@@ -14,6 +14,10 @@ of an object a test chose to break:
 - `corrupt(key, at_byte)`: forward, with the object's byte `at_byte` flipped in transit (the
   status and length stay right: only a checksum can tell).
 
+`hide_identity()` makes it an S3-compatible server that gives no ETag and no checksums (headers
+and listings alike); `hide_identity(last_modified=True)` hides Last-Modified too, leaving the
+size as the only thing known of an object.
+
 Every request is recorded (`requests`, `count`), so a test asserts the true number of attempts a
 client made, not the number it claims. `Blackhole` is the other hang: a port that completes the
 TCP handshake and never says a word.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import re
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -76,6 +81,7 @@ class FaultyS3Proxy:
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._server: ThreadingHTTPServer | None = None
+        self._hidden: tuple[str, ...] = ()  # response headers (lowercase prefixes) held back
 
     # -- faults ---------------------------------------------------------------------------------
     def fail(self, key: str, status: int = 503, code: str = "SlowDown", times: int | None = None,
@@ -101,6 +107,19 @@ class FaultyS3Proxy:
             for f in [f for f in self._faults if f.kind == "hold"]:
                 f.released.set()
                 self._faults.remove(f)
+
+    def hide_identity(self, last_modified: bool = False) -> None:
+        """Answer as a server that records no ETag and no checksum (and, with `last_modified`,
+        no modification time) for any object."""
+        self._hidden = ("etag", "x-amz-checksum-", "x-amz-meta-") + (
+            ("last-modified",) if last_modified else ())
+
+    def _strip_listing(self, payload: bytes) -> bytes:
+        tags = ["ETag", "ChecksumAlgorithm", "ChecksumType"] + (
+            ["LastModified"] if "last-modified" in self._hidden else [])
+        for tag in tags:
+            payload = re.sub(rf"<{tag}>.*?</{tag}>".encode(), b"", payload)
+        return payload
 
     def clear(self) -> None:
         """Back to a healthy endpoint: every fault removed, stalled requests let go."""
@@ -218,10 +237,17 @@ class FaultyS3Proxy:
             conn.endheaders(body or None)
             resp = conn.getresponse()
             length = resp.getheader("Content-Length")
-            payload = None if length is not None or h.command == "HEAD" else resp.read()
+            listing = bool(self._hidden) and h.command == "GET" and \
+                len(urlsplit(h.path).path.strip("/").split("/")) == 1
+            payload = None if (length is not None and not listing) or h.command == "HEAD" \
+                else resp.read()
+            if listing and payload is not None:
+                payload = self._strip_listing(payload)
             h.send_response_only(resp.status, resp.reason)
             for name, value in resp.getheaders():
-                if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
+                lower = name.lower()
+                if lower not in _HOP_BY_HOP and lower != "content-length" and \
+                        not lower.startswith(self._hidden or ("\0",)):
                     h.send_header(name, value)
             h.send_header("Content-Length", length if payload is None else str(len(payload)))
             h.end_headers()

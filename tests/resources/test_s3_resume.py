@@ -269,3 +269,95 @@ def test_a_fetch_killed_at_any_point_ends_byte_exact_on_the_next_run(
         except (IntegrityError, AssertionError) as exc:
             wrong.append(f"killed at {point} of {name}: {type(exc).__name__}: {exc}")
     assert not wrong, "\n".join(wrong)
+
+
+# -- a new version of an object between or during runs ----------------------------------------
+
+def _new_version_of_big(five_files: Path, tmp_path: Path) -> Path:
+    """The five files with BIG rewritten: the same size and header, other bytes (what a
+    re-upload of a retrained shard looks like to a server that records only sizes)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    new = tmp_path / "v2"
+    shutil.copytree(five_files, new)
+    rng = np.random.default_rng(31)
+    save_file({"a": rng.integers(0, 255, (5 * MIB) // 2, dtype=np.uint8)}, str(new / BIG))
+    assert (new / BIG).stat().st_size == (five_files / BIG).stat().st_size
+    assert (new / BIG).read_bytes() != (five_files / BIG).read_bytes()
+    return new
+
+
+def _via(proxy) -> S3ObjectStore:
+    from tests.conftest import ACCESS_KEY, SECRET_KEY
+
+    return S3ObjectStore(endpoint_url=proxy.endpoint_url, access_key_id=ACCESS_KEY,
+                         secret_access_key=SECRET_KEY, chunk_size_mb=1, max_concurrency=4,
+                         max_attempts=2)
+
+
+@pytest.mark.parametrize("hidden", ["etag", "etag and last-modified"])
+def test_a_resume_never_joins_two_versions_of_one_file(
+        hidden, s3_store, s3_proxy, five_files, unique_prefix, tmp_path):
+    """A server with no ETag and no checksum: the fetch is killed with BIG partly received, BIG
+    is re-uploaded with other bytes of the same size, and the next run must end with the new
+    version whole, never the old chunks joined to the new ones."""
+    import time
+
+    s3_store.upload_dir(five_files, "models", unique_prefix)
+    s3_proxy.hide_identity(last_modified=hidden == "etag and last-modified")
+    source = parse_source(f"s3://models/{unique_prefix}")
+    root = tmp_path / "cache"
+    _fetch_killed_at("mid", BIG, root, s3_proxy.endpoint_url, source)
+    time.sleep(1.1)  # Last-Modified has a one-second resolution
+    new = _new_version_of_big(five_files, tmp_path)
+    s3_store.client().put_object(Bucket="models", Key=unique_prefix + BIG,
+                                 Body=(new / BIG).read_bytes())
+    logged: list[str] = []
+    result = NvmeCache(root=str(root), reserve_gb=0).fetch("m", _via(s3_proxy), source,
+                                                          log=logged.append)
+    assert_byte_exact(result, new)
+    if hidden == "etag and last-modified":
+        assert any(f"{BIG}: the source gives no ETag, Last-Modified or checksum" in line
+                   for line in logged)
+
+
+@pytest.mark.parametrize("hidden", ["nothing", "etag"])
+def test_an_object_replaced_during_the_fetch_fails_it_and_the_next_run_gets_the_new_one(
+        hidden, s3_store, s3_proxy, five_files, unique_prefix, tmp_path):
+    """BIG's range requests are held while BIG is re-uploaded, then let through: the server
+    now has only the new version. No byte of it may join the old one's."""
+    import threading
+    import time
+
+    from onboarding.common.errors import FetchError
+
+    s3_store.upload_dir(five_files, "models", unique_prefix)
+    if hidden == "etag":
+        s3_proxy.hide_identity()
+    source = parse_source(f"s3://models/{unique_prefix}")
+    cache = NvmeCache(root=str(tmp_path / "cache"), reserve_gb=0)
+    s3_proxy.hold(unique_prefix + BIG)
+    outcome: list[BaseException | None] = []
+
+    def fetch() -> None:
+        try:
+            cache.fetch("m", _via(s3_proxy), source)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            outcome.append(exc)
+
+    worker = threading.Thread(target=fetch)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while s3_proxy.count("GET", unique_prefix + BIG) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.1)  # Last-Modified has a one-second resolution
+    new = _new_version_of_big(five_files, tmp_path)
+    s3_store.client().put_object(Bucket="models", Key=unique_prefix + BIG,
+                                 Body=(new / BIG).read_bytes())
+    s3_proxy.release()
+    worker.join(60)
+    assert outcome and isinstance(outcome[0], FetchError), outcome
+    assert "replaced at the source while it was being fetched" in str(outcome[0])
+    assert_byte_exact(cache.fetch("m", _via(s3_proxy), source), new)
