@@ -160,6 +160,23 @@ def test_the_fleet_shows_node_acceptance_from_its_stored_values(instance, config
     assert "| gpu-node-1 | h200 | no | 1: go, 2: no-go |" in md
 
 
+def test_the_fleet_reads_the_reports_there_are_without_a_warning_per_missing_one(
+        instance, configs, outputs):
+    """A registered model never reported (a plan-only entry) is listed as never judged, and
+    the run logs no "Couldn't load partition ... skipped it" for it (the fan-in input that
+    allowed missing partitions logged one per such model on every run)."""
+    shutil.copy(PROJECT_ROOT / "configs" / "models" / f"{SMALL}.yaml", configs.models_path)
+    instance.add_dynamic_partitions("models", [SMALL])
+    store_model(instance, ready_model(), configs, outputs)
+    result = materialize_reports(instance, BIG, configs, outputs)
+    assert result.success
+    fleet: FleetReport = output(result, "fleet_report")
+    assert {r.model for r in fleet.rows if r.href} == {BIG}
+    assert all(r.why.startswith("never judged") for r in fleet.rows if r.model == SMALL)
+    messages = [e.message for e in instance.all_logs(result.run_id)]
+    assert not [m for m in messages if "Couldn't load partition" in m]
+
+
 def test_no_verdict_no_report(instance, configs, outputs):
     shutil.copy(PROJECT_ROOT / "configs" / "models" / f"{BIG}.yaml", configs.models_path)
     instance.add_dynamic_partitions("models", [BIG])
