@@ -19,6 +19,7 @@ from onboarding.common.errors import ConfigError
 from onboarding.common.paths import DEFAULT_CONFIG_DIR, DEFAULT_DISCOVERED_DIR, PROJECT_ROOT
 from onboarding.deploy.engine_choice import Measurement, load_measurements
 from onboarding.deploy.kserve import DeployConfig, load_deploy
+from onboarding.deploy.observability import OperationsConfig, load_operations
 from onboarding.deploy.plan import NodesConfig, load_nodes
 from onboarding.fetch.catalog import Catalog, ModelSpec, read_catalog
 from onboarding.layouts.placement import LayoutsConfig, check_references, load_layouts
@@ -135,6 +136,10 @@ class ConfigFiles(dg.ConfigurableResource):
 
     def nodes(self) -> NodesConfig:
         return load_nodes(self.path("nodes.yaml"))
+
+    def operations(self) -> OperationsConfig:
+        """How the day-two artifacts beside each manifest are evaluated (operations.yaml)."""
+        return load_operations(self.path("operations.yaml"))
 
     def layouts(self) -> LayoutsConfig:
         """layouts.yaml, with its node types checked against nodes.yaml and its models against

@@ -108,6 +108,12 @@ class NodeLimits:
     forbidden_clock_reasons: tuple[str, ...]
     nvlinks_per_gpu: int | None = None
 
+    @classmethod
+    def of(cls, thresholds: Any) -> NodeLimits:
+        """From acceptance.yaml's thresholds for one node type (AcceptanceConfig.thresholds)."""
+        return cls(thresholds.burn.temperature_max_c,
+                   tuple(thresholds.burn.forbidden_clock_reasons), thresholds.nvlinks_per_gpu)
+
 
 @dataclass(frozen=True)
 class Target:

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from onboarding.common.paths import PROJECT_ROOT
+from onboarding.deploy.dashboard import dashboard_queries, render_dashboard
 from onboarding.deploy.observability import (
     NodeLimits,
     Operations,
@@ -59,10 +60,7 @@ def h200(tmp_path_factory):
 
 
 def limits(configs: ConfigFiles, node_type: str) -> NodeLimits:
-    th = ConfigFiles(config_dir=str(PROJECT_ROOT / "configs")).acceptance().thresholds(
-        node_type, "acceptance.yaml")
-    return NodeLimits(th.burn.temperature_max_c, tuple(th.burn.forbidden_clock_reasons),
-                      th.nvlinks_per_gpu)
+    return NodeLimits.of(configs.acceptance().thresholds(node_type, "acceptance.yaml"))
 
 
 def target(config_hash: str, node_type: str = rec.NODE_TYPE) -> Target:
@@ -130,7 +128,7 @@ def _promtool(*args: str) -> subprocess.CompletedProcess:
 
 @needs_promtool
 def test_promtool_accepts_every_rendered_rule_file_and_refuses_a_broken_one(h200, tmp_path):
-    configs, slo, bench, m = h200
+    configs, _, bench, m = h200
     cpu_slo = resolve_slo(configs.slo_section(), "cpu", configs.spec(rec.MODEL))
     cases = {"measured": rendered(h200), "unmeasured": rendered(h200, "0000unmeasured"),
              "cpu": render_operations(target(bench.config_hash, "cpu"), m, cpu_slo, None, None,
@@ -294,3 +292,41 @@ def test_the_unit_tests_can_fail(h200, tmp_path):
     ops16 = render_operations(t, m, slo, lower, limits(configs, "h200"), OPS)
     proc = _run_unit_tests(tmp_path, ops16, unit_tests(h200, ops16, t))
     assert proc.returncode != 0 and "ModelQueueAboveSaturation" in proc.stdout + proc.stderr
+
+
+# ---- the dashboard ----
+
+def test_dashboard_is_built_by_grafanas_types_with_the_slo_lines(h200):
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    _, slo, bench, _ = h200
+    ops = rendered(h200)
+    doc = render_dashboard(target(bench.config_hash), ops, OPS.evaluation.window)
+    back = Dashboard.from_json(doc)  # the library's own model reads it back
+    assert [p.title for p in back.panels] == [p["title"] for p in doc["panels"]]
+    lines = {p["title"]: [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]
+                          if s["value"] is not None] for p in doc["panels"]}
+    assert slo.ttft_p95_s in lines["TTFT"]
+    assert slo.itl_mean_ms / 1e3 in lines["Mean inter-token latency"]
+    assert bench.saturation_concurrency in lines["Requests in flight per engine"]
+    recorded = {r["record"] for g in ops.rule_file()["groups"] for r in g["rules"]
+                if "record" in r}
+    for expr in dashboard_queries(doc):  # every panel reads a series the rules record, or up
+        assert expr.startswith("sum(up{") or expr.split("{")[0] in recorded, expr
+
+
+@needs_promtool
+def test_every_dashboard_query_parses_in_prometheus_and_a_broken_one_does_not(h200, tmp_path):
+    """Prometheus's own parser (promtool check rules parses each expression as the server
+    does); the end-to-end test also queries a running server with them."""
+    _, _, bench, _ = h200
+    ops = rendered(h200)
+    queries = dashboard_queries(render_dashboard(target(bench.config_hash), ops,
+                                                 OPS.evaluation.window))
+    assert len(queries) >= 6
+    for name, exprs in (("ok", queries), ("broken", [queries[0] + ")"])):
+        path = tmp_path / f"{name}.yml"
+        path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": [
+            {"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)]}]}))
+        proc = _promtool("check", "rules", str(path))
+        assert (proc.returncode == 0) == (name == "ok"), proc.stdout + proc.stderr

@@ -312,7 +312,8 @@ def test_the_real_stages_that_read_the_spec_depend_on_model_spec():
 
     graph = real.resolve_asset_graph()
     assert spec_dependent(graph) == [
-        "accuracy", "kserve_manifest", "load_timing", "predictions", "quantized", "readiness",
+        "accuracy", "kserve_manifest", "load_timing", "operations", "predictions", "quantized",
+        "readiness",
         "readiness_report", "served_accuracy", "serving_benchmark", "serving_config",
         "serving_variant"]
     for name in ("checkpoint", "published_variant"):
