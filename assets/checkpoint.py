@@ -81,6 +81,7 @@ def _metadata(result: FetchResult) -> dict:
         "bytes_resumed": result.bytes_resumed,
         "warm_cache": result.warm,
         "content_hash": m.content_hash,
+        **{f"version_pinned_by_{k}": v for k, v in result.version_pins.items()},
         "file_table": dg.MetadataValue.md(md_table(
             {"file": f.path, "bytes": f.size, "sha256": f"`{f.sha256[:16]}…`"} for f in m.files)),
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import shutil
 import threading
@@ -17,13 +18,14 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
 from onboarding.common.errors import FetchError, IncompleteCheckpointError, IntegrityError
+from onboarding.common.files import write_atomic
 from onboarding.fetch import checksums
 from onboarding.fetch.catalog import SourceRef
 from onboarding.fetch.checkpoint_manifest import (
@@ -41,6 +43,9 @@ from onboarding.fetch.twins import NO_WEIGHTS, split_weights
 from resources.object_store import LogFn, ObjectStore, RemoteCheckpoint, RemoteObject
 
 GIB = 1 << 30
+# Under <root>/.quarantine/<model>/: each file that failed verification, with the version and the
+# bytes it failed on, so a file broken at the source is not downloaded again on every run.
+FAILURES_NAME = "failures.json"
 
 
 @dataclass
@@ -54,6 +59,21 @@ class FetchResult:
     # What verified each file at fetch time (`onboarding.fetch.checksums.EVIDENCE_ORDER`): path ->
     # kind, with the reason where it is "size_only" (nothing recorded at the source).
     evidence: dict[str, str] = field(default_factory=dict)
+    # What pinned each file's version across requests and runs (`RemoteObject.identity`):
+    # kind -> files ("etag", "last-modified", "sha256", "git-sha1", "none").
+    pinned_by: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def version_pins(self) -> dict[str, int | str]:
+        """For the checkpoint's metadata: files per kind of version pin, and which files had
+        none (a same-size replacement of those at the source cannot be seen)."""
+        out: dict[str, int | str] = {k: len(v) for k, v in sorted(self.pinned_by.items())}
+        if self.pinned_by.get("none"):
+            out["unpinned_files"] = (
+                ", ".join(self.pinned_by["none"]) + ": the source gives no ETag, Last-Modified "
+                "or checksum, so a resume restarts them from zero and a replacement of the same "
+                "size is not seen; the committed files passed the safetensors and JSON checks")
+        return out
 
     @property
     def checked_by(self) -> dict[str, int | str]:
@@ -144,8 +164,10 @@ class NvmeCache(dg.ConfigurableResource):
             warm = self._verified(entry, remote)
             if warm is not None:
                 log(f"warm cache: {entry} already holds {len(warm.files)} verified files")
-                return FetchResult(entry, warm, True, time.monotonic() - t0, 0)
+                return FetchResult(entry, warm, True, time.monotonic() - t0, 0,
+                                   pinned_by=_pinned_by(remote))
             self._refuse_size_only(remote)
+            self._refuse_known_broken(model, remote)
             staging = entry.parent / f".staging-{remote.revision}"
             staging.mkdir(parents=True, exist_ok=True)
             self._check_free_space(remote, staging)
@@ -161,7 +183,7 @@ class NvmeCache(dg.ConfigurableResource):
             self._drop_stale_staging(entry.parent, keep=staging.name)
             seconds = time.monotonic() - t0
             return FetchResult(entry, manifest, False, seconds, remote.total_bytes - resumed,
-                               resumed, evidence)
+                               resumed, evidence, _pinned_by(remote))
 
     def _refuse_size_only(self, remote: RemoteCheckpoint) -> None:
         """With `refuse_size_only`, a file nothing but its size could verify stops the fetch
@@ -177,6 +199,60 @@ class NvmeCache(dg.ConfigurableResource):
                 "Re-upload them with a checksum (our uploader and `aws s3 cp --metadata "
                 "sha256=<hex>` record a sha256; `--checksum-algorithm CRC32` an S3 checksum), or "
                 "set nvme_cache.refuse_size_only to false to accept size-only files.")
+
+    # -- files broken at the source -------------------------------------------------------------
+    def _failures_path(self, model: str) -> Path:
+        return self.root_path() / ".quarantine" / model / FAILURES_NAME
+
+    def _read_failures(self, model: str) -> dict[str, dict]:
+        try:
+            return json.loads(self._failures_path(model).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _refuse_known_broken(self, model: str, remote: RemoteCheckpoint) -> None:
+        """A file an earlier run found broken at the source, and the source still holds that
+        same version of: fail before a byte is fetched, saying which file to re-upload, instead
+        of downloading and quarantining another copy of the same bytes on every run."""
+        records = self._read_failures(model)
+        known = [(o, records[o.path]) for o in remote.objects
+                 if o.path in records and o.identity is not None
+                 and records[o.path]["identity"] == o.identity
+                 and records[o.path]["size"] == o.size and records[o.path]["at_source"]]
+        if not known:
+            return
+        raise IntegrityError(
+            f"{remote.source} ({remote.revision})",
+            f"{len(known)} file(s) are broken at the source, as an earlier run found on this "
+            "same version (" + known[0][0].identity + "): " + "; ".join(
+                f"{o.path}: {r['cause']} (sha256 {r['sha256'][:12]}…, {r['when']})"
+                for o, r in known),
+            f"Re-upload {', '.join(o.path for o, _ in known)} at the source; nothing was "
+            "downloaded again. A new upload is a new version and is fetched as usual (to fetch "
+            f"this same version once more anyway, delete {self._failures_path(model)}).")
+
+    def _remember_failures(self, model: str, problems: list[_Problem]) -> list[_Problem]:
+        """Record each failure with the version and the bytes it came from; returns the
+        problems with `at_source` decided: a file whose bytes match what the source recorded
+        but are broken, or the same bytes failing the same way twice, is broken at the source."""
+        records = self._read_failures(model)
+        decided = []
+        for p in problems:
+            before = records.get(p.obj.path)
+            same = (before is not None and p.obj.identity is not None
+                    and before["identity"] == p.obj.identity and before["sha256"] == p.sha256)
+            repeats = before["repeats"] + 1 if same else 1
+            at_source = p.obj.identity is not None and (
+                (p.kind == "structure" and p.evidence != "size_only") or repeats >= 2)
+            records[p.obj.path] = {
+                "identity": p.obj.identity, "size": p.obj.size, "sha256": p.sha256,
+                "cause": p.cause, "kind": p.kind, "repeats": repeats, "at_source": at_source,
+                "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+            decided.append(replace(p, at_source=at_source, repeats=repeats))
+        path = self._failures_path(model)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(records, indent=1, sort_keys=True))
+        return decided
 
     @contextmanager
     def _disk_errors(self) -> Iterator[None]:
@@ -264,24 +340,27 @@ class NvmeCache(dg.ConfigurableResource):
                 continue
             size, sha, computed = results[obj.path]
             kind, expected = obj.evidence()
+
+            def problem(what: str, cause: str, obj=obj, sha=sha, kind=kind) -> None:
+                problems.append(_Problem(obj, what, cause, sha, kind))
+
             if size != obj.size:
-                problems.append((obj, f"{obj.path}: {size} bytes received, {obj.size} at the source"))
+                problem("size", f"{size} bytes received, {obj.size} at the source")
             elif kind == "sha256" and sha != expected:
-                problems.append((obj, (f"{obj.path}: sha256 {sha[:12]}… but the source "
-                                       f"recorded {expected[:12]}…")))
+                problem("checksum", f"sha256 {sha[:12]}… but the source recorded "
+                        f"{expected[:12]}…")
             elif kind not in ("sha256", "size_only") and computed != expected:
                 composite = checksums.parts_of(expected) is not None
                 parts = f" (parts of {obj.part_bytes} bytes)" if composite else ""
-                problems.append((obj, (f"{obj.path}: {kind} {computed} but the source "
-                                       f"recorded {expected}{parts}")))
-            elif obj.path.endswith(".safetensors"):
-                try:
-                    read_safetensors_header(staging / obj.path)
-                except IntegrityError as exc:
-                    problems.append((obj, f"{obj.path}: {exc.cause}"))
+                problem("checksum", f"{kind} {computed} but the source recorded "
+                        f"{expected}{parts}")
+            elif cause := _structure_problem(staging / obj.path):
+                problem("structure", cause)
             files.append(FileEntry(obj.path, size, sha))
             evidence[obj.path] = (kind if kind != "size_only"
                                   else f"size_only ({obj.size_only_reason()})")
+        if problems:
+            problems = self._remember_failures(model, problems)
         if problems or never:
             raise self._verification_failed(model, remote, staging, problems, never)
         return CheckpointManifest(source=remote.source, revision=remote.revision,
@@ -293,27 +372,36 @@ class NvmeCache(dg.ConfigurableResource):
         return self.root_path() / ".quarantine" / model / f"{revision}-{stamp}"
 
     def _verification_failed(self, model: str, remote: RemoteCheckpoint, staging: Path,
-                             problems: list[tuple[RemoteObject, str]],
+                             problems: list[_Problem],
                              never: list[RemoteObject]) -> IntegrityError:
         """Move what failed out of staging, then say what was moved where: the next run then
-        fetches those objects again instead of failing the same way on the same leftovers.
+        fetches those objects again instead of failing the same way on the same leftovers,
+        unless a file is known to be broken at the source (then it says which to re-upload).
 
         A file that failed verification may have been corrupted in transit or at the source;
         one that never completed is the store's bug (every store finishes or raises), and
         its part and journal go too, so nothing of it is trusted on the next run."""
-        bad = [o for o, _ in problems]
+        bad = [p.obj for p in problems]
         target, moved = self._quarantine_files(model, remote.revision, staging, bad, never)
-        causes = [msg for _, msg in problems] + [
+        causes = [f"{p.obj.path}: {p.cause}" for p in problems] + [
             f"{o.path}: never completed (the store returned without finishing it)" for o in never]
         if moved:
             fix = f"Moved out of staging to {target}: {', '.join(moved)}."
         else:
             fix = "Nothing of them was left in staging."
-        fix += (" The next run fetches them again; the previous good cache entry is "
-                "untouched.")
-        if bad:
-            fix += (" If a file fails the same way again, its bytes at the source differ from "
-                    "what the source recorded: re-upload it (or fix its recorded checksum).")
+        at_source = [p for p in problems if p.at_source]
+        again = [p for p in problems if not p.at_source]
+        if again or never:
+            fix += (" The next run fetches " + ", ".join(
+                [p.obj.path for p in again] + [o.path for o in never])
+                + " again; the previous good cache entry is untouched.")
+        if at_source:
+            fix += (" Broken at the source, re-upload: " + "; ".join(
+                f"{p.obj.path} ({p.why_at_source()})" for p in at_source)
+                + ". The next run fails at once on this same version instead of fetching it "
+                "again.")
+        for p in again:
+            fix += f" {p.obj.path}: {p.why_again()}."
         if never:
             fix += " A file that never completed is a bug in the object store: report it."
         return IntegrityError(f"{remote.source} ({remote.revision})",
@@ -375,6 +463,63 @@ class NvmeCache(dg.ConfigurableResource):
             return (f"{entry} was not quarantined ({exc.cause}); delete it and re-run to "
                     "fetch it again")
         return f"the entry was moved to {target}; the next run fetches it again"
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """One file that failed verification: what kind of failure, on which bytes."""
+
+    obj: RemoteObject
+    kind: str  # size | checksum | structure
+    cause: str
+    sha256: str  # of the bytes received
+    evidence: str  # the kind of evidence the source recorded (EVIDENCE_ORDER)
+    at_source: bool = False
+    repeats: int = 1
+
+    def why_at_source(self) -> str:
+        if self.kind == "structure":
+            return (f"the bytes received match what the source recorded ({self.evidence}), so "
+                    "the file is broken as stored" if self.evidence != "size_only" else
+                    "the same bytes failed the same way on two fetches")
+        return ("the same bytes failed the same way on two fetches: the source holds bytes "
+                "that differ from what it recorded; re-upload it or fix its recorded checksum")
+
+    def why_again(self) -> str:
+        if self.obj.identity is None:
+            return ("the source gives no version for it, so a transfer error cannot be told "
+                    "from a broken upload; if it keeps failing, re-upload it")
+        if self.kind == "structure":  # size_only: a transfer error is possible
+            return ("the source records no checksum for it, so a transfer error cannot be "
+                    "ruled out; if the same bytes fail again, it is broken at the source")
+        return ("a transfer error or the source: if the same bytes fail again, the source's "
+                "bytes differ from what it recorded (re-upload it or fix its recorded checksum)")
+
+
+def _pinned_by(remote: RemoteCheckpoint) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for o in remote.objects:
+        out.setdefault(o.identity.split(" ", 1)[0] if o.identity else "none", []).append(o.path)
+    return out
+
+
+def _structure_problem(path: Path) -> str | None:
+    """What a reader would trip on, checked before commit: a safetensors header whose tensors
+    lie outside the file, a JSON file that does not parse (config.json, the index, the
+    tokenizer). None when the file reads."""
+    if path.name.endswith(".safetensors"):
+        try:
+            read_safetensors_header(path)
+        except IntegrityError as exc:
+            return exc.cause
+    elif path.name.endswith(".json"):
+        try:
+            json.loads(path.read_bytes())
+        except ValueError as exc:
+            where = (f" (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+                     if isinstance(exc, json.JSONDecodeError) else f" ({exc})")
+            return "not valid JSON" + where
+    return None
 
 
 def _without_weights(remote: RemoteCheckpoint, log: LogFn) -> RemoteCheckpoint:

@@ -35,3 +35,7 @@ class IntegrityError(FetchError):
 
 class IncompleteCheckpointError(FetchError):
     """The source lacks files the checkpoint names (a shard of the index): nothing fetched."""
+
+
+class OutputError(OnboardingError):
+    """A rendered file (manifest, report) could not be written; the previous one is intact."""

@@ -74,6 +74,9 @@ def test_materializes_with_metadata_checks_and_content_version(
     assert mat.tags["dagster/data_version"] == ref.content_hash
     assert mat.metadata["warm_cache"].value is False
     assert mat.metadata["files"].value == len(ref.files) >= 4
+    # SeaweedFS gives every object an ETag: each file's version was pinned by it
+    assert mat.metadata["version_pinned_by_etag"].value == len(ref.files)
+    assert "version_pinned_by_none" not in mat.metadata
     assert Path(ref.path, "config.json").is_file()
     again = _run(instance, resources)
     warm = again.asset_materializations_for_node("checkpoint")[0]

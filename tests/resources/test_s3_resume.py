@@ -317,6 +317,9 @@ def test_a_resume_never_joins_two_versions_of_one_file(
     result = NvmeCache(root=str(root), reserve_gb=0).fetch("m", _via(s3_proxy), source,
                                                           log=logged.append)
     assert_byte_exact(result, new)
+    pin = "none" if hidden == "etag and last-modified" else "last-modified"
+    assert result.pinned_by == {pin: sorted(FILES)}
+    assert ("unpinned_files" in result.version_pins) is (pin == "none")
     if hidden == "etag and last-modified":
         assert any(f"{BIG}: the source gives no ETag, Last-Modified or checksum" in line
                    for line in logged)
@@ -361,3 +364,66 @@ def test_an_object_replaced_during_the_fetch_fails_it_and_the_next_run_gets_the_
     assert outcome and isinstance(outcome[0], FetchError), outcome
     assert "replaced at the source while it was being fetched" in str(outcome[0])
     assert_byte_exact(cache.fetch("m", _via(s3_proxy), source), new)
+
+
+# -- a file broken at the source --------------------------------------------------------------
+
+def _broken_copy(tiny_checkpoint: Path, tmp_path: Path, name: str) -> tuple[Path, str]:
+    """The tiny checkpoint with `name` broken as it could be uploaded: config.json cut short
+    (not JSON), or a shard's data section truncated. Uploaded by our uploader, its recorded
+    sha256 is that of the broken bytes: the transfer is faithful, the file is not."""
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint, broken)
+    data = (broken / name).read_bytes()
+    (broken / name).write_bytes(data[: len(data) // 2])
+    return broken, name
+
+
+@pytest.mark.parametrize("what", ["config.json", "shard"])
+def test_a_file_broken_at_the_source_is_named_and_not_downloaded_again(
+        what, s3_store, s3_proxy, tiny_checkpoint, unique_prefix, tmp_path):
+    from tests.tiny_models import shard_names
+
+    name = "config.json" if what == "config.json" else shard_names(tiny_checkpoint)[0]
+    broken, name = _broken_copy(tiny_checkpoint, tmp_path, name)
+    s3_store.upload_dir(broken, "models", unique_prefix)
+    source = parse_source(f"s3://models/{unique_prefix}")
+    cache = NvmeCache(root=str(tmp_path / "cache"), reserve_gb=0)
+    cause = "not valid JSON" if what == "config.json" else "data section"
+    with pytest.raises(IntegrityError, match=cause) as first:
+        cache.fetch("tiny", _via(s3_proxy), source)
+    message = str(first.value)
+    assert f"Broken at the source, re-upload: {name}" in message
+    assert "match what the source recorded (sha256)" in message
+    assert "differ from what the source recorded" not in message  # the checksum matched
+    assert not list((Path(cache.root) / "tiny").glob("s3-*"))  # nothing committed
+
+    gets = s3_proxy.count("GET", unique_prefix + name)
+    with pytest.raises(IntegrityError, match="broken at the source, as an earlier run found") \
+            as second:
+        cache.fetch("tiny", _via(s3_proxy), source)
+    assert f"Re-upload {name} at the source; nothing was downloaded again" in str(second.value)
+    assert s3_proxy.count("GET", unique_prefix + name) == gets  # not fetched again
+    assert len(list((Path(cache.root) / ".quarantine").rglob(name))) == 1  # one copy kept
+
+    s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)  # the fix: a new version
+    assert_byte_exact(cache.fetch("tiny", _via(s3_proxy), source), tiny_checkpoint)
+
+
+def test_a_size_only_file_that_fails_twice_on_the_same_bytes_is_taken_as_broken_at_the_source(
+        s3_store, s3_proxy, tiny_checkpoint, unique_prefix, tmp_path):
+    """No checksum at the source: one failure may be a transfer error, so the next run fetches
+    the file once more; the same bytes failing the same way again settle it."""
+    broken, name = _broken_copy(tiny_checkpoint, tmp_path, "config.json")
+    s3_store.upload_dir(broken, "models", unique_prefix)
+    s3_proxy.hide_identity()  # no ETag, no checksum: Last-Modified and the size only
+    source = parse_source(f"s3://models/{unique_prefix}")
+    cache = NvmeCache(root=str(tmp_path / "cache"), reserve_gb=0)
+    with pytest.raises(IntegrityError, match="a transfer error cannot be ruled out"):
+        cache.fetch("tiny", _via(s3_proxy), source)
+    with pytest.raises(IntegrityError, match="the same bytes failed the same way on two"):
+        cache.fetch("tiny", _via(s3_proxy), source)
+    gets = s3_proxy.count("GET", unique_prefix + name)
+    with pytest.raises(IntegrityError, match="broken at the source, as an earlier run found"):
+        cache.fetch("tiny", _via(s3_proxy), source)
+    assert s3_proxy.count("GET", unique_prefix + name) == gets
