@@ -9,6 +9,7 @@ name is looked up in lm-eval's own registry (mmlu, gsm8k, ...), which needs hub 
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,18 @@ from pydantic import Field
 from onboarding.common.config import load_yaml
 from onboarding.common.errors import ConfigError
 from resources.config_files import ConfigFiles
+
+
+class _LoadedModelNote(logging.Filter):
+    """Drops lm-eval's warning that `pretrained` is not a str: the quantized variant is scored
+    as it is in memory, by handing HFLM the loaded model on purpose (no accelerate launch, no
+    parallelize, the two things that warning is about; lm_eval/models/huggingface.py)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("`pretrained` model kwarg is not of type")
+
+
+_HFLM_NOTE = _LoadedModelNote()
 
 
 @dataclass(frozen=True)
@@ -150,6 +163,8 @@ class LmEvalEvaluator(Evaluator):
             lm = HFLM(pretrained=str(model), dtype="bfloat16", batch_size=self.batch_size,
                       device="cuda" if torch.cuda.is_available() else "cpu")
         else:
+            hflm_log = logging.getLogger(HFLM.__module__)
+            hflm_log.addFilter(_HFLM_NOTE)  # once: a filter is kept only once per logger
             lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.batch_size)
         return self._run(lm, task_cfgs, limit, items)
 

@@ -215,18 +215,33 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+# `dagster dev` warns on every start that it is superseded by `dg dev`, the command of the `dg`
+# project layout (pyproject [tool.dg]), which this project does not use: same processes, same
+# workspace.yaml. A message filter, so the engine's interpreter (no dagster) is not affected.
+QUIET_DEV = "ignore:Function `dev_command` is superseded"
+
+
 def run_dagster_dev(port: int) -> int:
-    """`dagster dev` in its own process group, so Ctrl+C here stops all of it (webserver,
-    daemon, code servers, run workers) with SIGTERM, then SIGKILL after a grace period."""
+    """`dagster dev` in its own process group. Ctrl+C here stops it the way its own Ctrl+C
+    does: SIGTERM to `dagster dev` alone, which stops the webserver and the daemon before the
+    code server they poll; whatever is left of the group (run workers, engines) then gets
+    SIGTERM and, after a grace period, SIGKILL."""
     from onboarding.common.processes import reap_group
 
+    warnings = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), QUIET_DEV) if w)
     proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "dagster"), "dev", "-h", "127.0.0.1",
                              "-p", str(port), "-w", "workspace.yaml"], cwd=ROOT,
+                            env={**os.environ, "PYTHONWARNINGS": warnings},
                             start_new_session=True)
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        print("stopping dagster dev and the local S3 server ...")
+        print("stopping dagster dev ...")
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
         return 130
     finally:
         reap_group(proc, grace_s=20)
