@@ -36,6 +36,7 @@ from onboarding.nodes.telemetry import point_columns
 from onboarding.quantize.variants import QuantizedSet
 from onboarding.serving.engine_config import EngineConfig
 from onboarding.serving.frontend import FRONTEND_ADVICE, FRONTEND_BOUND_CORES, FrontendSampler
+from onboarding.serving.kernels import StartKernels, facts_table, judge, summarize_facts
 from onboarding.serving.plots import sweep_png
 from onboarding.serving.profiles import Profile, check_fits, resolve_slo, scenarios_for
 from onboarding.serving.prompts import synthetic_prompts
@@ -60,6 +61,7 @@ from resources.telemetry import GpuTelemetry
 GROUP = "serving"
 SLO_CHECK = "slo_at_target_concurrency"
 COLD_START_CHECK = "cold_start_within_budget"
+KERNEL_CHECK = "kernels_as_planned"
 
 
 class LoadTimingConfig(dg.Config):
@@ -217,6 +219,10 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
     check_specs=[dg.AssetCheckSpec(COLD_START_CHECK, asset="load_timing",
                                    description="cold start p95 within configs/gates.yaml "
                                    "`slo.cold_start_p95_max_s` for this node type"),
+                 dg.AssetCheckSpec(KERNEL_CHECK, asset="load_timing",
+                                   description="every start ran the kernels configs/nodes.yaml "
+                                   "`kernel_gate` requires of its precision on this GPU "
+                                   "architecture, as the engine's own log names them"),
                  node_check_spec("load_timing")],
     description="Three kinds of engine start of the serving variant: fully cold (page cache "
     "evicted, empty compile caches), cold weights (page cache evicted, caches kept) and warm; "
@@ -236,6 +242,7 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
                         metadata={**_unservable_metadata(engine, setup.reason, configs),
                                   **spec_metadata(spec)})
         yield _unservable_check(COLD_START_CHECK, setup.reason)
+        yield _unservable_check(KERNEL_CHECK, setup.reason)
         yield node_check
         return
     d = setup.profile.load_timing
@@ -256,12 +263,18 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
         node_type=engine.node_type, config_hash=setup.config.hash, random_weights=spec.is_twin)
     if setup.reason:
         result = dataclasses.replace(result, servable=False, reason=setup.reason)
+    kernels = tuple(StartKernels(s.kind, s.kernels) for s in samples)
+    result = dataclasses.replace(result, kernels=kernels, kernel_verdict=judge(
+        configs.nodes().kernel_gate, engine.kind(), variant.precision,
+        engine.resolved_hardware(), kernels))
     yield dg.Output(result, metadata={
         **_measured_metadata(engine, setup, serving_variant),
         **_timing_metadata(result, samples, engine),
+        **_kernel_metadata(result),
         "servable_precisions": dg.MetadataValue.json(engine.servable_precisions()),
         **stack_metadata(configs), **spec_metadata(spec)})
     yield _cold_start_check(setup, result, engine.node_type)
+    yield kernel_check(result, engine.resolved_hardware(), setup.blocking)
     yield node_check
 
 
@@ -282,6 +295,34 @@ def _cold_start_check(setup: Setup, result: LoadTimingResult, node_type: str
         check_name=COLD_START_CHECK,
         passed=budget is None or result.cold_start_p95_s <= budget,
         severity=dg.AssetCheckSeverity.WARN, metadata=metadata)
+
+
+def kernel_check(result: LoadTimingResult, hardware: str, blocking: bool
+                 ) -> dg.AssetCheckResult:
+    """The kernel gate's verdict: a start on a fallback fails, naming the kernel it ran and
+    what was expected; no rule for the start (bf16, the CPU build) passes as not judged."""
+    v = result.kernel_verdict
+    metadata = {"hardware": hardware, "measured_precision": result.precision,
+                "kernels_seen": dg.MetadataValue.json(summarize_facts(result.kernels)),
+                "verdict": dg.MetadataValue.text(v.summary if v else "not read")}
+    if v is None or v.passed is None:
+        return dg.AssetCheckResult(check_name=KERNEL_CHECK, passed=True,
+                                   metadata={**metadata, "status": "not judged"})
+    metadata["expected"] = dg.MetadataValue.text(v.expected)
+    if v.problems:
+        metadata["seen_instead"] = dg.MetadataValue.md("\n".join(f"- {p}" for p in v.problems))
+    if v.passes_as:
+        metadata["passes_as"] = dg.MetadataValue.text(v.passes_as)
+    return dg.AssetCheckResult(
+        check_name=KERNEL_CHECK, passed=bool(v.passed), metadata=metadata,
+        severity=dg.AssetCheckSeverity.ERROR if blocking else dg.AssetCheckSeverity.WARN)
+
+
+def _kernel_metadata(result: LoadTimingResult) -> dict:
+    v = result.kernel_verdict
+    return {"kernels": dg.MetadataValue.md(md_table(facts_table(result.kernels))
+                                           if result.kernels else "no start was read"),
+            "kernel_verdict": dg.MetadataValue.text(v.summary if v else "not read")}
 
 
 def _float_or_null(value: float | None) -> dg.MetadataValue:
@@ -309,7 +350,9 @@ def _timing_metadata(result: LoadTimingResult, samples: list, engine: Engine) ->
         "weight_bytes": result.weight_bytes,
         "weights_load_gbps": _float_or_null(result.weights_load_gbps),
         "raw_read_gbps": _float_or_null(result.raw_read_gbps),
-        "starts": dg.MetadataValue.md(md_table([s.__dict__ for s in samples], floatfmt=".3f")),
+        "starts": dg.MetadataValue.md(md_table(
+            [{k: v for k, v in s.__dict__.items() if k != "kernels"} for s in samples],
+            floatfmt=".3f")),
     }
 
 

@@ -51,6 +51,7 @@ from onboarding.fetch.catalog import ModelSpec
 from onboarding.fetch.twins import DUMMY_LOAD_FORMAT
 from onboarding.serving import page_cache
 from onboarding.serving.engine_config import EngineConfig
+from onboarding.serving.kernels import read_kernel_facts
 from onboarding.serving.stack import EngineTemplate, HardwareProfile, hardware_class, servable
 from onboarding.serving.stats import StartSample
 from resources.config_files import ConfigFiles
@@ -108,6 +109,9 @@ class RunningEngine:
     config_hash: str = ""
     # "" : started for the caller; else the kind of the load-timing start it was handed off from
     reused_from: str = ""
+    # the kernels the start chose, as its log named them by the time it was ready
+    # (onboarding/serving/kernels.py; the template's kernel_facts)
+    kernels: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def exit_code(self) -> int | None:
         """None while the engine process runs; its exit status once it has exited."""
@@ -409,7 +413,8 @@ class Engine(dg.ConfigurableResource):
                         kind=kind, resident_fraction=resident,
                         weights_loaded_s=ph.weights_loaded_s,
                         engine_weights_load_s=ph.engine_weights_load_s,
-                        health_ready_s=ph.health_ready_s, first_token_s=ph.first_token_s))
+                        health_ready_s=ph.health_ready_s, first_token_s=ph.first_token_s,
+                        kernels=running.kernels))
                 parked = any(p.running is running for p in _PARKED)
                 if log is not None:
                     log.info(f"{kind} start {i + 1}/{repeats[kind]}: {samples[-1]}"
@@ -508,6 +513,8 @@ class Engine(dg.ConfigurableResource):
         try:
             self._wait_ready(proc, running, template, t0, timeout_s)
             ready = True
+            running.kernels = read_kernel_facts(
+                template.kernel_facts, log_path.read_text(errors="replace").splitlines())
             yield running
             if park_as is not None and proc.poll() is None:
                 _PARKED.append(_Parked(_key(variant, config), running, park_as))

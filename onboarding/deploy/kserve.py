@@ -664,6 +664,9 @@ def _annotations(ri: RenderInputs, node: NodePlan, startup: StartupProbePlan,
         annotations[f"{LABEL_PREFIX}/configuration-notes"] = "; ".join(ri.config.notes)
     if ri.config.never_measured:
         annotations[f"{LABEL_PREFIX}/engine-measured"] = ri.config.never_measured
+    if ev.kernels:  # what the measured starts ran, from the engine's log (serving/kernels.py)
+        annotations[f"{LABEL_PREFIX}/kernels"] = ev.kernels
+        annotations[f"{LABEL_PREFIX}/kernel-gate"] = ev.kernel_verdict
     return annotations
 
 

@@ -39,6 +39,7 @@ from onboarding.quantize.variants import AccuracyReport, QuantizedSet
 from onboarding.reports.plots import DropPoint, accuracy_png, curves_png, starts_png
 from onboarding.serving.engine_config import EngineConfig, evidence
 from onboarding.serving.frontend import FRONTEND_ADVICE, FRONTEND_BOUND_CORES, frontend_bound_points
+from onboarding.serving.kernels import facts_table
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult, Slo
 
 # ---- the document: described once, rendered to HTML and to Markdown ----
@@ -532,8 +533,23 @@ def _measured_blocks(f: ModelFacts) -> list[Block]:
                                f"{gbps(t.weights_load_gbps)} (raw sequential read "
                                f"{gbps(t.raw_read_gbps)}), precision measured {t.precision}"
                                + (f"; {t.reason}" if t.reason else "") + "."))
+            blocks += _kernel_blocks(t)
     if b is not None:
         blocks += _benchmark_blocks(f, b)
+    return blocks
+
+
+def _kernel_blocks(t: LoadTimingResult) -> list[Block]:
+    """The kernels each start ran, as the engine's log named them, and the gate's reading."""
+    starts, v = getattr(t, "kernels", ()), getattr(t, "kernel_verdict", None)
+    if not starts:
+        return [Text("Kernels: not read (this load timing predates the kernel facts).")]
+    blocks: list[Block] = [Table(tuple(facts_table(starts)))]
+    if v is not None:
+        status = {True: "pass", False: "FAIL", None: "not judged"}[v.passed]
+        blocks.append(Text(f"Kernel gate ({status}): {v.summary}."))
+        if v.problems:
+            blocks.append(Bullets(v.problems))
     return blocks
 
 

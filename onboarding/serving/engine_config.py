@@ -23,6 +23,7 @@ from typing import Any
 from onboarding.common.errors import ConfigError
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.fetch.twins import DUMMY_LOAD_FORMAT
+from onboarding.serving.kernels import summarize_facts
 from onboarding.serving.stack import EngineTemplate, HardwareProfile, hardware_class
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
@@ -236,6 +237,10 @@ class Evidence:
     e2e_p99_s: float | None = None  # at the judged (target) concurrency, slowest scenario
     ttft_p99_s: float | None = None
     judged_at: int | None = None
+    # the kernels the measured starts ran ("fact=value; ...") and the kernel gate's reading of
+    # them (onboarding/serving/kernels.py); "" when load timing did not read them here
+    kernels: str = ""
+    kernel_verdict: str = ""
 
 
 def evidence(config: EngineConfig, timing: LoadTimingResult | None,
@@ -256,6 +261,8 @@ def evidence(config: EngineConfig, timing: LoadTimingResult | None,
         return Evidence(h, False, f"unmeasured: configuration {h} was never measured on "
                         f"{config.node_type}{where}")
     timed, benched = at_this(timing), at_this(bench)
+    facts = summarize_facts(getattr(timing, "kernels", ())) if timed else {}
+    verdict = getattr(timing, "kernel_verdict", None) if timed else None
     return Evidence(
         h, True, f"measured on {config.node_type} at configuration {h} ({config.engine} "
         f"{config.engine_version})",
@@ -266,4 +273,6 @@ def evidence(config: EngineConfig, timing: LoadTimingResult | None,
         slo_pass=bench.slo_pass if benched else None,
         e2e_p99_s=getattr(bench, "e2e_p99_s", None) if benched else None,
         ttft_p99_s=getattr(bench, "ttft_p99_s", None) if benched else None,
-        judged_at=getattr(bench, "judged_at", None) if benched else None)
+        judged_at=getattr(bench, "judged_at", None) if benched else None,
+        kernels="; ".join(f"{k}={v}" for k, v in facts.items()),
+        kernel_verdict=verdict.summary if verdict is not None else "")

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from onboarding.serving.kernels import KernelVerdict, StartKernels
+
 PERCENTILES = (50, 90, 95, 99)
 
 # The closed set of causes a failed request is counted under, each explained in docs/serving.md.
@@ -359,6 +361,10 @@ class LoadTimingResult:
     random_weights: bool = False  # a performance twin: the starts read no weights
     cold_start_samples: int = 0  # fully cold starts behind cold_start_p95_s (its n)
     cold_start_max_s: float | None = None  # fully cold: the slowest start
+    # the kernels each start chose, in the order of the starts, and the gate's reading of them
+    # (onboarding/serving/kernels.py); () / None: not read (a result from before, or no start)
+    kernels: tuple[StartKernels, ...] = ()
+    kernel_verdict: KernelVerdict | None = None
 
 
 @dataclass(frozen=True)
@@ -447,6 +453,8 @@ class StartSample:
     engine_weights_load_s: float | None
     health_ready_s: float | None
     first_token_s: float
+    # fact -> values the start's log named (onboarding/serving/kernels.py); not a timing
+    kernels: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
 
 def summarize_load_timing(model: str, precision: str, samples: Sequence[StartSample],

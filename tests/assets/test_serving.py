@@ -12,7 +12,13 @@ import yaml
 
 from assets.node_gate import NODE_CHECK
 from assets.partitions import models_partitions, nodes_partitions
-from assets.serving import COLD_START_CHECK, SLO_CHECK, load_timing, serving_benchmark
+from assets.serving import (
+    COLD_START_CHECK,
+    KERNEL_CHECK,
+    SLO_CHECK,
+    load_timing,
+    serving_benchmark,
+)
 from assets.stack import current_stack
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import CheckpointRef, VariantRef
@@ -125,6 +131,8 @@ def test_timing_and_benchmark_emit_what_the_plan_reads(config_dir, model_dir, fa
     assert t["servable"] is True and t["substituted"] == "no"
     cold_check = check_result(result, COLD_START_CHECK)
     assert cold_check.passed and cold_check.metadata["expected_max_s"].value == 120
+    kernel_check = check_result(result, KERNEL_CHECK)  # bf16 on the CPU: no rule
+    assert kernel_check.passed and kernel_check.metadata["status"].value == "not judged"
     b = metadata(result, "serving_benchmark")
     assert b["node_type"] == "cpu" and b["gpus"] == 0
     assert b["saturation_concurrency"] == 4 and b["slo_pass"] is True
@@ -477,3 +485,59 @@ def test_no_point_of_the_sweep_resends_a_prompt_an_earlier_point_sent(config_dir
     assert [len(p["measured"]) for p in points] == [4, 4, 8] * 2
     assert len(set(measured)) == len(measured), "a point re-sent a prompt already sent"
     assert not set(measured) & {p for point in points for p in point["warmup"]}
+
+
+def _recorded_nvfp4_start(tmp_path: Path) -> Path:
+    """One recorded start of the 8B twin's NVFP4 variant on the H200 (vLLM 0.22.0): its log
+    names MarlinNvFp4LinearKernel, Hopper's weight-only FP4."""
+    import tarfile
+    with tarfile.open(PROJECT_ROOT / "tests/data/gpu/h200-2026-12-04-run10/"
+                      "engine-logs.tar.gz") as tar:
+        member = tar.getmember("engine-logs/engine-llama-3-1-8b-instruct-twin-50117-"
+                               "1796410664.log")
+        out = tmp_path / "nvfp4-start.log"
+        out.write_bytes(tar.extractfile(member).read())
+    assert "variants/nvfp4" in out.read_text().splitlines()[0]
+    return out
+
+
+@pytest.mark.parametrize(("hardware", "passed"), [("sm90", True), ("sm103", False)])
+def test_the_kernel_check_reads_what_each_start_ran(config_dir, model_dir, tmp_path, monkeypatch,
+                                                    configs, hardware, passed):
+    """The fake engine prints the recorded H200 NVFP4 start's log; the engine resource says it
+    runs on `hardware`. On Hopper the Marlin start passes as weight-only FP4 and says so; on a
+    B300's sm103 the same start is a fallback and fails, naming the kernel and what was
+    expected. The value stores each start's kernels."""
+    write_spec(config_dir, KEY, "s3://models/tiny/")
+    monkeypatch.setenv("FAKE_ENGINE_LOG_FROM", str(_recorded_nvfp4_start(tmp_path)))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    engine = Engine(bin_dir=str(install_as_vllm(tmp_path / "bin")), hardware=hardware,
+                    node_type="local-gpu", start_timeout_s=30, log_dir=str(tmp_path / "logs"),
+                    configs=configs)
+    run_config = {"ops": {"load_timing": {"config": {
+        "cold_repeats": 1, "cold_weights_repeats": 0, "warm_repeats": 1}}}}
+    result = dg.materialize(
+        [*stub_variant(model_dir, "nvfp4"), load_timing], partition_key=KEY,
+        instance=_instance_with_partition(), run_config=run_config, raise_on_error=False,
+        resources={"engine": engine, "configs": configs})
+    assert result.success
+    value = result.output_for_node("load_timing")
+    assert [k.kind for k in value.kernels] == ["fully_cold", "warm"]
+    assert all(k.facts["linear_kernel"] == ("MarlinNvFp4LinearKernel",) for k in value.kernels)
+    check = check_result(result, KERNEL_CHECK)
+    assert check.passed is passed
+    t = metadata(result, "load_timing")
+    assert "MarlinNvFp4LinearKernel" in t["kernels"]
+    if passed:
+        assert check.metadata["passes_as"].value == (
+            "weight-only FP4 (Marlin): Blackwell-only speed not measured")
+    else:
+        assert check.severity == dg.AssetCheckSeverity.ERROR
+        assert "MarlinNvFp4LinearKernel" in check.metadata["seen_instead"].value
+        assert "native FP4" in check.metadata["expected"].value
+
+
+def _instance_with_partition() -> dg.DagsterInstance:
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [KEY])
+    return instance

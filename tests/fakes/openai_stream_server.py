@@ -33,7 +33,9 @@ Two modes:
   answer), IGNORE_SIGTERM (as a busy vLLM may), CHILD (spawn a child like vLLM's EngineCore),
   RECORD (write argv, env and pid as JSON to that path), STARTS (append one JSON line per start:
   its VLLM_CACHE_ROOT, whether that cache already held what a start compiles into it, which
-  the fake leaves behind like an engine's compile cache, and its pid); and FAKE_FAULT, FAKE_FAULT_EVERY,
+  the fake leaves behind like an engine's compile cache, and its pid), LOG_FROM (print a real
+  engine's recorded log, its argv line left out, before loading: the kernel lines a start's
+  log names are that engine's); and FAKE_FAULT, FAKE_FAULT_EVERY,
   FAKE_FAULT_AFTER_TOKENS, FAKE_METRICS_FAULT, FAKE_EXIT_CODE as the server mode's flags.
 """
 
@@ -380,6 +382,8 @@ def _engine_main(argv: list[str]) -> None:
             compiled.parent.mkdir(parents=True, exist_ok=True)
             compiled.write_text("kernels")
     print("INFO fake engine starting", flush=True)
+    if recorded := env.get("FAKE_ENGINE_LOG_FROM"):
+        print("\n".join(Path(recorded).read_text(errors="replace").splitlines()[1:]), flush=True)
     if env.get("FAKE_ENGINE_IGNORE_SIGTERM"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if env.get("FAKE_ENGINE_CHILD"):

@@ -265,3 +265,38 @@ def test_a_frontend_bound_point_is_marked_with_what_to_do(ready):
     assert "chat @ 64: frontend-bound, its API server at 0.97 of a core" in md
     assert "rag @ 64: frontend-bound" in md and "@ 32: frontend-bound" not in md
     assert "--api-server-count" not in to_markdown(model_page(facts_of(ready)))
+
+
+def _recorded_kernels(log: str, precision: str, arch: str):
+    """The kernels a recorded H200 start named, and the gate's reading of them on `arch`."""
+    from onboarding.serving.kernels import StartKernels, judge, read_kernel_facts
+
+    facts = read_kernel_facts(STACK.templates["vllm"].kernel_facts,
+                              (PROJECT_ROOT / log).read_text().splitlines())
+    starts = (StartKernels("fully_cold", facts),)
+    return starts, judge(NODES.kernel_gate, "vllm", precision, arch, starts)
+
+
+def test_the_measured_section_shows_the_kernels_each_start_ran(ready):
+    facts = facts_of(ready)
+    starts, verdict = _recorded_kernels(
+        "tests/data/gpu/h200/engine-logs/engine-llama-3-1-8b-instruct-twin-54287-1796071496.log",
+        "fp8", "sm90")
+    measured = dataclasses.replace(facts, load_timing=dataclasses.replace(
+        facts.load_timing, kernels=starts, kernel_verdict=verdict))
+    md = to_markdown(model_page(measured))
+    assert "CutlassFP8ScaledMMLinearKernel" in md and "FULL_AND_PIECEWISE" in md
+    assert "Kernel gate (pass): fp8 on sm90 (vllm): native FP8" in md
+    assert "Kernels: not read" in to_markdown(model_page(facts))  # a result from before
+
+
+def test_hopper_nvfp4_says_it_ran_weight_only(ready):
+    facts = facts_of(ready)
+    starts, verdict = _recorded_kernels(
+        "tests/data/gpu/h200-2026-12-02/engine-logs/served-nvfp4-marlin-refused.log",
+        "nvfp4", "sm90")
+    page = model_page(dataclasses.replace(facts, load_timing=dataclasses.replace(
+        facts.load_timing, kernels=starts, kernel_verdict=verdict)))
+    for text in (to_markdown(page), html.unescape(to_html(page))):
+        assert "weight-only FP4 (Marlin): Blackwell-only speed not measured" in text
+        assert "MarlinNvFp4LinearKernel" in text

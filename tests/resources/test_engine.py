@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import VariantRef
 from resources.engine import REAP_GRACE_AFTER_DEADLINE_S, Engine, EngineError
 from tests.fakes.openai_stream_server import install_as_vllm
@@ -327,3 +328,18 @@ def test_a_handed_off_engine_never_outlives_the_run_nor_meets_another_engine(
     assert group_members(parked) == []
     with e.serve_shared(variant, config) as running:  # nothing parked any more: a fresh start
         assert running.reused_from == "" and running.pid != parked
+
+
+def test_each_start_records_the_kernels_its_log_names(fake_bin, tmp_path, variant, monkeypatch):
+    """The fake prints a real CPU engine's recorded start (tests/data/cpu-engine): every start
+    carries the facts the template's kernel_facts read there; a log naming none, none."""
+    monkeypatch.setenv("FAKE_ENGINE_LOG_FROM",
+                       str(PROJECT_ROOT / "tests/data/cpu-engine/vllm-cpu-smollm2-start.log"))
+    e = engine(fake_bin, tmp_path)
+    samples, _ = e.time_starts(variant, e.adhoc_config(variant, "x"),
+                               {"fully_cold": 1, "warm": 1})
+    cpu = {"quantization": ("None",), "kv_cache_dtype": ("auto",), "cuda_graph_mode": ("NONE",)}
+    assert [s.kernels for s in samples] == [cpu, cpu]
+    monkeypatch.delenv("FAKE_ENGINE_LOG_FROM")
+    with e.serve(variant, "x") as running:
+        assert running.kernels == {}
