@@ -186,7 +186,8 @@ def accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoint
     ckpt = Path(checkpoint.path)
     eval_s: dict[str, float] = {}
     baseline = ScoreBook.first(
-        in_process_scorer(evaluator, gates, eval_s, "bf16", ckpt, None), spec.eval_tasks)
+        in_process_scorer(evaluator, gates, eval_s, "bf16", ckpt, None, context.log.info),
+        spec.eval_tasks)
     rows, outcomes, records = [], [], []
     for v in quantized.variants:
         outcome, gate, record = _judge(context, v, ckpt, baseline, gates, spec.eval_tasks,
@@ -237,7 +238,8 @@ def _judge(context, v: QuantizedVariant, ckpt: Path, baseline: ScoreBook, gates:
                             f"not evaluated: {v.error or 'export check failed'}"), None, None)
     model, tokenizer = quantizer.load_for_eval(ckpt, v)
     book = ScoreBook.first(
-        in_process_scorer(evaluator, gates, eval_s, v.precision, model, tokenizer), tasks)
+        in_process_scorer(evaluator, gates, eval_s, v.precision, model, tokenizer,
+                          context.log.info), tasks)
     gate = decide(v.precision, baseline, book, gates, log=context.log.info)
     context.log.info(f"{v.precision}: {gate.verdict}"
                      f"{'' if gate.passed else ' (FAIL)'}: {gate.reason}")

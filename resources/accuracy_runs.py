@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from onboarding.common.errors import OnboardingError
+from onboarding.common.progress import heartbeat
 from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.quantize.accuracy_gate import (
@@ -42,15 +43,35 @@ from resources.evaluator import Evaluator
 Log = Callable[[str], None] | None
 
 
+def scored_note(precision: str, scores: dict[str, TaskScore], seconds: float) -> str:
+    """One log line per scoring call: each task's score and items, and the time."""
+    return (f"{precision}: scored " + "; ".join(
+        f"{t} {s.value:.3f} on {s.n} items" for t, s in sorted(scores.items()))
+        + f" in {seconds:.0f} s")
+
+
+def _asked(tasks: list[str], limit: int | None, items: dict[str, list[int]] | None) -> str:
+    if items:
+        return ", ".join(f"{t} ({len(items[t])} items)" for t in sorted(items))
+    return f"{', '.join(tasks) or 'the default tasks'} ({limit or 'all'} items each)"
+
+
 def in_process_scorer(evaluator: Evaluator, gates: AccuracyGates, eval_s: dict[str, float],
-                      precision: str, model, tokenizer) -> Evaluate:
+                      precision: str, model, tokenizer, log: Log = None) -> Evaluate:
     """Scores of one model in process (a checkpoint dir, or a module in memory with its
-    tokenizer); seconds add up in `eval_s[precision]`."""
+    tokenizer); seconds add up in `eval_s[precision]`. `log` gets what is scored, lm-eval's
+    progress every 10 s while it runs, and the scores."""
     def evaluate(tasks: list[str], limit: int | None,
                  items: dict[str, list[int]] | None = None) -> dict[str, TaskScore]:
-        run = evaluator.evaluate(model, tokenizer, tasks, limit=limit, items=items)
+        if log:
+            log(f"{precision}: scoring {_asked(tasks, limit, items)} in process")
+        with heartbeat(log, f"{precision}: scoring"):
+            run = evaluator.evaluate(model, tokenizer, tasks, limit=limit, items=items)
         eval_s[precision] = eval_s.get(precision, 0.0) + run.seconds
-        return scores_from_lm_eval(run.results, run.samples, gates, run.sizes)
+        scores = scores_from_lm_eval(run.results, run.samples, gates, run.sizes)
+        if log:
+            log(scored_note(precision, scores, run.seconds))
+        return scores
     return evaluate
 
 
@@ -86,10 +107,14 @@ def score_served(engine: Engine, evaluator: Evaluator, spec: ModelSpec, ref: Var
         if log:
             log(f"{ref.precision}: engine ready in {running.phases.first_token_s:.1f} s")
         for limit, tasks in plan.items():
-            run = evaluator.evaluate_served(
-                running.base_url, running.served_name, ref.path, tasks, limit=limit,
-                max_length=max_len, items={t: items[t] for t in tasks} if items else None)
-            scores.update(scores_from_lm_eval(run.results, run.samples, gates, run.sizes))
+            with heartbeat(log, f"{ref.precision}: scoring served"):
+                run = evaluator.evaluate_served(
+                    running.base_url, running.served_name, ref.path, tasks, limit=limit,
+                    max_length=max_len, items={t: items[t] for t in tasks} if items else None)
+            got = scores_from_lm_eval(run.results, run.samples, gates, run.sizes)
+            if log:
+                log(scored_note(f"{ref.precision} served", got, run.seconds))
+            scores.update(got)
     eval_s[ref.precision] = eval_s.get(ref.precision, 0.0) + time.perf_counter() - t0
     return scores
 

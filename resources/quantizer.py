@@ -35,6 +35,7 @@ warnings.filterwarnings("ignore", message=r"transformers \S+ is not tested with 
                         "of modelopt", category=UserWarning)
 
 from onboarding.common.errors import ConfigError
+from onboarding.common.progress import Throttled
 from onboarding.fetch.twins import (
     NO_WEIGHTS,
     marker_hf_quant_config,
@@ -304,16 +305,24 @@ class ModelOptQuantizer(Quantizer):
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
 
+        t_load = time.perf_counter()
         model, tokenizer = self._load_baseline(checkpoint_dir)
         arch = type(model).__name__
         cal = settings.calibration
         batches = self._batches(tokenizer, cal.dataset, cal.samples, cal.seq_len, "calibration set")
         stats["calibration_tokens"] = cal.samples * cal.seq_len
+        n_batches = -(-len(batches) // cal.batch_size)
+        log(f"{precision}: baseline {arch} loaded on {device} in "
+            f"{time.perf_counter() - t_load:.0f} s; calibrating on {cal.samples} samples x "
+            f"{cal.seq_len} tokens ({n_batches} batches)")
+        progress = Throttled(log)
 
         def forward_loop(m):
             with torch.no_grad():
-                for i in range(0, len(batches), cal.batch_size):
+                for b, i in enumerate(range(0, len(batches), cal.batch_size), 1):
                     m(torch.cat(batches[i:i + cal.batch_size]).to(device))
+                    progress(lambda b=b: f"{precision}: calibration batch {b}/{n_batches}, "
+                             f"{time.perf_counter() - t0:.0f} s", last=b == n_batches)
 
         t0 = time.perf_counter()
         try:
@@ -334,6 +343,8 @@ class ModelOptQuantizer(Quantizer):
                 "Model Optimizer found no layer it knows how to quantize in this architecture",
                 "Serve it at bf16 (drop quantized precisions from its precision_ladder).")
         stats["quantizers"] = n_quantizers
+        log(f"{precision}: calibrated in {stats['calibration_s']:.0f} s, {n_quantizers} "
+            "quantizers; exporting")
         if device == "cpu":
             stats["cpu_nvfp4_backend_quantizers"] = attach_cpu_backend(model)
         # The exporter unifies scales across layers that share an input (q/k/v, gate/up) before
@@ -361,6 +372,8 @@ class ModelOptQuantizer(Quantizer):
                 f"Model Optimizer could not export it: {type(exc).__name__}: {exc}",
                 "Leave this precision out of the model's precision_ladder.") from exc
         stats["export_s"] = round(time.perf_counter() - t0, 3)
+        log(f"{precision}: exported in {stats['export_s']:.0f} s"
+            + ("; checking the export against the in-memory model" if verify else ""))
         if device == "cuda":
             stats["gpu_peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
         stats["peak_rss_bytes"] = _peak_rss_bytes()
@@ -376,8 +389,13 @@ class ModelOptQuantizer(Quantizer):
         staging.rename(out_dir)
         (staging.parent / f".staging-{out_dir.name}{STATE_SUFFIX}").replace(state_path)
 
+        t0 = time.perf_counter()
         check = (self.verify_export(checkpoint_dir, out_dir, state_path) if verify else
                  ExportCheck(False, None, None, None, "export check skipped (verify=False)"))
+        if verify:
+            log(f"{precision}: export check {'passed' if check.passed else 'failed'} in "
+                f"{time.perf_counter() - t0:.0f} s" + (f": {check.problem}" if check.problem
+                                                       else ""))
         weight_bytes = _dir_bytes(out_dir, ".safetensors")
         baseline_weight_bytes = _dir_bytes(checkpoint_dir, ".safetensors")
         stats.update({

@@ -106,3 +106,21 @@ def test_torchs_environment_report_is_collected_once_per_process(tmp_path, monke
     runs = [ev.evaluate(ckpt, None, ["onb_facts_mc"]) for _ in range(2)]
     assert len(calls) == 1
     assert all(r.items == 2 for r in runs)
+
+
+def test_in_process_scoring_says_what_it_scores_and_each_tasks_score(tmp_path):
+    """The `accuracy` step's lines in the event log: what is scored, then per task its score
+    and items (lm-eval's own progress bars only reach stderr)."""
+    from onboarding.quantize.accuracy_gate import AccuracyGates
+    from resources.accuracy_runs import in_process_scorer
+    from resources.config_files import ConfigFiles
+
+    ckpt = build_tiny_causal_lm(tmp_path / "m")
+    lines: list[str] = []
+    eval_s: dict[str, float] = {}
+    gates: AccuracyGates = ConfigFiles().accuracy_gates()
+    scores = in_process_scorer(LmEvalEvaluator(batch_size=4), gates, eval_s, "bf16", ckpt, None,
+                               lines.append)(["onb_facts_mc"], 5)
+    assert lines[0] == "bf16: scoring onb_facts_mc (5 items each) in process"
+    value = scores["onb_facts_mc"].value
+    assert lines[-1].startswith(f"bf16: scored onb_facts_mc {value:.3f} on 5 items in ")

@@ -70,8 +70,15 @@ def test_nvfp4_export_is_packed_valid_and_smaller(nvfp4, tiny_lm):
 
 
 def test_fp8_export_holds_fp8_weights(tiny_lm, quantizer):
-    v = quantizer.quantize("tiny", tiny_lm, "fp8", variant_dir(tiny_lm, "fp8"), "rev1")
+    lines: list[str] = []
+    v = quantizer.quantize("tiny", tiny_lm, "fp8", variant_dir(tiny_lm, "fp8"), "rev1",
+                           log=lines.append)
     assert v.export_valid, v.error
+    # its phases, in order, for the event log (each is seconds to minutes on a real model)
+    phases = ["fp8: baseline", "fp8: calibration batch 2/2", "fp8: calibrated in",
+              "fp8: exported in", "fp8: export check passed"]
+    at = [next(i for i, ln in enumerate(lines) if ln.startswith(p)) for p in phases]
+    assert at == sorted(at), lines
     tensors = load_file(str(Path(v.path) / "model.safetensors"))
     assert tensors["model.layers.1.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
 
