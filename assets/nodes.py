@@ -63,12 +63,14 @@ def _gpus(inv: acc.NodeInventory) -> list[int]:
 
 @dg.asset(partitions_def=nodes_partitions, group_name=GROUP,
           description="GPUs (model, memory, driver, VBIOS, ECC and row remapping, persistence, "
-          "MIG, power limits, clocks), PCIe link per GPU and NIC, topology and NUMA, Fabric "
-          "Manager, NVLink, EDAC/AER/NVMe SMART where readable: judged per node type.")
+          "MIG, power limits, clocks), PCIe link per GPU and NIC (lspci LnkSta), topology and "
+          "NUMA, Fabric Manager, NVLink state and errors, EDAC/AER/NVMe SMART, the kernel log, "
+          "the BMC's events and sensors, the CPU/memory stress, container toolkit, nouveau and "
+          "DKMS, NIC firmware and MTU: judged per node type.")
 def node_inventory(context: dg.AssetExecutionContext, configs: ConfigFiles,
                    outputs: OutputDirs, node_probe: NodeProbe) -> dg.Output:
     s = configs.node_setting(context.partition_key)
-    raw = node_probe.inventory(_keep(outputs, s.name))
+    raw = node_probe.inventory(_keep(outputs, s.name), s.probe.stress_s, context.log.info)
     inv = acc.build_inventory(s, **vars(raw))
     if inv.no_gpu:
         context.log.warning(f"{s.name}: {inv.no_gpu}")
@@ -142,8 +144,8 @@ def memory_bandwidth(context: dg.AssetExecutionContext, configs: ConfigFiles,
 
 
 @dg.asset(partitions_def=nodes_partitions, group_name=GROUP,
-          description="Sequential direct-I/O read GB/s of the NVMe cache path, and S3 GET "
-          "GB/s from the configured endpoint, against the node type's expectation.")
+          description="Sequential direct-I/O write and read GB/s of the NVMe cache path, and S3 "
+          "GET GB/s from the configured endpoint, against the node type's expectation.")
 def storage_read(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                  node_probe: NodeProbe, nvme_cache: NvmeCache, s3: S3ObjectStore) -> dg.Output:
     s = configs.node_setting(context.partition_key)

@@ -37,6 +37,7 @@ from onboarding.common.processes import free_port, log_tail, reap_group
 from onboarding.nodes import acceptance as acc
 from onboarding.nodes.acceptance import NO_GPU
 from onboarding.nodes.facts import FormatError, parse_dcgm_diag
+from onboarding.nodes.host_tools import ToolRun, load_recordings, render_recording
 from onboarding.serving.stack import nvidia_facts
 from resources.s3 import S3ObjectStore
 from resources.telemetry import GpuTelemetry
@@ -56,6 +57,7 @@ class RawInventory:
     nvlink_error: str
     system: dict[str, Any]
     stack_facts: dict[str, Any]
+    tools: dict[str, ToolRun] = field(default_factory=dict)
 
 
 @dataclass
@@ -156,9 +158,12 @@ def read_system(sys_root: Path, nvme: str | None) -> dict[str, Any]:
                 out["nvme"], out["nvme_error"] = None, f"nvme smart-log /dev/{d}: {stderr[-300:]}"
                 break
             smart = json.loads(stdout)
+            # nvme-cli's JSON keys (nvme-print-json.c): avail_spare, spare_thresh
             out["nvme"].append({"device": d, "critical_warning": smart.get("critical_warning"),
                                 "media_errors": smart.get("media_errors"),
-                                "percent_used": smart.get("percent_used")})
+                                "percent_used": smart.get("percent_used"),
+                                "available_spare": smart.get("avail_spare"),
+                                "spare_threshold": smart.get("spare_thresh")})
     return out
 
 
@@ -196,6 +201,9 @@ class NodeProbe(dg.ConfigurableResource):
     dcgmi: str = Field(default="", description="dcgmi path; empty = from PATH")
     nvme: str = Field(default="", description="nvme-cli path; empty = from PATH")
     sys_root: str = Field(default="/sys", description="sysfs root (tests use a crafted tree)")
+    tool_recordings: str = Field(default="", description="a directory of `<name>.txt` "
+                                 "recordings read instead of running the host tools (tests "
+                                 "replay a recorded node); empty = run them")
     python: str = Field(default="", description="interpreter for the GPU jobs (needs torch with "
                         "CUDA); empty = this process's")
     telemetry: GpuTelemetry = Field(default_factory=GpuTelemetry)
@@ -205,17 +213,46 @@ class NodeProbe(dg.ConfigurableResource):
 
     # ---- node_inventory ----
 
-    def inventory(self, keep: Path | None) -> RawInventory:
+    def host_tools(self, keep: Path | None, stress_s: float, log: Log) -> dict[str, ToolRun]:
+        """Every command of acc.TOOL_COMMANDS through the shell, then the stress between two
+        EDAC reads; each kept as `<name>.txt` in the recording format (a tool that is absent
+        exits 127, which the checks read as "not checked")."""
+        if self.tool_recordings:
+            runs = load_recordings(Path(self.tool_recordings))
+            for run in runs.values():
+                _write(keep, f"{run.name}.txt", render_recording(run.command, run.output,
+                                                                 run.exit_code))
+            return runs
+        runs = {name: self._shell(name, cmd, keep) for name, cmd in acc.TOOL_COMMANDS.items()}
+        if stress_s > 0:
+            log(f"stress-ng for {stress_s:.0f} s (CPU and memory)")
+            cmd = acc.STRESS_COMMAND.format(stress_s=f"{stress_s:.0f}")
+            runs["stress-ng"] = self._shell("stress-ng", cmd, keep, stress_s + TOOL_TIMEOUT_S)
+            runs["edac-after"] = self._shell("edac-after", acc.TOOL_COMMANDS["edac-before"],
+                                             keep)
+        return runs
+
+    def _shell(self, name: str, command: str, keep: Path | None,
+               timeout_s: float = TOOL_TIMEOUT_S) -> ToolRun:
+        code, out, err = _run(["bash", "-c", command + " 2>&1"], timeout_s)
+        text = out + err
+        _write(keep, f"{name}.txt", render_recording(command, text, code))
+        return ToolRun(name, command, text.rstrip("\n"), code)
+
+    def inventory(self, keep: Path | None, stress_s: float = 0.0, log: Log = print
+                  ) -> RawInventory:
         smi = self._tool(self.nvidia_smi, "nvidia-smi")
         system = read_system(Path(self.sys_root), self._tool(self.nvme, "nvme"))
         _write(keep, acc.RAW_SYSTEM, system)
+        tools = self.host_tools(keep, stress_s, log)
         if smi is None or not Path(smi).exists():
             why = f"{NO_GPU}: nvidia-smi not found ({smi or 'not on PATH'})"
-            return RawInventory(None, why, None, why, {}, why, system, nvidia_facts(None))
+            return RawInventory(None, why, None, why, {}, why, system, nvidia_facts(None),
+                                tools)
         code, xml, err = _run([smi, "-q", "-x"])
         if code != 0:
             return RawInventory(None, f"`nvidia-smi -q -x` exited {code}: {(err or xml)[-500:]}",
-                                None, "", {}, "", system, {})
+                                None, "", {}, "", system, {}, tools)
         _write(keep, acc.RAW_SMI_XML, xml)
         code, topo, err = _run([smi, "topo", "-m"])
         topo_error = "" if code == 0 else f"`nvidia-smi topo -m` exited {code}: {err[-300:]}"
@@ -224,7 +261,7 @@ class NodeProbe(dg.ConfigurableResource):
         nvlinks, nvlink_error = _nvlinks()
         _write(keep, acc.RAW_NVML, {"nvlinks_active": nvlinks, "error": nvlink_error})
         return RawInventory(xml, "", topo if code == 0 else None, topo_error, nvlinks,
-                            nvlink_error, system, nvidia_facts(smi))
+                            nvlink_error, system, nvidia_facts(smi), tools)
 
     # ---- gpu_health ----
 
@@ -323,9 +360,9 @@ class NodeProbe(dg.ConfigurableResource):
 
     def direct_read(self, directory: Path, probe: acc.ProbeSettings, log: Log
                     ) -> dict[str, Any]:
-        """Sequential O_DIRECT read of a scratch file in `directory` (written first, removed
-        after), `direct_read_threads` readers on consecutive regions: the page cache is
-        bypassed, so the number is the drive's and the filesystem's."""
+        """Sequential O_DIRECT write of a scratch file in `directory`, then its O_DIRECT read
+        (removed after), `direct_read_threads` workers on consecutive regions each way: the
+        page cache is bypassed, so the numbers are the drive's and the filesystem's."""
         block = probe.direct_read_block_mib << 20
         size = max(block, int(probe.direct_read_gib * 2**30) // block * block)
         directory.mkdir(parents=True, exist_ok=True)
@@ -335,7 +372,13 @@ class NodeProbe(dg.ConfigurableResource):
                     f"needs {size / 2**30:.1f} GiB + 1 GiB"}
         path = directory / ".acceptance-read-test"
         try:
-            _fill(path, size, block)
+            log(f"direct-I/O write of {size / 2**30:.1f} GiB to {path}")
+            try:
+                write_s = _direct_write(path, size, block, probe.direct_read_threads)
+            except OSError as exc:  # no O_DIRECT here: the read below says so
+                log(f"direct-I/O write not possible ({exc}); writing through the page cache")
+                _fill(path, size, block)
+                write_s = None
             log(f"direct-I/O read of {size / 2**30:.1f} GiB from {path}")
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
@@ -349,7 +392,9 @@ class NodeProbe(dg.ConfigurableResource):
             path.unlink(missing_ok=True)
         return {"path": str(directory), "bytes": size, "seconds": seconds,
                 "gbps": size / seconds / 1e9, "threads": probe.direct_read_threads,
-                "block_bytes": block}
+                "block_bytes": block, **({"write_bytes": size, "write_seconds": write_s,
+                                          "write_gbps": size / write_s / 1e9}
+                                         if write_s else {})}
 
     def s3_get(self, store: S3ObjectStore | None, uri: str, max_bytes: int) -> dict[str, Any]:
         if not uri:
@@ -373,6 +418,42 @@ def _fill(path: Path, size: int, block: int) -> None:
         f.writelines(chunk for _ in range(size // block))
         f.flush()
         os.fsync(f.fileno())
+
+
+def _direct_write(path: Path, size: int, block: int, threads: int) -> float:
+    """Seconds to write `size` incompressible bytes with O_DIRECT, `threads` writers on
+    consecutive regions, fsync included."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        blocks, per = size // block, -(-(size // block) // threads)
+        errors: list[OSError] = []
+
+        def writer(first: int) -> None:
+            buf = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT needs
+            try:
+                buf.write(os.urandom(block))
+                for i in range(first, min(first + per, blocks)):
+                    if os.pwritev(fd, [buf], i * block) != block:
+                        raise OSError(f"short write at block {i}")
+            except OSError as exc:  # re-raised below in the caller's thread
+                errors.append(exc)
+            finally:
+                buf.close()
+
+        workers = [threading.Thread(target=writer, args=(t * per,)) for t in range(threads)]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        os.fsync(fd)
+        seconds = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+    if errors:
+        raise errors[0]
+    return seconds
 
 
 def _parallel_read(fd: int, size: int, block: int, threads: int) -> float:

@@ -121,7 +121,7 @@ def interconnect_setting(gpus: int = 2) -> acc.NodeSetting:
 def judge_interconnect(raw: dict[str, Any] | None, gpus: int = 2) -> dict[str, str]:
     """check name -> pass | fail | not checked, from the probe's raw interconnect.json."""
     s = interconnect_setting(gpus)
-    c = acc.Checker(s.thresholds.optional)
+    c = acc.Checker(s.thresholds)
     acc.interconnect_checks(s, gpus, raw, "" if raw is not None else "not recorded", c)
     return {ch.name: ch.status for ch in c.checks}
 

@@ -31,7 +31,7 @@ from resources.nvme_cache import NvmeCache
 from resources.s3 import S3ObjectStore
 from resources.upstream import optional_upstream
 from tests.dagster_support import stand_in
-from tests.resources.test_node_probe import crafted_sysfs, replay_smi
+from tests.resources.test_node_probe import crafted_sysfs, fake_tool, replay_smi
 
 DATA = Path(__file__).parents[1] / "data" / "acceptance" / "crafted-h200x2-healthy"
 NODE = "gpu-node-01"
@@ -50,8 +50,12 @@ def register(config_dir: Path, gpus: int, **probe) -> None:
     path = config_dir / "acceptance.yaml"
     data = yaml.safe_load(path.read_text())
     data["nodes"] = {NODE: {"node_type": "h200", "gpus": gpus}}
-    data["probe"].update({"direct_read_gib": 1 / 16, "direct_read_block_mib": 4, **probe})
-    data["defaults"]["storage"]["direct_read_min_gbps"] = 0.001  # any disk here passes
+    data["probe"].update({"direct_read_gib": 1 / 16, "direct_read_block_mib": 4,
+                          "stress_s": 0, **probe})  # no CPU stress on the shared test machine
+    data["defaults"]["storage"].update(direct_read_min_gbps=0.001,  # any disk here passes
+                                       direct_write_min_gbps=0.001)
+    data["defaults"]["waivers"] = {"s3_get": "no S3 object on the test machine",
+                                   "numa_map": "a 2-GPU slice of the recorded node"}
     path.write_text(yaml.safe_dump(data))
 
 
@@ -105,9 +109,11 @@ def test_on_this_machine_no_gpu_is_not_checked_and_the_node_not_qualified(
     mat = instance.fetch_materializations(dg.AssetKey("node_acceptance"), limit=1).records[0]
     assert mat.asset_materialization.metadata["qualified"].value is False
     # a model benchmarked on this node does not count where the profile requires acceptance
-    problem, _ = acceptance_problem(io_manager(instance), instance, NODE, {})
-    assert problem.startswith(f"node {NODE!r} is not qualified: phase 1 pcie_link: not "
-                              "checked: no GPU") and "more in its report" in problem
+    problem, stored = acceptance_problem(io_manager(instance), instance, NODE, {})
+    assert problem.startswith(f"node {NODE!r} is not qualified: ") and \
+        "more in its report" in problem
+    assert "phase 1 pcie_link: not checked: no GPU: nvidia-smi not found" in " ".join(
+        stored.reasons)
 
 
 def recorded_parts(s: acc.NodeSetting, inv: acc.NodeInventory) -> dict:
@@ -130,14 +136,19 @@ def accept_recorded_node(instance, config_dir, configs, outputs, tmp_path
     sysfs = crafted_sysfs(tmp_path / "sys")
     (sysfs / "devices/pci0000:17/0000:1a:00.0/current_link_width").write_text("16\n")
     (sysfs / "devices/system/edac/mc/mc1/ue_count").write_text("0\n")
+    (sysfs / "devices/system/edac/mc/mc0/ce_count").write_text("0\n")
+    (sysfs / "class/net/ib0/mtu").write_text("9000\n")
     (sysfs / "bus/pci/devices/0000:19:00.0/aer_dev_nonfatal").write_text("TOTAL_ERR_NONFATAL 0\n")
-    probe = NodeProbe(nvidia_smi=replay_smi(tmp_path), sys_root=str(sysfs))
+    nvme = fake_tool(tmp_path / "nvme-cli", 'echo \'{"critical_warning":0,"media_errors":0,'
+                     '"percent_used":1,"avail_spare":100,"spare_thresh":10}\'\n')
+    probe = NodeProbe(nvidia_smi=replay_smi(tmp_path), sys_root=str(sysfs), nvme=nvme,
+                      tool_recordings=str(DATA))
     res = resources(configs, outputs, probe, tmp_path)
     first = dg.materialize([node_inventory, storage_read], instance=instance,
                            partition_key=NODE, resources=res)
     inv = first.output_for_node("node_inventory")
-    assert {c.name: c.status for c in inv.checks if c.status != acc.PASS} == {
-        "driver": acc.NOT_CHECKED, "nic_mtu": acc.NOT_CHECKED, "nvme_smart": acc.NOT_CHECKED}
+    assert {c.name: (c.status, c.required) for c in inv.checks if c.status != acc.PASS} == {
+        "driver": (acc.NOT_CHECKED, False), "numa_map": (acc.NOT_CHECKED, False)}
     s = acc.node_setting(configs.acceptance(), configs.nodes(), NODE, "test")
     parts = recorded_parts(s, inv)
     assert dg.materialize([stand_in(n, v, nodes_partitions) for n, v in parts.items()],
@@ -156,13 +167,17 @@ def test_a_recorded_healthy_node_is_qualified_with_its_report(
     assert verdict.qualified, verdict.reasons
     assert verdict.stack_facts == {"nvidia_driver": "580.95.05", "cuda_driver_api": "13.0",
                                    "gpus": ["NVIDIA H200", "NVIDIA H200"]}
-    assert [p["verdict"] for p in verdict.phases] == ["go", "go", "not checked",
-                                                      "not checked", "not checked"]
+    assert [p["verdict"] for p in verdict.phases] == ["go", "go", "go", "go", "not checked"]
+    rows = {c.name: c for c in verdict.checks}
+    assert rows["pcie_lnksta"].status == acc.PASS  # the replayed lspci -vvv, judged
+    assert "waived: no S3 object on the test machine" in rows["s3_get"].reason
+    assert all(c.source for c in verdict.checks if c.status != acc.NOT_CHECKED or c.required)
     out = outputs.reports / "nodes" / NODE
     assert (out / "burn.png").read_bytes()[:4] == b"\x89PNG"
     page = (out / "acceptance.md").read_text()
     assert "**QUALIFIED**" in page and "![burn traces](burn.png)" in page
     assert "| GPU0 |" in page and "busbw" in page
+    assert "| source |" in page and "procedure: stay below the throttle point" in page
     assert (out / "raw" / acc.RAW_SMI_XML).is_file()  # what the probe read, kept
     md = {e.asset_key.to_user_string(): e.materialization.metadata
           for e in result.get_asset_materialization_events()}["node_acceptance"]

@@ -44,60 +44,72 @@ def test_shipped_config_covers_every_node_type_and_merges_defaults(configs):
     cfg = configs.acceptance()
     assert set(cfg.node_types) == set(configs.nodes().node_types)
     h200 = cfg.node_types["h200"]
-    assert h200.burn.temperature_max_c == 85 and h200.burn.matmul_tflops_min == 600
+    assert h200.burn.matmul_tflops_min == 600
     assert h200.memory_bandwidth.hbm_gbps == 4800 and h200.pcie.min_width == 16
     assert cfg.node_types["b200"].burn.matmul_tflops_min is None
+    assert "burn_tflops" in cfg.node_types["b200"].waivers  # ... and says why it is unjudged
     assert cfg.nodes == {}
 
 
-@pytest.mark.parametrize(("edit", "names"), [
-    (lambda d: d.update(nodes={"gpu-01": {"node_type": "a100"}}), "nodes.gpu-01.node_type"),
-    (lambda d: d.update(nodes={"GPU_01": {"node_type": "h200"}}), "nodes.GPU_01"),
-    (lambda d: d["node_types"]["h200"].update(burn={"temprature_max_c": 80}), "temprature_max_c"),
-    (lambda d: d["probe"].update(s3_object="s3://bucket-only/"), "s3_object"),
-    (lambda d: d["defaults"]["burn"].update(forbidden_clock_reasons=["melting"]), "melting"),
-    (lambda d: d.update(thresholds={}), "thresholds"),
-])
-def test_config_errors_name_the_file_and_the_field(config_dir, configs, edit, names):
-    write_acceptance(config_dir, edit)
-    with pytest.raises(ConfigError) as err:
+def test_shipped_thresholds_are_the_procedures(configs):
+    """The acceptance procedure's values, per node type; where the project holds another, the
+    config names the procedure's value and why, and the source says both."""
+    types = configs.acceptance().node_types
+    for name, t in types.items():
+        assert t.burn.temperature_max_c <= 83, name  # below the throttle point
+        assert t.burn.power_min_fraction >= 0.95, name  # about TDP
+        assert t.dcgm_diag_level_min == 3 and t.nic_mtu_min >= 9000, name
+        assert t.pcie.aer_correctable_max <= 100 and t.host.edac_correctable_max == 0, name
+        assert t.storage.direct_read_min_gbps >= 7.0 and t.storage.direct_write_min_gbps, name
+        assert t.storage.s3_get_min_gbps >= 140 / 25, name  # 140 GB in 25 s at 100 Gbps
+        assert "s3_get" not in t.waivers and "dcgm_diag" not in t.waivers, name
+        for check, d in t.deviations.items():
+            assert d.procedure in t.source(check) and d.why in t.source(check)
+    for name in ("b200", "b300"):
+        assert set(types[name].interconnect.allreduce_busbw_min_gbps.values()) == {720}
+    assert types["b300"].driver_min == "580" and "driver" not in types["b300"].waivers
+    assert types["h200"].interconnect.p2p_min_gbps < 450
+    assert "450 GB/s" in types["h200"].deviations["p2p"].procedure
+
+
+def test_a_check_not_made_blocks_unless_the_node_type_waives_it(configs):
+    s = setting(configs)
+    c = acc.Checker(s.thresholds)
+    c.skip(2, "dcgm_diag", "DCGM is not installed")
+    c.skip(2, "driver", "no driver_min configured")  # h200 waives it, with its reason
+    c.skip(2, "nvlink", "1 GPU", required=False)  # nothing of the kind on the node
+    dcgm, driver, nvlink = c.checks
+    assert dcgm.required and dcgm.source.startswith("procedure: a full DCGM level-3 pass")
+    assert not driver.required and "(waived: the procedure names a minimum driver only " \
+        "for SM103" in driver.reason
+    assert not nvlink.required and "waived" not in nvlink.reason
+    qualified, reasons, _ = acc.verdict([acc.Check(2, "ecc", acc.PASS), *c.checks])
+    assert not qualified and reasons == ["phase 2 dcgm_diag: not checked: DCGM is not installed"]
+    c.add(2, "driver", False, "570.1", ">= 580", "too old")  # a waiver does not excuse a fail
+    assert c.checks[-1].status == acc.FAIL and c.checks[-1].required
+
+
+def test_waivers_and_deviations_name_known_checks_and_say_why(config_dir, configs):
+    write_acceptance(config_dir, lambda d: d["node_types"]["h200"].update(
+        waivers={"dcgm": "typo"}))
+    with pytest.raises(ConfigError, match="dcgm"):
         configs.acceptance()
-    assert "acceptance.yaml" in str(err.value) and names in str(err.value)
+    write_acceptance(config_dir, lambda d: d["node_types"]["h200"].update(
+        waivers={"dcgm_diag": " "}))
+    with pytest.raises(ConfigError, match="say why"):
+        configs.acceptance()
 
 
-def test_an_unregistered_node_is_named_with_the_known_ones(config_dir, configs):
-    write_acceptance(config_dir, lambda d: d.update(nodes={"gpu-01": {"node_type": "h200"}}))
-    cfg = configs.acceptance()
-    assert cfg.nodes["gpu-01"].gpus is None
-    s = acc.node_setting(cfg, configs.nodes(), "gpu-01", "acceptance.yaml")
-    assert s.gpus_expected == 8  # the node type's gpus_per_node
-    with pytest.raises(ConfigError, match="'gpu-02'.*known: gpu-01"):
-        acc.node_setting(cfg, configs.nodes(), "gpu-02", "acceptance.yaml")
-
-
-def test_verdict_nothing_checkable_is_not_qualified_with_that_first():
-    checks = [acc.Check(2, "gpu_count", acc.NOT_CHECKED, reason="not checked: no GPU: "
-                        "nvidia-smi not found on PATH"),
-              acc.Check(1, "edac", acc.NOT_CHECKED, reason="not checked: no EDAC",
-                        required=False)]
-    qualified, reasons, phases = acc.verdict(checks)
-    assert not qualified
-    assert reasons[0] == "nothing could be checked (no GPU: nvidia-smi not found on PATH)"
-    assert {p["phase"]: p["verdict"] for p in phases} == {
-        1: "not checked", 2: "no-go", 3: "not checked", 4: "not checked", 5: "not checked"}
-
-
-def test_verdict_optional_unread_passes_required_unread_and_any_fail_block():
+def test_verdict_required_unread_and_any_fail_block():
     ok = acc.Check(2, "ecc", acc.PASS)
-    optional = acc.Check(1, "nvme_smart", acc.NOT_CHECKED, reason="not checked: no nvme tool",
-                         required=False)
-    assert acc.verdict([ok, optional])[0]
+    waived = acc.Check(1, "nvme_smart", acc.NOT_CHECKED, reason="not checked: no nvme tool "
+                       "(waived: a diskless node)", required=False)
+    assert acc.verdict([ok, waived])[0]
     required = acc.Check(2, "burn_xid", acc.NOT_CHECKED, reason="not checked: no NVML events")
-    qualified, reasons, _ = acc.verdict([ok, optional, required])
+    qualified, reasons, _ = acc.verdict([ok, waived, required])
     assert not qualified and reasons == ["phase 2 burn_xid: not checked: no NVML events"]
-    failed_optional = acc.Check(1, "aer", acc.FAIL, "0000:19:00.0 3", reason="fatal AER",
-                                required=False)
-    assert not acc.verdict([ok, failed_optional])[0]
+    failed = acc.Check(1, "aer", acc.FAIL, "0000:19:00.0 3", reason="fatal AER")
+    assert not acc.verdict([ok, failed])[0]
 
 
 def test_no_gpu_inventory_is_not_checked_never_passed(configs):
@@ -106,8 +118,9 @@ def test_no_gpu_inventory_is_not_checked_never_passed(configs):
     assert inv.no_gpu.startswith("no GPU") and inv.gpu_count == 0
     names = {n for _, n in acc.INVENTORY_NO_GPU_CHECKS}
     gpu_rows = [c for c in inv.checks if c.name in names]
-    assert len(gpu_rows) == len(names) and all(c.status == acc.NOT_CHECKED and c.required and
-                            "no GPU: nvidia-smi not found" in c.reason for c in gpu_rows)
+    assert len(gpu_rows) == len(names) and all(
+        c.status == acc.NOT_CHECKED and (c.required or "(waived: " in c.reason) and
+        "no GPU: nvidia-smi not found" in c.reason for c in gpu_rows)
     assert not any(c.status == acc.PASS for c in inv.checks)
     health = acc.build_health(s, inv, diag=None, diag_why="", level=3, burn=None, samples=(),
                               xids=(), telemetry_why="", xid_why="")
@@ -168,7 +181,7 @@ def _burn_samples(seconds: float, temp_end: float, rising: bool) -> list[dict]:
     out = []
     for t in range(0, int(seconds) + 1, 5):
         temp = 30 + (temp_end - 30) * (t / seconds if rising else min(1.0, t / 60))
-        out.append({"t_s": float(t), "gpu": 0, tm.POWER_W: 650.0, tm.GPU_TEMP_C: temp,
+        out.append({"t_s": float(t), "gpu": 0, tm.POWER_W: 680.0, tm.GPU_TEMP_C: temp,
                     tm.SM_CLOCK_MHZ: 1800.0, tm.CLOCK_REASONS: 4.0, tm.ECC_DBE_VOL: 0.0})
     return out
 
@@ -234,7 +247,8 @@ def test_storage_checks(configs):
                                                          "in acceptance.yaml probe"}).checks)
     assert slow["direct_io_read"].status == acc.FAIL and "1.07 GB/s" in \
         slow["direct_io_read"].reason
-    assert slow["s3_get"].status == acc.NOT_CHECKED and not slow["s3_get"].required
+    assert slow["s3_get"].status == acc.NOT_CHECKED and slow["s3_get"].required  # blocks
+    assert slow["direct_io_write"].status == acc.NOT_CHECKED  # nothing written: not passed
     broken = by_name(acc.build_storage(s, {"why_not": "O_DIRECT is not supported on /tmp"},
                                        {"uri": "s3://m/x", "error": "s3://m/x: the bucket "
                                         "does not exist"}).checks)
@@ -248,9 +262,13 @@ def test_direct_read_is_judged_from_the_bytes_and_seconds_the_probe_measured(con
     set can be re-judged from what the probe measured; a rate stored beside them is not read."""
     s = setting(configs)
     nothing = {"why_not": "no s3_object configured in acceptance.yaml probe"}
-    fast = by_name(acc.build_storage(s, {"path": "/data", "bytes": 8 << 30, "seconds": 2.0},
-                                     nothing).checks)["direct_io_read"]
-    assert fast.status == acc.PASS and fast.measured == "4.29 GB/s (8.0 GiB, O_DIRECT)"
+    fast = by_name(acc.build_storage(s, {"path": "/data", "bytes": 8 << 30, "seconds": 1.0,
+                                         "write_bytes": 8 << 30, "write_seconds": 2.0},
+                                     nothing).checks)
+    assert fast["direct_io_read"].status == acc.PASS
+    assert fast["direct_io_read"].measured == "8.59 GB/s (8.0 GiB, O_DIRECT)"
+    assert fast["direct_io_write"].status == acc.FAIL  # 4.29 GB/s: under the Gen4 write floor
+    assert "is 4.29 GB/s" in fast["direct_io_write"].reason
     typed = by_name(acc.build_storage(s, {"path": "/data", "bytes": 1 << 30, "seconds": 1.0,
                                           "gbps": 9.9}, nothing).checks)["direct_io_read"]
     assert typed.status == acc.FAIL and "1.07 GB/s" in typed.reason
@@ -280,7 +298,7 @@ def test_only_the_burns_own_span_is_judged(configs):
     samples = []
     for t in range(0, 3700, 5):
         busy = 15 <= t <= 3630
-        samples += [{"t_s": float(t), "gpu": g, tm.POWER_W: 650.0 if busy else 70.0,
+        samples += [{"t_s": float(t), "gpu": g, tm.POWER_W: 680.0 if busy else 70.0,
                      tm.GPU_TEMP_C: 70.0 if busy else 35.0,
                      tm.SM_CLOCK_MHZ: 1800.0 if busy else 345.0,
                      tm.CLOCK_REASONS: 4.0 if busy else 1.0} for g in (0, 1)]

@@ -67,7 +67,7 @@ def fake_tool(path: Path, body: str) -> str:
 
 def test_system_facts_from_sysfs(tmp_path):
     nvme = fake_tool(tmp_path / "nvme", 'echo \'{"critical_warning":0,"media_errors":3,'
-                     '"percent_used":2}\'\n')
+                     '"percent_used":2,"avail_spare":97,"spare_thresh":10}\'\n')
     system = read_system(crafted_sysfs(tmp_path / "sys"), nvme)
     assert system["cpu_sockets"] == 2 and system["numa_nodes"]["node1"] == "56-111,168-223"
     [nic] = system["nics"]  # lo has no device
@@ -77,7 +77,8 @@ def test_system_facts_from_sysfs(tmp_path):
     assert system["edac"][1] == {"device": "mc1", "uncorrectable": 1, "correctable": 0}
     assert system["aer"] == [{"device": "0000:19:00.0", "uncorrectable": 2, "correctable": 7}]
     assert system["nvme"] == [{"device": "nvme0", "critical_warning": 0, "media_errors": 3,
-                               "percent_used": 2}]
+                               "percent_used": 2, "available_spare": 97,
+                               "spare_threshold": 10}]
 
 
 def test_unreadable_system_parts_say_why(tmp_path):

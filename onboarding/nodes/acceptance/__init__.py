@@ -1,20 +1,23 @@
 """Node acceptance: the thresholds (configs/acceptance.yaml), the checks each node asset makes
 from what the probe read, and the go/no-go verdict per phase.
 
-A check is `pass`, `fail` or `not checked` (with why). Nothing unread is ever a pass: no GPU,
-no NVML, no `nvme` tool, no threshold configured all give "not checked: <why>". A check is
-*required* unless acceptance.yaml lists it under `optional` or no expectation is configured
-for it. The verdict (docs/acceptance.md):
+A check is `pass`, `fail` or `not checked` (with why), with its threshold and where the
+threshold comes from. Nothing unread is ever a pass: no GPU, no NVML, no `nvme` tool, no
+threshold configured all give "not checked: <why>", which blocks unless the node type waives the
+check with a reason. The verdict (docs/acceptance.md):
 
 - qualified: no check failed, and every required check passed;
-- not qualified: any check failed, or a required check could not be made; a node on which
+- not qualified: any check failed, or a check could not be made and the node type's
+  `waivers` do not accept the node without it; a node on which
   nothing at all could be checked (no GPU, no disk to read) is not qualified, with "nothing
   could be checked (<why>)" as its first reason.
 
 By phase, as the node assets run (docs/acceptance.md): schema.py (acceptance.yaml, the
 phases, the probe's raw file names), checks.py (a check and its builder), one module per node
 asset (inventory.py, gpu_health.py, interconnect.py, memory_bandwidth.py, storage_read.py:
-its checks and its result), and verdict.py (node_acceptance). Callers import the package
+its checks and its result), the host tools' checks by phase (tools.py: what is run; host.py
+phase 1, gpu_links.py phase 2, platform.py phase 3, network.py phase 4), and verdict.py
+(node_acceptance). Callers import the package
 (`from onboarding.nodes import acceptance as acc`); the names below are its interface.
 """
 
@@ -47,6 +50,7 @@ from onboarding.nodes.acceptance.memory_bandwidth import (
     memory_checks,
 )
 from onboarding.nodes.acceptance.schema import (
+    CHECK_NAMES,
     DEFAULT_FORBIDDEN_REASONS,
     NO_GPU,
     PHASES,
@@ -61,6 +65,9 @@ from onboarding.nodes.acceptance.schema import (
     RAW_TOPO,
     AcceptanceConfig,
     BurnLimits,
+    Deviation,
+    GpuStackLimits,
+    HostLimits,
     InterconnectLimits,
     MemoryLimits,
     NodeRegistration,
@@ -73,6 +80,7 @@ from onboarding.nodes.acceptance.schema import (
     node_setting,
 )
 from onboarding.nodes.acceptance.storage_read import StorageRead, build_storage, storage_checks
+from onboarding.nodes.acceptance.tools import STRESS_COMMAND, TOOL_COMMANDS
 from onboarding.nodes.acceptance.verdict import (
     OUTSIDE_NODE_ACCEPTANCE,
     UPSTREAM,
@@ -84,6 +92,7 @@ from onboarding.nodes.acceptance.verdict import (
 )
 
 __all__ = [
+    "CHECK_NAMES",
     "DEFAULT_FORBIDDEN_REASONS",
     "FAIL",
     "HEALTH_CHECKS",
@@ -102,12 +111,17 @@ __all__ = [
     "RAW_STORAGE",
     "RAW_SYSTEM",
     "RAW_TOPO",
+    "STRESS_COMMAND",
+    "TOOL_COMMANDS",
     "UPSTREAM",
     "AcceptanceConfig",
     "BurnLimits",
     "Check",
     "Checker",
+    "Deviation",
     "GpuHealth",
+    "GpuStackLimits",
+    "HostLimits",
     "Interconnect",
     "InterconnectLimits",
     "MemoryBandwidth",

@@ -54,7 +54,7 @@ def interconnect_checks(s: NodeSetting, gpu_count: int, raw: Mapping[str, Any] |
                   "all-reduce returned wrong sums")
         elif want is None:
             c.skip(2, name, f"peak busbw {peak:.1f} GB/s; no allreduce_busbw_min_gbps for "
-                   f"{ranks} ranks", required=False)
+                   f"{ranks} ranks")
         else:
             c.add(2, name, peak >= want, f"peak busbw {peak:.1f} GB/s", f">= {want:.0f} GB/s",
                   f"all-reduce over {ranks} GPUs reaches {peak:.1f} GB/s bus bandwidth, "
@@ -82,7 +82,7 @@ def tp_groups(s: NodeSetting, gpu_count: int) -> list[int]:
 
 def build_interconnect(s: NodeSetting, inv: NodeInventory, raw: Mapping[str, Any] | None,
                        why: str) -> Interconnect:
-    c = Checker(s.thresholds.optional)
+    c = Checker(s.thresholds)
     why = inv.no_gpu or why or ("" if inv.gpu_count > 1 else f"{inv.gpu_count} GPU")
     rows, p2p = interconnect_checks(s, inv.gpu_count, None if why else raw, why, c)
     return Interconnect(s.name, tuple(rows), tuple(p2p), tuple(c.checks))

@@ -4,11 +4,16 @@ PCIe, fabric, NVLink, NICs, EDAC/AER and NVMe SMART against the node type's thre
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from onboarding.nodes.acceptance.checks import Check, Checker
+from onboarding.nodes.acceptance.gpu_links import nvlink_tool_checks
+from onboarding.nodes.acceptance.host import host_checks
+from onboarding.nodes.acceptance.network import network_checks
+from onboarding.nodes.acceptance.platform import platform_checks
 from onboarding.nodes.acceptance.schema import NO_GPU, NodeSetting, Thresholds
+from onboarding.nodes.acceptance.tools import Runs
 from onboarding.nodes.facts import (
     FormatError,
     GpuFacts,
@@ -18,6 +23,7 @@ from onboarding.nodes.facts import (
     parse_topo_matrix,
     pcie_gen,
 )
+from onboarding.nodes.host_tools import ToolRun
 
 
 def _product_label(name: str) -> str:
@@ -52,6 +58,7 @@ class NodeInventory:
     system: dict[str, Any]
     stack_facts: dict[str, Any]
     checks: tuple[Check, ...]
+    tools: dict[str, ToolRun] = field(default_factory=dict)  # the host tools' recordings
 
     @property
     def gpu_count(self) -> int:
@@ -60,10 +67,12 @@ class NodeInventory:
 
 def inventory_checks(s: NodeSetting, smi: SmiReport | None, smi_error: str,
                      topo: Topology | None, topo_error: str, nvlinks: dict[int, int] | None,
-                     nvlink_error: str, system: Mapping[str, Any]) -> list[Check]:
-    """Phase 1 and 2 facts against the node type's thresholds. `smi_error` is why there is no
-    report: `no GPU: ...` when the node has no nvidia-smi, the tool's error when it failed."""
-    t, c = s.thresholds, Checker(s.thresholds.optional)
+                     nvlink_error: str, system: Mapping[str, Any], tools: Runs | None = None
+                     ) -> list[Check]:
+    """Phase 1 to 4 facts against the node type's thresholds: nvidia-smi, sysfs and the host
+    tools' recordings (`tools`, by recording name). `smi_error` is why there is no report:
+    `no GPU: ...` when the node has no nvidia-smi, the tool's error when it failed."""
+    t, c = s.thresholds, Checker(s.thresholds)
     if smi is None:
         if smi_error.startswith(NO_GPU):
             for phase, name in ((2, "gpu_count"), (2, "gpu_model"), (2, "driver"),
@@ -80,6 +89,12 @@ def inventory_checks(s: NodeSetting, smi: SmiReport | None, smi_error: str,
                    "taken as missing: " + "; ".join(smi.unreadable), required=False)
     _nvlink_check(c, s, smi, topo, topo_error, nvlinks, nvlink_error)
     _system_checks(c, t, system)
+    runs = tools or {}
+    host_checks(c, s, runs, topo)
+    nvlink_tool_checks(c, s, runs)
+    platform_checks(c, s, runs, smi.driver_version if smi else None,
+                    len(smi.gpus) if smi else 0)
+    network_checks(c, s, runs)
     return c.checks
 
 
@@ -101,8 +116,7 @@ def _gpu_checks(c: Checker, s: NodeSetting, smi: SmiReport) -> None:
         c.add(2, "driver", ok, f"{smi.driver_version} (CUDA {smi.cuda_version})",
               f">= {t.driver_min}", f"driver {smi.driver_version} is older than {t.driver_min}")
     else:
-        c.skip(2, "driver", f"driver {smi.driver_version}; no driver_min configured",
-               required=False)
+        c.skip(2, "driver", f"driver {smi.driver_version}; no driver_min configured")
     _ecc_checks(c, t, gpus)
     _pcie_check(c, t, gpus)
     if t.require_persistence_mode:
@@ -204,9 +218,10 @@ def _fabric_check(c: Checker, s: NodeSetting, smi: SmiReport) -> None:
 def _nvlink_check(c: Checker, s: NodeSetting, smi: SmiReport | None, topo: Topology | None,
                   topo_error: str, nvlinks: dict[int, int] | None, nvlink_error: str) -> None:
     want = s.thresholds.nvlinks_per_gpu
-    if s.gpus_expected < 2 or want is None:
-        why = "1 GPU" if s.gpus_expected < 2 else "no nvlinks_per_gpu configured"
-        c.skip(2, "nvlink", why, required=False)
+    if s.gpus_expected < 2:
+        c.skip(2, "nvlink", "1 GPU", required=False)
+    elif want is None:
+        c.skip(2, "nvlink", "no nvlinks_per_gpu configured")
     elif smi is None:
         c.skip(2, "nvlink", topo_error or nvlink_error or NO_GPU)
     elif nvlinks:
@@ -228,8 +243,7 @@ def _system_checks(c: Checker, t: Thresholds, system: Mapping[str, Any]) -> None
     nics = system.get("nics")
     with_pci = [n for n in nics or [] if n.get("max_width")]
     if not with_pci:
-        c.skip(1, "nic_pcie", system.get("nics_error") or "no NIC with a PCIe device",
-               required=False)
+        c.skip(1, "nic_pcie", system.get("nics_error") or "no NIC with a PCIe device")
     else:
         bad = [f"{n['name']} {n.get('speed')} x{n.get('width')} of {n.get('max_speed')} "
                f"x{n.get('max_width')}" for n in with_pci
@@ -237,33 +251,49 @@ def _system_checks(c: Checker, t: Thresholds, system: Mapping[str, Any]) -> None
                or pcie_gen(n.get("speed")) != pcie_gen(n.get("max_speed"))]
         c.add(1, "nic_pcie", not bad, "; ".join(bad) or f"{len(with_pci)} NIC(s) at capability",
               "link at its maximum", "NIC PCIe link below capability: " + "; ".join(bad))
-    if t.nic_mtu_min is None:
-        c.skip(4, "nic_mtu", "no nic_mtu_min configured", required=False)
-    elif not nics:
+    if not nics:
         c.skip(4, "nic_mtu", system.get("nics_error") or "no NIC found")
     else:
         small = [f"{n['name']} {n.get('mtu')}" for n in nics if (n.get("mtu") or 0) <
                  t.nic_mtu_min]
-        c.add(4, "nic_mtu", not small, "; ".join(small) or "all at or above", f">= "
-              f"{t.nic_mtu_min}", "MTU below the fabric's: " + ", ".join(small))
-    for name, key, what in (("edac", "edac", "memory controller(s)"),
-                            ("aer", "aer", "PCIe device(s)")):
+        c.add(4, "nic_mtu", not small, "; ".join(small) or ", ".join(
+              f"{n['name']} {n.get('mtu')}" for n in nics), f">= {t.nic_mtu_min} (jumbo frames)",
+              "MTU below jumbo frames: " + ", ".join(small))
+    for name, key, what, most, fix in (
+            ("edac", "edac", "memory controller(s)", t.host.edac_correctable_max,
+             "reseat or replace the DIMM"),
+            ("aer", "aer", "PCIe device(s)", t.pcie.aer_correctable_max,
+             "hundreds of corrected ones mean a bad riser or cable")):
         rows = system.get(key)
         if rows is None:
             c.skip(1, name, system.get(f"{key}_error") or f"{key} not readable")
             continue
-        bad = [f"{r['device']} {r['uncorrectable']}" for r in rows if r["uncorrectable"]]
-        c.add(1, name, not bad, "; ".join(bad) or f"0 uncorrectable on {len(rows)} {what}",
-              "0 uncorrectable", f"uncorrectable {key.upper()} errors: " + "; ".join(bad))
+        bad = [f"{r['device']} {r['uncorrectable']} uncorrectable, {r.get('correctable', 0)} "
+               "corrected" for r in rows
+               if r["uncorrectable"] or (r.get("correctable") or 0) > most]
+        worst = max((r.get("correctable") or 0 for r in rows), default=0)
+        c.add(1, name, not bad, "; ".join(bad) or f"0 uncorrectable, at most {worst} corrected "
+              f"on {len(rows)} {what}", f"0 uncorrectable, <= {most} corrected per device",
+              f"{key.upper()} errors ({fix}): " + "; ".join(bad))
     smart = system.get("nvme")
     if smart is None:
         c.skip(1, "nvme_smart", system.get("nvme_error") or "nvme SMART not readable")
     else:
-        bad = [f"{d['device']} critical_warning {d.get('critical_warning')} media_errors "
-               f"{d.get('media_errors')}" for d in smart
-               if d.get("critical_warning") or d.get("media_errors")]
-        c.add(1, "nvme_smart", not bad, "; ".join(bad) or f"{len(smart)} drive(s) healthy",
-              "no critical warning, 0 media errors", "NVMe SMART: " + "; ".join(bad))
+        bad = [f"{d['device']} {', '.join(p)}" for d in smart if (p := _smart_problems(d))]
+        c.add(1, "nvme_smart", not bad, "; ".join(bad) or ", ".join(
+              f"{d['device']} spare {d.get('available_spare')}% (threshold "
+              f"{d.get('spare_threshold')}%)" for d in smart),
+              "no critical warning, 0 media errors, available spare above its threshold",
+              "NVMe SMART: " + "; ".join(bad))
+
+
+def _smart_problems(d: Mapping[str, Any]) -> list[str]:
+    spare, floor = d.get("available_spare"), d.get("spare_threshold")
+    return ([f"critical_warning {d['critical_warning']}"] if d.get("critical_warning") else [])\
+        + ([f"media_errors {d['media_errors']}"] if d.get("media_errors") else []) \
+        + (["available spare not reported"] if spare is None else
+           [f"available spare {spare}% at or under its threshold {floor}%"]
+           if floor is not None and spare <= floor else [])
 
 
 INVENTORY_NO_GPU_CHECKS = ((2, "gpu_count"), (2, "gpu_model"), (2, "driver"), (2, "ecc"),
@@ -273,8 +303,8 @@ INVENTORY_NO_GPU_CHECKS = ((2, "gpu_count"), (2, "gpu_model"), (2, "driver"), (2
 
 def build_inventory(s: NodeSetting, *, smi_xml: str | None, smi_error: str,
                     topo_text: str | None, topo_error: str, nvlinks: dict[int, int],
-                    nvlink_error: str, system: dict[str, Any], stack_facts: dict[str, Any]
-                    ) -> NodeInventory:
+                    nvlink_error: str, system: dict[str, Any], stack_facts: dict[str, Any],
+                    tools: Runs | None = None) -> NodeInventory:
     """Parse what the probe read and judge it. Unparseable tool output is a failed check
     naming the parser's complaint (the tool ran and said something else)."""
     smi = topo = None
@@ -289,7 +319,7 @@ def build_inventory(s: NodeSetting, *, smi_xml: str | None, smi_error: str,
         except FormatError as exc:
             topo_error = f"`nvidia-smi topo -m` output unreadable: {exc}"
     checks = inventory_checks(s, smi, smi_error, topo, topo_error, nvlinks, nvlink_error,
-                              system)
+                              system, tools)
     no_gpu = smi_error if smi is None else "" if smi.gpus else "nvidia-smi lists no GPU"
     return NodeInventory(s.name, s.node_type, s.gpus_expected, no_gpu, smi, topo, nvlinks,
-                         system, stack_facts, tuple(checks))
+                         system, stack_facts, tuple(checks), dict(tools or {}))

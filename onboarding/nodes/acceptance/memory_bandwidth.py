@@ -39,6 +39,6 @@ def memory_checks(s: NodeSetting, raw: Mapping[str, Any] | None, why_not: str,
 
 def build_memory(s: NodeSetting, inv: NodeInventory, raw: Mapping[str, Any] | None, why: str
                  ) -> MemoryBandwidth:
-    c = Checker(s.thresholds.optional)
+    c = Checker(s.thresholds)
     memory_checks(s, None if inv.no_gpu else raw, inv.no_gpu or why, c)
     return MemoryBandwidth(s.name, tuple((raw or {}).get("per_gpu") or ()), tuple(c.checks))

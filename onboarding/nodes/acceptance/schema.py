@@ -16,7 +16,7 @@ from onboarding.deploy.plan import NodesConfig
 from onboarding.deploy.plan import NodeType as PlannedNodeType
 from onboarding.nodes import telemetry as tm
 
-PHASES = {1: "hardware and system", 2: "GPU stack", 3: "serving smoke",
+PHASES = {1: "hardware and system", 2: "GPU stack", 3: "platform and serving smoke",
           4: "storage and cold start", 5: "performance SLOs"}
 NO_GPU = "no GPU"
 # Names of the raw files the probe keeps (resources/node_probe.py, scripts/gpu_node_probe.py)
@@ -30,6 +30,18 @@ RAW_BURN = "burn.json"
 RAW_INTERCONNECT = "interconnect.json"
 RAW_MEMORY = "memory-bandwidth.json"
 RAW_STORAGE = "storage-read.json"
+# Every check's name, as `sources`, `deviations` and `waivers` key them (`allreduce` stands for
+# every `allreduce_tp<N>`).
+CHECK_NAMES = frozenset({
+    "pcie_link", "pcie_lnksta", "nic_pcie", "kernel_log", "edac", "aer", "ipmi_sel",
+    "ipmi_sensors", "numa_map", "cpu_memory_stress", "stress_edac", "nvme_smart",
+    "direct_io_read", "direct_io_write", "nvidia_smi", "nvidia_smi_values", "gpu_count",
+    "gpu_model", "driver", "ecc", "ecc_uncorrectable", "row_remapping", "persistence_mode",
+    "mig_mode", "power_limit", "fabric_manager", "nvlink", "nvlink_status", "nvlink_errors",
+    "dcgm_diag", "burn_duration", "burn_compute", "burn_tflops", "burn_xid", "burn_ecc",
+    "ecc_sbe_rate", "burn_temperature", "burn_clocks", "burn_power", "allreduce", "p2p",
+    "interconnect", "hbm_copy", "nic_mtu", "nic_firmware", "container_toolkit", "nouveau",
+    "dkms", "s3_get", "node_inventory", "gpu_health", "memory_bandwidth", "storage_read"})
 # Clock-event reasons that mean the GPU is being held back by a fault, heat or the board, as
 # opposed to the power cap a full-load burn is expected to reach.
 DEFAULT_FORBIDDEN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
@@ -54,6 +66,8 @@ class ProbeSettings(StrictConfig):
     s3_object: str = Field(default="", description="s3://bucket/key of a large object; empty: "
                            "the S3 GET check is not made")
     s3_max_gib: float = Field(default=4.0, gt=0)
+    stress_s: float = Field(default=600.0, ge=0, description="stress-ng CPU/memory run between "
+                            "two EDAC reads; 0 = not run")
     gpu_job_timeout_s: float = Field(default=7800.0, gt=0)
 
     @field_validator("s3_object")
@@ -67,16 +81,41 @@ class ProbeSettings(StrictConfig):
 class PcieLimits(StrictConfig):
     min_gen: int = Field(ge=1, le=6)
     min_width: Literal[1, 2, 4, 8, 16, 32]
+    aer_correctable_max: int = Field(default=100, ge=0, description="corrected AER per device "
+                                     "since boot; hundreds mean a bad riser or cable")
+
+
+class HostLimits(StrictConfig):
+    """Phase 1 beyond PCIe: memory errors, the BMC, the stress step."""
+
+    edac_correctable_max: int = Field(default=0, ge=0, description="corrected memory errors "
+                                      "per controller since boot")
+    stress_min_s: float = Field(default=600.0, gt=0, description="the CPU/memory stress run")
+    numa_nodes_min: int = Field(default=2, ge=1, description="NUMA nodes the host must show")
+    ipmi_sensor_ok: list[str] = Field(default_factory=lambda: ["ok", "ns"], description=(
+        "`ipmitool sdr` status words that pass (ns: no reading)"))
+
+
+class GpuStackLimits(StrictConfig):
+    """Phase 2 beyond the burn: error counters the procedure reads."""
+
+    ecc_sbe_max_per_hour: float = Field(default=0.0, ge=0, description="new single-bit ECC "
+                                        "errors per GPU-hour of the burn")
+    nvlink_errors_max: int = Field(default=0, ge=0, description="replay/recovery/CRC errors "
+                                   "per link (`nvidia-smi nvlink -e`)")
 
 
 class BurnLimits(StrictConfig):
     min_duration_s: float = Field(gt=0)
     warmup_s: float = Field(default=10.0, ge=0)
-    temperature_max_c: float = Field(gt=0)
+    temperature_max_c: float = Field(gt=0, description="below the GPU's throttle point")
     plateau_window_s: float = Field(default=120.0, gt=0)
     plateau_max_rise_c_per_min: float = Field(default=0.5, gt=0)
-    sm_clock_min_fraction: float = Field(gt=0, le=1)
-    power_min_fraction: float = Field(gt=0, le=1)
+    sm_clock_drop_max_fraction: float = Field(ge=0, lt=1, description="the steady part's "
+                                              "lowest SM clock may sit this far under its "
+                                              "median, no further")
+    power_min_fraction: float = Field(gt=0, le=1, description="mean power over the steady "
+                                      "part, of the enforced limit (about TDP)")
     forbidden_clock_reasons: list[str] = Field(
         default_factory=lambda: list(DEFAULT_FORBIDDEN_REASONS))
     matmul_tflops_min: float | None = Field(default=None, gt=0)
@@ -106,7 +145,15 @@ class InterconnectLimits(StrictConfig):
 
 class StorageLimits(StrictConfig):
     direct_read_min_gbps: float = Field(gt=0)
-    s3_get_min_gbps: float | None = Field(default=None, gt=0)
+    direct_write_min_gbps: float = Field(gt=0)
+    s3_get_min_gbps: float = Field(gt=0)
+
+
+class Deviation(StrictConfig):
+    """Where the project holds a value other than the acceptance procedure's."""
+
+    procedure: str = Field(min_length=1, description="the procedure's value, as it says it")
+    why: str = Field(min_length=1, description="one line: why the project differs")
 
 
 class Thresholds(StrictConfig):
@@ -121,12 +168,43 @@ class Thresholds(StrictConfig):
     fabric_manager_required: bool = False
     nvlinks_per_gpu: int | None = Field(default=None, ge=1)
     driver_min: str | None = None
-    nic_mtu_min: int | None = Field(default=None, ge=576)
+    nic_mtu_min: int = Field(ge=576)
+    nic_firmware_min: dict[str, str] = Field(default_factory=dict, description="NIC driver "
+                                             "(ethtool -i) -> lowest firmware accepted")
+    dcgm_diag_level_min: int = Field(default=3, ge=1, le=4)
+    host: HostLimits = Field(default_factory=HostLimits)
+    gpu_stack: GpuStackLimits = Field(default_factory=GpuStackLimits)
     burn: BurnLimits
     memory_bandwidth: MemoryLimits
     interconnect: InterconnectLimits = Field(default_factory=InterconnectLimits)
     storage: StorageLimits
-    optional: list[str] = Field(default_factory=list)
+    sources: dict[str, str] = Field(default_factory=dict, description="check -> where its "
+                                    "threshold comes from")
+    deviations: dict[str, Deviation] = Field(default_factory=dict, description="check -> the "
+                                             "procedure's value and why the project differs")
+    waivers: dict[str, str] = Field(default_factory=dict, description="check -> why this node "
+                                    "type is accepted without it; a waived check that cannot "
+                                    "be made does not block")
+
+    @field_validator("waivers", "deviations", "sources")
+    @classmethod
+    def _reasons(cls, v: dict) -> dict:
+        unknown = sorted(set(v) - CHECK_NAMES)
+        if unknown:
+            raise ValueError(f"unknown check(s) {unknown} (known: {', '.join(sorted(CHECK_NAMES))})")
+        empty = sorted(k for k, why in v.items() if isinstance(why, str) and not why.strip())
+        if empty:
+            raise ValueError(f"{empty}: say why in one line")
+        return v
+
+    def source(self, check: str) -> str:
+        """Where `check`'s threshold comes from; with the procedure's value where the project
+        holds another."""
+        d = self.deviations.get(check)
+        base = self.sources.get(check, "")
+        if d is None:
+            return base
+        return f"project ({d.why}); procedure: {d.procedure}" + (f"; {base}" if base else "")
 
 
 class NodeRegistration(StrictConfig):

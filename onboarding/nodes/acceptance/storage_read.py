@@ -1,4 +1,4 @@
-"""`storage_read`: a sequential direct-I/O read of the NVMe and an S3 GET."""
+"""`storage_read`: sequential direct-I/O write and read of the NVMe, and an S3 GET."""
 
 from __future__ import annotations
 
@@ -29,14 +29,21 @@ def storage_checks(s: NodeSetting, direct: Mapping[str, Any], s3: Mapping[str, A
               f"{gbps:.2f} GB/s ({direct['bytes'] / 2**30:.1f} GiB, O_DIRECT)",
               f">= {lim.direct_read_min_gbps} GB/s", f"sequential direct-I/O read of "
               f"{direct['path']} is {gbps:.2f} GB/s")
+    if direct.get("why_not"):
+        c.skip(1, "direct_io_write", direct["why_not"], f">= {lim.direct_write_min_gbps} GB/s")
+    elif not direct.get("write_seconds"):
+        c.skip(1, "direct_io_write", "the measurement holds no direct-I/O write",
+               f">= {lim.direct_write_min_gbps} GB/s")
+    else:
+        gbps = direct["write_bytes"] / direct["write_seconds"] / 1e9
+        c.add(1, "direct_io_write", gbps >= lim.direct_write_min_gbps,
+              f"{gbps:.2f} GB/s ({direct['write_bytes'] / 2**30:.1f} GiB, O_DIRECT)",
+              f">= {lim.direct_write_min_gbps} GB/s", f"sequential direct-I/O write to "
+              f"{direct['path']} is {gbps:.2f} GB/s")
     if s3.get("error"):
         c.add(4, "s3_get", False, "failed", f">= {lim.s3_get_min_gbps} GB/s", s3["error"])
     elif s3.get("why_not"):
-        c.skip(4, "s3_get", s3["why_not"], required=lim.s3_get_min_gbps is not None
-               and "no s3_object" not in s3["why_not"])
-    elif lim.s3_get_min_gbps is None:
-        c.skip(4, "s3_get", f"{s3['gbps']:.2f} GB/s measured; no s3_get_min_gbps configured",
-               required=False)
+        c.skip(4, "s3_get", s3["why_not"], f">= {lim.s3_get_min_gbps} GB/s")
     else:
         c.add(4, "s3_get", s3["gbps"] >= lim.s3_get_min_gbps, f"{s3['gbps']:.2f} GB/s",
               f">= {lim.s3_get_min_gbps} GB/s", f"S3 GET from {s3['uri']} is "
@@ -44,6 +51,6 @@ def storage_checks(s: NodeSetting, direct: Mapping[str, Any], s3: Mapping[str, A
 
 
 def build_storage(s: NodeSetting, direct: dict[str, Any], s3: dict[str, Any]) -> StorageRead:
-    c = Checker(s.thresholds.optional)
+    c = Checker(s.thresholds)
     storage_checks(s, direct, s3, c)
     return StorageRead(s.name, direct, s3, tuple(c.checks))

@@ -3,11 +3,20 @@
     python tests/data/acceptance/craft.py
 
 - `crafted-h200x2-healthy/`: a 2-GPU H200 HGX slice that passes every check (a 3650 s burn).
-- `crafted-h200x2-faulty/`: the same node with the faults the issue names: GPU1's PCIe link at
+- `crafted-h200x2-faulty/`: the same node with these faults: GPU1's PCIe link at
   x8 of x16, an uncorrectable ECC count and a pending row remap on GPU0, no NVLink between the
   GPUs, a DCGM memory test failure (DCGM 3.x JSON with a banner), and during the burn an XID 79
   on GPU1, two new uncorrectable ECC errors on GPU0, GPU1's SM clock collapsing under
-  hw_thermal_slowdown at 92 C, wrong matmul results on GPU1, and a slow all-reduce.
+  hw_thermal_slowdown at 92 C, wrong matmul results on GPU1, and a slow all-reduce. Its host
+  tools' recordings (crafted, see below) add GPU1 at Gen3 x8 in `lspci -vvv`, 500 corrected AER
+  from GPU0's port in `dmesg`, a retired page's Xid 63/64 pair, CRC errors on an NVLink, a
+  correctable-ECC SEL event, a critical sensor, memory errors during the stress, nouveau loaded
+  and NIC firmware that differs between the two ConnectX ports.
+
+Both sets also hold the host tools' recordings (`<name>.txt`: `$ command`, the output, `# exit
+N`, as scripts/record_node_tools.sh and the probe write them), crafted in the formats the tools
+print (pciutils' lspci, the kernel's AER/Xid lines, ipmitool, stress-ng, nvidia-smi nvlink,
+ethtool -i, dkms, numactl); real recordings go in `h200-node-tools/`.
 
 The layouts follow the tools' real output: `nvidia-smi -q -x` of driver 580 (DTD v12, the
 `gpu_power_readings` / `clocks_event_reasons` / `sram_*`,`dram_*` layout), tab-separated
@@ -459,11 +468,13 @@ def system(faulty: bool) -> dict:
             "nics": [{"name": "ib0", "pci": "0000:1a:00.0", **nic},
                      {"name": "ib1", "pci": "0000:3c:00.0", **nic,
                       **({"width": 8} if faulty else {})}],
-            "edac": [{"device": "mc0", "uncorrectable": 0, "correctable": 3},
+            "edac": [{"device": "mc0", "uncorrectable": 0, "correctable": 3 if faulty else 0},
                      {"device": "mc1", "uncorrectable": 0, "correctable": 0}],
-            "aer": [{"device": "0000:19:00.0", "uncorrectable": 0, "correctable": 0}],
+            "aer": [{"device": "0000:19:00.0", "uncorrectable": 0,
+                     "correctable": 500 if faulty else 0}],
             "nvme": [{"device": "nvme0", "critical_warning": 0, "media_errors": 0,
-                      "percent_used": 1}]}
+                      "percent_used": 1, "available_spare": 3 if faulty else 100,
+                      "spare_threshold": 10}]}
 
 
 DCGM4_PASS = {"DCGM Diagnostic": {"test_categories": [
@@ -512,6 +523,152 @@ DCGM3_FAIL = """Successfully ran diagnostic for group.
 """
 
 
+def rec(command: str, output: str, code: int = 0) -> str:
+    """A recording: `$ command`, the output, `# exit N`."""
+    return f"$ {command}\n{output.rstrip()}\n# exit {code}\n"
+
+
+def lspci_device(addr: str, what: str, cap: str, sta: str) -> str:
+    return (f"{addr} {what}\n"
+            "\tSubsystem: NVIDIA Corporation Device 1996\n"
+            "\tPhysical Slot: 2\n"
+            "\tControl: I/O- Mem+ BusMaster+ SpecCycle- MemWINV- VGASnoop- ParErr- Stepping-\n"
+            "\tCapabilities: [68] Express (v2) Endpoint, MSI 00\n"
+            "\t\tDevCap:\tMaxPayload 256 bytes, PhantFunc 0, Latency L0s unlimited, L1 <64us\n"
+            f"\t\tLnkCap:\tPort #0, {cap}, ASPM not supported\n"
+            "\t\t\tClockPM+ Surprise- LLActRep- BwNot- ASPMOptComp+\n"
+            "\t\tLnkCtl:\tASPM Disabled; RCB 64 bytes, Disabled- CommClk+\n"
+            f"\t\tLnkSta:\t{sta}\n"
+            "\t\t\tTrErr- Train- SlotClk+ DLActive- BWMgmt- ABWMgmt-\n"
+            "\t\tLnkCap2: Supported Link Speeds: 2.5-32GT/s, Crosslink- Retimer+ 2Retimers+ "
+            "DRS-\n"
+            "\t\tLnkSta2: Current De-emphasis Level: -3.5dB, EqualizationComplete+\n"
+            "\tKernel driver in use: nvidia\n\n")
+
+
+def tools(faulty: bool) -> dict[str, str]:
+    """The host tools' recordings of the crafted node (crafted, not recorded)."""
+    gen5 = "Speed 32GT/s, Width x16"
+    gpu1 = "Speed 8GT/s (downgraded), Width x8 (downgraded)" if faulty else gen5
+    lspci = (lspci_device("19:00.0", "3D controller: NVIDIA Corporation GH100 [H200 SXM 141GB] "
+                          "(rev a1)", gen5, gen5)
+             + lspci_device("1a:00.0", "Infiniband controller: Mellanox Technologies MT2910 "
+                            "Family [ConnectX-7]", gen5, gen5)
+             + lspci_device("3b:00.0", "3D controller: NVIDIA Corporation GH100 [H200 SXM 141GB] "
+                            "(rev a1)", gen5, gpu1)
+             + lspci_device("3c:00.0", "Infiniband controller: Mellanox Technologies MT2910 "
+                            "Family [ConnectX-7]", gen5, gen5))
+    boot = ["[Sat Dec  6 03:58:02 2026] Linux version 6.8.0-49-generic (buildd@lcy02-amd64-103)",
+            "[Sat Dec  6 03:58:09 2026] nvidia: loading out-of-tree module taints kernel.",
+            ("[Sat Dec  6 03:58:10 2026] nvidia-nvlink: Nvlink Core is being initialized, major "
+            "device number 508"),
+            ("[Sat Dec  6 03:58:11 2026] NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  "
+            "580.95.05  Release Build  (dvs-builder@U22-I3-AE18-23-3)"),
+            "[Sat Dec  6 03:58:14 2026] mlx5_core 0000:1a:00.0: firmware version: 28.39.1002"]
+    if faulty:
+        for i in range(500):
+            t = f"[Sat Dec  6 04:{10 + i // 60:02d}:{i % 60:02d} 2026]"
+            boot += [(f"{t} pcieport 0000:17:01.0: AER: Correctable error message received from "
+                     "0000:19:00.0"),
+                     (f"{t} nvidia 0000:19:00.0: PCIe Bus Error: severity=Correctable, "
+                     "type=Physical Layer, (Receiver ID)"),
+                     (f"{t} nvidia 0000:19:00.0:   device [10de:2335] error status/mask="
+                     "00000001/0000e000")]
+        boot += [("[Sat Dec  6 05:02:11 2026] NVRM: Xid (PCI:0000:19:00): 63, pid=4411, "
+                 "name=python3, Row Remapper: New row (0x000000000012a3f0) Marked for Remapping, "
+                 "reset gpu to activate."),
+                 ("[Sat Dec  6 05:02:11 2026] NVRM: Xid (PCI:0000:19:00): 64, pid=4411, "
+                 "name=python3, Row Remapper: Failed to remap row")]
+    nvlink_e = ""
+    for g in (0, 1):
+        nvlink_e += (f"GPU {g}: NVIDIA H200 (UUID: GPU-5f3c2a10-7d4e-4b8a-9c21-0a1b2c3d4e{g:02d})"
+                     "\n")
+        for link in range(18):
+            crc = 1873 if faulty and g == 1 and link == 5 else 0
+            nvlink_e += (f"\t Link {link}: Replay Errors: 0\n\t Link {link}: Recovery Errors: 0"
+                         f"\n\t Link {link}: CRC Errors: {crc}\n")
+    nvlink_s = "".join(
+        f"GPU {g}: NVIDIA H200 (UUID: GPU-5f3c2a10-7d4e-4b8a-9c21-0a1b2c3d4e{g:02d})\n"
+        + "".join(f"\t Link {k}: 26.562 GB/s\n" for k in range(18)) for g in (0, 1))
+    sel = ("   1 | 12/01/2026 | 09:12:44 | Event Logging Disabled #0x07 | Log area reset/cleared "
+           "| Asserted\n"
+           "   2 | 12/01/2026 | 09:13:02 | Power Supply #0x50 | Presence detected | Asserted\n")
+    if faulty:
+        sel += ("   3 | 12/06/2026 | 04:40:19 | Memory #0x87 | Correctable ECC | DIMM B2 | "
+                "Asserted\n")
+    sdr = ("CPU1 Temp        | 48 degrees C      | ok\n"
+           f"CPU2 Temp        | {97 if faulty else 51} degrees C      | "
+           f"{'cr' if faulty else 'ok'}\n"
+           "PSU1 Status      | 0x01              | ok\n"
+           "FAN1             | 8400 RPM          | ok\n"
+           "GPU Tray Inlet   | no reading        | ns\n")
+    edac = "\n".join(f"/sys/devices/system/edac/mc/mc{m}/{k} 0" for k in ("ce_count", "ue_count")
+                     for m in (0, 1)) + "\nmc\npower"
+    edac_after = edac.replace("mc0/ce_count 0", "mc0/ce_count 4") if faulty else edac
+    stress = ("stress-ng: info:  [4121] setting to a 10 mins, 0 secs run per stressor\n"
+              "stress-ng: info:  [4121] dispatching hogs: 224 cpu, 2 vm\n"
+              "stress-ng: metrc: [4121] stressor       bogo ops real time  usr time  sys time   "
+              "bogo ops/s     bogo ops/s\n"
+              "stress-ng: metrc: [4121] cpu            9127831    600.02 134121.11     12.81  "
+              "   15212.69          68.05\n"
+              "stress-ng: metrc: [4121] vm           121244218    600.01    598.20    601.42  "
+              "  202068.72      101069.31\n"
+              "stress-ng: info:  [4121] skipped: 0\n"
+              "stress-ng: info:  [4121] passed: 226: cpu (224) vm (2)\n"
+              "stress-ng: info:  [4121] failed: 0\n"
+              "stress-ng: info:  [4121] metrics untrustworthy: 0\n"
+              "stress-ng: info:  [4121] successful run completed in 10 mins, 0.12 secs")
+    fw2 = "28.37.1014" if faulty else "28.39.1002"
+    ethtool = (f"== ib0\ndriver: mlx5_core\nversion: 24.10-1.1.4\nfirmware-version: 28.39.1002 "
+               "(MT_0000000838)\nexpansion-rom-version: \nbus-info: 0000:1a:00.0\n"
+               "supports-statistics: yes\n"
+               f"== ib1\ndriver: mlx5_core\nversion: 24.10-1.1.4\nfirmware-version: {fw2} "
+               "(MT_0000000838)\nexpansion-rom-version: \nbus-info: 0000:3c:00.0\n"
+               "supports-statistics: yes\n")
+    lsmod = ("nvidia_uvm           4956160  0\nnvidia_drm            122880  0\n"
+             "nvidia_modeset       1724416  1 nvidia_drm\nnvidia              14376960  2 "
+             "nvidia_uvm,nvidia_modeset\n" + ("nouveau              3096576  0\n" if faulty
+                                              else "")
+             + "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build"
+             "  (dvs-builder@U22-I3-AE18-23-3)  Thu Sep 18 20:18:14 UTC 2025\n"
+             "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)")
+    ctk_info = "\n".join(
+        f"Device Index:   {g}\nDevice Minor:   {g}\nModel:          NVIDIA H200\nBrand:    "
+        f"      Nvidia\nGPU UUID:       GPU-5f3c2a10-7d4e-4b8a-9c21-0a1b2c3d4e{g:02d}\n"
+        f"Bus Location:   00000000:{'19' if g == 0 else '3b'}:00.0\nArchitecture:   9.0\n"
+        for g in (0, 1))
+    numactl = ("available: 2 nodes (0-1)\nnode 0 cpus: 0-55,112-167\nnode 0 size: 1031711 MB\n"
+               "node 0 free: 1001523 MB\nnode 1 cpus: 56-111,168-223\nnode 1 size: 1032185 MB\n"
+               "node 1 free: 1012211 MB\nnode distances:\nnode   0   1 \n  0:  10  21 \n"
+               "  1:  21  10 ")
+    edac_cmd = ('for f in /sys/devices/system/edac/mc/mc*/ce_count /sys/devices/system/edac/mc/mc*'
+                '/ue_count; do [ -f "$f" ] && echo "$f $(cat $f)"; done; ls /sys/devices/system/'
+                'edac 2>&1')
+    return {
+        "uname": rec("uname -r", "6.8.0-49-generic"),
+        "dmesg": rec("dmesg -T", "\n".join(boot)),
+        "lspci-vvv": rec("lspci -vvv", lspci),
+        "numactl-hardware": rec("numactl --hardware", numactl),
+        "ipmitool-sel": rec("ipmitool sel elist", sel),
+        "ipmitool-sdr": rec("ipmitool sdr", sdr),
+        "nvidia-smi-nvlink-e": rec("nvidia-smi nvlink -e", nvlink_e),
+        "nvidia-smi-nvlink-s": rec("nvidia-smi nvlink -s", nvlink_s),
+        "nvidia-ctk": rec("nvidia-ctk --version", "NVIDIA Container Toolkit CLI version 1.17.8\n"
+                          "commit: f202b80a9b9d0db00d9b1d73c0128c8962c55f4d"),
+        "nvidia-container-cli": rec("nvidia-container-cli info", "NVRM version:   580.95.05\n"
+                                    "CUDA version:   13.0\n\n" + ctk_info),
+        "lsmod-nouveau": rec('lsmod | grep -E "^(nouveau|nvidia)" ; cat /proc/driver/nvidia/'
+                             "version", lsmod),
+        "dkms": rec("dkms status", "nvidia/580.95.05, 6.8.0-49-generic, x86_64: installed"),
+        "ethtool-i": rec("for n in $(ls /sys/class/net | grep -v ^lo); do echo \"== $n\"; "
+                         "ethtool -i $n; done", ethtool),
+        "edac-before": rec(edac_cmd, edac),
+        "stress-ng": rec("stress-ng --cpu 0 --vm 2 --vm-bytes 25% --timeout 600s "
+                         "--metrics-brief", stress),
+        "edac-after": rec(edac_cmd, edac_after),
+    }
+
+
 def write(name: str, files: dict[str, str | dict | list]) -> None:
     d = HERE / name
     d.mkdir(exist_ok=True)
@@ -529,7 +686,8 @@ def main() -> None:
         "dcgmi-diag.json": json.dumps(DCGM4_PASS, indent="\t"),
         "nvml.json": {"nvlinks_active": {"0": 18, "1": 18}, "error": ""},
         "system.json": system(False), "burn.json": burn(False),
-        "interconnect.json": interconnect(False), "memory-bandwidth.json": memory()})
+        "interconnect.json": interconnect(False), "memory-bandwidth.json": memory(),
+        **{f"{k}.txt": v for k, v in tools(False).items()}})
     bad = [{**gpus[0], "agg_unc": 2, "vol_unc": 2, "agg_corr": 14, "vol_corr": 14,
             "remap_unc": 1, "remap_pending": "Yes"}, {**gpus[1], "width": 8}]
     write("crafted-h200x2-faulty", {
@@ -537,7 +695,8 @@ def main() -> None:
         "dcgmi-diag.json": DCGM3_FAIL,
         "nvml.json": {"nvlinks_active": {}, "error": "no active NVLink reported by NVML"},
         "system.json": system(True), "burn.json": burn(True),
-        "interconnect.json": interconnect(True), "memory-bandwidth.json": memory()})
+        "interconnect.json": interconnect(True), "memory-bandwidth.json": memory(),
+        **{f"{k}.txt": v for k, v in tools(True).items()}})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"""The node's own tools that acceptance runs (one recording each, named as
+scripts/record_node_tools.sh names them) and how a check reads one: a tool that is absent or
+cannot run on this node is the check "not checked", with the tool's own words."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from onboarding.nodes.acceptance.checks import Checker
+from onboarding.nodes.host_tools import ToolRun
+
+# recording name -> command (the probe runs these; the recorder script writes the same names)
+TOOL_COMMANDS = {
+    "uname": "uname -r",
+    "dmesg": "dmesg -T",
+    "lspci-vvv": "lspci -vvv",
+    "numactl-hardware": "numactl --hardware",
+    "ipmitool-sel": "ipmitool sel elist",
+    "ipmitool-sdr": "ipmitool sdr",
+    "nvidia-smi-nvlink-e": "nvidia-smi nvlink -e",
+    "nvidia-smi-nvlink-s": "nvidia-smi nvlink -s",
+    "nvidia-ctk": "nvidia-ctk --version",
+    "nvidia-container-cli": "nvidia-container-cli info",
+    "lsmod-nouveau": "lsmod | grep -E \"^(nouveau|nvidia)\" ; cat /proc/driver/nvidia/version",
+    "dkms": "dkms status",
+    "ethtool-i": "for n in $(ls /sys/class/net | grep -v ^lo); do echo \"== $n\"; "
+                 "ethtool -i $n; done",
+    "edac-before": "for f in /sys/devices/system/edac/mc/mc*/ce_count "
+                   "/sys/devices/system/edac/mc/mc*/ue_count; do [ -f \"$f\" ] && "
+                   "echo \"$f $(cat $f)\"; done; ls /sys/devices/system/edac 2>&1",
+}
+# run after edac-before, then edac-after with edac-before's command ({stress_s} filled in)
+STRESS_COMMAND = "stress-ng --cpu 0 --vm 2 --vm-bytes 25% --timeout {stress_s}s --metrics-brief"
+
+Runs = Mapping[str, ToolRun]
+
+
+def usable(c: Checker, runs: Runs, name: str, phase: int, check: str, expected: str = ""
+           ) -> ToolRun | None:
+    """The recording when it says something about the node; else the check is skipped (not
+    recorded, the tool absent, or it could not run here) and None."""
+    run = runs.get(name)
+    if run is None:
+        c.skip(phase, check, f"no `{name}` recording (the tool was not run)", expected)
+        return None
+    why = run.unavailable()
+    if why:
+        c.skip(phase, check, why, expected)
+        return None
+    return run
