@@ -26,8 +26,10 @@ from onboarding.common.errors import OnboardingError
 from onboarding.common.files import write_atomic
 from onboarding.common.refs import CheckpointRef, PublishedVariant, VariantRef
 from onboarding.common.tables import md_table
+from onboarding.deploy.cluster_prereqs import render_prerequisites
 from onboarding.deploy.kserve import (
     Rendered,
+    checkpoint_dtype,
     gib,
     inline_secret_findings,
     route_table,
@@ -233,7 +235,7 @@ def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, out
     ckpt = fetched_checkpoint_dir(checkpoint)
     rendered, skipped = render_targets(
         spec, serving_config, configs.nodes(), stack, configs.deploy(),
-        json.loads((ckpt / "config.json").read_text()).get("dtype") if ckpt else None,
+        checkpoint_dtype(json.loads((ckpt / "config.json").read_text())) if ckpt else None,
         load_timing, serving_benchmark, published_variant)
     if not rendered:
         raise OnboardingError(
@@ -337,6 +339,12 @@ def gateway_routes(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
     text = to_yaml([table], "LiteLLM proxy config rendered by model-onboarding "
                    "(litellm --config litellm-config.yaml).")
     path = write_atomic(outputs.manifests / "gateway" / "litellm-config.yaml", text)
+    # what the cluster needs once before any manifest serves (docs/deploy.md, "Deploy to your
+    # KServe cluster"): rendered beside the gateway, the one step over every model
+    deploy, stack = configs.deploy(), configs.stack()
+    prereqs = {name: str(write_atomic(outputs.manifests / "cluster" / name, body))
+               for name, body in render_prerequisites(deploy, configs.nodes(),
+                                                      stack.kserve_version).items()}
     rows = [{"model_name": r.served_name, "service": r.service, "node_type": r.node_type,
              "precision": r.precision, "tp": r.tensor_parallel, "routed": "yes"}
             for r in routes] + [{"model_name": "", "service": k, "node_type": "",
@@ -353,6 +361,7 @@ def gateway_routes(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
         + (f", and measured at its configuration ({profile_name} profile)"
            if profile.slo_severity == "error" else f" ({profile_name} profile)"),
         "config": dg.MetadataValue.md(f"```yaml\n{text}```"),
+        "cluster_prerequisites": dg.MetadataValue.json(prereqs),
     })
 
 

@@ -8,9 +8,10 @@ latest measurements) for all layouts. The cost: one infeasible layout fails the 
 all of them, and the check names which.
 
 Upstream results of every model partition arrive as the values their assets stored (a missing
-partition is skipped): checkpoint (shape, parameter count), serving_variant (precision and
-weight bytes that passed the gate), load_timing (startup probe), serving_benchmark (measured
-tokens/s/GPU and SLO verdict on a node type, precision and GPU count).
+partition is skipped): checkpoint (shape, parameter count, source dtype), serving_variant
+(precision and weight bytes that passed the gate), load_timing (startup probe),
+serving_benchmark (measured tokens/s/GPU and SLO verdict on a node type, precision and GPU
+count), published_variant (what each manifest may deploy: the verified variant, or the source).
 """
 
 
@@ -24,17 +25,22 @@ from typing import Any
 import dagster as dg
 
 from assets.stack import stack_metadata
+from onboarding.common.files import write_atomic
+from onboarding.common.refs import PublishedVariant
 from onboarding.common.tables import md_table
-from onboarding.deploy.kserve import inline_secret_findings
-from onboarding.deploy.plan import build_plan
+from onboarding.deploy.cluster_prereqs import gpu_operator_objects
+from onboarding.deploy.kserve import checkpoint_dtype, inline_secret_findings, to_yaml
+from onboarding.deploy.plan import build_plan, fetched_checkpoint_dir
 from onboarding.layouts.placement import LayoutPlan, layout_entries, placement_rows, plan_layout
 from onboarding.layouts.plot import layout_png
 from onboarding.layouts.render import (
+    ModelSource,
     RenderedLayout,
     check_configmap,
     check_gateway,
     check_priority_class,
     check_prometheus,
+    mig_entries,
     render_layout,
     write_layout_files,
 )
@@ -45,7 +51,7 @@ from resources.upstream import by_model
 GROUP = "layout"  # its own group: the jobs select it (or leave it out) by group
 FITS_CHECK = "every_model_fits_its_slo"
 VALID_CHECK = "layout_outputs_valid"
-UPSTREAM = ("checkpoint", "serving_variant", "serving_benchmark")
+UPSTREAM = ("checkpoint", "serving_variant", "serving_benchmark", "published_variant")
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,33 @@ class NodeLayouts:
         return {n: p.reason for n, p in self.plans.items() if not p.feasible}
 
 
+def published_by_model(value: Any) -> dict[str, dict[str, PublishedVariant]]:
+    """published_variant's stored values (precision -> PublishedVariant, one per partition; the
+    IO manager hands one partition's bare value, several as partition -> value) by model."""
+    out: dict[str, dict[str, PublishedVariant]] = {}
+
+    def add(v: Any) -> None:
+        if isinstance(v, PublishedVariant):
+            out.setdefault(v.model, {})[v.precision] = v
+        elif isinstance(v, dict):
+            for x in v.values():
+                add(x)
+
+    add(value)
+    return out
+
+
+def model_sources(upstream: dict[str, dict[str, Any]]) -> dict[str, ModelSource]:
+    """Per model, the source dtype of its fetched checkpoint and its published variants."""
+    ids = set(upstream.get("checkpoint", {})) | set(upstream.get("published_variant", {}))
+    out = {}
+    for m in ids:
+        ckpt = fetched_checkpoint_dir(upstream.get("checkpoint", {}).get(m))
+        dtype = checkpoint_dtype(json.loads((ckpt / "config.json").read_text())) if ckpt else None
+        out[m] = ModelSource(dtype, upstream.get("published_variant", {}).get(m))
+    return out
+
+
 def plan_and_render(configs: ConfigFiles, upstream: dict[str, dict[str, Any]]
                  ) -> tuple[dict[str, LayoutPlan], dict[str, RenderedLayout]]:
     """Plan every layout from each model's plan inputs, and render the feasible ones."""
@@ -72,9 +105,28 @@ def plan_and_render(configs: ConfigFiles, upstream: dict[str, dict[str, Any]]
     plans = {name: plan_layout(name, layout, layout_entries(
         layout, specs, inputs, slos, upstream["serving_benchmark"]), cfg, nodes)
         for name, layout in cfg.layouts.items()}
-    rendered = {name: render_layout(p, specs, inputs, cfg, nodes, stack, deploy)
+    sources = model_sources(upstream)
+    rendered = {name: render_layout(p, specs, inputs, cfg, nodes, stack, deploy, sources)
                 for name, p in plans.items() if p.feasible}
     return plans, rendered
+
+
+def write_fleet_mig_config(root: Path, plans: dict[str, LayoutPlan], configs: ConfigFiles
+                           ) -> Path:
+    """Every layout's MIG config in the one ConfigMap the GPU operator's ClusterPolicy names,
+    beside all-disabled, and the ClusterPolicy patch (mixed strategy): apply these, not one
+    layout's gpu-sharing.yaml, where the fleet runs several layouts."""
+    cfg, nodes = configs.layouts(), configs.nodes()
+    entries = {n: e for n, p in plans.items() if p.feasible
+               for e in [mig_entries(p, cfg, nodes)] if e is not None}
+    cm, patch = gpu_operator_objects(entries)
+    directory = root / "layouts"
+    write_atomic(directory / "clusterpolicy-patch.yaml", to_yaml(
+        [patch], "kubectl patch clusterpolicies.nvidia.com cluster-policy --type merge "
+        "--patch-file clusterpolicy-patch.yaml"))
+    return write_atomic(directory / "gpu-operator-mig-config.yaml", to_yaml(
+        [cm], "Every layout's mig-parted config; a node picks one with the label "
+        "nvidia.com/mig.config=<layout> (all-disabled: whole GPUs)."))
 
 
 def write_layout(root: Path, plan: LayoutPlan, rendered: RenderedLayout, png: bytes) -> Path:
@@ -140,19 +192,22 @@ def _metadata(plans: dict[str, LayoutPlan], pngs: dict[str, bytes],
 )
 def node_layout(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                 manifest_validator: ManifestValidator, checkpoint, serving_variant,
-                serving_benchmark):
+                serving_benchmark, published_variant):
     upstream = {"checkpoint": by_model(checkpoint), "serving_variant": by_model(serving_variant),
-                "serving_benchmark": by_model(serving_benchmark)}
+                "serving_benchmark": by_model(serving_benchmark),
+                "published_variant": published_by_model(published_variant)}
     plans, rendered = plan_and_render(configs, upstream)
     pngs = {name: layout_png(plans[name]) for name in rendered}
     directories = {name: str(write_layout(outputs.manifests, plans[name], r, pngs[name]))
                    for name, r in rendered.items()}
+    fleet_mig = write_fleet_mig_config(outputs.manifests, plans, configs)
     value = NodeLayouts(plans, directories)
     errors = validate_outputs(manifest_validator, rendered)
     digest = hashlib.sha256(json.dumps({n: asdict(p) for n, p in plans.items()}, sort_keys=True,
                                        default=str).encode()).hexdigest()[:16]
     yield dg.Output(value, data_version=dg.DataVersion(digest), metadata={
         **_metadata(plans, pngs, directories), **stack_metadata(configs),
+        "fleet_mig_config": dg.MetadataValue.path(str(fleet_mig)),
         "upstream_present": dg.MetadataValue.json({k: sorted(v) for k, v in upstream.items()})})
     yield dg.AssetCheckResult(check_name=FITS_CHECK, passed=not value.infeasible, metadata={
         "infeasible": dg.MetadataValue.json(value.infeasible),

@@ -30,6 +30,7 @@ from pydantic import Field
 from onboarding.common.errors import ConfigError
 from onboarding.common.names import DNS1123_LABEL, DNS1123_SUBDOMAIN, MAX_LABEL, MAX_SUBDOMAIN
 from onboarding.common.paths import PROJECT_ROOT
+from onboarding.deploy.kserve import check_pdb
 
 CRD_PATHS_ENV = "KSERVE_CRD_PATHS"
 KUBE_CONTEXT_ENV = "ONBOARDING_KUBE_CONTEXT"
@@ -39,6 +40,7 @@ DEFAULT_CRDS = ("serving.kserve.io_inferenceservices.yaml", "serving.kserve.io_s
                 "serving.kserve.io_localmodelnodegroups.yaml",
                 "serving.kserve.io_llminferenceservices.yaml")
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+BUILTIN_CHECKS = {("policy/v1", "PodDisruptionBudget"): check_pdb}
 
 _LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 _QUALIFIED_NAME = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -184,6 +186,8 @@ class ManifestValidator(dg.ConfigurableResource):
         if not isinstance(api, str) or "/" not in api or not isinstance(kind, str):
             return ["$.apiVersion/$.kind: required (group/version and kind)"]
         group, version = api.rsplit("/", 1)
+        if (api, kind) in BUILTIN_CHECKS:  # Kubernetes' own kinds: no CRD, checked as the server does
+            return BUILTIN_CHECKS[(api, kind)](doc)
         schemas = self._schemas()
         crd = schemas.get((group, kind))
         if crd is None:

@@ -59,15 +59,16 @@ class StorageConfig(StrictConfig):
 
 class StorageInitializerConfig(StrictConfig):
     """KServe's storage initializer as the cluster's `inferenceservice-config` ConfigMap sets it
-    (key `storageInitializer`): the init container that pulls s3://, gs:// and hf:// URIs (and
-    pvc:// ones unless `direct_pvc_mount`). Kubernetes counts init containers in a pod's QoS
+    (key `storageInitializer`): the init container that pulls s3://, gs:// and hf:// URIs; a
+    pvc:// source is mounted directly (kserve v0.20.0 pkg/webhook/admission/pod/
+    storage_initializer_injector.go), and its ConfigMap has no `enableDirectPvcVolumeMount`
+    (config/configmap/inferenceservice.yaml). Kubernetes counts init containers in a pod's QoS
     class, so these numbers decide whether a model pod can be Guaranteed."""
 
     cpu_request: str = "100m"
     cpu_limit: str = "1"
     memory_request: str = "100Mi"
     memory_limit: str = "1Gi"
-    direct_pvc_mount: bool = False  # `enableDirectPvcVolumeMount`
 
 
 class ProbeConfig(StrictConfig):
@@ -101,6 +102,9 @@ class GatewayConfig(StrictConfig):
     timeout_margin: float = Field(default=1.5, ge=1.0)
     stream_timeout_margin: float = Field(default=2.0, ge=1.0)
     unmeasured_timeout_s: int = Field(default=600, ge=1)
+    # LiteLLM applies stream_timeout to each read of a live stream, and the TTFT it is scaled
+    # from was measured at the benchmark's prompt lengths, not at max-model-len: never below this
+    min_stream_timeout_s: int = Field(default=60, ge=1)
 
 
 class CacheNode(StrictConfig):
@@ -116,6 +120,26 @@ class LocalModelCacheConfig(StrictConfig):
 
     storage_class: str = "local-nvme-models"
     node_types: dict[str, CacheNode] = Field(default_factory=dict)
+    # KServe's localModel.jobNamespace: where the download Jobs run and where they look up
+    # LocalModelCache.serviceAccountName (pkg/controller/v1alpha1/localmodelnode/controller.go)
+    job_namespace: str = Field(default="kserve-localmodel-jobs",
+                               pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    # who owns the cache root: the images' user (deploy/Dockerfile*), the node agent's runAsUser
+    # and the download Jobs' fsGroup, so the pipeline's verified files and KServe's agree
+    cache_uid: int = Field(default=10001, ge=1)
+
+
+class LifecycleConfig(StrictConfig):
+    """How a model pod lives and dies on the cluster (docs/deploy.md, "Pod lifecycle")."""
+
+    # a PriorityClass the platform creates once (rendered with the cluster prerequisites)
+    priority_class: str = Field(default="model-serving", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    priority_value: int = Field(default=100000, ge=0, le=1_000_000_000)
+    # preStop sleep: the endpoints controller drops the pod from its Service before the engine
+    # gets SIGTERM, so no new request reaches a stopping pod
+    drain_s: int = Field(default=15, ge=0)
+    # PodDisruptionBudget: at most this many of a model's pods evicted at once (drains, upgrades)
+    max_unavailable: int = Field(default=1, ge=1)
 
 
 class EphemeralStorageConfig(StrictConfig):
@@ -133,6 +157,9 @@ class DeployConfig(StrictConfig):
     replicas: Replicas
     service_account: str
     hf_token_secret: SecretRef | None = None
+    # the S3 credentials secret the service account lists (AWS_ACCESS_KEY_ID /
+    # AWS_SECRET_ACCESS_KEY and KServe's serving.kserve.io/s3-* annotations); named, never rendered
+    storage_secret: str = "model-storage-s3"
     storage: StorageConfig
     storage_initializer: StorageInitializerConfig = Field(
         default_factory=StorageInitializerConfig)
@@ -146,9 +173,10 @@ class DeployConfig(StrictConfig):
     # false: a node type whose configuration was never measured gets no manifest (only why)
     render_unmeasured: bool = True
     local_model_cache: LocalModelCacheConfig = Field(default_factory=LocalModelCacheConfig)
-    # node types whose file also carries a KServe LLMInferenceService (llm-d) of the same
-    # configuration, beside the InferenceService
+    # node types deployed as KServe's LLMInferenceService (llm-d) instead of an InferenceService:
+    # one object per model and node type, never both (both would run the model twice)
     llm_inference_service_node_types: list[str] = Field(default_factory=list)
+    lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
     ephemeral_storage: EphemeralStorageConfig = Field(default_factory=EphemeralStorageConfig)
 
 
@@ -223,6 +251,16 @@ def startup_probe_plan(cold_start_p95_s: float | None, cfg: ProbeConfig,
         basis = "measured"
     threshold = max(1, math.ceil(window / cfg.period_s))
     return StartupProbePlan(basis, threshold * cfg.period_s, threshold, why)
+
+
+def checkpoint_dtype(config: dict[str, Any]) -> str | None:
+    """The precision a checkpoint's config.json declares for its weights: a block-scaled FP8
+    checkpoint (`quantization_config.quant_method: fp8`, as DeepSeek-R1 ships) keeps
+    `torch_dtype: bfloat16` for the rest, so the quantization config decides; else its dtype."""
+    qc = config.get("quantization_config") or {}
+    if isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "fp8":
+        return "fp8"
+    return config.get("dtype") or config.get("torch_dtype")
 
 
 def source_precision(config_dtype: str | None) -> str:
@@ -375,9 +413,9 @@ def deployment_mode(cfg: DeployConfig, kserve_version: str) -> str:
 # ---- the pod KServe will create, and its QoS class ------------------------------------------
 
 
-def _uses_storage_initializer(uri: str, cfg: StorageInitializerConfig) -> bool:
-    if uri.startswith("pvc://"):
-        return not cfg.direct_pvc_mount
+def _uses_storage_initializer(uri: str) -> bool:
+    """pvc:// is mounted, every remote scheme downloaded by the init container (kserve v0.20.0
+    pkg/webhook/admission/pod/storage_initializer_injector.go)."""
     return uri.split("://", 1)[0] in ("s3", "gs", "hf", "http", "https", "azure")
 
 
@@ -391,7 +429,7 @@ def predicted_pod(isvc: dict[str, Any], cfg: DeployConfig, cached: bool = False
     pod: dict[str, Any] = {"containers": [{"name": RUNTIME_CONTAINER,
                                            "resources": model.get("resources", {})}]}
     si = cfg.storage_initializer
-    if not cached and _uses_storage_initializer(model.get("storageUri", ""), si):
+    if not cached and _uses_storage_initializer(model.get("storageUri", "")):
         pod["initContainers"] = [{"name": "storage-initializer", "resources": {
             "requests": {"cpu": si.cpu_request, "memory": si.memory_request},
             "limits": {"cpu": si.cpu_limit, "memory": si.memory_limit}}}]
@@ -437,6 +475,9 @@ class RenderInputs:
     # node types whose manifests deploy this same published variant from a node cache: one
     # LocalModelCache holds all their node groups (empty: this node type alone)
     cache_node_types: tuple[str, ...] = ()
+    # a packed layout: the pod is pinned to a node whose GPUs its neighbours hold (Recreate)
+    packed: bool = False
+    priority_class: str = ""  # empty: deploy.yaml lifecycle.priority_class
 
 
 @dataclass(frozen=True)
@@ -453,6 +494,8 @@ class Route:
     e2e_p99_s: float | None = None  # measured at the target concurrency (slowest scenario)
     ttft_p99_s: float | None = None
     judged_at: int | None = None
+    # an LLMInferenceService: KServe's own Gateway and scheduler front it, not this gateway
+    via_router: bool = False
 
     @property
     def key(self) -> str:
@@ -466,7 +509,10 @@ def split_routes(routes: list[Route], require_measured: bool
     configuration measured at its hash."""
     routed, left_out = [], {}
     for r in routes:
-        if not r.published:
+        if r.via_router:
+            left_out[r.key] = ("an LLMInferenceService: KServe's Gateway (HTTPRoute) and its "
+                               "scheduler route to it, on port 8000 of its workload Service")
+        elif not r.published:
             left_out[r.key] = (f"not published: no verified {r.precision} variant of "
                                f"{r.served_name} in the serving bucket; a pod could not load it")
         elif require_measured and not r.measured:
@@ -485,11 +531,15 @@ def route_timeouts(r: Route, gw: GatewayConfig) -> tuple[int, int, str]:
         return d, d, (f"default {d} s (deploy.yaml gateway.unmeasured_timeout_s): no benchmark "
                       f"at configuration {r.config_hash}")
     timeout = math.ceil(r.e2e_p99_s * gw.timeout_margin)
-    stream = math.ceil(r.ttft_p99_s * gw.stream_timeout_margin)
+    scaled = math.ceil(r.ttft_p99_s * gw.stream_timeout_margin)
+    stream = max(scaled, gw.min_stream_timeout_s)
+    floor = (f", floor {gw.min_stream_timeout_s} s (gateway.min_stream_timeout_s: the TTFT was "
+             "measured at the benchmark's prompts, not at max-model-len)"
+             if stream > scaled else "")
     return timeout, stream, (
         f"measured at concurrency {r.judged_at}: E2E p99 {r.e2e_p99_s:.1f} s x "
-        f"{gw.timeout_margin:g}, TTFT p99 {r.ttft_p99_s:.2f} s x {gw.stream_timeout_margin:g} "
-        f"(configuration {r.config_hash})")
+        f"{gw.timeout_margin:g}, TTFT p99 {r.ttft_p99_s:.2f} s x {gw.stream_timeout_margin:g}"
+        f"{floor} (configuration {r.config_hash})")
 
 
 @dataclass(frozen=True)
@@ -568,17 +618,19 @@ def _model(ri: RenderInputs, startup: StartupProbePlan) -> dict[str, Any]:
     three probes."""
     cfg, node_t, c = ri.deploy, ri.node, ri.config
     port, probes, tp = cfg.container_port, cfg.probes, c.tensor_parallel
+    # No credential here: the storage initializer, not the engine, reads the source, and KServe
+    # gives it the secrets of the predictor's service account (HF_TOKEN, S3 keys: kserve v0.20.0
+    # pkg/credentials/service_account_credentials.go); the engine runs offline.
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(c.env.items())]
-    if ri.storage.uri.startswith("hf://") and cfg.hf_token_secret is not None:
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": cfg.hf_token_secret.name, "key": cfg.hf_token_secret.key,
-            "optional": True}}})
+    # the pod's share of its node: tp x the per-GPU host share (nodes.yaml), /dev/shm inside it
+    # (a memory-backed emptyDir counts against the pod's memory), so pods that fill a node
+    # together never ask for more than it has
     shm_gib = cfg.shm_gib_per_gpu * tp if tp > 1 else 0
     resources = {"cpu": str(tp * node_t.cpu_per_gpu),
-                 "memory": f"{tp * node_t.host_memory_gib_per_gpu + shm_gib}Gi",
+                 "memory": f"{tp * node_t.host_memory_gib_per_gpu}Gi",
                  "nvidia.com/gpu": str(tp)}
     requests = dict(resources)
-    if not _cached(ri) and _uses_storage_initializer(ri.storage.uri, cfg.storage_initializer):
+    if not _cached(ri) and _uses_storage_initializer(ri.storage.uri):
         requests["ephemeral-storage"] = f"{ephemeral_gib(ri)}Gi"
     model: dict[str, Any] = {
         "modelFormat": {"name": c.engine},
@@ -593,6 +645,7 @@ def _model(ri: RenderInputs, startup: StartupProbePlan) -> dict[str, Any]:
                                  probes.readiness_failure_threshold, probes.timeout_s),
         "livenessProbe": _probe(probes.path, port, probes.liveness_period_s,
                                 probes.liveness_failure_threshold, probes.timeout_s),
+        "lifecycle": _pre_stop(cfg.lifecycle),
     }
     if not env:
         del model["env"]
@@ -617,7 +670,7 @@ def _weights_on_node(ri: RenderInputs) -> str:
         return (f"cached: LocalModelCache on node group {node_group_name(ri.node_type)}, the "
                 f"node's {agent_model_dir(root, ri.storage.uri)}; the pod mounts it, no pod "
                 "downloads at start")
-    if not _uses_storage_initializer(ri.storage.uri, ri.deploy.storage_initializer):
+    if not _uses_storage_initializer(ri.storage.uri):
         return f"mounted from {ri.storage.uri.split('://')[0]}:// (no download)"
     es = ri.deploy.ephemeral_storage
     why = ("unpublished" if not ri.storage.published else
@@ -670,6 +723,74 @@ def _annotations(ri: RenderInputs, node: NodePlan, startup: StartupProbePlan,
     return annotations
 
 
+# ---- pod lifecycle ------------------------------------------------------------------------
+# KServe v0.20.0 constants (pkg/constants/constants.go): the autoscaler class annotation and its
+# values (hpa, external, keda, none; hpa the default, scaling on CPU), the predictor pod's label
+# serving.kserve.io/inferenceservice=<name> and component=predictor; an LLMInferenceService's
+# workload pods carry GetWorkloadLabelSelector's labels (pkg/controller/v1alpha2/llmisvc/
+# workload.go).
+AUTOSCALER_CLASS = "serving.kserve.io/autoscalerClass"
+ISVC_POD_LABEL = "serving.kserve.io/inferenceservice"
+
+
+def autoscaler_class(replicas: Replicas) -> str:
+    """KServe's default class (hpa) scales on CPU, which says nothing of a GPU engine's load.
+    Fixed replicas: `none` (KServe pins the Deployment to minReplicas). A range: `external`, so
+    KServe creates no HPA and leaves the Deployment's replicas to the queue-based scaler
+    (kserve v0.20.0 pkg/controller/v1beta1/inferenceservice/reconcilers/deployment/
+    deployment_reconciler.go; hpa/hpa_reconciler.go)."""
+    return "external" if replicas.max > replicas.min else "none"
+
+
+def _pre_stop(lc: LifecycleConfig) -> dict[str, Any]:
+    """A preStop sleep: the pod leaves its Service's endpoints before the engine is signalled."""
+    return {"preStop": {"exec": {"command": ["sleep", str(lc.drain_s)]}}}
+
+
+def termination_grace(ri: RenderInputs, route: Route) -> tuple[int, str]:
+    """drain + the longest request the gateway lets run (its timeout): in-flight requests
+    finish before the kubelet kills the engine."""
+    timeout, _, basis = route_timeouts(route, ri.deploy.gateway)
+    grace = ri.deploy.lifecycle.drain_s + timeout
+    return grace, (f"{grace} s = preStop drain {ri.deploy.lifecycle.drain_s} s + the gateway's "
+                   f"request timeout {timeout} s ({basis})")
+
+
+def deployment_strategy(gpus: int, gpus_per_node: int, packed: bool = False
+                        ) -> dict[str, Any] | None:
+    """Recreate where a surge pod cannot be placed: a pod that takes every GPU of its node, or a
+    packed layout whose pods are pinned to their node. Otherwise KServe's RollingUpdate."""
+    if packed or gpus >= gpus_per_node:
+        return {"type": "Recreate"}
+    return None
+
+
+def render_pdb(name: str, namespace: str, selector: dict[str, str], labels: dict[str, str],
+               max_unavailable: int) -> dict[str, Any]:
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": f"{name}-pdb", "namespace": namespace, "labels": labels},
+            "spec": {"maxUnavailable": max_unavailable,
+                     "selector": {"matchLabels": dict(selector)}}}
+
+
+def check_pdb(doc: dict[str, Any]) -> list[str]:
+    """policy/v1 PodDisruptionBudget as the API server validates it (no CRD to read)."""
+    errors = []
+    meta, spec = doc.get("metadata") or {}, doc.get("spec") or {}
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", meta.get("name", "")) or len(
+            meta.get("name", "")) > 253:
+        errors.append(f"$.metadata.name: {meta.get('name')!r} is not a DNS-1123 subdomain")
+    if ("minAvailable" in spec) == ("maxUnavailable" in spec):
+        errors.append("$.spec: exactly one of minAvailable and maxUnavailable")
+    labels = (spec.get("selector") or {}).get("matchLabels") or {}
+    if not labels or not all(isinstance(v, str) for v in labels.values()):
+        errors.append("$.spec.selector.matchLabels: required, string values")
+    unknown = set(spec) - {"minAvailable", "maxUnavailable", "selector",
+                           "unhealthyPodEvictionPolicy"}
+    errors += [f"$.spec.{k}: unknown field" for k in sorted(unknown)]
+    return errors
+
+
 def render(ri: RenderInputs) -> Rendered:
     """ServingRuntime + InferenceService for one model on one node type: exactly `ri.config`."""
     spec, cfg, stack, node_t, c = ri.spec, ri.deploy, ri.stack, ri.node, ri.config
@@ -699,6 +820,13 @@ def render(ri: RenderInputs) -> Rendered:
                                  ri.evidence.cold_start_samples, ri.evidence.cold_start_max_s,
                                  cached)
     switches = stack.switches_for(node.precision, ri.plan.inputs.shape.moe, node_t.arch)
+    ev = ri.evidence
+    via_router = ri.node_type in cfg.llm_inference_service_node_types
+    route = Route(spec.served_name, name, cfg.namespace, ri.node_type, node.precision,
+                  node.tensor_parallel, ri.storage.published, ev.measured, c.hash,
+                  ev.e2e_p99_s, ev.ttft_p99_s, ev.judged_at, via_router)
+    grace, grace_why = termination_grace(ri, route)
+    priority = ri.priority_class or cfg.lifecycle.priority_class
     predictor: dict[str, Any] = {
         "minReplicas": cfg.replicas.min,
         "maxReplicas": cfg.replicas.max,
@@ -707,9 +835,14 @@ def render(ri: RenderInputs) -> Rendered:
                         str(cfg.container_port),
                         "prometheus.io/path": metrics_path(c, stack, cfg)},
         "nodeSelector": {"nvidia.com/gpu.product": node_t.gpu_product},
-        "tolerations": _tolerations(node_t),
+        "tolerations": node_tolerations(node_t),
+        "priorityClassName": priority,
+        "terminationGracePeriodSeconds": grace,
         "model": _model(ri, startup),
     }
+    strategy = deployment_strategy(node.tensor_parallel, node_t.gpus_per_node, ri.packed)
+    if strategy:
+        predictor["deploymentStrategy"] = strategy
     if "volumeMounts" in predictor["model"]:
         predictor["volumes"] = [{"name": SHM_VOLUME, "emptyDir": {
             "medium": "Memory",
@@ -734,8 +867,24 @@ def render(ri: RenderInputs) -> Rendered:
         f"{LABEL_PREFIX}/qos-class": qos[0],
     }
     isvc["metadata"]["annotations"] = _annotations(ri, node, startup, switches, qos)
+    isvc["metadata"]["annotations"].update({
+        AUTOSCALER_CLASS: autoscaler_class(cfg.replicas),
+        f"{LABEL_PREFIX}/lifecycle": (
+            f"termination grace {grace_why}; priority class {priority}; "
+            f"at most {cfg.lifecycle.max_unavailable} pod(s) disrupted at once (PDB); "
+            + ("Recreate: pinned to a packed layout node, a surge pod finds no GPU" if ri.packed
+               else "Recreate: the pod takes every GPU of its node, a surge pod could not be "
+               "placed" if strategy else "RollingUpdate (KServe's default)"))})
     cache_docs: list[dict[str, Any]] = []
     if cached:
+        limit = cfg.local_model_cache.node_types[ri.node_type].storage_limit_gib
+        if _gi(ri.storage.total_bytes or 0) > limit:
+            raise ConfigError(
+                f"deploy.yaml local_model_cache.node_types.{ri.node_type}.storage_limit_gib",
+                f"{limit} GiB is less than the published {node.precision} variant of "
+                f"{spec.id!r} ({_gi(ri.storage.total_bytes or 0)} GiB): KServe would never "
+                "cache it on the node", "Raise storage_limit_gib to what the node's NVMe "
+                "cache holds, or remove the node type from local_model_cache.")
         group = node_group_name(ri.node_type)
         isvc["metadata"]["annotations"][NODE_GROUP_ANNOTATION] = group
         cache_docs = [render_node_group(ri.node_type, node_t, cfg.local_model_cache),
@@ -744,40 +893,70 @@ def render(ri: RenderInputs) -> Rendered:
                           ri.storage.uri, ri.storage.total_bytes or 0,
                           sorted({group, *map(node_group_name, ri.cache_node_types)}),
                           cfg.service_account, spec.id, node.precision)]
-    ev = ri.evidence
-    extra_docs = ([render_llm_inference_service(ri, isvc, c)]
-                  if ri.node_type in cfg.llm_inference_service_node_types else [])
-    route = Route(spec.served_name, name, cfg.namespace, ri.node_type, node.precision,
-                  node.tensor_parallel, ri.storage.published, ev.measured, c.hash,
-                  ev.e2e_p99_s, ev.ttft_p99_s, ev.judged_at)
-    return Rendered(ri.node_type, name, runtime_name(c),
-                    (render_servingruntime(c, stack, cfg), *cache_docs, isvc, *extra_docs),
+    pdb_labels = {"app.kubernetes.io/part-of": "model-onboarding",
+                  f"{LABEL_PREFIX}/model": label_value(spec.id),
+                  f"{LABEL_PREFIX}/node-type": ri.node_type}
+    if via_router:  # one serving object per model and node type, never both
+        llm = render_llm_inference_service(ri, isvc, c)
+        docs = [*cache_docs, llm, render_pdb(llm["metadata"]["name"], cfg.namespace, {
+            "app.kubernetes.io/part-of": "llminferenceservice",
+            "app.kubernetes.io/name": llm["metadata"]["name"], "kserve.io/component": "workload"},
+            pdb_labels, cfg.lifecycle.max_unavailable)]
+    else:
+        docs = [render_servingruntime(c, stack, cfg), *cache_docs, isvc, render_pdb(
+            name, cfg.namespace, {ISVC_POD_LABEL: name, "component": "predictor"}, pdb_labels,
+            cfg.lifecycle.max_unavailable)]
+    return Rendered(ri.node_type, name, runtime_name(c), tuple(docs),
                     startup, route,
                     tuple(s.why for s in switches), qos[0], c.hash, ri.evidence.measured,
                     ri.storage.published)
 
 
+# KServe's LLMInferenceService at v0.20.0: its workload Service, InferencePool and HTTPRoute use
+# port 8000 and KServe does not let it change (pkg/controller/v1alpha2/llmisvc/workload.go,
+# reconcileWorkloadService); the preset `kserve-config-llm-template` (config/llmisvcconfig/
+# config-llm-template.yaml) is the container's launcher: its command runs the engine on
+# /mnt/models with --served-model-name from spec.model.name, --port 8000, the TLS flags and
+# --tensor-parallel-size from spec.parallelism.tensor, then appends the container's args ($@);
+# the service's template is merged over it by container name (config_merge.go).
+LLM_ISVC_PORT = 8000
+
+
+def llm_isvc_args(c: EngineConfig, template_flags: tuple[str, ...]) -> list[str]:
+    """The configuration's engine arguments without those the preset's launcher sets itself
+    (model path, port, served name, tensor parallelism): the launcher appends these."""
+    return [a for a in (*c.param_args, *c.switch_args)
+            if a.split("=", 1)[0] not in template_flags]
+
+
 def render_llm_inference_service(ri: RenderInputs, isvc: dict[str, Any], c: EngineConfig
                                  ) -> dict[str, Any]:
-    """KServe's LLMInferenceService (v1alpha2, the llm-d path) of exactly the configuration the
-    InferenceService runs: the same image, args, env, resources, probes, node selection, the
-    same labels (measured / published / config hash) and the nodegroup annotation, which its
-    defaulter matches to a LocalModelCache the same way (kserve
-    pkg/webhook/admission/llminferenceservice/defaulter.go SetLocalModelLabel). The main
-    container is `main` (pkg/controller/v1alpha2/llmisvc), and the router is left to KServe's
-    managed defaults (route, gateway, endpoint-picker scheduler)."""
+    """KServe's LLMInferenceService (v1alpha2, the llm-d path) of exactly the configuration: the
+    same image, engine arguments, env, resources, node selection, the same labels (measured /
+    published / config hash) and the nodegroup annotation, which its defaulter matches to a
+    LocalModelCache the same way (kserve pkg/webhook/admission/llminferenceservice/defaulter.go
+    SetLocalModelLabel). No `command` (the preset's launcher stays), no port of its own: the
+    preset's 8000. The startup probe carries the measured window; readiness, liveness and TLS
+    come from the preset. The router is left to KServe's managed defaults."""
     pred, model = isvc["spec"]["predictor"], isvc["spec"]["predictor"]["model"]
+    tp_flag = ri.stack.templates[c.engine].args["tensor_parallel_size"].flag \
+        if c.engine in ri.stack.templates else None
+    launcher_flags = tuple(f for f in (c.port_flag, c.served_name_flag, tp_flag) if f)
+    startup = copy.deepcopy(model["startupProbe"])
+    startup["httpGet"]["port"] = LLM_ISVC_PORT
     main: dict[str, Any] = {
-        "name": "main", "image": c.image, "command": list(c.container_command),
-        "args": list(model["args"]),
-        "ports": [{"containerPort": ri.deploy.container_port, "protocol": "TCP"}],
-        "resources": copy.deepcopy(model["resources"])}
-    for k in ("env", "startupProbe", "readinessProbe", "livenessProbe", "volumeMounts"):
+        "name": "main", "image": c.image, "args": llm_isvc_args(c, launcher_flags),
+        "resources": copy.deepcopy(model["resources"]), "startupProbe": startup,
+        "lifecycle": copy.deepcopy(model["lifecycle"])}
+    for k in ("env", "volumeMounts"):
         if k in model:
             main[k] = copy.deepcopy(model[k])
     template: dict[str, Any] = {"serviceAccountName": pred["serviceAccountName"],
                                 "nodeSelector": dict(pred["nodeSelector"]),
                                 "tolerations": copy.deepcopy(pred["tolerations"]),
+                                "priorityClassName": pred["priorityClassName"],
+                                "terminationGracePeriodSeconds":
+                                    pred["terminationGracePeriodSeconds"],
                                 "containers": [main]}
     if "volumes" in pred:
         template["volumes"] = copy.deepcopy(pred["volumes"])
@@ -798,7 +977,7 @@ def render_llm_inference_service(ri: RenderInputs, isvc: dict[str, Any], c: Engi
     }
 
 
-def _tolerations(node: NodeType) -> list[dict[str, str]]:
+def node_tolerations(node: NodeType) -> list[dict[str, str]]:
     """The GPU taint is always tolerated, plus every taint the node type declares."""
     out = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     for t in node.taints:

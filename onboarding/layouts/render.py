@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from onboarding.common.config import format_validation_error
 from onboarding.common.files import write_atomic
 from onboarding.common.names import is_dns1123_subdomain, to_dns1123_label
+from onboarding.deploy.cluster_prereqs import gpu_operator_objects
 from onboarding.deploy.kserve import (
     ISVC_NAME_MAX,
     LABEL_PREFIX,
@@ -33,6 +34,7 @@ from onboarding.deploy.kserve import (
     RenderInputs,
     label_value,
     render,
+    source_precision,
     storage_for,
     to_yaml,
 )
@@ -44,6 +46,16 @@ from onboarding.serving.engine_config import EngineConfig, evidence
 from onboarding.serving.stack import Stack, launcher_variable
 
 GATEWAY_MODE = {"generate": "chat", "embed": "embedding", "rerank": "rerank"}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What a layout's manifest deploys from, as the pipeline found it: the checkpoint's
+    config.json dtype (None: not fetched, the source precision unknown) and the variants
+    `published_variant` published and verified (precision -> PublishedVariant)."""
+
+    config_dtype: str | None = None
+    published: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -139,17 +151,28 @@ def layout_config(plan: LayoutPlan, p: Placement, spec: ModelSpec, inputs: PlanI
 
 def render_inference_service(plan: LayoutPlan, p: Placement, spec: ModelSpec,
                              inputs: PlanInputs, nodes: NodesConfig, stack: Stack,
-                             deploy: DeployConfig, cfg: LayoutsConfig
+                             deploy: DeployConfig, cfg: LayoutsConfig,
+                             source: ModelSource | None = None
                              ) -> tuple[dict[str, Any], ...]:
-    """kserve.py's ServingRuntime + InferenceService, named `<model>-<layout>`, with the layout's
-    PriorityClass, labels and annotations."""
+    """kserve.py's ServingRuntime + InferenceService (+ its PodDisruptionBudget), named
+    `<model>-<layout>`, with the layout's PriorityClass, labels and annotations, deploying the
+    published variant or the source as the pipeline found them (`source`), never an assumed
+    precision. Recreate: the layout's pods are pinned to one packed node, where a surge pod
+    finds no GPU."""
+    source = source or ModelSource()
     config = layout_config(plan, p, spec, inputs, nodes, stack)
     served = layout_spec(spec, p)
+    src_prec = source_precision(source.config_dtype)  # as kserve_manifest reads it
     r = render(RenderInputs(served, layout_deployment_plan(inputs, p), plan.node_type,
                             nodes.node_types[plan.node_type], stack, deploy, config,
                             evidence(config, None, None),
-                            storage_for(served, config.precision, "bf16", deploy, None)))
-    runtime, isvc = copy.deepcopy(r.docs[0]), copy.deepcopy(r.docs[1])
+                            storage_for(served, config.precision, src_prec, deploy,
+                                        source.published),
+                            packed=True, priority_class=priority_class_name(p.qos)))
+    by_kind = {d["kind"]: copy.deepcopy(d) for d in r.docs}
+    runtime, isvc = by_kind["ServingRuntime"], by_kind["InferenceService"]
+    extra = tuple(copy.deepcopy(d) for d in r.docs
+                  if d["kind"] in ("LocalModelNodeGroup", "LocalModelCache"))
     name = layout_service_name(spec.id, plan.name)
     isvc["metadata"]["name"] = name
     labels = isvc["metadata"]["labels"]
@@ -164,11 +187,20 @@ def render_inference_service(plan: LayoutPlan, p: Placement, spec: ModelSpec,
     predictor["nodeSelector"][LAYOUT_LABEL] = label_value(plan.name)
     resource, n = gpu_resource(plan, p, cfg)
     if resource != "nvidia.com/gpu":
+        # a MIG slice is a fraction of a GPU: its pod gets that fraction of the GPU's host share
+        node, share = nodes.node_types[plan.node_type], _mig_share(plan, cfg)
+        per = share.per_gpu if share is not None else 1
         for side in ("requests", "limits"):
             res = predictor["model"]["resources"][side]
             res.pop("nvidia.com/gpu", None)
             res[resource] = str(n)
-    return runtime, isvc
+            res["cpu"] = str(max(1, node.cpu_per_gpu // per))
+            res["memory"] = f"{max(1, node.host_memory_gib_per_gpu // per)}Gi"
+    pdb = by_kind["PodDisruptionBudget"]
+    pdb["metadata"]["name"] = f"{name}-pdb"
+    pdb["metadata"]["labels"][f"{LABEL_PREFIX}/layout"] = label_value(plan.name)
+    pdb["spec"]["selector"]["matchLabels"]["serving.kserve.io/inferenceservice"] = name
+    return (runtime, *extra, isvc, pdb)
 
 
 def render_priority_classes(cfg: LayoutsConfig, used: set[str]) -> tuple[dict[str, Any], ...]:
@@ -306,12 +338,14 @@ def prometheus_config(plan: LayoutPlan, cfg: LayoutsConfig, stack: Stack) -> dic
 
 
 def render_layout(plan: LayoutPlan, specs: dict[str, ModelSpec], inputs: dict[str, PlanInputs],
-                  cfg: LayoutsConfig, nodes: NodesConfig, stack: Stack, deploy: DeployConfig
-                  ) -> RenderedLayout:
+                  cfg: LayoutsConfig, nodes: NodesConfig, stack: Stack, deploy: DeployConfig,
+                  sources: dict[str, ModelSource] | None = None) -> RenderedLayout:
     if not plan.feasible:
         raise ValueError(f"layout {plan.name} is infeasible: {plan.reason}")
+    sources = sources or {}
     manifests = {p.model: render_inference_service(plan, p, specs[p.model], inputs[p.model],
-                                                   nodes, stack, deploy, cfg)
+                                                   nodes, stack, deploy, cfg,
+                                                   sources.get(p.model))
                  for p in plan.placements}
     launchers = {f"{p.model}.sh": launcher_script(plan, p, specs[p.model], inputs[p.model],
                                                   nodes, cfg, stack)
@@ -332,19 +366,16 @@ def gpu_sharing_objects(plan: LayoutPlan, cfg: LayoutsConfig, nodes: NodesConfig
     shared = sorted({g for p in plan.placements if p.shares_gpu_with for g in p.gpu_ids})
     if not shared:
         return ()
-    gs, share = cfg.gpu_sharing, _mig_share(plan, cfg)
+    gs = cfg.gpu_sharing
     meta = {"namespace": "gpu-operator", "labels": {
         "app.kubernetes.io/part-of": "model-onboarding", LAYOUT_LABEL: label_value(plan.name)}}
-    if gs.mode == "mig" and share is not None:
-        whole = [g for g in range(nodes.node_types[plan.node_type].gpus_per_node)
-                 if g not in shared]
-        config = {"version": "v1", "mig-configs": {plan.name: [
-            {"devices": whole, "mig-enabled": False},
-            {"devices": shared, "mig-enabled": True,
-             "mig-devices": {share.profile: share.per_gpu}}]}}
-        return ({"apiVersion": "v1", "kind": "ConfigMap",
-                 "metadata": {"name": to_dns1123_label(f"{plan.name}-mig-parted-config"), **meta},
-                 "data": {"config.yaml": to_yaml([config])}},)
+    entries = mig_entries(plan, cfg, nodes)
+    if entries is not None:
+        # the one ConfigMap the ClusterPolicy names (cluster_prereqs), all-disabled kept: the
+        # fleet's merged copy (node_layout's gpu-operator-mig-config.yaml) holds every layout
+        cm, _ = gpu_operator_objects({plan.name: entries})
+        cm["metadata"]["labels"][LAYOUT_LABEL] = label_value(plan.name)
+        return (cm,)
     key = "timeSlicing" if gs.mode == "time-slicing" else "mps"
     config = {"version": "v1", "sharing": {key: {"resources": [
         {"name": "nvidia.com/gpu", "replicas": gs.replicas}]}}}
@@ -352,6 +383,20 @@ def gpu_sharing_objects(plan: LayoutPlan, cfg: LayoutsConfig, nodes: NodesConfig
              "metadata": {"name": to_dns1123_label(f"{plan.name}-device-plugin-config"),
                           **meta},
              "data": {plan.name: to_yaml([config])}},)
+
+
+def mig_entries(plan: LayoutPlan, cfg: LayoutsConfig, nodes: NodesConfig
+                ) -> list[dict[str, Any]] | None:
+    """The layout's mig-parted config (its shared GPUs cut into the MIG share, the others
+    whole), or None where it cuts no GPU."""
+    shared = sorted({g for p in plan.placements if p.shares_gpu_with for g in p.gpu_ids})
+    share = _mig_share(plan, cfg)
+    if not shared or cfg.gpu_sharing.mode != "mig" or share is None:
+        return None
+    whole = [g for g in range(nodes.node_types[plan.node_type].gpus_per_node) if g not in shared]
+    return [{"devices": whole, "mig-enabled": False},
+            {"devices": shared, "mig-enabled": True,
+             "mig-devices": {share.profile: share.per_gpu}}]
 
 
 def grant_problems(plan: LayoutPlan, manifests: dict[str, tuple[dict[str, Any], ...]],
@@ -388,6 +433,22 @@ def grant_problems(plan: LayoutPlan, manifests: dict[str, tuple[dict[str, Any], 
     if whole + cut > allocatable:
         out.append(f"{plan.name}: {whole} whole GPU(s) + {cut} cut into MIG slices requested on "
                    f"one {plan.node_type} node of {allocatable} allocatable")
+    cpus = mem_gib = 0.0
+    for docs in manifests.values():
+        req = next(d for d in docs if d["kind"] == "InferenceService")["spec"]["predictor"][
+            "model"]["resources"]["requests"]
+        cpus += _cpu(req.get("cpu", "0"))
+        mem_gib += _gib(req.get("memory", "0"))
+    node_cpus = node.gpus_per_node * node.cpu_per_gpu
+    node_gib = node.gpus_per_node * node.host_memory_gib_per_gpu
+    if cpus > node_cpus:
+        out.append(f"{plan.name}: {cpus:g} CPUs requested on one {plan.node_type} node of "
+                   f"{node_cpus} (nodes.yaml: {node.gpus_per_node} GPUs x cpu_per_gpu "
+                   f"{node.cpu_per_gpu})")
+    if mem_gib > node_gib:
+        out.append(f"{plan.name}: {mem_gib:g} GiB of memory requested on one {plan.node_type} "
+                   f"node of {node_gib} GiB (nodes.yaml: {node.gpus_per_node} GPUs x "
+                   f"host_memory_gib_per_gpu {node.host_memory_gib_per_gpu})")
     share = _mig_share(plan, cfg)
     if cut and share is not None and slices > cut * share.per_gpu:
         out.append(f"{plan.name}: {slices} MIG slices of {share.profile} requested, {cut} GPU(s)"
@@ -398,6 +459,18 @@ def grant_problems(plan: LayoutPlan, manifests: dict[str, tuple[dict[str, Any], 
                 out.append(f"{plan.name}: {p.model} needs {p.need_bytes_per_gpu / 1e9:.1f} GB, a "
                            f"{share.profile} slice has {share.memory_bytes / 1e9:.0f} GB")
     return out
+
+
+def _cpu(q: str) -> float:
+    return float(q[:-1]) / 1000 if q.endswith("m") else float(q)
+
+
+def _gib(q: str) -> float:
+    units = {"Ki": 2**-20, "Mi": 2**-10, "Gi": 1, "Ti": 2**10}
+    for u, f in units.items():
+        if q.endswith(u):
+            return float(q[:-2]) * f
+    return float(q) / 2**30
 
 
 # ---- structural checks (the real parsers run in the tests) ------------------------------------

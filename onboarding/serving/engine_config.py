@@ -176,13 +176,29 @@ class ConfigInputs:
     switch_env: dict[str, str] = field(default_factory=dict)
 
 
+# hardware defaults that only a generating model takes (see build_config)
+GENERATE_ONLY_DEFAULTS = ("enable_chunked_prefill", "enable_prefix_caching")
+
+
 def build_config(template: EngineTemplate, ci: ConfigInputs) -> EngineConfig:
     """Hardware defaults < the plan's numbers < the spec's production parameters; then what the
     hardware does not take is dropped (and said)."""
     check_engine_args(ci.spec)
     profile = template.hardware.get(hardware_class(ci.hardware), HardwareProfile())
     metrics_on = {template.metrics.enable_arg: True} if template.metrics.enable_arg else {}
-    params: dict[str, Any] = {**profile.defaults, **metrics_on, **ci.planned}
+    defaults = dict(profile.defaults)
+    notes: list[str] = []
+    if ci.spec.task != "generate":
+        # A pooling model (embeddings, reranker): the engine decides chunked prefill and prefix
+        # caching from the model; forcing them on is unsupported for it (vLLM 0.32.0
+        # vllm/engine/arg_utils.py _set_default_chunked_prefill_and_prefix_caching_args: "may
+        # cause the engine to crash or produce incorrect outputs"). The spec may still set them.
+        forced = sorted(k for k in GENERATE_ONLY_DEFAULTS if k in defaults)
+        for k in forced:
+            del defaults[k]
+        if forced:
+            notes.append(f"{', '.join(forced)} left to the engine (task {ci.spec.task})")
+    params: dict[str, Any] = {**defaults, **metrics_on, **ci.planned}
     if ci.hardware != "cpu":
         params["tensor_parallel_size"] = ci.tensor_parallel
     for key, value in ci.spec.engine_args.items():
@@ -191,7 +207,6 @@ def build_config(template: EngineTemplate, ci: ConfigInputs) -> EngineConfig:
     if ci.spec.is_twin:  # in the hash: no real model's manifest can claim a twin's numbers
         _check_twin_template(template, ci)
         params["load_format"] = DUMMY_LOAD_FORMAT
-    notes: list[str] = []
     if params.get("enable_expert_parallel") and ci.tensor_parallel < 2:
         params.pop("enable_expert_parallel")
         notes.append("enable_expert_parallel dropped: expert parallelism needs TP > 1")

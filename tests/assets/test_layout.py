@@ -23,7 +23,7 @@ from resources.manifest_validator import ManifestValidator
 from tests.dagster_support import store_upstream
 
 UPSTREAM = [dg.AssetSpec(n, partitions_def=models_partitions)
-            for n in ("checkpoint", "serving_variant", "serving_benchmark")]
+            for n in ("checkpoint", "serving_variant", "serving_benchmark", "published_variant")]
 MODELS = ("qwen3-235b-a22b-instruct", "qwen3-32b", "llama-3-1-8b-instruct", "bge-m3",
           "bge-reranker-v2-m3", "deepseek-r1")
 

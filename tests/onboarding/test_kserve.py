@@ -345,10 +345,11 @@ def test_credentials_only_by_reference(monkeypatch):
     assert inline_secret_findings(list(r.docs), (secret, os.environ["HF_TOKEN"])) == []
     doc = isvc(r)
     assert doc["spec"]["predictor"]["serviceAccountName"] == DEPLOY.service_account
-    hf = [e for e in doc["spec"]["predictor"]["model"]["env"] if e["name"] == "HF_TOKEN"]
-    assert hf == [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-        "name": DEPLOY.hf_token_secret.name, "key": DEPLOY.hf_token_secret.key,
-        "optional": True}}}]
+    # the storage initializer reads the source with the service account's secrets (kserve
+    # v0.20.0 pkg/credentials/service_account_credentials.go, HF_TOKEN among them); the engine
+    # container, which runs offline, gets no token
+    assert r.docs and doc["spec"]["predictor"]["model"]["storageUri"].startswith("hf://")
+    assert "HF_TOKEN" not in {e["name"] for e in doc["spec"]["predictor"]["model"]["env"]}
 
 
 def test_secret_finder_flags_inline_credentials():
@@ -477,9 +478,12 @@ def test_route_timeouts_come_from_the_measured_e2e_and_ttft_not_a_constant():
     [entry] = route_table([r.route], DEPLOY)["model_list"]
     gw = DEPLOY.gateway
     assert entry["litellm_params"].get("timeout") == math.ceil(61.4 * gw.timeout_margin)
-    assert entry["litellm_params"].get("stream_timeout") == math.ceil(
-        2.2 * gw.stream_timeout_margin)
+    assert entry["litellm_params"].get("stream_timeout") == max(
+        math.ceil(2.2 * gw.stream_timeout_margin), gw.min_stream_timeout_s)
     assert "E2E p99 61.4 s" in entry["model_info"]["timeout_basis"]
+    slow = _benched("llama-3-1-70b-instruct", "h200", e2e_p99_s=200.0, ttft_p99_s=45.0)
+    [entry] = route_table([slow.route], DEPLOY)["model_list"]
+    assert entry["litellm_params"]["stream_timeout"] == math.ceil(45.0 * gw.stream_timeout_margin)
 
 
 def test_routes_only_to_what_is_published_and_measured():
@@ -564,18 +568,31 @@ def test_without_a_node_cache_the_pod_requests_ephemeral_storage_for_the_weights
 # ---- issue 23: a second deployment target, KServe's LLMInferenceService (llm-d) --------------
 
 def test_llm_inference_service_is_rendered_from_the_same_configuration():
+    """Where deploy.yaml asks for it, the LLMInferenceService replaces the InferenceService (one
+    serving object per model and node type) and carries the same configuration, labels and
+    nodegroup annotation; the preset's launcher sets the model path, port 8000, served name and
+    TP (kserve v0.20.0 config/llmisvcconfig/config-llm-template.yaml), so they are not args."""
     _, _, config = configured("qwen3-235b-a22b-instruct", "b300")
     pub = _published("qwen3-235b-a22b-instruct", config.precision)
     deploy = DEPLOY.model_copy(update={"llm_inference_service_node_types": ["b300"]})
     r = rendered("qwen3-235b-a22b-instruct", "b300", published={config.precision: pub},
                  deploy=deploy, cold_p95_s=300.0)
-    llm = next((d for d in r.docs if d["kind"] == "LLMInferenceService"), None)
-    assert llm is not None, [d["kind"] for d in r.docs]
-    svc = isvc(r)
+    kinds = [d["kind"] for d in r.docs]
+    assert "LLMInferenceService" in kinds
+    assert "InferenceService" not in kinds and "ServingRuntime" not in kinds, kinds
+    llm = next(d for d in r.docs if d["kind"] == "LLMInferenceService")
+    svc = isvc(rendered("qwen3-235b-a22b-instruct", "b300", published={config.precision: pub},
+                        cold_p95_s=300.0))
+    model = svc["spec"]["predictor"]["model"]
     main = llm["spec"]["template"]["containers"][0]
-    assert main["name"] == "main" and main["image"] == config.image
-    assert main["args"] == _model(r)["args"] and main["resources"] == _model(r)["resources"]
-    assert llm["spec"]["model"]["uri"] == _model(r)["storageUri"]
+    assert main["name"] == "main" and main["image"] == config.image and "command" not in main
+    assert main["args"] == [a for a in model["args"][1:]
+                            if not a.startswith(("--port=", "--served-model-name=",
+                                                 "--tensor-parallel-size="))]
+    assert main["resources"] == model["resources"]
+    assert main["startupProbe"]["httpGet"]["port"] == 8000
+    assert main["startupProbe"]["failureThreshold"] == model["startupProbe"]["failureThreshold"]
+    assert llm["spec"]["model"]["uri"] == model["storageUri"]
     assert llm["spec"]["parallelism"]["tensor"] == config.tensor_parallel
     for k in ("measured", "published", "config-hash"):
         key = f"model-onboarding.io/{k}"
@@ -583,8 +600,20 @@ def test_llm_inference_service_is_rendered_from_the_same_configuration():
     # the LLMInferenceService defaulter matches the node cache the same way
     # (kserve pkg/webhook/admission/llminferenceservice/defaulter.go SetLocalModelLabel)
     assert llm["metadata"]["annotations"]["serving.kserve.io/nodegroup"] == "b300-nvme-cache"
+    assert r.route.via_router
     h200 = rendered("qwen3-235b-a22b-instruct", "h200", deploy=deploy)
     assert "LLMInferenceService" not in [d["kind"] for d in h200.docs]  # not asked for there
+
+
+def test_golden_llm_inference_service():
+    _, _, config = configured("qwen3-235b-a22b-instruct", "b300")
+    pub = dataclasses.replace(_published("qwen3-235b-a22b-instruct", config.precision),
+                              total_bytes=134 * 10**9)
+    deploy = DEPLOY.model_copy(update={"llm_inference_service_node_types": ["b300"]})
+    text = to_yaml(rendered("qwen3-235b-a22b-instruct", "b300", cold_p95_s=300.0, deploy=deploy,
+                            published={config.precision: pub}).docs)
+    assert_golden(GOLDEN / "qwen3-235b-a22b-instruct-b300-llm.yaml", text,
+                  "rendering of the qwen3 LLMInferenceService on b300 changed")
 
 
 def test_one_local_model_cache_per_published_variant_across_node_types():

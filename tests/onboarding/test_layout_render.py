@@ -6,6 +6,7 @@ expert parallelism exactly where EP > 1.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -69,8 +70,12 @@ def test_expert_parallel_only_where_ep_is_above_one():
 
 def test_inference_services_carry_the_layout():
     p, r = rendered("b300-mixed")
-    runtime, isvc = r.manifests["qwen3-32b"]
+    runtime, isvc, pdb = r.manifests["qwen3-32b"]
     assert runtime["kind"] == "ServingRuntime"
+    # pinned to the packed node: a surge pod finds no GPU, so KServe's RollingUpdate would stall
+    assert isvc["spec"]["predictor"]["deploymentStrategy"] == {"type": "Recreate"}
+    assert pdb["spec"]["selector"]["matchLabels"]["serving.kserve.io/inferenceservice"] == \
+        isvc["metadata"]["name"]
     meta = isvc["metadata"]
     assert meta["name"] == "qwen3-32b-b300-mixed"
     assert meta["labels"]["model-onboarding.io/layout"] == "b300-mixed"
@@ -341,3 +346,55 @@ def test_golden_kubernetes_objects_of_each_layout(name):
     assert ("gpu-sharing.yaml" in k8s) == any(x.shares_gpu_with for x in p.placements)
     for doc in r.gpu_sharing:
         assert check_configmap(doc) == []
+
+
+# ---- what a cluster grants and what a layout's pods load ---------------------------------------
+
+def test_layout_manifests_deploy_the_published_variant_or_the_real_source():
+    """A layout's InferenceService deploys what the pipeline published and verified, like a
+    single-model manifest, and reads the source precision from the checkpoint: DeepSeek-R1's
+    config.json declares block-scaled FP8 (quantization_config.quant_method) beside
+    torch_dtype bfloat16, so its FP8 manifest points at the source, not at a variant nobody
+    published."""
+    from onboarding.common.refs import PublishedVariant
+    from onboarding.deploy.kserve import checkpoint_dtype
+    from onboarding.layouts.render import ModelSource
+
+    plan = planned("h200-deepseek")
+    p = plan.placement("deepseek-r1")
+    assert p.precision == "fp8"
+    r1_config = {"torch_dtype": "bfloat16", "quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}}
+    assert checkpoint_dtype(r1_config) == "fp8"
+    assert checkpoint_dtype({"torch_dtype": "bfloat16"}) == "bfloat16"
+    src = render_layout(plan, CATALOG, INPUTS, CFG, NODES, STACK, DEPLOY, {
+        "deepseek-r1": ModelSource(checkpoint_dtype(r1_config), None)})
+    isvc = next(d for d in src.manifests["deepseek-r1"] if d["kind"] == "InferenceService")
+    assert isvc["spec"]["predictor"]["model"]["storageUri"] == CATALOG["deepseek-r1"].source
+    pub = PublishedVariant("deepseek-r1", "fp8", "s3://model-serving/deepseek-r1/fp8/abc/",
+                           "abc", 700 * 10**9, 163, False)
+    published = render_layout(plan, CATALOG, INPUTS, CFG, NODES, STACK, DEPLOY, {
+        "deepseek-r1": ModelSource(None, {"fp8": pub})})
+    isvc = next(d for d in published.manifests["deepseek-r1"]
+                if d["kind"] == "InferenceService")
+    assert isvc["spec"]["predictor"]["model"]["storageUri"] == pub.uri
+    assert isvc["metadata"]["labels"]["model-onboarding.io/published"] == "true"
+
+
+def test_grant_check_counts_cpu_and_memory_not_only_gpus():
+    """The scheduler places a pod only where CPU and memory fit too: a layout whose pods ask
+    for more than the node has never starts, whatever its GPUs say."""
+    from onboarding.layouts.render import grant_problems
+
+    plan = planned("h200-mixed")
+    r = render_layout(plan, CATALOG, INPUTS, CFG, NODES, STACK, DEPLOY)
+    assert grant_problems(plan, r.manifests, CFG, NODES) == []
+    node = NODES.node_types["h200"]
+    heavy = copy.deepcopy(r.manifests)
+    isvc = next(d for d in heavy["qwen3-32b"] if d["kind"] == "InferenceService")
+    isvc["spec"]["predictor"]["model"]["resources"]["requests"].update(
+        {"cpu": str(node.cpu_per_gpu * node.gpus_per_node),
+         "memory": f"{node.host_memory_gib_per_gpu * node.gpus_per_node}Gi"})
+    problems = grant_problems(plan, heavy, CFG, NODES)
+    assert any("CPUs requested" in p for p in problems), problems
+    assert any("GiB of memory requested" in p for p in problems), problems
