@@ -51,9 +51,9 @@ def test_a_planted_credential_is_refused_shown_redacted_and_stored_nowhere(
            "ONBOARDING_REPORTS_DIR": str(out / "reports")}
     # registered before the entries were edited to carry the secrets (the sensor registers
     # only entries that validate)
-    subprocess.run([sys.executable, "-c", "import dagster as dg; dg.DagsterInstance.get()"
-                    ".add_dynamic_partitions('models', ['leaky-userinfo', 'leaky-query'])"],
-                   env=env, check=True, timeout=120)
+    register = ("import dagster as dg; dg.DagsterInstance.get()"
+                ".add_dynamic_partitions('models', ['leaky-userinfo', 'leaky-query'])")
+    subprocess.run([sys.executable, "-c", register], env=env, check=True, timeout=120)
     dagster = [sys.executable, "-m", "dagster"]
     commands = [
         [*dagster, "asset", "materialize", "-m", "pipelines.definitions",
@@ -66,7 +66,7 @@ def test_a_planted_credential_is_refused_shown_redacted_and_stored_nowhere(
     said = []
     for cmd in commands:
         done = subprocess.run(cmd, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True,
-                              timeout=300)
+                              timeout=300, check=False)
         said.append(done.stdout + done.stderr)
     text = "\n".join(said)
     assert "s3://***@models/base/" in text and "s3://models/base/?***" in text, text[-3000:]
