@@ -15,6 +15,7 @@ S3_ENDPOINT_URL and its credentials set, `--ui` runs on that endpoint and starts
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -161,12 +163,30 @@ def register_partitions(instance) -> list[str]:
     return keys
 
 
+@contextlib.contextmanager
+def stderr_to(path: Path):
+    """This process's stderr (file descriptor 2: progress bars and warnings of the libraries
+    the steps call, and of their subprocesses) appended to `path` while the block runs."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
 def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
     import dagster as dg
 
     from assets.stack import observe_stack
     from pipelines.definitions import defs
     from pipelines.resources import config_files
+    from pipelines.run_console import QUIET_CONSOLE, RunConsole
     from pipelines.run_timing import TreeSampler, breakdown_lines, run_step_timings
 
     instance = dg.DagsterInstance.get()
@@ -178,12 +198,17 @@ def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
     stages = set(selection) if selection else None
     run_config = config_files().automation().launch.run_config(sweep, stages)
     print(f"  {sweep} sweep, as run config: {json.dumps(run_config.get('ops', run_config))}")
+    run_id = str(uuid.uuid4())
+    log_path = DATA / "runs" / f"{run_id}.log"
+    print(f"  run {run_id}: one line per step here; every event (DEBUG included) and the "
+          f"libraries' own output in {log_path}")
     t0 = time.monotonic()
-    with TreeSampler() as sampler:
+    with TreeSampler() as sampler, RunConsole(instance, run_id, log_path), \
+            stderr_to(log_path):
         result = job.execute_in_process(
-            partition_key=model, instance=instance, run_config=run_config,
+            partition_key=model, instance=instance, run_config={**run_config, **QUIET_CONSOLE},
             asset_selection=[dg.AssetKey(s) for s in selection] if selection else None,
-            raise_on_error=False)
+            raise_on_error=False, run_id=run_id)
     print(f"\nonboard_model[{model}]: {'SUCCESS' if result.success else 'FAILED'} "
           f"in {time.monotonic() - t0:.0f}s (run {result.run_id})")
     done = [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
