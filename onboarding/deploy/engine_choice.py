@@ -23,7 +23,7 @@ from typing import Any
 
 from onboarding.common.errors import ConfigError
 from onboarding.fetch.catalog import ModelSpec
-from onboarding.serving.engine_config import ConfigInputs, ServingConfig, build_config
+from onboarding.serving.engine_config import ConfigInputs, EngineConfig, build_config
 from onboarding.serving.stack import EngineTemplate, servable
 
 # The plan's numbers a configuration carries into another engine's template (the template's
@@ -34,8 +34,8 @@ MEASURED = "measured"
 DEFAULT = "template default"
 
 
-def config_for_engine(config: ServingConfig, spec: ModelSpec, template: EngineTemplate,
-                      engine: str, engine_version: str, image: str) -> ServingConfig:
+def config_for_engine(config: EngineConfig, spec: ModelSpec, template: EngineTemplate,
+                      engine: str, engine_version: str, image: str) -> EngineConfig:
     """`config`'s planned numbers rendered by another engine's template: the same node type,
     precision and TP, that engine's defaults and flags, its own hash. Engine switches are the
     first engine's and do not carry over."""
@@ -119,7 +119,7 @@ def _median(ms: list[Measurement]) -> Measurement:
                                + "; ".join(m.source for m in ms))
 
 
-def choose_engine(node_type: str, candidates: Mapping[str, ServingConfig],
+def choose_engine(node_type: str, candidates: Mapping[str, EngineConfig],
                   measurements: Iterable[Measurement], default_engine: str) -> EngineChoice:
     """The engine for `node_type` among `candidates` (engine -> its configuration there).
 
@@ -230,9 +230,9 @@ def dump_measurements(measurements: Sequence[Measurement], description: str) -> 
 
 # ---- the plan: candidates per node type, and the choice ----
 
-def engine_candidates(config: ServingConfig, spec: ModelSpec,
+def engine_candidates(config: EngineConfig, spec: ModelSpec,
                       templates: Mapping[str, EngineTemplate], stack_data: Mapping[str, Any]
-                      ) -> tuple[dict[str, ServingConfig], dict[str, str]]:
+                      ) -> tuple[dict[str, EngineConfig], dict[str, str]]:
     """The plan's configuration of one node type in every engine template (configs/stack.yaml
     `engines`) with kernels for its precision on its hardware, at that engine's version
     (`versions.<engine>`) and the image its tag rule gives; and why the other engines have

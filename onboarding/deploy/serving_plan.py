@@ -34,7 +34,6 @@ from onboarding.fetch.twins import NOT_READY
 from onboarding.serving.engine_config import (
     ConfigInputs,
     EngineConfig,
-    ServingConfig,
     build_config,
     evidence,
 )
@@ -203,7 +202,7 @@ def render_targets(spec: ModelSpec, splan: ServingPlan, nodes: NodesConfig, stac
     return rendered, skipped
 
 
-def _stack_of(stack: Stack, config: ServingConfig, arch: str) -> Stack:
+def _stack_of(stack: Stack, config: EngineConfig, arch: str) -> Stack:
     """The stack as the configuration's engine sees it: the stack itself for its own engine;
     for an engine the plan chose by measurement, that engine and version with the image its tag
     rule gave when serving_config was built (engine_candidates) and none of the stack engine's

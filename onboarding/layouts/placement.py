@@ -664,9 +664,4 @@ def placement_rows(p: LayoutPlan) -> list[dict[str, object]]:
     } for x in p.placements]
 
 
-def option_rows(p: LayoutPlan) -> list[dict[str, object]]:
-    return [{"model": o.model, "tp": o.tensor_parallel, "ok": o.ok,
-             "tokens_per_s_per_gpu": round(o.tokens_per_s_per_gpu, 1),
-             "throughput": o.throughput_basis if o.node_plan is not None else "-",
-             "reason": o.reason} for o in p.options]
 

@@ -76,7 +76,3 @@ def load_quantization_config(path: Path) -> QuantizationConfig:
                            "Fix the file (see configs/quantization.yaml's comments).")
 
 
-def resolve_data_path(config_dir: Path, value: str) -> Path:
-    """Relative dataset paths are relative to the config directory (a ConfigMap in a cluster)."""
-    p = Path(value).expanduser()
-    return p if p.is_absolute() else config_dir / p

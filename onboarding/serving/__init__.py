@@ -1,1 +1,1 @@
-"""Serving and statistics: engine templates and scenarios, the ServingConfig, benchmark statistics and plots, the frontend's cost, page cache, prompts, the stack fingerprint."""
+"""Serving and statistics: engine templates and scenarios, the EngineConfig, benchmark statistics and plots, the frontend's cost, page cache, prompts, the stack fingerprint."""

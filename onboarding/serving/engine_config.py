@@ -8,8 +8,7 @@ once, from the plan and the node facts, before anything is timed; the local engi
 `args(...)` of it and the manifest renders the same `args(...)`, so "benchmarked" and "deployed"
 are one list (the model path, port and bind address aside, which necessarily differ between a
 test node and a pod). Its short content hash travels with every number measured at it.
-(Named `ServingConfig` before issue 27; the asset that stores one per node type, in a
-`ServingPlan`, is still `serving_config`.)
+The asset that stores one per node type, in a `ServingPlan`, is `serving_config`.
 """
 
 from __future__ import annotations
@@ -107,10 +106,6 @@ class EngineConfig:
                 "gpu_memory_utilization": self.param("gpu_memory_utilization"),
                 "kv_cache_dtype": self.param("kv_cache_dtype", "auto")}
 
-
-# Stored serving_config values (pickled ServingPlans, FilesystemIOManager) name the class by its
-# old name; the alias lets a step read one materialized before the rename.
-ServingConfig = EngineConfig
 
 SECRET_NAME = re.compile(
     r"(?i)(token|secret|passw(or)?d|api[_-]?key|access[_-]?key|credential|private[_-]?key)")
