@@ -107,21 +107,31 @@ def device_manifest_now(result: dg.ExecuteInJobResult, node_type: str, old_hash:
 
 
 ISSUE23_KINDS = ("LocalModelNodeGroup", "LocalModelCache")
-LLM_D = "LLMInferenceService"  # beside the b300 InferenceService (deploy.yaml)
+LLM_D = "LLMInferenceService"  # the device's b300 file carried one beside the InferenceService
 ISSUE23_NOTES = ("model-onboarding.io/weights-on-node", "serving.kserve.io/nodegroup")
+# what the pod lifecycle added since the device run (docs/deploy.md, "Pod lifecycle")
+LIFECYCLE_NOTES = ("serving.kserve.io/autoscalerClass", "model-onboarding.io/lifecycle")
+LIFECYCLE_PREDICTOR = ("priorityClassName", "terminationGracePeriodSeconds",
+                       "deploymentStrategy")
 
 
 def before_the_node_cache(text: str) -> tuple[list[str], list[dict]]:
     """A manifest less what deploying from the node cache added (issue 23): the
     LocalModelNodeGroup and LocalModelCache documents, the weights-on-node and nodegroup
     annotations, the ephemeral-storage request, the startup window (no pull counted), and the
-    QoS class: without the storage initializer the cached pod is Guaranteed."""
+    QoS class: without the storage initializer the cached pod is Guaranteed. Also less what the
+    pod lifecycle added since (the PodDisruptionBudget, priority class, termination grace,
+    preStop drain, rollout strategy and autoscaler class)."""
     header, docs = without_startup_probe(text)
-    docs = [d for d in docs if d["kind"] not in (*ISSUE23_KINDS, LLM_D)]
+    docs = [d for d in docs
+            if d["kind"] not in (*ISSUE23_KINDS, LLM_D, "PodDisruptionBudget")]
     for d in docs:
         if d["kind"] == "InferenceService":
-            for k in (*ISSUE23_NOTES, "model-onboarding.io/qos-class"):
+            for k in (*ISSUE23_NOTES, *LIFECYCLE_NOTES, "model-onboarding.io/qos-class"):
                 d["metadata"]["annotations"].pop(k, None)
+            for k in LIFECYCLE_PREDICTOR:
+                d["spec"]["predictor"].pop(k, None)
+            d["spec"]["predictor"]["model"].pop("lifecycle", None)
             d["metadata"]["labels"].pop("model-onboarding.io/qos-class", None)
             d["spec"]["predictor"]["model"]["resources"]["requests"].pop(
                 "ephemeral-storage", None)
@@ -175,8 +185,9 @@ def test_at_the_run_stack_the_h200_manifest_is_the_one_rendered_there(
     for node_type in ("h200", "b300"):
         text = rendered(result, node_type)
         kinds = [d["kind"] for d in yaml.safe_load_all(text)]
+        # one serving object per file (deploy.yaml chooses the InferenceService everywhere)
         assert kinds == ["ServingRuntime", *ISSUE23_KINDS, "InferenceService",
-                         *([LLM_D] if node_type == "b300" else [])], node_type
+                         "PodDisruptionBudget"], node_type
         assert isvc(text)["metadata"]["labels"]["model-onboarding.io/qos-class"] == "Guaranteed"
     notes = isvc(rendered(result, "h200"))["metadata"]["annotations"]
     assert notes["model-onboarding.io/throughput"] == (
