@@ -160,6 +160,12 @@ def render_inference_service(plan: LayoutPlan, p: Placement, spec: ModelSpec,
     precision. Recreate: the layout's pods are pinned to one packed node, where a surge pod
     finds no GPU."""
     source = source or ModelSource()
+    resource, n = gpu_resource(plan, p, cfg)
+    if resource != "nvidia.com/gpu":
+        # a MIG slice is its own isolated GPU to the engine: the bare-metal split of a shared
+        # GPU's memory would leave the rest of the slice unused, so the model's own fraction
+        # applies there (the grant check holds the need within the slice)
+        p = dataclasses.replace(p, gpu_memory_utilization=inputs.gpu_memory_utilization)
     config = layout_config(plan, p, spec, inputs, nodes, stack)
     served = layout_spec(spec, p)
     src_prec = source_precision(source.config_dtype)  # as kserve_manifest reads it
@@ -185,7 +191,6 @@ def render_inference_service(plan: LayoutPlan, p: Placement, spec: ModelSpec,
     predictor["priorityClassName"] = priority_class_name(p.qos)
     # every member of the layout on the one node labelled for it
     predictor["nodeSelector"][LAYOUT_LABEL] = label_value(plan.name)
-    resource, n = gpu_resource(plan, p, cfg)
     if resource != "nvidia.com/gpu":
         # a MIG slice is a fraction of a GPU: its pod gets that fraction of the GPU's host share
         node, share = nodes.node_types[plan.node_type], _mig_share(plan, cfg)

@@ -88,8 +88,13 @@ def test_inference_services_carry_the_layout():
     assert "--gpu-memory-utilization=0.88" in pred["model"]["args"]
     shared = r.manifests["bge-m3"][1]["metadata"]["annotations"]
     assert "shares GPU 7 with bge-reranker-v2-m3" in shared["model-onboarding.io/layout-gpus"]
-    util = p.placement("bge-m3").gpu_memory_utilization
-    assert f"--gpu-memory-utilization={util:g}" in isvc_args(r, "bge-m3")
+    # in its MIG slice (an isolated GPU to the engine) the model's own fraction applies, not
+    # the bare-metal split of the shared GPU, which the launcher keeps
+    split = p.placement("bge-m3").gpu_memory_utilization
+    own = INPUTS["bge-m3"].gpu_memory_utilization
+    assert split < own
+    assert f"--gpu-memory-utilization={own:g}" in isvc_args(r, "bge-m3")
+    assert f"--gpu-memory-utilization={split:g}" in r.launchers["bge-m3.sh"]
     assert "--runner=pooling" in isvc_args(r, "bge-m3")
 
 
