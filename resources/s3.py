@@ -69,7 +69,7 @@ READ_BLOCK = 1 << 20
 # from the write's length (include/linux/pagemap.h write_begin_get_folio: fgf_set_order(len),
 # which ext4_write_begin calls); on the 2-core VM, 1 MiB writes (1 MiB folios) cost the fetch
 # 2-3 s of system time per GB in some machine states where 256 KiB writes cost 0.5-0.7 s
-# (docs/benchmarks.md, "Where the fetch's system time went"). 256 KiB is s3transfer's default
+# (docs/benchmarks.md, "The write block"). 256 KiB is s3transfer's default
 # io_chunksize, the size download_file writes in.
 WRITE_BLOCK = 256 << 10
 _AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"}
