@@ -44,14 +44,17 @@ class ToolRun:
         return self.command.split()[0] if self.command else self.name
 
     def unavailable(self) -> str:
-        """Why the command's output says nothing about the node ("" when it ran)."""
+        """Why the command's output says nothing about the node ("" when it ran): a tool not
+        installed (exit 127, or the shell's `X: command not found` for a tool inside a
+        pipeline), or one that could not reach what it reads (no BMC device, no sysfs node)."""
+        missing = re.findall(r"(?:^|: )([\w.-]+): command not found", self.output, re.MULTILINE)
+        if missing or self.exit_code == NOT_INSTALLED:
+            return f"`{missing[0] if missing else self.tool}` is not installed"
         low = self.output.lower()
-        if self.exit_code == NOT_INSTALLED or "command not found" in low:
-            return f"`{self.tool}` is not installed"
         for marker in ("could not open device", "operation not permitted", "permission denied",
                        "no such file or directory", "not supported"):
             if self.exit_code != 0 and marker in low:
-                return f"`{self.command}` exited {self.exit_code}: {_last_line(self.output)}"
+                return f"{self.name} exited {self.exit_code}: {_last_line(self.output)}"
         return ""
 
 
@@ -80,7 +83,7 @@ def load_recordings(directory: Path) -> dict[str, ToolRun]:
     for path in sorted(directory.glob("*.txt")):
         text = path.read_text(errors="replace")
         if text.startswith("$ "):
-            out[path.stem] = parse_recording(path.name, text)
+            out[path.stem] = parse_recording(path.stem, text)
     return out
 
 
@@ -144,6 +147,35 @@ def parse_lspci_links(text: str) -> list[PciLink]:
             out.append(PciLink(dev[0], dev[1], dev[2], cap[0], cap[1], s.group(1),
                                int(s.group(3))))
             cap = None
+    return out
+
+
+_SYSFS_LINK = re.compile(r"^(\S+) vendor=(0x[0-9a-f]+) class=(0x[0-9a-f]+) cur=(.*?)/x(\d*) "
+                         r"max=(.*?)/x(\d*)\s*$")
+
+
+def parse_pci_sysfs_links(text: str) -> list[PciLink]:
+    """GPUs (vendor 0x10de, class 0x03xxxx) and NICs (class 0x02xxxx) with a link, from the
+    `<bdf> vendor= class= cur=<current_link_speed>/x<width> max=<max_link_speed>/x<width>`
+    lines of the pci-sysfs-links recording: the kernel's sysfs `current_link_*` is the link
+    status register, `max_link_*` its capability, what lspci prints as LnkSta and LnkCap."""
+    out = []
+    for line in text.splitlines():
+        m = _SYSFS_LINK.match(line.strip())
+        if not m or not m.group(5) or not m.group(7):
+            continue  # no PCI Express link (a virtio device)
+        vendor, cls = m.group(2), m.group(3)
+        if vendor == "0x10de" and cls.startswith("0x03"):
+            kind, name = "3D controller", "NVIDIA GPU"
+        elif cls.startswith("0x02"):
+            kind, name = "Ethernet controller" if cls.startswith("0x0200") else \
+                "Network controller", f"NIC {vendor}"
+        else:
+            continue
+        out.append(PciLink(m.group(1), kind, name, m.group(6).replace(" PCIe", "").replace(
+            ".0 GT/s", "GT/s").replace(" GT/s", "GT/s"), int(m.group(7)),
+            m.group(4).replace(" PCIe", "").replace(".0 GT/s", "GT/s").replace(" GT/s", "GT/s"),
+            int(m.group(5))))
     return out
 
 

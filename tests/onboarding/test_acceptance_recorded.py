@@ -24,7 +24,11 @@ from onboarding.nodes.host_tools import load_recordings
 from resources.config_files import ConfigFiles
 
 DATA = Path(__file__).parents[1] / "data" / "acceptance"
-SETS = sorted(p.parent for p in DATA.glob("*/nvidia-smi-q.xml"))
+# a set the probe wrote (nvidia-smi-q.xml ...) or a recording of the node's tools
+# (scripts/record_node_tools.sh: nvidia-smi-q-xml.txt ...)
+SETS = sorted({p.parent for p in [*DATA.glob("*/nvidia-smi-q.xml"),
+                                  *DATA.glob("*/nvidia-smi-q-xml.txt")]})
+NOT_RECORDED = {"direct": {"why_not": "not recorded"}, "s3": {"why_not": "not recorded"}}
 PASSING_STORAGE = {"direct": {"path": "/data/models", "bytes": 4 << 30, "seconds": 0.5,
                               "gbps": 8.6, "write_bytes": 4 << 30, "write_seconds": 0.7,
                               "write_gbps": 6.1},
@@ -52,13 +56,36 @@ def _storage(d: Path) -> dict:
         return raw
     assert not (d / PROBE_CHECKS).is_file(), f"{d.name}: written by the probe without " \
         f"{acc.RAW_STORAGE}: its direct-I/O verdict cannot be re-judged"
-    return PASSING_STORAGE
+    return PASSING_STORAGE if d.name.startswith("crafted-") else NOT_RECORDED
+
+
+def _smi_xml(d: Path) -> str:
+    raw = d / acc.RAW_SMI_XML
+    return raw.read_text() if raw.is_file() else load_recordings(d)["nvidia-smi-q-xml"].output
+
+
+def _topo(d: Path) -> str | None:
+    """`nvidia-smi topo -m` as the probe keeps it, or its recording's output."""
+    run = load_recordings(d).get("nvidia-smi-topo-m")
+    if run is not None:
+        return run.output
+    return (d / acc.RAW_TOPO).read_text() if (d / acc.RAW_TOPO).is_file() else None
+
+
+def _dcgm(d: Path) -> tuple[object, str]:
+    """(parsed diag, "") from the probe's file or a recording that ran; else (None, why)."""
+    if (d / acc.RAW_DCGM).is_file():
+        return parse_dcgm_diag((d / acc.RAW_DCGM).read_text()), ""
+    run = load_recordings(d).get("dcgmi-diag-r3")
+    if run is not None and not run.unavailable():
+        return parse_dcgm_diag(run.output), ""
+    return None, run.unavailable() if run is not None else "DCGM is not installed"
 
 
 def judge(d: Path) -> dict:
     """Each node asset's result built from the set's raw files, as the assets build them."""
     exp, configs = _expected(d), ConfigFiles()
-    smi_xml = (d / acc.RAW_SMI_XML).read_text()
+    smi_xml = _smi_xml(d)
     node_type = exp.get("node_type") or d.name.split("-")[0]
     gpus = exp.get("gpus") or len(parse_smi_xml(smi_xml).gpus)
     cfg = configs.acceptance()
@@ -68,18 +95,17 @@ def judge(d: Path) -> dict:
         node_type=node_type, gpus=gpus)}, "node_types": {**cfg.node_types, node_type: t}})
     s = acc.node_setting(cfg, configs.nodes(), "recorded", "test")
     nvml = _json(d, acc.RAW_NVML) or {"nvlinks_active": {}, "error": "not recorded"}
-    topo = d / acc.RAW_TOPO
+    topo = _topo(d)
     inv = acc.build_inventory(
-        s, smi_xml=smi_xml, smi_error="", topo_text=topo.read_text() if topo.is_file() else None,
-        topo_error="" if topo.is_file() else "not recorded",
+        s, smi_xml=smi_xml, smi_error="", topo_text=topo,
+        topo_error="" if topo is not None else "not recorded",
         nvlinks={int(k): v for k, v in nvml["nvlinks_active"].items()},
         nvlink_error=nvml["error"], system=_json(d, acc.RAW_SYSTEM) or {},
         stack_facts={"nvidia_driver": "recorded"}, tools=load_recordings(d))
     burn, storage = _json(d, acc.RAW_BURN), _storage(d)
-    dcgm = d / acc.RAW_DCGM
+    diag, diag_why = _dcgm(d)
     health = acc.build_health(
-        s, inv, diag=parse_dcgm_diag(dcgm.read_text()) if dcgm.is_file() else None,
-        diag_why="" if dcgm.is_file() else "DCGM is not installed", level=3,
+        s, inv, diag=diag, diag_why=diag_why, level=3,
         burn=burn["result"] if burn else None, samples=burn["samples"] if burn else (),
         xids=burn["xids"] if burn else (),
         telemetry_why=burn["telemetry_unavailable"] if burn else "",
@@ -103,13 +129,13 @@ def recorded(request) -> tuple[Path, dict, dict]:
 
 def test_every_set_parses_into_complete_gpu_facts(recorded):
     d, exp, _ = recorded
-    smi = parse_smi_xml((d / acc.RAW_SMI_XML).read_text())
+    smi = parse_smi_xml(_smi_xml(d))
     assert smi.gpus and smi.driver_version
     for g in smi.gpus:
         assert g.name and g.bus_id and g.memory_total_mib and g.uuid, g
         assert g.pcie_width_max and g.pcie_gen_max and g.sm_clock_max_mhz, g
-    if (d / acc.RAW_TOPO).is_file():
-        topo = parse_topo_matrix((d / acc.RAW_TOPO).read_text())
+    if _topo(d) is not None:
+        topo = parse_topo_matrix(_topo(d))
         assert len(topo.gpus) == len(smi.gpus)
         if "nvlinks" in exp and len(topo.gpus) > 1:
             assert topo.nvlinks("GPU0", "GPU1") == exp["nvlinks"]

@@ -229,11 +229,15 @@ def build_health(s: NodeSetting, inv: NodeInventory, *, diag: DcgmDiag | None, d
                  level: int, burn: Mapping[str, Any] | None, samples: Sequence[dict],
                  xids: Sequence[dict], telemetry_why: str, xid_why: str) -> GpuHealth:
     c = Checker(s.thresholds)
-    if inv.no_gpu or burn is None:
+    if inv.no_gpu:
         for name in HEALTH_CHECKS:
-            c.skip(2, name, inv.no_gpu or "the burn did not run")
+            c.skip(2, name, inv.no_gpu)
         return GpuHealth(s.name, {}, (), (), (), None, tuple(c.checks))
     dcgm_check(c, diag, diag_why, level, s.thresholds.dcgm_diag_level_min)
+    if burn is None:
+        for name in HEALTH_CHECKS[1:]:
+            c.skip(2, name, "the burn did not run")
+        return GpuHealth(s.name, {}, (), (), (), diag, tuple(c.checks))
     gpus = inv.smi.gpus if inv.smi else ()
     windows = burn_checks(s, gpus, burn, samples, xids, telemetry_why, xid_why, c)
     return GpuHealth(s.name, dict(burn), tuple(samples), tuple(windows), tuple(xids), diag,

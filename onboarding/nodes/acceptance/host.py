@@ -16,7 +16,7 @@ def host_checks(c: Checker, s: NodeSetting, runs: Runs, topo: Topology | None) -
     _kernel_log(c, s, runs)
     _ipmi(c, s, runs)
     _pcie_lnksta(c, runs)
-    _numa(c, s, runs, topo)
+    numa_map_check(c, s, runs, topo)
     _stress(c, s, runs)
 
 
@@ -63,24 +63,32 @@ def _ipmi(c: Checker, s: NodeSetting, runs: Runs) -> None:
 
 
 def _pcie_lnksta(c: Checker, runs: Runs) -> None:
+    """`lspci -vvv` where installed; else the same registers from sysfs (the pci-sysfs-links
+    recording). Either way every GPU and NIC with a PCI Express link is judged."""
     want = "LnkSta = LnkCap (speed and width) for every GPU and NIC"
-    run = usable(c, runs, "lspci-vvv", 1, "pcie_lnksta", want)
-    if run is None:
+    lspci, sysfs = runs.get("lspci-vvv"), runs.get("pci-sysfs-links")
+    if lspci is not None and not lspci.unavailable():
+        links, via = ht.parse_lspci_links(lspci.output), "lspci"
+    elif sysfs is not None and not sysfs.unavailable():
+        links, via = ht.parse_pci_sysfs_links(sysfs.output), "sysfs"
+    else:
+        usable(c, runs, "lspci-vvv", 1, "pcie_lnksta", want)
         return
-    links = [ln for ln in ht.parse_lspci_links(run.output) if ln.is_gpu or ln.is_nic]
+    links = [ln for ln in links if ln.is_gpu or ln.is_nic]
     if not links:
-        c.skip(1, "pcie_lnksta", "lspci shows no GPU or NIC with a PCI Express link (a VM's "
+        c.skip(1, "pcie_lnksta", f"{via} shows no GPU or NIC with a PCI Express link (a VM's "
                "virtual devices)", want)
         return
     bad = [f"{'GPU' if ln.is_gpu else 'NIC'} {ln.describe()}" for ln in links
            if not ln.at_capability]
-    c.add(1, "pcie_lnksta", not bad, "; ".join(bad) or ", ".join(
-          f"{ln.address} {ln.sta_speed} x{ln.sta_width}" for ln in links), want,
+    c.add(1, "pcie_lnksta", not bad, "; ".join(bad) or f"{via}: " + ", ".join(
+          f"{'GPU' if ln.is_gpu else 'NIC'} {ln.address} {ln.sta_speed} x{ln.sta_width}"
+          for ln in links), want,
           "PCIe link below its capability (reseat, check the riser/cable/slot): "
           + "; ".join(bad))
 
 
-def _numa(c: Checker, s: NodeSetting, runs: Runs, topo: Topology | None) -> None:
+def numa_map_check(c: Checker, s: NodeSetting, runs: Runs, topo: Topology | None) -> None:
     layout = s.planned.numa_layout()
     want = "; ".join(f"GPUs {','.join(map(str, g))} on NUMA node {i}"
                      for i, g in enumerate(layout))

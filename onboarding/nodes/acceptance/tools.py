@@ -14,6 +14,12 @@ TOOL_COMMANDS = {
     "uname": "uname -r",
     "dmesg": "dmesg -T",
     "lspci-vvv": "lspci -vvv",
+    "pci-sysfs-links": "for d in /sys/bus/pci/devices/*; do v=$(cat $d/vendor 2>/dev/null); "
+                       "c=$(cat $d/class 2>/dev/null); case \"$v:$c\" in 0x10de:*|*:0x0200*|"
+                       "*:0x0207*|*:0x0108*) echo \"$(basename $d) vendor=$v class=$c "
+                       "cur=$(cat $d/current_link_speed 2>/dev/null)/x$(cat "
+                       "$d/current_link_width 2>/dev/null) max=$(cat $d/max_link_speed "
+                       "2>/dev/null)/x$(cat $d/max_link_width 2>/dev/null)\";; esac; done",
     "numactl-hardware": "numactl --hardware",
     "ipmitool-sel": "ipmitool sel elist",
     "ipmitool-sdr": "ipmitool sdr",
