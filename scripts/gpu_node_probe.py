@@ -2,7 +2,8 @@
 every raw output as test data.
 
     PYTHONPATH=<repo>:/tmp/site python3 scripts/gpu_node_probe.py OUT_DIR \
-        [--node NAME] [--node-type h200] [--gpus N] [--burn-s 40] [--dcgm-level 1]
+        [--node NAME] [--node-type h200] [--gpus N] [--burn-s 40] [--dcgm-level 1] \
+        [--stress-s 30]
 
 Materializes node_inventory, gpu_health, interconnect, memory_bandwidth, storage_read and
 node_acceptance for one node (registered on the fly in a copy of configs/ with the lent
@@ -10,14 +11,16 @@ machine's GPU count and a short probe), in a throwaway Dagster instance. Writes,
 
     raw/        nvidia-smi-q.xml, nvidia-smi-topo-m.txt, nvml.json, system.json, burn.json
                 (samples), memory-bandwidth.json, storage-read.json, interconnect.json
-                (2+ GPUs), dcgmi-diag.json (where DCGM is installed), gpu-job-*.log
+                (2+ GPUs), dcgmi-diag.json (where DCGM is installed), gpu-job-*.log, and
+                the host tools' recordings (<name>.txt: dmesg, lspci-vvv, stress-ng, ...)
     report/     acceptance.md, burn.png, checks.csv
     summary.json   the verdict, every check, the gate's answer for this node, timings
 
 `raw/` is what tests/data/acceptance/h200/ takes (docs/acceptance.md, "H200 results"). Budgeted
 at under 3 minutes on one H200 with the defaults (40 s burn, two CUDA starts, a 2 GiB direct
 read); the verdict will say "not qualified" because a 40 s burn is shorter than the hour the
-node type requires (by design: the numbers are the point).
+node type requires, a level-1 DCGM run is not the level-3 pass acceptance needs, and a 30 s
+stress is shorter than `host.stress_min_s` (by design: the numbers are the point).
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ def config_copy(work: Path, node: str, node_type: str, gpus: int, args) -> Path:
         "copy_mib": 2048, "copy_iters": 10, "p2p_mib": args.p2p_mib,
         "allreduce_sizes_mib": args.allreduce_sizes_mib,
         "allreduce_iters": 10, "direct_read_gib": args.direct_read_gib,
-        "gpu_job_timeout_s": 300})
+        "gpu_job_timeout_s": 300, "stress_s": args.stress_s})
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return cfg
 
@@ -83,6 +86,8 @@ def main() -> int:
     ap.add_argument("--dcgm-level", type=int, default=1, help="dcgmi diag -r level where DCGM "
                     "is installed (1 is about a minute); 0 skips it")
     ap.add_argument("--direct-read-gib", type=float, default=2.0)
+    ap.add_argument("--stress-s", type=float, default=30.0, help="stress-ng CPU/memory run "
+                    "between two EDAC reads; 0 skips it")
     ap.add_argument("--p2p-mib", type=int, default=512, help="P2P copy per GPU pair")
     ap.add_argument("--allreduce-sizes-mib", default=[16, 256],
                     type=lambda s: [int(x) for x in s.split(",") if x.strip()],

@@ -20,7 +20,8 @@ def test_probe_script_writes_raw_outputs_report_and_summary(tmp_path):
     out = tmp_path / "probe"
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     proc = subprocess.run([sys.executable, "scripts/gpu_node_probe.py", str(out), "--node",
-                           "ci-node", "--burn-s", "1", "--direct-read-gib", "0.05"],
+                           "ci-node", "--burn-s", "1", "--direct-read-gib", "0.05",
+                           "--stress-s", "0"],  # no CPU stress on the shared test machine
                           cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
                           timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -32,6 +33,9 @@ def test_probe_script_writes_raw_outputs_report_and_summary(tmp_path):
     assert set(summary["timings_s"]) == {"node_inventory", "gpu_health", "interconnect",
                                          "memory_bandwidth", "storage_read", "node_acceptance"}
     assert (out / "raw" / "system.json").is_file()
+    dmesg = (out / "raw" / "dmesg.txt").read_text()  # the host tools' recordings, kept
+    assert dmesg.startswith("$ dmesg -T\n") and dmesg.rstrip().split("\n")[-1].startswith(
+        "# exit ")
     # the raw measurement direct_io_read is judged from, kept so a recorded set re-judges
     direct = json.loads((out / "raw" / "storage-read.json").read_text())["direct"]
     assert direct.get("why_not") or (direct["bytes"] > 0 and direct["seconds"] > 0), direct
