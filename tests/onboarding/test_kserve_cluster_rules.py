@@ -6,6 +6,8 @@ mistakes; these rules decide whether the model serves.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 
@@ -165,3 +167,19 @@ def test_pooling_models_get_no_forced_chunked_prefill_or_prefix_caching(model_id
     assert not [a for a in config.param_args if "chunked-prefill" in a or "prefix-caching" in a]
     _, _, gen = configured("llama-3-1-70b-instruct", "h200")
     assert any("prefix-caching" in a for a in gen.param_args)  # a generating model keeps them
+
+
+def test_a_cache_smaller_than_the_published_variant_is_refused_before_rendering():
+    """KServe's LocalModelNodeGroup caps what the node may cache (storageLimit); a variant above
+    it would never be cached and its pods would mount an empty directory."""
+    _, _, config = configured("qwen3-235b-a22b-instruct", "b300")
+    pub = dataclasses.replace(_published("qwen3-235b-a22b-instruct", config.precision),
+                              total_bytes=200 * 2**30)
+    nts = dict(DEPLOY.local_model_cache.node_types)
+    nts["b300"] = nts["b300"].model_copy(update={"storage_limit_gib": 100})
+    small = DEPLOY.model_copy(update={"local_model_cache": DEPLOY.local_model_cache.model_copy(
+        update={"node_types": nts})})
+    with pytest.raises(ConfigError, match="storage_limit_gib"):
+        rendered("qwen3-235b-a22b-instruct", "b300", deploy=small,
+                 published={config.precision: pub})
+    assert rendered("qwen3-235b-a22b-instruct", "b300", published={config.precision: pub})
