@@ -13,6 +13,7 @@ from onboarding.common.refs import VariantRef
 from onboarding.common.tables import md_table
 from onboarding.deploy.readiness import ManifestFacts, Readiness, judge
 from onboarding.deploy.serving_plan import ManifestSet
+from onboarding.reports.verdict import sentence
 from onboarding.serving.stats import ServingBenchmarkResult
 from resources.config_files import ConfigFiles
 
@@ -37,10 +38,14 @@ def readiness(context: dg.AssetExecutionContext, configs: ConfigFiles,
     spec = configs.spec(context.partition_key)
     verdict = judge(context.partition_key, configs.deploy().target_node_types, serving_variant,
                     serving_benchmark, facts, twin=spec.is_twin)
-    context.log.info(f"{context.partition_key}: {verdict.summary()}")
+    said, next_step = sentence(verdict.ready, verdict.reasons,
+                               [(n.node_type, n.ready, n.reasons) for n in verdict.nodes])
+    context.log.info(f"{context.partition_key}: {said} {next_step}")
     return dg.Output(verdict, metadata={
         "ready": verdict.ready,
-        "verdict": verdict.summary(),
+        "verdict": said,
+        "next_step": next_step,
+        "reasons": verdict.summary(),
         "per_node_type": dg.MetadataValue.md(md_table(verdict.rows(), empty="(no node type)")),
         **spec_metadata(spec),
     })

@@ -96,7 +96,8 @@ def model_facts(configs: ConfigFiles, outputs: OutputDirs, verdict: ModelReport,
     ins={n: dg.AssetIn(input_manager_key=OPTIONAL) for n in UPSTREAM},
     deps=[MODEL_SPEC],
     group_name=GROUP,
-    description="One self-contained HTML page per model (reports/<model>/readiness.html): "
+    description="One self-contained HTML page per model (reports/<model>/readiness.html; its "
+    "latest materialization links it as `report_link`): "
     "what was fetched, the variants and the accuracy each lost, which precision serves and "
     "why, per node type its configuration, numbers and where they came from, start times, "
     "latency-throughput curves, manifests, and the verdict since when.",
@@ -122,6 +123,9 @@ def readiness_report(context: dg.AssetExecutionContext, configs: ConfigFiles,
         "ready": verdict.ready, "verdict": verdict.summary,
         "since": dg.MetadataValue.timestamp(verdict.since),
         "page": dg.MetadataValue.path(str(path)),
+        # a link the UI shows as one (the path above is for copying): the HTML page, plots
+        # embedded (open it where the file is, e.g. beside `dagster dev`)
+        "report_link": dg.MetadataValue.url(path.resolve().as_uri()),
         "plots": len(page.figures()),
         "report": dg.MetadataValue.md(to_markdown(page)),
         **spec_metadata(configs.spec(model))})

@@ -192,8 +192,7 @@ def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
     instance = dg.DagsterInstance.get()
     register_partitions(instance)
     fp, recorded = observe_stack(instance, config_files())
-    print(f"serving stack {fp[:16]}: "
-          f"{'observation recorded' if recorded else 'unchanged since the last observation'}")
+    print(stack_line(fp, config_files().stack().fingerprint, recorded))
     job = defs.resolve_job_def("onboard_model")
     stages = set(selection) if selection else None
     run_config = config_files().automation().launch.run_config(sweep, stages)
@@ -329,10 +328,25 @@ def _manifests(m) -> list[str]:
     return lines + ([] if m.valid else [f"    INVALID: {'; '.join(sorted(m.errors))}"])
 
 
+def stack_line(observed: str, stack_yaml: str, recorded: bool) -> str:
+    """The two stack hashes under the names the UI shows them by: the observation (stack.yaml
+    and this node's packages; each stage's `serving_stack_fingerprint` metadata) and
+    stack.yaml's own (the manifests' `stack-fingerprint` label, `stack_fingerprint`)."""
+    return (f"serving stack: serving_stack_fingerprint {observed} (stack.yaml and this "
+            f"node's packages; "
+            f"{'observation recorded' if recorded else 'unchanged since the last observation'}"
+            f"), stack_fingerprint {stack_yaml} (stack.yaml alone: the manifests' "
+            "stack-fingerprint label)")
+
+
 def _readiness(r) -> list[str]:
+    from onboarding.reports.verdict import sentence
+
+    said, next_step = sentence(r.ready, r.reasons,
+                               [(n.node_type, n.ready, n.reasons) for n in r.nodes])
     lines = [f"    {n.node_type:<6} " + ("ready" if n.ready else "; ".join(n.reasons))
              for n in r.nodes]
-    return [f"    {why}" for why in r.reasons] + lines
+    return [f"    {said} {next_step}"] + [f"    {why}" for why in r.reasons] + lines
 
 
 SECTIONS = (

@@ -37,6 +37,7 @@ from onboarding.predictions.predict import PredictionTable
 from onboarding.quantize.accuracy_gate import AccuracyGates
 from onboarding.quantize.variants import AccuracyReport, QuantizedSet
 from onboarding.reports.plots import DropPoint, accuracy_png, curves_png, starts_png
+from onboarding.reports.verdict import sentence
 from onboarding.serving.engine_config import EngineConfig, evidence
 from onboarding.serving.frontend import FRONTEND_ADVICE, FRONTEND_BOUND_CORES, frontend_bound_points
 from onboarding.serving.kernels import facts_table
@@ -80,6 +81,8 @@ class Verdict:
     text: str  # exactly the readiness asset's words
     since: str
     element_id: str = "verdict"
+    sentence: str = ""  # the same in plain words, and the next step (onboarding/reports/verdict.py)
+    next_step: str = ""
 
 
 Block = Text | Bullets | Table | Figure | Verdict
@@ -123,7 +126,14 @@ figcaption{font-size:12px;color:#566}
 .verdict.not-ready{background:#fdeeee;border-color:#d66}
 .badge{font-weight:700;margin-right:8px}.since{display:block;font-size:12px;color:#566}
 td.yes{color:#1f7a3a;font-weight:600}td.no{color:#b02a2a;font-weight:600}
+.verdict .sentence{font-weight:600}.verdict .next{display:block;margin-top:2px}
+.verdict .detail{display:block;font-size:12px;color:#566}
 """
+
+# yes/no columns: yes is green and no red, except where yes is the bad value, and where the
+# value is a fact rather than a verdict (no colour).
+BAD_WHEN_TRUE = frozenset({"frontend_bound"})
+NOT_A_VERDICT = frozenset({"skipped_upload"})
 
 
 def _cell_text(value: Any) -> str:
@@ -144,11 +154,14 @@ def _inline_html(text: str) -> str:
     return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
 
 
-def _html_cell(value: Any) -> str:
+def _html_cell(value: Any, column: str = "") -> str:
     if isinstance(value, Link):
         return f'<td><a href="{html.escape(value.href)}">{html.escape(value.text)}</a></td>'
     if isinstance(value, bool):
-        return f'<td class="{"yes" if value else "no"}">{_cell_text(value)}</td>'
+        if column in NOT_A_VERDICT:
+            return f"<td>{_cell_text(value)}</td>"
+        good = not value if column in BAD_WHEN_TRUE else value
+        return f'<td class="{"yes" if good else "no"}">{_cell_text(value)}</td>'
     if isinstance(value, int | float):
         return f'<td class="num">{html.escape(_cell_text(value))}</td>'
     text = _cell_text(value)
@@ -161,7 +174,7 @@ def _html_table(t: Table) -> str:
         return f"<p>{html.escape(t.empty)}</p>"
     cols = list(dict.fromkeys(k for r in t.rows for k in r))
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(_html_cell(r.get(c)) for c in cols) + "</tr>"
+    body = "".join("<tr>" + "".join(_html_cell(r.get(c), c) for c in cols) + "</tr>"
                    for r in t.rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -182,6 +195,13 @@ def _html_block(b: Block) -> str:
                 f'src="{_data_uri(b.png)}"><figcaption>{_inline_html(b.caption)}</figcaption>'
                 "</figure>")
     state = "ready" if b.ready else "not-ready"
+    if b.sentence:
+        return (f'<div class="verdict {state}"><span class="badge">'
+                f'{"Ready" if b.ready else "Not ready"}</span><span class="sentence" '
+                f'id="{b.element_id}-sentence">{_inline_html(b.sentence)}</span><span '
+                f'class="next">{_inline_html(b.next_step)}</span><span class="detail">'
+                f'readiness: <span id="{b.element_id}">{html.escape(b.text)}</span>, since '
+                f"{html.escape(b.since)}</span></div>")
     return (f'<div class="verdict {state}"><span class="badge">'
             f'{"READY" if b.ready else "NOT READY"}</span><span id="{b.element_id}">'
             f'{html.escape(b.text)}</span><span class="since">since {html.escape(b.since)}'
@@ -215,6 +235,8 @@ def _md_block(b: Block) -> str:
         return md_table(rows, columns=cols, empty=b.empty)
     if isinstance(b, Figure):
         return f"![{b.caption}]({_data_uri(b.png)})\n\n*{b.caption}*"
+    if b.sentence:
+        return f"**{b.sentence}** {b.next_step}\n\nreadiness: {b.text} (since {b.since})"
     return f"**{'READY' if b.ready else 'NOT READY'}**: {b.text} (since {b.since})"
 
 
@@ -372,7 +394,10 @@ class ModelFacts:
 
 def _verdict_section(f: ModelFacts) -> Section:
     v = f.verdict
-    blocks: list[Block] = [Verdict(v.ready, v.summary, when(v.since))]
+    said, step = sentence(v.ready, v.reasons, [(n.node_type, n.ready, n.reasons)
+                                               for n in v.nodes])
+    blocks: list[Block] = [Verdict(v.ready, v.summary, when(v.since), sentence=said,
+                                   next_step=step)]
     if v.reasons:
         blocks.append(Bullets(v.reasons))
     blocks.append(Table(tuple({
@@ -662,8 +687,10 @@ def _node_section(f: ModelFacts, node_type: str) -> list[Section]:
     v = f.verdict.node(node_type)
     blocks: list[Block] = []
     if v is not None:
+        said, step = sentence(v.ready, (), [(node_type, v.ready, v.reasons)])
         blocks.append(Verdict(v.ready, "ready" if v.ready else "not ready: "
-                              + "; ".join(v.reasons), when(v.since), f"verdict-{node_type}"))
+                              + "; ".join(v.reasons), when(v.since), f"verdict-{node_type}",
+                              said, step))
     else:
         blocks.append(Verdict(False, "not ready: " + "; ".join(f.verdict.reasons),
                               when(f.verdict.since), f"verdict-{node_type}"))
@@ -799,6 +826,7 @@ class FleetRow:
     since: float | None
     config_hash: str
     href: str
+    plan_only: bool = False  # a plan-only entry: never judged, by design
 
 
 @dataclass(frozen=True)
@@ -822,7 +850,7 @@ def fleet_rows(entries: Iterable[FleetEntry], targets: Sequence[str]) -> tuple[F
             if r is None:
                 why = ("never judged: a plan-only catalog entry is never fetched, so it has no "
                        "readiness" if e.plan_only else "never judged: no readiness_report yet")
-                rows.append(FleetRow(e.model, nt, False, why, None, "", e.href))
+                rows.append(FleetRow(e.model, nt, False, why, None, "", e.href, e.plan_only))
             elif n is None:
                 why = "; ".join(r.reasons) or "no verdict for this node type"
                 rows.append(FleetRow(e.model, nt, False, why, r.since, "", e.href))
@@ -853,7 +881,8 @@ def fleet_page(report: FleetReport, targets: Sequence[str]) -> Page:
     ready = report.ready_models()
     models = sorted({r.model for r in report.rows})
     table = tuple({"model": Link(r.model, r.href) if r.href else r.model,
-                   "node_type": r.node_type, "ready": r.ready, "why": r.why,
+                   "node_type": r.node_type, "ready": "plan only" if r.plan_only else r.ready,
+                   "why": r.why,
                    "since": when(r.since) if r.since is not None else "",
                    "config_hash": r.config_hash} for r in report.rows)
     intro = (Text(f"{len(ready)} of {len(models)} catalogued models ready on at least one "

@@ -23,6 +23,7 @@ from onboarding.reports.pages import (
     FleetEntry,
     FleetReport,
     NodeAcceptanceRow,
+    Page,
     Table,
     _measured_blocks,
     carry_since,
@@ -69,7 +70,10 @@ def test_a_ready_model_has_every_section_and_plot(ready_page):
                        "node-h200", "measured-h200", "plan", "manifests"]
     assert [f.name for f in ready_page.figures()] == ["accuracy", "starts", "curves"]
     page = to_html(ready_page)
-    assert '<span class="badge">READY</span><span id="verdict">ready on h200</span>' in page
+    assert ('<span class="badge">Ready</span><span class="sentence" id="verdict-sentence">'
+            "Ready on h200; not ready: on b300 its SLOs were never measured at the "
+            "configuration deployed there.</span>") in page
+    assert 'readiness: <span id="verdict">ready on h200</span>' in page
     assert 'id="verdict-h200">ready</span>' in page
     assert 'id="verdict-b300">not ready: SLOs never measured at configuration' in page
 
@@ -145,6 +149,13 @@ def test_a_not_ready_model_shows_every_reason_in_both_renderings():
     for reason in reasons:
         assert reason in md and html.escape(reason) in text
     assert f'<span id="verdict">{verdict.summary()}</span>' in text
+    # the headline says it in plain words, without the hashes the reasons carry, and what next
+    headline = re.search(r'id="verdict-sentence">([^<]*)</span><span class="next">(.*?)</span>'
+                         r'<span class="detail">', text)
+    assert headline[1] == ("Not ready: on b300 and h200 its weights are not published and "
+                           "verified and its SLOs were never measured at the configuration "
+                           "deployed there.")
+    assert headline[2] == "Next, for b300 and h200: materialize <code>published_variant</code>."
     assert [s.anchor for s in page.sections][-3:] == ["measured", "plan", "manifests"]
     assert "Measured on cpu (not a target node type's configuration)" in md
     assert "a warning only (a stand-in profile)" in md
@@ -300,3 +311,16 @@ def test_hopper_nvfp4_says_it_ran_weight_only(ready):
     for text in (to_markdown(page), html.unescape(to_html(page))):
         assert "weight-only FP4 (Marlin): Blackwell-only speed not measured" in text
         assert "MarlinNvFp4LinearKernel" in text
+
+
+def test_colours_mean_good_and_bad_not_yes_and_no():
+    """frontend_bound false is the good value (green), a skipped upload is a fact (no colour),
+    a missed SLO is bad (red); a plan-only model in the fleet is not a red "no"."""
+    page = Page("t", (Table(({"frontend_bound": False, "skipped_upload": True,
+                              "slo_pass": False, "published": True},)),), ())
+    text = to_html(page)
+    assert ('<td class="yes">no</td><td>yes</td><td class="no">no</td>'
+            '<td class="yes">yes</td>') in text
+    rows = fleet_rows([FleetEntry("qwen3-32b", True, None)], ["h200"])
+    fleet = to_html(fleet_page(FleetReport(rows), ["h200"]))
+    assert "<td>plan only</td>" in fleet and '<td class="no">' not in fleet

@@ -94,3 +94,24 @@ def test_stored_values_come_from_the_run_and_none_where_a_step_failed():
 def test_an_absent_value_is_said_so(asset):
     lines = summary("m", {}, {asset})
     assert lines[1].endswith(f"({asset}): {ABSENT}")
+
+
+def test_each_stack_hash_is_printed_whole_under_the_name_the_ui_shows_it_by():
+    """The observation's hash (every stage's `serving_stack_fingerprint`) and stack.yaml's own
+    (the manifests' label, `stack_fingerprint`) are two values: each keeps its one name."""
+    from assets.stack import STACK_FINGERPRINT_KEY, current_stack
+    from resources.config_files import ConfigFiles
+    from scripts.demo import stack_line
+
+    configs = ConfigFiles()
+    observed = current_stack(configs)[0]
+    line = stack_line(observed, configs.stack().fingerprint, True)
+    assert f"{STACK_FINGERPRINT_KEY} {observed} " in line
+    assert f"stack_fingerprint {configs.stack().fingerprint} " in line
+
+
+def test_the_readiness_section_opens_with_the_sentence_and_the_next_step(tmp_path):
+    stored = stand_in_model()
+    text = "\n".join(summary(stored.model, _values(stored, tmp_path), {"readiness"}))
+    first = text.splitlines()[2]
+    assert first.startswith("    Not ready: on ") and " Next, for " in first
