@@ -18,7 +18,7 @@ is "not checked", never passed. The parsers read the formats the tools print ups
   -s` (`Link N: <speed> GB/s` or `<inactive>`);
 - `nvidia-ctk --version`, `nvidia-container-cli info`, `lsmod`, `dkms status`
   (`nvidia/<version>, <kernel>, <arch>: installed`), `ethtool -i` (`firmware-version: ...`),
-  `numactl --hardware` (`available: N nodes`), `nvme smart-log` (`available_spare : 100%`).
+  `numactl --hardware` (`available: N nodes`).
 """
 
 from __future__ import annotations
@@ -378,30 +378,3 @@ def parse_numactl(text: str) -> dict[int, str]:
     """node -> its CPU list, from `numactl --hardware`."""
     return {int(m.group(1)): m.group(2).strip()
             for m in re.finditer(r"^node (\d+) cpus:(.*)$", text, re.MULTILINE)}
-
-
-def parse_nvme_smart_text(text: str) -> list[dict[str, int | str | None]]:
-    """`nvme smart-log` text blocks (`== /dev/nvmeN` separated, or one device)."""
-    out: list[dict] = []
-    cur: dict | None = None
-    for line in text.splitlines():
-        if line.startswith("== "):
-            cur = {"device": line[3:].strip().removeprefix("/dev/")}
-            out.append(cur)
-            continue
-        m = re.match(r"^\s*([A-Za-z_ ]+?)\s*:\s*([\d,]+)", line)
-        if not m:
-            continue
-        if cur is None:
-            cur = {"device": "nvme"}
-            out.append(cur)
-        key = m.group(1).strip().lower().replace(" ", "_")
-        value = int(m.group(2).replace(",", ""))
-        for want, field in (("critical_warning", "critical_warning"),
-                            ("media_errors", "media_errors"),
-                            ("available_spare", "available_spare"),
-                            ("available_spare_threshold", "spare_threshold"),
-                            ("percentage_used", "percent_used")):
-            if key == want:
-                cur[field] = value
-    return [d for d in out if len(d) > 1]

@@ -105,10 +105,6 @@ def test_platform_and_network_parsers():
     assert nics["ib1"]["firmware-version"].startswith("28.37.1014")
     assert ht.parse_numactl(recorded()["numactl-hardware"].output) == {
         0: "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15"}
-    smart = ht.parse_nvme_smart_text("== /dev/nvme0\ncritical_warning : 0\navailable_spare : 3%"
-                                     "\navailable_spare_threshold : 10%\nmedia_errors : 0\n")
-    assert smart == [{"device": "nvme0", "critical_warning": 0, "available_spare": 3,
-                      "spare_threshold": 10, "media_errors": 0}]
 
 
 def _checks(runs: dict[str, ht.ToolRun], node_type: str = "h200", gpus: int = 2) -> dict:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from onboarding.nodes import acceptance as acc
+from onboarding.nodes import host_tools as ht
 from onboarding.nodes.facts import parse_smi_xml
 from resources.node_probe import NodeProbe, read_system
 from resources.telemetry import GpuTelemetry
@@ -147,7 +148,23 @@ def test_dcgm_diag_absent_or_off(tmp_path):
 def test_direct_io_read_of_the_cache_path(tmp_path):
     result = NodeProbe().direct_read(tmp_path / "cache", PROBE, log)
     assert result["bytes"] == 64 << 20 and result["gbps"] > 0 and result["threads"] == 4
+    # written with O_DIRECT first where the file system allows it (the write check's figure)
+    assert result.get("write_bytes", 64 << 20) == 64 << 20
+    assert "write_seconds" not in result or result["write_seconds"] > 0
     assert not any((tmp_path / "cache").iterdir())  # the scratch file is gone
+
+
+def test_host_tools_are_kept_as_recordings_and_replayed(tmp_path):
+    """Every command of acc.TOOL_COMMANDS runs through the shell here and is kept as a
+    recording that reads back the same; a directory of recordings replays instead."""
+    runs = NodeProbe().host_tools(tmp_path / "keep", 0, log)
+    assert set(runs) == set(acc.TOOL_COMMANDS)  # no stress asked for: none run
+    kept = ht.load_recordings(tmp_path / "keep")
+    assert kept == runs
+    assert runs["uname"].exit_code == 0 and runs["uname"].output.strip()
+    replayed = NodeProbe(tool_recordings=str(DATA)).host_tools(tmp_path / "again", 600, log)
+    assert replayed["stress-ng"].command.startswith("stress-ng")  # the recording, not a run
+    assert ht.load_recordings(tmp_path / "again") == replayed
 
 
 def test_direct_io_read_refuses_without_room(tmp_path):
