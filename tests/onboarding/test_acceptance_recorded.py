@@ -159,6 +159,8 @@ def test_every_check_is_judged_or_says_why_not(recorded):
             assert c.reason.startswith("not checked: "), c
         if c.status == acc.FAIL:
             assert c.reason and c.measured, c
+        if c not in acc.OUTSIDE_NODE_ACCEPTANCE:  # every threshold says where it comes from
+            assert c.source, c
     names = [c.name for c in checks]
     assert len(names) == len(set(names)), "a check is reported twice"
 
