@@ -417,7 +417,7 @@ class Engine(dg.ConfigurableResource):
                         kernels=running.kernels))
                 parked = any(p.running is running for p in _PARKED)
                 if log is not None:
-                    log.info(f"{kind} start {i + 1}/{repeats[kind]}: {samples[-1]}"
+                    log.info(f"{kind} start {i + 1}/{repeats[kind]}: {samples[-1].describe()}"
                              + (" (kept up for a later step of configuration "
                                 f"{config.hash})" if last else ""))
         finally:

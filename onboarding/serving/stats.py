@@ -456,6 +456,20 @@ class StartSample:
     # fact -> values the start's log named (onboarding/serving/kernels.py); not a timing
     kernels: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
+    def describe(self) -> str:
+        """The start for a log line: its phases in seconds, the page cache before it, the
+        kernels it chose (the dataclass's repr printed unrounded floats and field names)."""
+        def s(v: float | None) -> str:
+            return "-" if v is None else f"{v:.1f} s"
+
+        phases = (f"weights loaded {s(self.weights_loaded_s)}"
+                  + (f" (the engine says {s(self.engine_weights_load_s)})"
+                     if self.engine_weights_load_s is not None else "")
+                  + f", healthy {s(self.health_ready_s)}, first token {s(self.first_token_s)}")
+        kernels = "; ".join(f"{k} {', '.join(v)}" for k, v in sorted(self.kernels.items()) if v)
+        return (f"{phases}; {self.resident_fraction:.0%} of the weights in the page cache "
+                "before it" + (f"; kernels: {kernels}" if kernels else ""))
+
 
 def summarize_load_timing(model: str, precision: str, samples: Sequence[StartSample],
                           weight_bytes: int, raw_read_gbps: float | None) -> LoadTimingResult:

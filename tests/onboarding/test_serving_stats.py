@@ -204,3 +204,18 @@ def test_a_points_prefix_cache_hit_fraction_is_its_counters_growth():
     assert counter_ratio_delta(before, after, *names) == 0.25
     assert counter_ratio_delta(before, before, *names) is None  # nothing queried
     assert counter_ratio_delta(before, after, None, None) is None  # an engine without them
+
+
+def test_a_start_reads_as_rounded_phases_not_a_repr():
+    """load_timing's line per engine start: seconds rounded, the page cache as a percentage,
+    the kernels by name; the dataclass's repr (`StartSample(... 38.46513446400013 ...)`)
+    was what the event log showed."""
+    sample = StartSample(kind="fully_cold", resident_fraction=0.0, weights_loaded_s=38.46513446,
+                         engine_weights_load_s=12.0049, health_ready_s=51.2345,
+                         first_token_s=52.0, kernels={"attention_backend": ("FLASH_ATTN",)})
+    assert sample.describe() == (
+        "weights loaded 38.5 s (the engine says 12.0 s), healthy 51.2 s, first token 52.0 s; "
+        "0% of the weights in the page cache before it; kernels: attention_backend FLASH_ATTN")
+    cold = StartSample("warm", 1.0, None, None, None, 3.25)
+    assert cold.describe() == ("weights loaded -, healthy -, first token 3.2 s; 100% of the "
+                               "weights in the page cache before it")
