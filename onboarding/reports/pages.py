@@ -196,8 +196,8 @@ def _html_block(b: Block) -> str:
                 "</figure>")
     state = "ready" if b.ready else "not-ready"
     if b.sentence:
-        return (f'<div class="verdict {state}"><span class="badge">'
-                f'{"Ready" if b.ready else "Not ready"}</span><span class="sentence" '
+        # the sentence opens with "Ready"/"Not ready" and the box's colour says it: no badge
+        return (f'<div class="verdict {state}"><span class="sentence" '
                 f'id="{b.element_id}-sentence">{_inline_html(b.sentence)}</span><span '
                 f'class="next">{_inline_html(b.next_step)}</span><span class="detail">'
                 f'readiness: <span id="{b.element_id}">{html.escape(b.text)}</span>, since '

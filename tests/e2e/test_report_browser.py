@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 
 from onboarding.common.paths import PROJECT_ROOT
+from tests.e2e.docs_screenshots import keep_for_docs
 from tests.e2e.test_ui import CHROMIUM, CHROMIUM_ARGS
 from tests.report_facts import BIG, materialize_reports, ready_model, stand_in_model, store_model
 
@@ -58,15 +59,20 @@ def test_the_pages_render_with_the_verdicts_of_readiness(reports, outputs):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.on("request", lambda r: fetched.append(r.url))
             for model, summary in reports.items():
                 page.goto((outputs.reports / model / "readiness.html").as_uri())
                 assert page.inner_text("#verdict") == summary
                 assert _check_plots(page, model) == 3
                 page.screenshot(path=str(ARTIFACTS / f"{model}.png"), full_page=True)
+                top = ARTIFACTS / f"{model}-top.png"  # what a reader sees first
+                page.screenshot(path=str(top))
+                keep_for_docs(top, "screenshot-report-ready.png" if model == BIG
+                              else "screenshot-report-not-ready.png")
             page.goto((outputs.reports / "fleet.html").as_uri())
             page.screenshot(path=str(ARTIFACTS / "fleet.png"), full_page=True)
+            keep_for_docs(ARTIFACTS / "fleet.png", "screenshot-fleet.png")
             assert "1 of 2 catalogued models ready" in page.inner_text("main")
             page.click(f"a[href='{BIG}/readiness.html']")
             page.wait_for_load_state()

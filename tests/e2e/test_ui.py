@@ -32,6 +32,7 @@ import yaml
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.processes import free_port, reap_group
 from tests.conftest import write_spec
+from tests.e2e.docs_screenshots import keep_for_docs
 
 pytestmark = pytest.mark.slow
 
@@ -326,6 +327,8 @@ def _screenshot(dev: DagsterDev) -> None:
             browser.close()
     for name in shots:
         assert (out / name).stat().st_size > 10_000, name
+    keep_for_docs(out / "asset-graph.png", "screenshot-ui-asset-graph.png")
+    keep_for_docs(out / f"checkpoint-{MODEL}.png", "screenshot-ui-checkpoint.png")
 
 
 def _dismiss_welcome(page, error_type) -> None:

@@ -70,7 +70,7 @@ def test_a_ready_model_has_every_section_and_plot(ready_page):
                        "node-h200", "measured-h200", "plan", "manifests"]
     assert [f.name for f in ready_page.figures()] == ["accuracy", "starts", "curves"]
     page = to_html(ready_page)
-    assert ('<span class="badge">Ready</span><span class="sentence" id="verdict-sentence">'
+    assert ('<div class="verdict ready"><span class="sentence" id="verdict-sentence">'
             "Ready on h200; not ready: on b300 its SLOs were never measured at the "
             "configuration deployed there.</span>") in page
     assert 'readiness: <span id="verdict">ready on h200</span>' in page
