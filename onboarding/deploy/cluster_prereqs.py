@@ -168,6 +168,31 @@ def gpu_operator_objects(layout_configs: dict[str, list[dict[str, Any]]]) -> lis
     return [cm, patch]
 
 
+FILLER_MODULE = "resources.cache_filler"
+
+
+def cache_filler(deploy: DeployConfig) -> dict[str, Any]:
+    """KServe's download Job takes its container from the ClusterStorageContainer of workload
+    type localModelDownloadJob whose URI formats match the cache's source (kserve v0.20.0
+    pkg/controller/v1alpha1/localmodelnode/controller.go getContainerSpecForStorageUri,
+    pkg/apis/serving/v1alpha1/storage_container_types.go): here the project's own fetch, for
+    the serving bucket's published variants, so a folder already verified on the node is not
+    fetched again. KServe appends the arguments (source URI, mounted folder)."""
+    bucket = deploy.storage.variants_uri.split("://", 1)[1].split("/", 1)[0]
+    lmc = deploy.local_model_cache
+    return {"apiVersion": "serving.kserve.io/v1alpha1", "kind": "ClusterStorageContainer",
+            "metadata": {"name": "model-onboarding-cache-filler", "labels": dict(PART_OF)},
+            "spec": {
+                "workloadType": "localModelDownloadJob",
+                "supportedUriFormats": [{"prefix": f"s3://{bucket}/"}],
+                "container": {
+                    "name": "kserve-localmodel-download", "image": lmc.filler_image,
+                    "command": ["python", "-m", FILLER_MODULE],
+                    "securityContext": {"runAsUser": lmc.cache_uid, "runAsNonRoot": True},
+                    "resources": {"requests": {"cpu": "2", "memory": "4Gi"},
+                                  "limits": {"cpu": "4", "memory": "8Gi"}}}}}
+
+
 def kubelet_config() -> dict[str, Any]:
     """The kubelet settings every GPU node needs for the rendered pods to be admitted."""
     return {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
@@ -202,4 +227,7 @@ def render_prerequisites(deploy: DeployConfig, nodes: NodesConfig, kserve_versio
             "--type merge --patch-file"),
         "07-kubelet-config.yaml": to_yaml(
             [kubelet_config()], header + "\nmerge into each GPU node's kubelet configuration"),
+        "08-cache-filler.yaml": to_yaml(
+            [cache_filler(deploy)], header + "\nkubectl apply -f (before the first "
+            "LocalModelCache: KServe's download Job then runs the project's verified fetch)"),
     }

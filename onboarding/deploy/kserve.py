@@ -127,6 +127,10 @@ class LocalModelCacheConfig(StrictConfig):
     # who owns the cache root: the images' user (deploy/Dockerfile*), the node agent's runAsUser
     # and the download Jobs' fsGroup, so the pipeline's verified files and KServe's agree
     cache_uid: int = Field(default=10001, ge=1)
+    # the image whose `python -m resources.cache_filler` KServe's download Job runs (the code
+    # location image, deploy/Dockerfile): the project's verified fetch fills the node cache
+    filler_image: str = Field(default="registry.example.com/model-onboarding:0.1.0",
+                              min_length=1)
 
 
 class LifecycleConfig(StrictConfig):

@@ -90,7 +90,7 @@ def test_local_models_on_with_the_cache_root_and_one_uid():
 
 def test_different_cache_roots_are_refused():
     nts = dict(DEPLOY.local_model_cache.node_types)
-    first = sorted(nts)[0]
+    first = min(nts)
     nts[first] = CacheNode(cache_root="/elsewhere", storage_limit_gib=100)
     bad = DEPLOY.model_copy(update={"local_model_cache": DEPLOY.local_model_cache.model_copy(
         update={"node_types": nts})})
@@ -149,3 +149,24 @@ def test_kubelet_policy_admits_the_eight_gpu_pods_the_plans_render():
     kubelet = _files()["07-kubelet-config.yaml"][0]
     assert kubelet["topologyManagerPolicy"] == TOPOLOGY_POLICY == "restricted"
     assert kubelet["cpuManagerPolicy"] == "static"
+
+
+def test_the_download_job_runs_the_projects_own_fetch_for_published_variants():
+    """KServe picks the download Job's container from a ClusterStorageContainer of workload type
+    localModelDownloadJob matching the source URI (kserve v0.20.0 localmodelnode/controller.go
+    getContainerSpecForStorageUri) and appends (URI, folder); resources/cache_filler.py is the
+    module that takes those two arguments (tests/resources/test_cache_filler.py runs it)."""
+    import importlib
+
+    from onboarding.deploy.cluster_prereqs import FILLER_MODULE
+
+    [csc] = _files()["08-cache-filler.yaml"]
+    spec = csc["spec"]
+    assert spec["workloadType"] == "localModelDownloadJob"
+    published_uri = DEPLOY.storage.variants_uri.format(model="m", precision="fp8") + "abc/"
+    assert any(published_uri.startswith(f["prefix"]) for f in spec["supportedUriFormats"])
+    assert spec["container"]["command"] == ["python", "-m", FILLER_MODULE]
+    assert "args" not in spec["container"]  # KServe sets them
+    assert callable(importlib.import_module(FILLER_MODULE).main)
+    assert spec["container"]["securityContext"]["runAsUser"] == \
+        DEPLOY.local_model_cache.cache_uid
