@@ -43,14 +43,15 @@ def gate_check(name: str, outcome: GateOutcome | None, rows: tuple[dict, ...], p
     for r in rows:
         if r["precision"] == precision:
             t = r["task"]
-            meta[f"{t}_actual"] = float(r["variant"])
-            meta[f"{t}_expected"] = float(r["baseline"])
-            meta[f"{t}_delta"] = float(r["delta"])
-            meta[f"{t}_se_delta"] = float(r["se_delta"])
+            # scores and their differences are fractions of items: 4 decimals (0.01 points)
+            meta[f"{t}_actual"] = round(float(r["variant"]), 4)
+            meta[f"{t}_expected"] = round(float(r["baseline"]), 4)
+            meta[f"{t}_delta"] = round(float(r["delta"]), 4)
+            meta[f"{t}_se_delta"] = round(float(r["se_delta"]), 4)
             meta[f"{t}_drop_interval"] = f"[{r['drop_low']:.4f}, {r['drop_high']:.4f}]"
             if r.get("z") is not None:
-                meta[f"{t}_z"] = float(r["z"])
-            meta[f"{t}_allowed_drop"] = float(r["allowed_drop"])
+                meta[f"{t}_z"] = round(float(r["z"]), 3)
+            meta[f"{t}_allowed_drop"] = round(float(r["allowed_drop"]), 4)
             meta[f"{t}_tolerance"] = gates.tolerance_for(t).describe(float(r["baseline"]))
             meta[f"{t}_verdict"] = r["verdict"]
             meta[f"{t}_items"] = int(r["n"])

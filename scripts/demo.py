@@ -315,7 +315,8 @@ def _benchmark(b) -> list[str]:
         return [f"    nothing measured: {'; '.join(b.slo_violations)}"]
     verdict = "met" if b.slo_pass else "missed: " + "; ".join(b.slo_violations[:2])
     return [(f"    configuration {b.config_hash} on {b.node_type} ({b.precision}): "
-             f"{b.tokens_per_s_per_gpu:.0f} tokens/s/GPU, saturation {b.saturation_concurrency}; "
+             f"{b.tokens_per_s_per_gpu:.0f} {'tokens/s/GPU' if b.gpus else 'tokens/s (no GPU)'}, "
+             f"saturation {b.saturation_concurrency}; "
              f"SLOs {verdict} ({'blocking' if b.slo_blocking else 'warning only'})")]
 
 

@@ -582,9 +582,11 @@ def _benchmark_blocks(f: ModelFacts, b: ServingBenchmarkResult) -> list[Block]:
     where = f"`serving_benchmark` on {b.node_type} at configuration {b.config_hash or '-'}"
     slo = f.slos.get(b.node_type)
     gate = "a blocking gate" if b.slo_blocking else "a warning only (a stand-in profile)"
+    # no GPU (the CPU engine): the throughput is the process's, not per GPU
+    per = "tokens_per_s_per_gpu" if b.gpus else "tokens_per_s (no GPU)"
     blocks: list[Block] = [Table(({
         "precision_measured": b.precision, "gpus": b.gpus,
-        "tokens_per_s_per_gpu": b.tokens_per_s_per_gpu,
+        per: b.tokens_per_s_per_gpu,
         "saturation_concurrency": b.saturation_concurrency, "slo_pass": b.slo_pass,
         "slo_judged_as": gate, "source": where},))]
     if b.slo_violations:

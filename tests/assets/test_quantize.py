@@ -103,6 +103,9 @@ def test_nvfp4_is_served_when_it_passes(configs, tiny_lm):
     assert "| task" in acc_meta["accuracy_table"].value
     gate_meta = checks[gate_check_name("nvfp4")].metadata
     assert "onb_facts_mc_actual" in gate_meta and "onb_facts_mc_expected" in gate_meta
+    # rounded for a reader (the UI showed 0.41785714285714287)
+    assert all(round(m.value, 4) == m.value for m in gate_meta.values()
+               if isinstance(m.value, float))
     assert gate_meta["verdict"].value == "pass" and gate_meta["source"].value == "in_process"
     assert gate_meta["items_used"].value == 8 and gate_meta["onb_facts_mc_items"].value == 8
     low, high = (float(x) for x in gate_meta["onb_facts_mc_drop_interval"].value.strip(

@@ -115,3 +115,13 @@ def test_the_readiness_section_opens_with_the_sentence_and_the_next_step(tmp_pat
     text = "\n".join(summary(stored.model, _values(stored, tmp_path), {"readiness"}))
     first = text.splitlines()[2]
     assert first.startswith("    Not ready: on ") and " Next, for " in first
+
+
+def test_a_benchmark_without_a_gpu_says_tokens_per_s_not_per_gpu():
+    from onboarding.serving.stats import ServingBenchmarkResult
+    from scripts.demo import _benchmark
+
+    bench = ServingBenchmarkResult("m", "bf16", "cpu", 0, True, 36.2, 4, False, (),
+                                   config_hash="abc", slo_blocking=False)
+    [line] = _benchmark(bench)
+    assert "36 tokens/s (no GPU)" in line and "GPU," not in line
