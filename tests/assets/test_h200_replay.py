@@ -110,7 +110,9 @@ ISSUE23_KINDS = ("LocalModelNodeGroup", "LocalModelCache")
 LLM_D = "LLMInferenceService"  # the device's b300 file carried one beside the InferenceService
 ISSUE23_NOTES = ("model-onboarding.io/weights-on-node", "serving.kserve.io/nodegroup")
 # what the pod lifecycle added since the device run (docs/deploy.md, "Pod lifecycle")
-LIFECYCLE_NOTES = ("serving.kserve.io/autoscalerClass", "model-onboarding.io/lifecycle")
+LIFECYCLE_NOTES = ("serving.kserve.io/autoscalerClass", "model-onboarding.io/lifecycle",
+                   # and the kernel facts load_timing records now (the device run had none)
+                   "model-onboarding.io/kernels", "model-onboarding.io/kernel-gate")
 LIFECYCLE_PREDICTOR = ("priorityClassName", "terminationGracePeriodSeconds",
                        "deploymentStrategy")
 
