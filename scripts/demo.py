@@ -164,20 +164,28 @@ def register_partitions(instance) -> list[str]:
 
 
 @contextlib.contextmanager
-def stderr_to(path: Path):
-    """This process's stderr (file descriptor 2: progress bars and warnings of the libraries
-    the steps call, and of their subprocesses) appended to `path` while the block runs."""
+def output_to(path: Path):
+    """This process's stdout and stderr (file descriptors 1 and 2: what the libraries the steps
+    call print, their progress bars and warnings, and their subprocesses') appended to `path`
+    while the block runs; yields a stream to the terminal for the run's own lines."""
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    saved = {n: os.dup(n) for n in (1, 2)}
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    terminal = os.fdopen(os.dup(saved[1]), "w", buffering=1)
     try:
-        os.dup2(fd, 2)
-        yield
+        for n in saved:
+            os.dup2(fd, n)
+        yield terminal
     finally:
+        sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
+        for n, old in saved.items():
+            os.dup2(old, n)
+            os.close(old)
         os.close(fd)
+        terminal.close()
 
 
 def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
@@ -202,8 +210,8 @@ def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
     print(f"  run {run_id}: one line per step here; every event (DEBUG included) and the "
           f"libraries' own output in {log_path}")
     t0 = time.monotonic()
-    with TreeSampler() as sampler, RunConsole(instance, run_id, log_path), \
-            stderr_to(log_path):
+    with TreeSampler() as sampler, output_to(log_path) as terminal, \
+            RunConsole(instance, run_id, log_path, out=terminal):
         result = job.execute_in_process(
             partition_key=model, instance=instance, run_config={**run_config, **QUIET_CONSOLE},
             asset_selection=[dg.AssetKey(s) for s in selection] if selection else None,

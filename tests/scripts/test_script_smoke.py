@@ -34,6 +34,7 @@ ELSEWHERE = {
     "bench/gpu_h200_doc.py": "tests/scripts/test_gpu_scripts.py",  # --check
     "scripts/add_measured_points.py": "tests/onboarding/test_predict.py",
     "scripts/check_gateway_config.py": "tests/onboarding/test_layout_render.py",
+    "scripts/check_stack_matrix.py": "tests/scripts/test_check_stack_matrix.py",
     "scripts/gpu_node_probe.py": "tests/e2e/test_gpu_node_probe.py",
     "scripts/gpu_noisy_neighbour.py": "tests/onboarding/test_layout_render.py",  # --dry-run
 }
@@ -314,6 +315,12 @@ def test_demo_fetch_only_reaches_its_summary(tmp_path):
         "ONBOARDING_DISCOVERED_DIR": str(tmp_path / "discovered")})
     assert "onboard_model[smollm2-135m]: SUCCESS" in proc.stdout, proc.stdout[-2000:]
     assert "materialized: checkpoint" in proc.stdout
+    # one line per step on the terminal; every event, DEBUG included, in the file it names
+    assert re.search(r"^  checkpoint: done in \d+ s, checks \d+ of \d+ passed$", proc.stdout,
+                     re.MULTILINE), proc.stdout[-2000:]
+    assert "STEP_START" not in proc.stdout + proc.stderr
+    [log_file] = re.findall(r"the libraries' own output in (\S+\.log)", proc.stdout)
+    assert " DEBUG   checkpoint STEP_START: " in Path(log_file).read_text()
     # the breakdown from the run's own step records: the one step, its wall and CPU seconds
     assert "where the time went (run " in proc.stdout
     row = re.compile(r"^  checkpoint +\d+\.\d +\d+\.\d ", re.MULTILINE)
