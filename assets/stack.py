@@ -109,7 +109,7 @@ def stack_metadata(configs: ConfigFiles) -> dict[str, str]:
 )
 def serving_stack(context) -> dg.ObserveResult:
     fp, metadata, _ = stack_observation(context.instance, context.resources.configs)
-    context.log.info(f"serving stack fingerprint {fp[:16]}")
+    context.log.info(f"{STACK_FINGERPRINT_KEY} {fp}")
     return dg.ObserveResult(data_version=dg.DataVersion(fp), metadata=metadata)
 
 

@@ -22,7 +22,7 @@ import dagster as dg
 
 from assets.model_spec import spec_events
 from assets.partitions import models_partitions, nodes_partitions
-from assets.stack import observation_event
+from assets.stack import STACK_FINGERPRINT_KEY, observation_event
 from onboarding.fetch.discovery import (
     Folder,
     Known,
@@ -201,7 +201,7 @@ def serving_stack_sensor(context: dg.SensorEvaluationContext, configs: ConfigFil
     fp, event = observation_event(context.instance, configs)
     if event is None:
         return dg.SkipReason(f"serving stack unchanged ({fp[:16]})")
-    context.log.info(f"serving stack fingerprint is now {fp[:16]}")
+    context.log.info(f"{STACK_FINGERPRINT_KEY} is now {fp}")
     return dg.SensorResult(asset_events=[event])
 
 
