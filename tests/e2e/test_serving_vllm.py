@@ -6,6 +6,7 @@ second point, then one module-scoped engine for the client checks. Skipped, with
 when the engine venv or the model has not been built.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -19,17 +20,27 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
+import yaml
 
 from assets.partitions import models_partitions
 from assets.serving import SLO_CHECK, load_timing, serving_benchmark
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.processes import free_port
 from onboarding.common.refs import CheckpointRef, VariantRef
+from onboarding.deploy.dashboard import dashboard_queries, render_dashboard
+from onboarding.deploy.observability import (
+    Evaluation,
+    Target,
+    local_scrape_config,
+    render_operations,
+)
 from onboarding.deploy.serving_plan import ServingPlan
 from onboarding.quantize.variants import QuantizedSet
+from onboarding.serving.profiles import resolve_slo
 from onboarding.serving.prompts import synthetic_prompts
 from onboarding.serving.stats import (
     LoadTimingResult,
+    headline,
     histogram_mean_delta,
     parse_metrics,
     summarize,
@@ -39,6 +50,7 @@ from resources.loadgen import LoadGenerator, completion_bodies
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
+from tests.e2e.prometheus_server import PROMETHEUS, prometheus_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -420,3 +432,82 @@ def test_metrics_names_in_the_template_exist(running):
                  f"{m.itl_histogram}_sum", m.prefix_cache_queries, m.prefix_cache_hits):
         assert name in names, name
 
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (Debian package "
+                    "`prometheus`; scripts/dev.sh setup installs it)")
+def test_a_real_prometheus_evaluates_the_rendered_rules_on_the_real_engine(running, tokenizer,
+                                                                           configs, tmp_path):
+    """Debian's Prometheus on 127.0.0.1 scrapes the engine through the rendered scrape config and
+    evaluates the rendered rules (evaluation shortened to seconds): the recording rules have
+    values, the dashboard's queries parse, the queue alert stays quiet at the measured operating
+    point (one request at a time) and fires on an overload of 8 at once."""
+    engine, r = running
+    m = engine.template().metrics
+    write_spec(configs, KEY, "s3://models/smollm2-135m-instruct/")
+    slo = dataclasses.replace(resolve_slo(configs.slo_section(), "cpu", configs.spec(KEY)),
+                              target_concurrency=1)
+    # the saturation point, measured here: one point at concurrency 1 judged at the cpu SLO
+    run = LoadGenerator().run_point(r.base_url, completion_bodies(
+        "smol", synthetic_prompts(tokenizer, 3, 32), 16), concurrency=1, max_seconds=120,
+        request_timeout_s=60)
+    bench, _, violations = headline(KEY, "bf16", "cpu", 1, slo,
+                                    {"chat": [(1, summarize(run.records, run.duration_s))]},
+                                    by_concurrency=True)
+    bench = dataclasses.replace(bench, config_hash="cpu-e2e")
+    assert bench.saturation_concurrency == 1, f"the engine missed the cpu SLO: {violations}"
+    ops = configs.operations().model_copy(update={"evaluation": Evaluation.model_validate(
+        {"window": "20s", "for": "2s", "engine_down_for": "5s", "scrape_interval": "1s"})})
+    t = Target(KEY, "smol", "cpu", "models", f"{KEY}-cpu", "bf16", 1, "cpu-e2e", r.port,
+               m.path, "cpu")
+    rendered = render_operations(t, m, slo, bench, None, ops)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rendered.rule_file(), sort_keys=False))
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(local_scrape_config(
+        t, f"127.0.0.1:{r.port}", [str(tmp_path / "rules.yml")], ops), sort_keys=False))
+    sel = f'{{model="{KEY}", node_type="cpu"}}'
+    with prometheus_server(tmp_path / "prometheus.yml", tmp_path / "tsdb",
+                           tmp_path / "prometheus.log") as prom:
+        target = prom.wait_for("the engine's target up", lambda: [
+            x for x in prom.get("/api/v1/targets")["data"]["activeTargets"]
+            if x["health"] == "up"], 60)[0]
+        assert {k: target["labels"][k] for k in ("model", "node_type", "precision", "tp")} == \
+            {"model": KEY, "node_type": "cpu", "precision": "bf16", "tp": "1"}
+        # the measured operating point (one request at a time): the queue alert stays quiet
+        seen = _alerts_during(prom, r.base_url, completion_bodies(
+            "smol", synthetic_prompts(tokenizer, 6, 32), 16), concurrency=1)
+        assert "ModelQueueAboveSaturation" not in seen, seen
+        for rec_name in ("requests_in_flight:per_instance", "ttft_seconds:p95_20s",
+                         "itl_seconds:mean_20s", "kv_cache_usage:max"):
+            result = prom.wait_for(f"a value of model_onboarding:{rec_name}", lambda n=rec_name: (
+                prom.query(f"model_onboarding:{n}{sel}")["data"]["result"]), 30)
+            assert float(result[0]["value"][1]) >= 0
+        for expr in dashboard_queries(render_dashboard(t, rendered, ops.evaluation.window)):
+            assert prom.query(expr)["status"] == "success", expr
+        assert prom.query(f"{m.running}{sel} +")["errorType"] == "bad_data"  # a parse error
+        overload = threading.Thread(target=LoadGenerator().run_point, args=(
+            r.base_url, completion_bodies("smol", synthetic_prompts(tokenizer, 8, 16), 48)),
+            kwargs={"concurrency": 8, "max_seconds": 300, "request_timeout_s": 300})
+        overload.start()
+        try:
+            firing = prom.wait_for("ModelQueueAboveSaturation firing", lambda: [
+                a for a in prom.alerts() if a["labels"]["alertname"] ==
+                "ModelQueueAboveSaturation" and a["state"] == "firing"], 120)
+        finally:
+            overload.join()
+    assert firing[0]["labels"]["model"] == KEY
+    assert float(firing[0]["value"]) > bench.saturation_concurrency
+    assert "measured saturation concurrency 1" in firing[0]["annotations"]["source"]
+
+
+def _alerts_during(prom, base_url: str, bodies: list[bytes], concurrency: int) -> set[str]:
+    """The alerts (pending or firing) the server reports at any poll while a point runs."""
+    point = threading.Thread(target=LoadGenerator().run_point, args=(base_url, bodies),
+                             kwargs={"concurrency": concurrency, "max_seconds": 120,
+                                     "request_timeout_s": 60})
+    seen: set[str] = set()
+    point.start()
+    while point.is_alive():
+        seen |= {a["labels"]["alertname"] for a in prom.alerts()}
+        time.sleep(0.5)
+    point.join()
+    return seen
