@@ -391,6 +391,10 @@ class StackFile(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     versions: dict[str, str]
+    # the torch / CUDA / FlashInfer an engine's own image carries where they are not
+    # `versions`' (each engine ships in its own image; onboarding/serving/matrix.py)
+    engine_pins: dict[str, dict[Literal["pytorch", "cuda", "flashinfer"], str]] = Field(
+        default_factory=dict)
     images: ImagesConfig
     engine_switches: list[EngineSwitch] = Field(default_factory=list)
     engines: dict[str, EngineTemplate] = Field(min_length=1)
@@ -418,6 +422,11 @@ class StackFile(BaseModel):
         unknown = sorted({s.engine for s in self.engine_switches} - set(self.engines))
         if unknown:
             raise ValueError(f"engine_switches name engines without a template: {unknown}")
+        unpinned = sorted(e for e in self.engine_pins
+                          if e not in self.engines or e not in self.versions)
+        if unpinned:
+            raise ValueError(f"engine_pins name engines without a template and a "
+                             f"versions pin: {unpinned}")
         return self
 
 
