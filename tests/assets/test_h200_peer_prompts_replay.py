@@ -1,9 +1,9 @@
-"""The eighth H200 run (tests/data/gpu/h200-2026-12-04-run8/), replayed: the seventh run's req/s
-gap came from `vllm bench serve` repeating its default-seed prompts, which the engine's prefix
-cache then held; with fresh prompts per run the peer's cache hits, engine ITL and req/s fall to
-the client's. And the NVFP4 twin measured with the sampling client is what the calibration
-points now hold. docs/gpu.md "The eighth H200 run" says these things; this holds them to the
-rows."""
+"""The peer's prompts on an H200 (tests/data/gpu/h200-2026-12-04-run8/), replayed: the req/s
+gap measured with four API servers (test_h200_api_servers_replay.py) came from `vllm bench
+serve` repeating its default-seed prompts, which the engine's prefix cache then held; with fresh
+prompts per run the peer's cache hits, engine ITL and req/s fall to the client's. And the NVFP4
+twin measured with the sampling client is what the calibration points now hold. docs/gpu.md
+says these things; this holds them to the rows."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 import statistics
 
 from onboarding.common.paths import PROJECT_ROOT
-from tests.gpu_recordings import frontend_rows_run8, recording_run8
+from tests.gpu_recordings import frontend_rows, recorded
 
 CLIENT = "ours, token ids per chunk"
 PEER = "vllm bench serve"
@@ -19,7 +19,7 @@ FRESH = "vllm bench serve, fresh prompts per run"
 
 
 def rows_of(client: str, conc: int) -> list[dict]:
-    return [r for r in frontend_rows_run8() if r["client"] == client and r["concurrency"] == conc]
+    return [r for r in frontend_rows("peer_prompts") if r["client"] == client and r["concurrency"] == conc]
 
 
 def hit_share(r: dict) -> float:
@@ -52,7 +52,7 @@ def test_the_default_seed_peer_hit_the_prefix_cache_and_the_fresh_one_did_not():
 
 
 def test_with_fresh_prompts_the_peers_engine_step_and_req_s_are_the_clients():
-    """The seventh run's engine ITL gap (client > 1.1x the peer's) and req/s gap (0.76-0.79x)
+    """The engine ITL gap with four API servers (client > 1.1x the peer's) and req/s gap (0.76-0.79x)
     are not there against the fresh-prompts peer: within 5 % and 10 % here; against the
     default-seed peer they are, at 128 as before."""
     for conc in (256, 128, 32):
@@ -66,10 +66,10 @@ def test_with_fresh_prompts_the_peers_engine_step_and_req_s_are_the_clients():
 
 
 def test_the_sampled_nvfp4_rows_were_measured_and_then_replaced_by_fresh_prompt_rows():
-    """This run's NVFP4 rows were the calibration's NVFP4 points until the tenth run, whose
-    sweep sent every point fresh prompts (this one re-sent earlier points' prompts, issue 28);
-    the points now come from there (tests/assets/test_h200_run10_replay.py holds them)."""
-    (step,) = recording_run8("vllm-twins-nvfp4")["steps"].values()
+    """These NVFP4 rows were the calibration's NVFP4 points until the fresh-prompts sweeps,
+    which sent every point its own prompts (this one re-sent earlier points' prompts);
+    the points now come from there (tests/assets/test_h200_fresh_prompts_replay.py holds them)."""
+    (step,) = recorded("peer_prompts", "vllm-twins-nvfp4")["steps"].values()
     assert step["precision"] == "nvfp4" and step["argv_params"]["max_num_seqs"] == 32
     points = json.loads((PROJECT_ROOT / "configs" / "predict" / "h200_points.json").read_text())
     nvfp4 = {p["concurrency"]: p for p in points["points"]

@@ -6,7 +6,7 @@ The vLLM side is the committed H200 recordings (tests/data/gpu/h200*/twins.json,
 read through the plan of the configs that run used, which reproduces their configuration
 hashes. The SGLang measurements below are CRAFTED for these tests (their `source` says so) and
 are no claim about SGLang's speed; the measured pair (the fourth H200 run, vLLM and SGLang on
-one lease) is replayed by tests/assets/test_h200_run4_replay.py.
+one lease) is replayed by tests/assets/test_h200_engine_choice_replay.py.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def run(tmp_path_factory):
 def recorded(engine: str) -> list[Measurement]:
     """Both H200 runs' twin measurements (their steps name no engine: vLLM, their READMEs)."""
     return (measurements_from_twins(rec.recording("twins"), "h200/twins.json", "h200", engine)
-            + measurements_from_twins(rec.recording_run2("twins"), "h200-2026-12-02/twins.json",
+            + measurements_from_twins(rec.recorded("client_accounting", "twins"), "h200-2026-12-02/twins.json",
                                       "h200", engine))
 
 

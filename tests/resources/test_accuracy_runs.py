@@ -42,7 +42,7 @@ from resources.accuracy_runs import served_report
 from resources.config_files import ConfigFiles
 from resources.engine import Engine, RunningEngine
 from resources.evaluator import EvalRun
-from tests.gpu_recordings import recording_run2
+from tests.gpu_recordings import recorded as gpu_recorded
 
 DATA = PROJECT_ROOT / "tests" / "data" / "served_accuracy"
 CPU = DATA / "cpu_smollm2.json"
@@ -337,7 +337,7 @@ def test_recorded_h200_in_process_gates_replay_to_the_verdicts_recorded():
     """The second H200 run (tests/data/gpu/h200-2026-12-02) scored bf16, FP8 and NVFP4 in
     process on every item (its served phase did not finish): each gate it recorded, re-judged
     here from the recorded per-item scores with the run's gates, is the one recorded."""
-    data = recording_run2("served_accuracy_smollm2")
+    data = gpu_recorded("client_accounting", "served_accuracy_smollm2")
     gates = gates_for(data)
     scores = {p: load_scores(r) for p, r in data["in_process"].items()}
     assert set(scores) == {"bf16", "fp8", "nvfp4"} and "served" not in data
