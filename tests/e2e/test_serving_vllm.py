@@ -299,6 +299,15 @@ def test_start_phases_are_ordered(running):
     assert ph.engine_weights_load_s is not None and ph.engine_weights_load_s > 0
 
 
+def test_the_real_engine_names_its_kernels(running):
+    """The CPU build's own log, read with the template's kernel_facts once it was ready:
+    unquantized, KV cache at the model's dtype, eager (no CUDA graphs)."""
+    _, r = running
+    assert r.kernels["quantization"] == ("None",)
+    assert r.kernels["kv_cache_dtype"] == ("auto",)
+    assert r.kernels["cuda_graph_mode"] == ("NONE",)
+
+
 def test_token_exact_prompts_and_exact_output_lengths(running, tokenizer):
     engine, r = running
     prompts = synthetic_prompts(tokenizer, 8, 100, prefix_tokens=20)
