@@ -7,7 +7,7 @@ model, through `optional_upstream`), so the page says what is absent instead of 
 "Since when" is carried over from the model's previous report (its own stored value, read with
 `stored_value`): the readiness materialization that first had the current state.
 
-Node acceptance (issue 15) is partitioned by node, not by model: the fleet report reads each
+Node acceptance is partitioned by node, not by model: the fleet report reads each
 node's stored `node_acceptance` value when that asset has been materialized, never numbers from
 its metadata. Without it the page says so.
 """
@@ -52,7 +52,7 @@ UPSTREAM = ("readiness", "checkpoint", "quantized", "accuracy", "serving_variant
             "kserve_manifest", "predictions")
 MODEL_PAGE = "readiness.html"
 FLEET_PAGE = "fleet.html"
-# issue 15's node assets: partitioned by GPU node (assets/partitions.py `nodes_partitions` there)
+# the node assets: partitioned by GPU node (assets/partitions.py `nodes_partitions` there)
 NODE_ACCEPTANCE = dg.AssetKey("node_acceptance")
 
 

@@ -543,7 +543,7 @@ def run_sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, tem
     points: dict[str, list[tuple[int, PointStats]]] = {}
     for name, sc in scenarios.items():
         # Each point its own prompts, none sent before in this sweep: a prompt sent again is
-        # served from the engine's prefix cache and skips its prefill (issue 28: every point
+        # served from the engine's prefix cache and skips its prefill (every point
         # took the first N of one list, so each point after the first re-sent the earlier
         # points' prompts). `prefix_tokens` are the only tokens a scenario's prompts share.
         counts = [sweep.requests_at(int(max(load, 1))) for load in loads]
@@ -554,7 +554,7 @@ def run_sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, tem
                                    count_tokens_by=template.load_generator.count_tokens_by)
         # The scenario's warm-up requests go before its first point only, all in flight
         # together up to the sweep's widest concurrency: each later point follows a measured
-        # point of the same shapes on the same engine, which warms it as much (issue 28: warmed
+        # point of the same shapes on the same engine, which warms it as much (warmed
         # again before every point, at that point's concurrency, they were a third of the quick
         # pass's benchmark on the CPU, and eight 2048-token codegen requests one after another
         # before the GPU profile's concurrency-1 point).

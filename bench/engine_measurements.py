@@ -1,4 +1,4 @@
-"""configs/engine_measurements.json from device recordings (issue 29): for every configuration a
+"""configs/engine_measurements.json from device recordings: for every configuration a
 `bench/gpu_serving.py twins` recording swept, its goodput at the SLO (requests/s within the SLO
 per GPU, at the target concurrency, slowest scenario), which serving_config chooses each node
 type's engine by (onboarding/deploy/engine_choice.py).
@@ -8,14 +8,14 @@ type's engine by (onboarding/deploy/engine_choice.py).
         tests/data/gpu/h200-2026-12-02-run5/{vllm,sglang}-twins.json \\
         > configs/engine_measurements.json
 
-The committed file holds the recordings made with today's load generator: the fourth H200 run
-(vLLM and SGLang on one lease: the 8B twin in FP8, SmolLM2) and the fifth (the 8B twin in
-bf16 on both). The first two runs' twins (tests/data/gpu/h200/,
-h200-2026-12-02/) were swept by the client before issue 24's fix, which forced greedy decoding
+The committed file holds the recordings made with today's load generator: the engine-choice
+recording (vLLM and SGLang on one H200: the 8B twin in FP8, SmolLM2) and the cold-start one (the
+8B twin in bf16 on both). The earlier twins (tests/data/gpu/h200/,
+h200-2026-12-02/) were swept by the client when it forced greedy decoding
 and cost vLLM's frontend per token (the FP8 twin's goodput at c=32: 18.3 then, 21.8 now at the
 same configuration), so they are not measurements of what the plan would serve with.
 
-`--engine` names the engine of recordings whose steps do not (those before issue 29: vLLM
+`--engine` names the engine of recordings whose steps do not (the earlier recordings: vLLM
 0.22.0, their READMEs say); a step that names its engine keeps it.
 """
 
@@ -33,7 +33,7 @@ from onboarding.deploy.engine_choice import dump_measurements, measurements_from
 
 DESCRIPTION = ("Goodput at the SLO (requests/s within TTFT p95 and ITL bounds, per GPU, at the "
                "SLO's target concurrency or the next point above, slowest scenario) of each "
-               "configuration swept on a lent GPU, computed by bench/engine_measurements.py from "
+               "configuration swept on a GPU, computed by bench/engine_measurements.py from "
                "the recordings named in each `source`. Measured, not estimated.")
 
 

@@ -11,7 +11,7 @@ boto3 `download_file` by name and against the best peer. Then the warm path: a `
 materialization (with its integrity check) of the already verified entry.
 
 `--load N` runs N busy CPU processes (pure-Python spin loops, `nice` 0) beside every contender,
-the "loaded machine" of issue 28: on 2 cores, `--load 2` leaves the fetch and the S3 server
+a "loaded machine": on 2 cores, `--load 2` leaves the fetch and the S3 server
 competing for CPU with two other busy processes, as when the suite or a build runs beside it.
 
     .venv/bin/python bench/fetch.py [--gb 1.0] [--files 4] [--reps 3] [--load 0]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device side of issue 14's GPU run (bench/gpu_serving.py), one step per device call, back
+# The device side of the GPU steps (bench/gpu_serving.py), one step per device call, back
 # to back on one warm machine. Run from the repository root there:
 #
 #   bash bench/gpu_device.sh piece K      K = 0..6 (and 8): keep .gpuK's payload piece and GGUF
@@ -16,7 +16,7 @@
 #                                         validated against; `crd-paths` prints what is set)
 #   bash bench/gpu_device.sh twins        performance twins and the `vllm bench serve` check
 #                                         (TWINS, CONCURRENCY, CROSSCHECK choose what runs)
-#   bash bench/gpu_device.sh frontend     issue 24: the client's request ingredients one at a
+#   bash bench/gpu_device.sh frontend     the client's request ingredients one at a
 #                                         time against `vllm bench serve`, API-server CPU/token
 #                                         (CLIENTS=ours,vllm bench serve: only those two;
 #                                         "vllm bench serve, fresh prompts per run": the peer
@@ -24,9 +24,9 @@
 #                                         WARMUP=0: no discarded round after the start;
 #                                         API_SERVERS=4: vLLM --api-server-count 4; NAME=x
 #                                         writes x.json instead of frontend.json)
-#   bash bench/gpu_device.sh served       issue 25: served accuracy of bf16, FP8 and NVFP4
+#   bash bench/gpu_device.sh served       served accuracy of bf16, FP8 and NVFP4
 #                                         (PRECISIONS chooses; EAGER=1 for enforce_eager)
-#   bash bench/gpu_device.sh sglang piece K   issue 29: keep .sglK's part of SGLang's payload
+#   bash bench/gpu_device.sh sglang piece K   keep .sglK's part of SGLang's payload
 #   bash bench/gpu_device.sh sglang install   the last .sglK: SGLang 0.5.17 into /tmp/sgl-site,
 #                                         its imports checked, the engine wrapper written
 #   bash bench/gpu_device.sh sglang check     the import check again (install ran before the
@@ -34,7 +34,7 @@
 #   bash bench/gpu_device.sh sglang twins     the twins through the Engine resource with the
 #                                         SGLang template (TWINS, CONCURRENCY, CROSSCHECK)
 #   bash bench/gpu_device.sh sglang smollm2   SmolLM2-135M bf16 through SGLang, the same sweep
-#   bash bench/gpu_device.sh x2-plan      issue 26 on nvidia-h200-x2 (after install): the twins'
+#   bash bench/gpu_device.sh x2-plan      on two H200s of one host (after install): the twins'
 #                                         plan; then x2-interconnect (node probe, both GPUs),
 #                                         x2-twins (70B FP8, TP 2), x2-tp (8B FP8, TP 1 and 2),
 #                                         x2-neighbour (two 8B twins, one per GPU); DRY_RUN=1
@@ -122,7 +122,7 @@ case "$1" in
         --concurrency "${CONCURRENCY:-1,8,32,64}" --crosscheck-concurrency "${CROSSCHECK:-32}" ;;
   frontend)
     need_payload "$@"
-    # issue 24 where it reproduces: the client's ingredients one at a time against
+    # On the H200, where the gap reproduces: the client's ingredients one at a time against
     # `vllm bench serve`, the API server's CPU per 1,000 tokens (bench/gpu_serving.py frontend)
     python3 bench/gpu_serving.py frontend --out "$OUT" --deadline-s "${DEADLINE_S:-540}" \
         --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8}" --concurrency "${CONCURRENCY:-256,128}" \
@@ -131,11 +131,11 @@ case "$1" in
         --frontend-warmup "${WARMUP:-1}" ;;
   served)
     need_payload "$@"
-    # issue 25 item 2: SmolLM2 bf16, FP8 and NVFP4 in process and through vLLM
+    # SmolLM2 bf16, FP8 and NVFP4 in process and through vLLM
     python3 bench/served_accuracy_gpu.py --out "$OUT" --checkpoint /tmp/onb/smollm2-135m-instruct \
         --work /tmp/onb-served --precisions "${PRECISIONS:-bf16,fp8,nvfp4}" ${EAGER:+--eager} ;;
   sglang)
-    # issue 29: SGLang beside vLLM on the same warm machine, after `install` and `onboard A`
+    # SGLang beside vLLM on the same warm machine, after `install` and `onboard A`
     # (the twins' checkpoints, FP8 markers and serving_config come from there)
     shift
     sgl_bin=/tmp/onb/bin-sglang
@@ -178,28 +178,28 @@ case "$1" in
       *) echo "unknown sglang step $1" >&2; exit 2 ;;
     esac ;;
   x2-plan)
-    # issue 26 (nvidia-h200-x2), after `install`: the twins' CPU part (fetch, markers, the
+    # Two H200s of one host, after `install`: the twins' CPU part (fetch, markers, the
     # serving_config that x2-twins and x2-tp start); SmolLM2's job is not needed there
     python3 bench/gpu_serving.py onboard --out "$OUT" --tag x2-plan --models "$X2_TWINS" \
         --select serving_stack,checkpoint,quantized,accuracy,serving_variant,serving_config ;;
   x2-interconnect)
-    # issue 26 item 4: what NCCL needs, then the node probe on both GPUs (P2P, all-reduce)
+    # What NCCL needs, then the node probe on both GPUs (P2P, all-reduce)
     python3 bench/gpu_x2.py interconnect --out "$OUT" --work "$WORK" --burn-s "${BURN_S:-30}" \
         ${DRY_RUN:+--dry-run} ;;
   x2-twins)
-    # issue 26 item 1: the 70B FP8 twin at the h200 plan's configuration (TP 2, both GPUs)
+    # The 70B FP8 twin at the h200 plan's configuration (TP 2, both GPUs)
     python3 bench/gpu_serving.py twins --out "$OUT" --work "$WORK" --name x2-twins \
         --deadline-s "${DEADLINE_S:-540}" --twins "${TWINS:-llama-3-1-70b-instruct-twin:fp8}" \
         --concurrency "${CONCURRENCY:-1,8,32,64}" --crosscheck-concurrency "${CROSSCHECK:-0}" \
         ${DRY_RUN:+--dry-run} ;;
   x2-tp)
-    # issue 26 item 2: the 8B FP8 twin at TP 1 (GPU 0) and TP 2 (GPUs 0,1), same points
+    # The 8B FP8 twin at TP 1 (GPU 0) and TP 2 (GPUs 0,1), same points
     python3 bench/gpu_serving.py twins --out "$OUT" --work "$WORK" --name x2-tp \
         --deadline-s "${DEADLINE_S:-540}" --twins "${TWINS:-llama-3-1-8b-instruct-twin:fp8}" \
         --tp "${TP:-1,2}" --concurrency "${CONCURRENCY:-1,8,32,64}" --crosscheck-concurrency 0 \
         ${DRY_RUN:+--dry-run} ;;
   x2-neighbour)
-    # issue 26 item 3: two 8B twins from the rendered launchers, one per GPU, the 10 % rule
+    # Two 8B twins from the rendered launchers, one per GPU, the 10 % rule
     python3 bench/gpu_x2.py neighbour --out "$OUT" --work "$WORK" --bound "${BOUND:-0.10}" \
         ${DRY_RUN:+--dry-run} ;;
   *) echo "unknown step $1" >&2; exit 2 ;;

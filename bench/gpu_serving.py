@@ -1,4 +1,4 @@
-"""Issue 14 on the lent H200: this project's own serving stages on real vLLM, back as files.
+"""On an H200: this project's own serving stages on real vLLM, back as files.
 
 Three phases, one device call each, back to back on one warm machine (state under --work):
 
@@ -48,20 +48,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# The lent machines share their hosts' GPUs: never NVLink multicast (KINDS.md); offline.
+# GPUs passed through to a VM: NVLink multicast stays off; offline.
 ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
        "NVSHMEM_DISABLE_NVLS": "1", "DAGSTER_DISABLE_TELEMETRY": "1", "VLLM_NO_USAGE_STATS": "1",
        "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
        "VLLM_USE_FLASHINFER_SAMPLER": "0",
        # FlashInfer travels without its prebuilt kernels (no flashinfer-jit-cache/-cubin of the
        # version SGLang 0.5.17 pins on PyPI): SGLang then samples in PyTorch, as vLLM does here
-       # (sglang srt/arg_groups/overrides.py _sampling_backend_default; issue 29)
+       # (sglang srt/arg_groups/overrides.py _sampling_backend_default)
        "SGLANG_IS_FLASHINFER_AVAILABLE": "false"}
 T0 = time.monotonic()
 MODEL = "smollm2-135m"
 # The job's sweep on the device budget: every scenario, concurrency 1 to 256, 8 s a point.
 BUDGET_SWEEP = {
-    # three fully cold starts: a p95 of fewer than three is labelled with its n (issue 25)
+    # three fully cold starts: a p95 of fewer than three is labelled with its n
     "load_timing": {"cold_repeats": 3, "cold_weights_repeats": 1, "warm_repeats": 1,
                     "start_timeout_s": 600},
     # the SLO's target concurrency (32, configs/gates.yaml) is always a point of the sweep
@@ -143,7 +143,7 @@ def installed() -> dict[str, str]:
 
 def pinned_configs(work: Path, versions: dict[str, str]) -> tuple[Path, dict]:
     """configs/ with the stack pinned to this machine's engine, torch, CUDA and driver, and the
-    node gate off: the lent machine gets a 40 s burn, not the hour a node type needs, so it is
+    node gate off: a test machine gets a 40 s burn, not the hour a node type needs, so it is
     never qualified (the probe's verdict is kept beside). Returns the copy and what changed."""
     import yaml
 
@@ -163,7 +163,7 @@ def pinned_configs(work: Path, versions: dict[str, str]) -> tuple[Path, dict]:
     if driver:
         changed["versions.nvidia_driver"] = [stack["versions"]["nvidia_driver"], driver]
         stack["versions"]["nvidia_driver"] = driver
-    # images follow versions.vllm through stack.yaml's tag rule (issue 23): nothing to pin
+    # images follow versions.vllm through stack.yaml's tag rule: nothing to pin
     (cfg / "stack.yaml").write_text(yaml.safe_dump(stack, sort_keys=False))
     scen = yaml.safe_load((cfg / "scenarios.yaml").read_text())
     scen["profiles"]["gpu"]["require_node_acceptance"] = False
@@ -405,7 +405,7 @@ def twin_target(work: Path, twin_id: str, precision: str, node_type: str):
 def engine_target(cf, engine, spec, config):
     """`config` (the plan's, in the stack's engine) as `engine` runs it: the same planned
     numbers through that engine's template, at its installed version and the image its tag
-    rule gives that version (issue 29); the plan's own when the engine is the stack's."""
+    rule gives that version; the plan's own when the engine is the stack's."""
     from onboarding.deploy.engine_choice import config_for_engine, engine_images
 
     if engine.engine == config.engine:
@@ -417,7 +417,7 @@ def engine_target(cf, engine, spec, config):
 
 
 def with_tensor_parallel(config, tp: int, note: str):
-    """The configuration at another tensor-parallel size (issue 26: the 8B at TP 1 against TP
+    """The configuration at another tensor-parallel size (the 8B at TP 1 against TP
     2): `--tensor-parallel-size` replaced in params and argv, so it has its own hash, and the
     note says it was not planned. The planned TP passes through unchanged."""
     import dataclasses
@@ -472,8 +472,7 @@ class PointRecorder:
     first len(records) bodies: `_fixed_concurrency` hands them out in order and sends none after
     its deadline) and of its warm-up prompts, every request's record (REQUEST_FIELDS), and the
     engine's POINT_COUNTERS in the scrapes around the measured requests. A replay recomputes
-    the sweep row's numbers from these and checks that no point re-sent an earlier one's prompt
-    (issue 28)."""
+    the sweep row's numbers from these and checks that no point re-sent an earlier one's prompt."""
 
     def __init__(self, loadgen, path: Path, item: str):
         self.loadgen, self.path, self.item = loadgen, path, item
@@ -701,7 +700,7 @@ def crosscheck(running, served: str, tok_dir: Path, concurrency: int, work: Path
     return out
 
 
-# ---- frontend: which ingredient makes the engine's API server work harder (issue 24) ----
+# ---- frontend: which ingredient makes the engine's API server work harder ----
 
 def _counter(parsed: dict, suffix: str) -> float:
     """The sum of a parsed scrape's series whose name ends in `suffix` (0 where none)."""
@@ -735,7 +734,7 @@ def frontend_bodies(served: str, prompts: list[str], out_len: int,
             body["temperature"] = 0.0
         return _json.dumps(body).encode()
 
-    # The client samples since issue 24's fix; greedy is what it sent before (the run of
+    # The client samples; greedy is what it sent before (the run of
     # 2026-12-02 called these "ours without temperature (sampled)" and "ours"). "ours" is the
     # recordings' name for the continuous-usage body: vLLM's template has counted by token ids
     # ("ours, token ids per chunk") since the sixth run, the others still count by usage.
@@ -745,7 +744,7 @@ def frontend_bodies(served: str, prompts: list[str], out_len: int,
            "ours, greedy (before the fix)": greedy,
            "bench body (sampled)": [bench(p, False) for p in prompts],
            "bench body, greedy": [bench(p, True) for p in prompts],
-           # issue 25 item 4's req/s gap, one ingredient at a time: how the client has the
+           # The req/s gap, one ingredient at a time: how the client has the
            # server count a chunk's tokens (continuous usage in every chunk, the chunk's own
            # ids, or none: one token per text chunk, as `vllm bench serve` counts)
            "ours, token ids per chunk": completion_bodies(served, prompts, out_len,
@@ -794,7 +793,7 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
     clients: list[tuple[str, list[bytes] | None]] = [
         *frontend_bodies(served, prompts, out_len, token_prompts).items(),
         *((name, None) for name in PEER_SEEDS)]
-    if only:  # issue 25 item 4: the fixed client against `vllm bench serve`, nothing else
+    if only:  # The fixed client against `vllm bench serve`, nothing else
         unknown = set(only) - {name for name, _ in clients}
         if unknown:
             raise SystemExit(f"--frontend-clients: unknown {sorted(unknown)}; "
@@ -898,8 +897,9 @@ def _client_cpu_s() -> dict[str, float]:
 
 
 def frontend(args) -> int:
-    """Issue 24 where it reproduces (vLLM 0.22 on the H200, the 8B twin, c=256): the project's
-    client, the same client with one of `vllm bench serve`'s request ingredients at a time, and
+    """The client-accounting gap where it reproduces (vLLM 0.22 on the H200, the 8B twin,
+    c=256): the project's client, the same client with one of `vllm bench serve`'s request
+    ingredients at a time, and
     `vllm bench serve` itself, taking turns on one engine; per run the API server's CPU seconds
     per 1,000 generated tokens, its cores, req/s and the client's mean ITL against the engine's
     histogram. Writes frontend.json after every run."""
@@ -927,7 +927,7 @@ def frontend(args) -> int:
             param_args=tuple(flag if a.startswith("--max-num-seqs=") else a
                              for a in config.param_args))
         note += f"; max_num_seqs {args.max_num_seqs} for this experiment"
-    if args.api_servers > 1:  # issue 25 item 4 at 256: the one API server is the bottleneck
+    if args.api_servers > 1:  # At 256: the one API server is the bottleneck
         config = dataclasses.replace(
             config, params={**config.params, "api_server_count": args.api_servers},
             param_args=(*config.param_args, f"--api-server-count={args.api_servers}"))

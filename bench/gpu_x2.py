@@ -1,4 +1,4 @@
-"""Issue 26 on two H200s of one host: the phases only two GPUs can run, and what the plan
+"""Two H200s of one host: the phases only two GPUs can run, and what the plan
 expects of every step, written down before the run.
 
   interconnect  (device) first what NCCL needs there: torch's CUDA devices and NCCL version
@@ -19,7 +19,7 @@ What the plan expects of these steps, and the docs/gpu.md sections, are bench/gp
 
 Device phases write `<out>/x2-<phase>.json` and `<out>/x2-<phase>.tar.gz`; `--dry-run` runs
 them as far as a CPU goes (the probe's argv and thresholds; the pair's plan and launchers).
-bench/gpu_device.sh holds the exact device calls; docs/gpu.md, "Two H200s (issue 26)", the batch.
+bench/gpu_device.sh holds the exact device calls; docs/gpu.md, "Two H200s", the batch.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
 TWIN_8B, TWIN_70B = "llama-3-1-8b-instruct-twin", "llama-3-1-70b-instruct-twin"
-RUN3 = ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run3"
+PINNED_RECORDING = ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run3"
 T0 = time.monotonic()
 
 
@@ -63,7 +63,7 @@ def multicast_off() -> None:
     on (it can take the host's shared GPUs out of service: ../.library/device/KINDS.md)."""
     for k, v in MULTICAST_OFF.items():
         if os.environ.setdefault(k, v) != v:
-            raise SystemExit(f"{k}={os.environ[k]}: NVLink multicast must stay off on the lent "
+            raise SystemExit(f"{k}={os.environ[k]}: NVLink multicast must stay off on these "
                              f"machines; unset it or set {k}={v}")
 
 
@@ -222,7 +222,7 @@ def neighbour(args) -> int:
 # ---- pin: the CPU dry run plans the device's configuration hashes ----
 
 def recorded_versions() -> dict[str, str]:
-    steps = json.loads((RUN3 / "prepare.json").read_text())["steps"]["versions"]
+    steps = json.loads((PINNED_RECORDING / "prepare.json").read_text())["steps"]["versions"]
     return {k: v for k, v in steps.items() if k != "at_s"}
 
 
@@ -231,7 +231,8 @@ def pin(args) -> int:
 
     cfg, changed = gpu_serving.pinned_configs(args.work, recorded_versions())
     print(json.dumps({"configs": str(cfg), "changed": changed,
-                      "versions_from": str(RUN3.relative_to(ROOT) / "prepare.json")}, indent=1))
+                      "versions_from": str(PINNED_RECORDING.relative_to(ROOT) / "prepare.json")},
+                     indent=1))
     return 0
 
 
@@ -244,7 +245,7 @@ def main() -> int:
                     "a CPU goes (argv, thresholds, the pair's plan and launchers)")
     ap.add_argument("--burn-s", type=float, default=30.0, help="interconnect: the probe's burn")
     ap.add_argument("--bound", type=float, default=0.10, help="neighbour: allowed rise of TTFT "
-                    "p95 and mean ITL under the neighbour (issue 16's 10 %%)")
+                    "p95 and mean ITL under the neighbour (the layouts' 10 %%)")
     ap.add_argument("--ready-timeout-s", type=float, default=420)
     ap.add_argument("--timeout-s", type=float, default=540, help="a device phase's subprocess")
     args = ap.parse_args()

@@ -1,4 +1,4 @@
-"""Issue 26 (two H200s): what the plan expects, written before the run, and docs/gpu.md's
+"""Two H200s of one host: what the plan expects, written before the run, and docs/gpu.md's
 generated sections for it.
 
     .venv/bin/python bench/gpu_x2_doc.py expect     # tests/data/gpu/h200x2/expected/plan.json
@@ -48,7 +48,7 @@ from tests.gpu_recordings_x2 import (
 
 DOC = ROOT / "docs" / "gpu.md"
 TWIN_8B, TWIN_70B = "llama-3-1-8b-instruct-twin", "llama-3-1-70b-instruct-twin"
-RUN3 = ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run3"
+PINNED_RECORDING = ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run3"
 GIB = 1 << 30
 # What the steps run (bench/gpu_device.sh's defaults): item -> (twin, precision, TP override)
 ITEMS = {"x2-twins": [("llama-3-1-70b-instruct-twin:fp8", TWIN_70B, "fp8", None)],
@@ -81,7 +81,7 @@ def pinned_files(work: Path):
 
     from resources.config_files import ConfigFiles
 
-    versions = json.loads((RUN3 / "prepare.json").read_text())["steps"]["versions"]
+    versions = json.loads((PINNED_RECORDING / "prepare.json").read_text())["steps"]["versions"]
     cfg, _ = gpu_serving.pinned_configs(work, {k: v for k, v in versions.items()
                                                if k != "at_s"})
     return ConfigFiles(config_dir=str(cfg))
@@ -130,7 +130,7 @@ def configurations(cf, work: Path) -> dict[str, Any]:
 
     from onboarding.deploy.serving_plan import serving_plan
 
-    recorded = json.loads((RUN3 / "onboard-A.json").read_text())["assets"]
+    recorded = json.loads((PINNED_RECORDING / "onboard-A.json").read_text())["assets"]
     nodes, stack = cf.nodes(), cf.stack()
     template = cf.stack().templates[stack.engine]
     out = {}
@@ -236,7 +236,7 @@ def expect(args) -> int:
                           "rule": "a model's TTFT p95 or mean ITL together / alone above 1 + "
                                   "bound fails", "concurrency": 32, "prompts": 256,
                           "input_tokens": 512, "output_tokens": 256,
-                          "source": "issue 16; scripts/gpu_noisy_neighbour.py degradation and "
+                          "source": "scripts/gpu_noisy_neighbour.py degradation and "
                                     "its defaults"},
             "device_minutes": [{"step": s, "minutes": m, "basis": b} for s, m, b in MINUTES],
             "device_minutes_total": round(sum(m for _, m, _ in MINUTES), 1)}

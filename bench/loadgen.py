@@ -1,7 +1,7 @@
 """Load-generator benchmark: our aiohttp client vs `vllm bench serve`, guidellm and aiperf.
 
 Two modes. The fake-server mode (the default) compares the clients' own reports with a fake
-server's ground truth. The real-engine mode (`--real-engine`, issue 24) compares what our
+server's ground truth. The real-engine mode (`--real-engine`) compares what our
 client and `vllm bench serve` cost a real engine's frontend: see "Real-engine mode" below.
 
 All four drive the same fake OpenAI-compatible streaming server (tests/fakes/
@@ -28,7 +28,7 @@ ratios against `vllm bench serve`. `--variants` adds our client with one ingredi
 the peer's (bench-body, usage-at-end, no-accept, no-trace, asyncio, no-scrape)
 to find which one costs the frontend; `ours:greedy` and `vllm bench serve:temperature-0` force
 temperature 0, which on random weights makes vLLM's detokenizer re-decode every request's
-prompt at every step (issue 24).
+prompt at every step.
 
     # the CPU engine, started here (SmolLM2-135M from .cache unless --model)
     .venv/bin/python bench/loadgen.py --real-engine --concurrency 16,64 --max-num-seqs 64 \
@@ -194,7 +194,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer requests per case")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--tools", default=",".join(TOOLS))
-    real = ap.add_argument_group("real-engine mode (issue 24)")
+    real = ap.add_argument_group("real-engine mode")
     real.add_argument("--real-engine", action="store_true",
                       help="our client vs vllm bench serve on a real engine")
     real.add_argument("--engine-url", default=None,
@@ -286,7 +286,7 @@ def print_summary(rows: list[dict], cases: list[Case], tools: list[str]) -> None
                   f"{ierr_s} |")
 
 
-# ---- real-engine mode (issue 24): our client and `vllm bench serve` on one real engine ----
+# ---- real-engine mode: our client and `vllm bench serve` on one real engine ----
 
 ENGINE_COUNTERS = {"generated": "vllm:generation_tokens_total", "prompt": "vllm:prompt_tokens_total",
                    "preemptions": "vllm:num_preemptions_total",
@@ -324,7 +324,7 @@ OUR_VARIANTS = {
     "ours": ("the client as shipped", {}, completion_bodies),
     "ours:bench-body": ("vllm bench serve's body fields", {},
                         _body_swap(**BENCH_BODY)),
-    "ours:greedy": ("temperature 0 (greedy), as the client sent before issue 24", {},
+    "ours:greedy": ("temperature 0 (greedy), as the client sent before it sampled", {},
                     _body_swap(temperature=0.0)),
     "ours:usage-at-end": ("usage only in the last chunk", {},
                           _body_swap(stream_options={"include_usage": True})),

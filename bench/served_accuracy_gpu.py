@@ -1,4 +1,4 @@
-"""Served accuracy on a GPU (issue 19): SmolLM2 bf16, FP8 and NVFP4 scored in process and
+"""Served accuracy on a GPU: SmolLM2 bf16, FP8 and NVFP4 scored in process and
 through vLLM, with the agreement of the two and the gate on each source.
 
     python3 bench/served_accuracy_gpu.py --out $OUT --checkpoint /tmp/smollm2

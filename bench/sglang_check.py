@@ -1,4 +1,4 @@
-"""Issue 29, on the lent H200 after SGLang's payload is unpacked: does the carried SGLang import
+"""On the H200 after SGLang's payload is unpacked: does the carried SGLang import
 what its server needs for a Llama on Hopper, against this machine's torch? Prints each module's
 version or the error, and exits 1 on the first missing piece, before any device minute goes to
 an engine start that would fail the same way.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build SGLang's payload for the lent H200 (issue 29): the wheels of bench/sglang-wheels.txt,
+# Build SGLang's payload for the H200: the wheels of bench/sglang-wheels.txt,
 # installed here into one tree for the device's Python 3.12 (pip --target, no dependencies: the
 # rest comes from the device image and the vLLM payload), compressed with xz and split into
 # pieces .sgl1..N of at most PIECE each (git-ignored), the last one holding the checksum.

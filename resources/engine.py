@@ -7,7 +7,7 @@ the whole process group on the way out, whether the step succeeded, failed or wa
 answering 200 and then one real completion, because vLLM answers /health before the first
 request has paid for lazy initialisation.
 
-One hand-off (issue 28): `time_starts(..., hand_off=True)` parks its last start, once measured,
+One hand-off: `time_starts(..., hand_off=True)` parks its last start, once measured,
 instead of reaping it, and a later `serve_shared` of the same configuration (hash, model path
 and content) in the same process takes it over instead of paying for another start: the
 serving benchmark runs on load_timing's warm start. At most one engine is ever up: any other

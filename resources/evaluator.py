@@ -107,7 +107,7 @@ class LmEvalEvaluator(Evaluator):
                                         "live in its eval_tasks/; default: configs/")
     default_tasks: list[str] = Field(default_factory=lambda: ["onb_facts_mc", "onb_arith_gen"],
                                      description="used when a model spec lists no eval_tasks")
-    # 32, not 8 (issue 28): the demo's served scoring (100 + 280 items, SmolLM2 on the CPU
+    # 32, not 8: the demo's served scoring (100 + 280 items, SmolLM2 on the CPU
     # engine, max-num-seqs 64) took 41.5 and 38.6 s at 32 against 59.3 and 45.5 s at 8, the same
     # scores (scratch A/B on one engine, 2026-12-04, docs/benchmarks.md)
     served_concurrency: int = Field(default=32, ge=1, description="requests in flight against "

@@ -98,7 +98,7 @@ def completion_bodies(model: str, prompts: Sequence[str], max_tokens: int,
 
     No temperature unless one is given: the server samples as it would for a user who sets
     none (the model's generation_config), as `vllm bench serve` does. Forcing greedy decoding
-    loads the engine being measured (issue 24): on random weights (a performance twin) greedy
+    loads the engine being measured: on random weights (a performance twin) greedy
     repeats one or two ids, often ones that produce no text (a twin's vocabulary is larger
     than its shared tokenizer's), and while no text comes out vLLM's incremental detokenizer
     re-decodes the whole prompt and output at every step, so its API server spends several

@@ -82,7 +82,7 @@ def _cpu_nvfp4_fake_quant(inputs, quantizer):
     Same arithmetic as the CUDA kernel: a per-tensor FP32 scale from the calibrated amax
     (amax / (6 * 448)), FP8 E4M3 scales per block of 16, E2M1 values. `NVFP4QTensor` packs the
     E2M1 codes two to a byte through a `searchsorted` and unpacks them again, which made it
-    most of the CPU's NVFP4 evaluation (issue 28: 18 s of the demo's 38 s); rounding to the
+    most of the CPU's NVFP4 evaluation (18 s of the demo's 38 s); rounding to the
     E2M1 grid directly gives the same values (tests/resources/test_quantizer.py compares the
     two bit for bit, ties and clamps included) 3-4x faster. A last dimension that is not a
     whole number of blocks is padded with zeros, as `NVFP4QTensor.quantize` pads it.

@@ -594,7 +594,7 @@ def _without_gc(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     For building a botocore client: some 38 000 allocations (the S3 model and its shapes), all
     long-lived. Counted by the collector, they set off a full collection, which in a process
     holding Dagster's heap (136 000 objects in bench/fetch.py's) cost 0.14-0.2 s of CPU inside
-    every fetch; paused, they are counted once (issue 28).
+    every fetch; paused, they are counted once.
     """
     was = gc.isenabled()
     gc.disable()

@@ -11,7 +11,7 @@ same configuration measured by the same engine is replaced. Then regenerate the 
 
     .venv/bin/python scripts/add_measured_points.py --csv .data/reports/<model>/serving_benchmark.csv \\
         --model llama-3.1-8b-twin --config-json <dir>/config.json --config-key llama-3.1-8b \\
-        --precision fp8 --tp 1 --gpus 1 --engine "vllm 0.22.0" --source "H200 run, issue 14"
+        --precision fp8 --tp 1 --gpus 1 --engine "vllm 0.22.0" --source "H200, tests/data/gpu/h200"
     .venv/bin/python scripts/add_measured_points.py --twins-json <run>/vllm-twins.json \\
         --model llama-3-1-8b-instruct-twin --config-json twins/llama-3-1-8b-instruct-twin/config.json \\
         --config-key llama-3.1-8b --precision fp8 --tp 1 --gpus 1 --engine "vllm 0.22.0" \\

@@ -6,7 +6,7 @@ every raw output as test data.
         [--stress-s 30]
 
 Materializes node_inventory, gpu_health, interconnect, memory_bandwidth, storage_read and
-node_acceptance for one node (registered on the fly in a copy of configs/ with the lent
+node_acceptance for one node (registered on the fly in a copy of configs/ with this
 machine's GPU count and a short probe), in a throwaway Dagster instance. Writes, under OUT_DIR:
 
     raw/        nvidia-smi-q.xml, nvidia-smi-topo-m.txt, nvml.json, system.json, burn.json
@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# The lent machines share their hosts' GPUs: never use NVLink multicast (KINDS.md).
+# GPUs passed through to a VM: never use NVLink multicast.
 for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                ("NVSHMEM_DISABLE_NVLS", "1"), ("DAGSTER_DISABLE_TELEMETRY", "1")):
     os.environ.setdefault(_k, _v)

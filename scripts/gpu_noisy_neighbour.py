@@ -1,9 +1,9 @@
 """Noisy-neighbour check on a 2-GPU H200: two engines side by side through the rendered
 launchers, each alone and then both under load, and whether either's SLO numbers degrade
-beyond a stated bound (issue 16).
+beyond a stated bound.
 
 The layout is planned by the project's own code (onboarding.layouts.placement) on a two-GPU H200 node
-(one NUMA node per GPU here, since the lent machine's topology is not known in advance), and
+(one NUMA node per GPU here, since the machine's topology is not known in advance), and
 the engines start from the launchers onboarding.layouts.render writes: CUDA_VISIBLE_DEVICES
 isolation, the fixed --gpu-memory-utilization, numactl where the machine has it. The models are
 performance twins: a config.json and tokenizer (`--model-dir`), weights random

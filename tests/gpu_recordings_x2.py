@@ -1,4 +1,4 @@
-"""Issue 26's recordings from two H200s (`tests/data/gpu/h200x2/<phase>.json`, written by the
+"""The recordings from two H200s of one host (`tests/data/gpu/h200x2/<phase>.json`, written by the
 device steps of bench/gpu_device.sh) and the functions that re-judge them with the project's own
 rules: the SLO verdict by `serving_stats.headline`, TP 1 against TP 2 at one concurrency, the
 noisy-neighbour rule of scripts/gpu_noisy_neighbour.py (`degradation`), the interconnect by
@@ -25,7 +25,7 @@ from tests.gpu_recordings import points
 X2 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200x2"
 EXPECTED = X2 / "expected" / "plan.json"
 NODE_TYPE = "h200"
-# recording -> the device call that writes it (docs/gpu.md, "Two H200s (issue 26)")
+# recording -> the device call that writes it (docs/gpu.md, "Two H200s")
 DEVICE_STEPS = {
     "x2-interconnect": "bash bench/gpu_device.sh x2-interconnect",
     "x2-twins": "bash bench/gpu_device.sh x2-twins",

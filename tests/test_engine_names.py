@@ -1,4 +1,4 @@
-"""Engines are data: no engine's name is written in the code (issue 27).
+"""Engines are data: no engine's name is written in the code.
 
 Every string constant in pipelines/, assets/, resources/ and onboarding/ is scanned (an AST walk,
 so comments never count) for the names of the engines configs/stack.yaml lists, as a word in any

@@ -84,7 +84,8 @@ def test_stage_modules_do_not_import_each_other():
 
 
 def test_the_sideways_check_catches_a_stage_importing_a_stage(tmp_path):
-    """Not vacuous: the seven arrows of issue 27 were of this form; a shared module is not one."""
+    """Not vacuous: the arrows this test was written for were of this form; a shared module
+    is not one."""
     probe = tmp_path / "layout.py"
     probe.write_text("from assets.deploy import build_plan\nfrom assets.stack import X\n"
                      "import assets.quantize\n")
@@ -127,7 +128,7 @@ def test_assets_read_no_environment():
 
 
 def _grouping_violations(onboarding: Path) -> list[str]:
-    """onboarding/ is packages by domain (issue 27): no flat module beside them, and
+    """onboarding/ is packages by domain: no flat module beside them, and
     onboarding/common/ (the small shared helpers) imports no other onboarding package, so that
     every package may use it without a cycle."""
     bad = [f"onboarding/{p.name}: a flat module; move it into the package of its domain"

@@ -1,4 +1,4 @@
-"""Which engine serves a node type, by what was measured (issue 29).
+"""Which engine serves a node type, by what was measured.
 
 The plan sizes a node type once (precision, TP, max-num-seqs, context, memory fraction); each
 engine template in configs/stack.yaml that has kernels for that precision on that hardware

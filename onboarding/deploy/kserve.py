@@ -224,7 +224,7 @@ def startup_probe_plan(cold_start_p95_s: float | None, cfg: ProbeConfig,
 
     With fewer than `probes.min_p95_samples` fully cold starts (`samples`) a p95 is not a
     p95 (of one start it is that start): the window is sized from the slowest start (`max_s`)
-    instead, and the explanation says n (issue 23). The pull (the storage initializer copying
+    instead, and the explanation says n. The pull (the storage initializer copying
     the published variant, at the GET throughput measured reading it back) is counted when
     `probes.include_pull_time`: Kubernetes starts the startup probe's clock after init
     containers finish, so this is conservative for KServe's initializer and exact when the

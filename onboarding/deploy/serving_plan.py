@@ -50,7 +50,7 @@ class ServingPlan:
     plan: DeploymentPlan
     configs: dict[str, EngineConfig]  # node type -> configuration
     skipped: dict[str, str] = field(default_factory=dict)  # node type -> why no configuration
-    # which engine serves each configured node type, and why (issue 29); a tuple, so that a
+    # which engine serves each configured node type, and why; a tuple, so that a
     # plan stored before it existed reads back with none
     engines: tuple[EngineChoice, ...] = ()
 

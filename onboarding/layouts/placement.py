@@ -124,7 +124,7 @@ class SharingNode(StrictConfig):
 
 
 class GpuSharing(StrictConfig):
-    """How a cluster grants two engines one GPU (issue 23): MIG slices of that GPU (the GPU
+    """How a cluster grants two engines one GPU: MIG slices of that GPU (the GPU
     operator's mixed strategy), or the device plugin's time-slicing / MPS replicas of
     `nvidia.com/gpu`, which apply to every GPU of the node."""
 
@@ -184,7 +184,7 @@ def check_references(cfg: LayoutsConfig, path: Path | str, nodes: NodesConfig,
 
 
 class ThroughputFor(Protocol):
-    """A throughput predictor (e.g. NVIDIA AIConfigurator, issue 18): tokens/s/GPU of `model` at
+    """A throughput predictor (e.g. NVIDIA AIConfigurator): tokens/s/GPU of `model` at
     `precision` and TP `tp` on `node_type` while meeting its SLO, and a sentence saying where the
     number comes from; None when it cannot say."""
 

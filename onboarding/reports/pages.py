@@ -801,7 +801,7 @@ def model_page(f: ModelFacts) -> Page:
 
 @dataclass(frozen=True)
 class NodeAcceptanceRow:
-    """A node's latest acceptance (issue 15's `node_acceptance` value, as far as shown)."""
+    """A node's latest acceptance (the `node_acceptance` value, as far as shown)."""
 
     node: str
     node_type: str

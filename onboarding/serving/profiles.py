@@ -76,7 +76,7 @@ class Profile(StrictConfig):
 
     def sweep_for(self, target_concurrency: int) -> Sweep:
         """The sweep with the target concurrency added where the SLO verdict blocks
-        (slo_severity error): the verdict is taken there, never below it (issue 23)."""
+        (slo_severity error): the verdict is taken there, never below it."""
         if self.slo_severity != "error" or self.sweep.mode != "concurrency":
             return self.sweep
         return self.sweep.model_copy(update={"concurrency": sorted(

@@ -259,7 +259,7 @@ class EngineSwitch(StrictConfig):
     archs: list[str] | None = None
     # A kernel choice (a MoE/attention backend the engine would otherwise pick itself, with its
     # own fallbacks) applies only where `pinned` says why: the configuration was benchmarked
-    # with it, or a reason to force it. Unpinned, the engine's `auto` stays (issue 23).
+    # with it, or a reason to force it. Unpinned, the engine's `auto` stays.
     kernel_choice: bool = False
     pinned: str | None = None
 
@@ -337,7 +337,7 @@ class EngineImages(StrictConfig):
 
 
 # Blackwell (sm100 B200, sm103 B300) runs the CUDA 13 builds of the pinned stack: PyTorch and
-# FlashInfer's SM100/SM103 kernels in it are built for cu130 (issue 23).
+# FlashInfer's SM100/SM103 kernels in it are built for cu130.
 _MIN_CUDA_MAJOR = {"sm100": 13, "sm103": 13}
 
 

@@ -381,7 +381,7 @@ class ServingBenchmarkResult:
     config_hash: str = ""
     slo_blocking: bool = False  # judged as a blocking gate (gpu profile) or a warning (cpu)
     # at the point the SLO was judged (the target concurrency or the next above), the slowest
-    # scenario's: what a gateway route's timeouts are sized from (issue 23)
+    # scenario's: what a gateway route's timeouts are sized from
     e2e_p99_s: float | None = None
     ttft_p99_s: float | None = None
     judged_at: int | None = None
@@ -398,7 +398,7 @@ def headline(model: str, precision: str, node_type: str, gpus: int, slo: Slo,
 
     SLOs are judged at the target concurrency, or the next measured point above it (named, not
     counted as a violation); a sweep with no point at or above the target is "not measured at
-    target concurrency", a violation (issue 23: latency grows with load).
+    target concurrency", a violation (latency grows with load).
     """
     violations: list[str] = []
     sats: list[int] = []

@@ -109,7 +109,7 @@ def test_plan_only_models_render_valid_manifests_marked_as_estimates(
             assert notes["model-onboarding.io/configuration"].startswith("unmeasured")
         stored = json.loads((env / model / "serving_config.json").read_text())
         assert stored["plan"]["inputs"]["model"] == model
-    # issue 23, 3: nothing of a plan-only model was published, so no pod could load it; the
+    # Nothing of a plan-only model was published, so no pod could load it; the
     # gateway routes none of the four manifests and says why
     gateway = yaml.safe_load((env / "gateway" / "litellm-config.yaml").read_text())
     assert gateway["model_list"] == []

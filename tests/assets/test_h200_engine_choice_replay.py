@@ -98,7 +98,8 @@ def test_a_measurement_at_another_configuration_does_not_count(plans):
 @pytest.mark.parametrize("model", sorted(STEPS))
 def test_the_load_generators_itl_agrees_with_each_engines_own_histogram(model):
     """Every point's client mean ITL within 2 % of the engine's `/metrics` ITL histogram over
-    the same point (SGLang: sglang:inter_token_latency_seconds), as issue 24 holds it for vLLM;
+    the same point (SGLang: sglang:inter_token_latency_seconds), as the client-accounting
+    targets hold it for vLLM;
     and no point lost a request."""
     for engine, step in steps(model).items():
         for r in step["rows"]:

@@ -1,6 +1,7 @@
-"""Issue 14's H200 run, replayed here: what the assets stored there (tests/data/gpu/h200/, read
-back by tests/gpu_recordings.py) goes through the real serving_config and kserve_manifest assets
-in a real Dagster instance, and the manifest they render is the one rendered on the H200.
+"""The project's stages on an H200, replayed here: what the assets stored there
+(tests/data/gpu/h200/, read back by tests/gpu_recordings.py) goes through the real serving_config
+and kserve_manifest assets in a real Dagster instance, and the manifest they render is the one
+rendered on the H200.
 
 What is measured is what is deployed, both ways: at the stack the run used (vLLM 0.22.0) the
 h200 manifest carries the measured throughput at configuration 0660e584b7cc; at the
@@ -93,7 +94,7 @@ def rendered(result: dg.ExecuteInJobResult, node_type: str) -> str:
 
 def device_manifest_now(result: dg.ExecuteInJobResult, node_type: str, old_hash: str,
                         new_hash: str) -> str:
-    """The manifest rendered on the device, with what issue 23 changed since: the images follow
+    """The manifest rendered on the device, with what changed since: the images follow
     the tag rule (no -cu130 suffix; the runtime's name and the configuration hash follow the
     image), and the stack fingerprint follows the stack.yaml that now says so."""
     text = (rec.H200 / "manifests" / f"{node_type}.yaml").read_text()
@@ -118,7 +119,7 @@ LIFECYCLE_PREDICTOR = ("priorityClassName", "terminationGracePeriodSeconds",
 
 
 def before_the_node_cache(text: str) -> tuple[list[str], list[dict]]:
-    """A manifest less what deploying from the node cache added (issue 23): the
+    """A manifest less what deploying from the node cache added: the
     LocalModelNodeGroup and LocalModelCache documents, the weights-on-node and nodegroup
     annotations, the ephemeral-storage request, the startup window (no pull counted), and the
     QoS class: without the storage initializer the cached pod is Guaranteed. Also less what the
@@ -175,7 +176,7 @@ def test_at_the_run_stack_the_h200_manifest_is_the_one_rendered_there(
     hashes = metadata(result, "serving_config")["config_hashes"]
     recorded = rec.asset_metadata("B", "serving_config")["config_hashes"]
     assert hashes["h200"] == recorded["h200"] == rec.RUN_CONFIG_HASH
-    # Blackwell's image is the tag rule's now (issue 23: no -cu130 since vLLM 0.20), so its
+    # Blackwell's image is the tag rule's now (no -cu130 since vLLM 0.20), so its
     # configurations hash differently; nothing else moved
     assert {nt for nt in hashes if hashes[nt] != recorded[nt]} == {"b300", "b200"}
     for node_type in ("h200", "b300"):
@@ -216,7 +217,7 @@ def test_with_the_load_timing_measured_there_only_the_startup_probe_changes(
     assert labels["model-onboarding.io/probe-basis"] == "measured"
     assert labels["model-onboarding.io/config-hash"] == rec.RUN_CONFIG_HASH
     assert "108.8" in notes["model-onboarding.io/startup-probe"]  # the fully cold start
-    # one fully cold start (issue 23, 7): no p95 claimed from it; the probe is its max x margin
+    # one fully cold start: no p95 claimed from it; the probe is its max x margin
     assert "max 108.8 s (n=1" in notes["model-onboarding.io/startup-probe"]
     assert "p95" not in notes["model-onboarding.io/startup-probe"]
     probe = doc["spec"]["predictor"]["model"]["startupProbe"]
@@ -257,7 +258,7 @@ def test_the_slo_verdict_recomputed_from_the_csv_is_the_recorded_check(run_confi
     stored = rec.asset_metadata("B", "serving_benchmark")
     assert check["metadata"]["expected"] == slo.__dict__ == stored["slo"]
     assert result.slo_pass is check["passed"] is True
-    # target 32 was not swept: the run judged it at 16, below it (issue 23, 6); the verdict is
+    # target 32 was not swept: the run judged it at 16, below it; the verdict is
     # now taken at 64, the next point above, and still met
     assert check["metadata"]["violations"] == [
         f"{s}: target concurrency 32 not in the sweep; judged at 16"

@@ -1,4 +1,4 @@
-"""Issue 26's recordings from two H200s, re-judged on the CPU with the project's own rules
+"""The recordings from two H200s of one host, re-judged on the CPU with the project's own rules
 (tests/gpu_recordings_x2.py): the SLO verdict of each twin's sweep by `serving_stats.headline`,
 TP 1 against TP 2, the noisy-neighbour rule, the interconnect at configs/acceptance.yaml's
 thresholds, and the plan the run was expected to start (tests/data/gpu/h200x2/expected/).
@@ -32,20 +32,20 @@ from tests.gpu_recordings_x2 import (
 )
 
 ACCEPTANCE = PROJECT_ROOT / "tests" / "data" / "acceptance"
-RUN2 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02" / "twins.json"
+GREEDY_TWINS = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02" / "twins.json"
 
 
 def recorded_or_skip(phase: str) -> dict:
     rec = recording(phase)
     if rec is None:
         pytest.skip(f"tests/data/gpu/h200x2/{phase}.json not recorded yet: it comes from "
-                    f"`{DEVICE_STEPS[phase]}` on nvidia-h200-x2 (docs/gpu.md, issue 26)")
+                    f"`{DEVICE_STEPS[phase]}` on nvidia-h200-x2 (docs/gpu.md)")
     return rec
 
 
 def one_gpu_bf16_step() -> dict:
     """The 8B bf16 twin's real one-GPU sweep (run 2): met at its target 32 there."""
-    return json.loads(RUN2.read_text())["steps"]["llama-3-1-8b-instruct-twin:bf16"]
+    return json.loads(GREEDY_TWINS.read_text())["steps"]["llama-3-1-8b-instruct-twin:bf16"]
 
 
 # ---- the recordings, when present ----

@@ -151,7 +151,7 @@ def test_the_benchmarked_engine_command_is_the_rendered_container_args(
     assert model["storageUri"] == published["uri_bf16"]
     assert model["storageUri"].startswith("s3://model-serving/tiny-model/bf16/")
     # h200 has a node cache (deploy.yaml local_model_cache): the pod mounts the published
-    # variant from it, so the startup window counts no pull (issue 23)
+    # variant from it, so the startup window counts no pull
     assert "cached on the node by LocalModelCache: no pull" in notes[
         "model-onboarding.io/startup-probe"]
     assert isvc["metadata"]["annotations"]["serving.kserve.io/nodegroup"] == "h200-nvme-cache"

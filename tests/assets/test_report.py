@@ -129,7 +129,7 @@ def test_a_not_ready_model_shows_each_reason(instance, configs, outputs):
 
 @dataclass(frozen=True)
 class StandInAcceptance:
-    """Stand-in of issue 15's NodeAcceptance: the fields the fleet page reads."""
+    """Stand-in of node acceptance's NodeAcceptance: the fields the fleet page reads."""
 
     node: str
     node_type: str

@@ -34,8 +34,8 @@ from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 from tests.dagster_support import metadata
-from tests.gpu_recordings import folder
 from tests.fakes.openai_stream_server import install_as_vllm
+from tests.gpu_recordings import folder
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 KEY = "tiny-model"
@@ -359,7 +359,7 @@ def _starts(path: Path) -> list[dict]:
 
 def test_the_quick_pass_makes_one_start_the_cold_start_check_judges_and_benchmarks_on_it(
         config_dir, model_dir, fake_engine, tmp_path, monkeypatch):
-    """The shipped quick sweep (configs/automation.yaml, issue 28): load_timing starts the
+    """The shipped quick sweep (configs/automation.yaml): load_timing starts the
     engine once, fully cold, the kind its check judges; the benchmark then runs on that start
     (no second one) and says which it was; the skipped kinds read as not measured."""
     from resources.config_files import ConfigFiles
@@ -462,7 +462,7 @@ def test_each_scenario_is_warmed_once_before_its_first_point_with_its_warmups_to
     shapes; a point that follows a measured point of the same scenario on the same engine is
     past them already. So the sweep warms each scenario once, before its first point, with its
     warm-up requests in flight together (up to the sweep's widest concurrency), not again
-    before every point at that point's concurrency (issue 28: a third of the quick pass's
+    before every point at that point's concurrency (a third of the quick pass's
     benchmark on the CPU; the GPU profile sent eight 2048-token codegen warm-ups one after
     another before its concurrency-1 point)."""
     points = _recorded_sweep(config_dir, model_dir, fake_engine, tmp_path, [1, 4])
@@ -477,7 +477,7 @@ def test_no_point_of_the_sweep_resends_a_prompt_an_earlier_point_sent(config_dir
                                                                         fake_engine, tmp_path):
     """Every load point measures prompts the engine has not seen: a prompt sent again is served
     from the engine's prefix cache (on by default in vLLM), which skips its prefill and flatters
-    that point's TTFT and throughput. Until issue 28 every point of a scenario took the first N
+    that point's TTFT and throughput. Every point of a scenario once took the first N
     prompts of one list, so each point after the first re-sent the earlier points' prompts; the
     scenario's `prefix_tokens` are the only tokens its prompts are meant to share."""
     points = _recorded_sweep(config_dir, model_dir, fake_engine, tmp_path, [1, 2, 4])

@@ -62,7 +62,7 @@ def _every_vllm_manifest():
     planned at, so every switch whose conditions can hold is rendered at least once."""
     nodes, deploy = load_nodes(CONFIGS / "nodes.yaml"), load_deploy(CONFIGS / "deploy.yaml")
     stack = load_stack(CONFIGS / "stack.yaml")
-    # kernel-choice switches render only when pinned (issue 23); pin them all here, so every
+    # kernel-choice switches render only when pinned; pin them all here, so every
     # flag stack.yaml can render is checked against the engine
     stack = dataclasses.replace(stack, switches=tuple(
         s.model_copy(update={"pinned": "checked"}) if s.kernel_choice else s

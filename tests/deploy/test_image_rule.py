@@ -1,4 +1,4 @@
-"""The serving image of each GPU architecture follows the registry's tag rule (issue 23, 1).
+"""The serving image of each GPU architecture follows the registry's tag rule.
 
 Sources, cited because the rule cannot be checked against a registry from CI:
 - vLLM: since v0.20 the CUDA 13 build is the unsuffixed tag (`vllm/vllm-openai:v0.32.0`) and

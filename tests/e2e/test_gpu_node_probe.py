@@ -1,5 +1,5 @@
-"""scripts/gpu_node_probe.py end to end on this machine (no GPU): the script the lead runs on
-the lent H200 runs the real node assets, keeps the raw outputs and says why nothing qualified.
+"""scripts/gpu_node_probe.py end to end on this machine (no GPU): the script run on
+an H200 runs the real node assets, keeps the raw outputs and says why nothing qualified.
 The GPU run itself is recorded in docs/acceptance.md."""
 
 import json

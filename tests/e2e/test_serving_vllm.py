@@ -356,7 +356,7 @@ def stutter_plan(steady_itl_ms: float, tokens_per_stop: float = 3.0,
     The fault must cause what it is for on any machine: the API server stopped long enough for
     about three tokens to pile up per request, whatever one token takes here (54 ms on a quiet
     2-core machine, 122 ms on a slower one, where a fixed 0.15 s stop spanned about one token
-    and hardly merged anything: issue 31). Never shorter than the 0.15 s it was tuned with;
+    and hardly merged anything). Never shorter than the 0.15 s it was tuned with;
     stopped `stopped_share` of the time."""
     stop_s = max(0.15, tokens_per_stop * steady_itl_ms / 1e3)
     return stop_s, stop_s / stopped_share

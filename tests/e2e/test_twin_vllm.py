@@ -137,7 +137,7 @@ def _api_cpu_s_per_1k_tokens(running, client, seed: int) -> float:
 
 @pytest.mark.alone  # a neighbour's load moved the ratio past 1.2 (1.22 measured beside one)
 def test_the_client_costs_the_api_server_no_more_per_token_than_vllm_bench_serve(tmp_path):
-    """Issue 24, on the CPU engine: the load generator must not load the engine it measures.
+    """On the CPU engine: the load generator must not load the engine it measures.
 
     The issue's twin, Llama-3.1-8B-Instruct's config (vocab 128,256) with the twins' shared
     tokenizer (SmolLM2's, 49,152 ids), on random weights, cut to 2 layers of width 64 so the

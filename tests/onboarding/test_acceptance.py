@@ -142,7 +142,7 @@ def test_a_failing_nvidia_smi_is_a_failed_check(configs):
 
 
 def test_an_unreadable_value_is_named_in_the_checks(configs):
-    """Issue 30, item 5: GPU0's power limit is printed as words; the power check judges GPU1
+    """GPU0's power limit is printed as words; the power check judges GPU1
     alone, so the checks' table must say which field of which GPU could not be read."""
     xml = (HEALTHY / acc.RAW_SMI_XML).read_text().replace(
         "<current_power_limit>700.00 W</current_power_limit>",

@@ -243,7 +243,7 @@ def test_docs_h200_table_is_the_probes_checks_file():
 
 
 def test_docs_acceptance_quotes_the_steady_part_power_of_the_recorded_burn():
-    """Issue 23: docs/acceptance.md said 676 W "over the steady part"; that is the whole
+    """docs/acceptance.md said 676 W "over the steady part"; that is the whole
     window's mean. The steady part (after warmup_s) is what burn_power judges."""
     import re
 

@@ -1,12 +1,12 @@
-"""Issue 29: the serving plan chooses each node type's engine by measured goodput at the SLO
+"""The serving plan chooses each node type's engine by measured goodput at the SLO
 where two engines were measured at their configurations there, and the stack's engine
 elsewhere, saying which and why.
 
 The vLLM side is the committed H200 recordings (tests/data/gpu/h200*/twins.json, vLLM 0.22.0),
 read through the plan of the configs that run used, which reproduces their configuration
 hashes. The SGLang measurements below are CRAFTED for these tests (their `source` says so) and
-are no claim about SGLang's speed; the measured pair (the fourth H200 run, vLLM and SGLang on
-one lease) is replayed by tests/assets/test_h200_engine_choice_replay.py.
+are no claim about SGLang's speed; the measured pair (vLLM and SGLang on one
+H200) is replayed by tests/assets/test_h200_engine_choice_replay.py.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def test_goodput_is_judged_at_the_target_or_the_next_point_above_slowest_scenari
 def test_the_committed_measurements_file_is_the_recordings_computed_again():
     """configs/engine_measurements.json is bench/engine_measurements.py's output over the
     committed recordings made with today's load generator (the fourth and fifth H200 runs; the
-    first two sampled greedily, issue 24), not numbers typed in."""
+    first two sampled greedily), not numbers typed in."""
     cf = ConfigFiles()
     committed = (PROJECT_ROOT / "configs" / "engine_measurements.json").read_text()
     done = subprocess.run(

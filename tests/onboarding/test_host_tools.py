@@ -1,4 +1,4 @@
-"""The host tools' recordings and parsers: the real recording of a lent H100's tools
+"""The host tools' recordings and parsers: the real recording of an H100 VM's tools
 (tests/data/acceptance/h100-node-tools/) and crafted faults (labelled), and the checks they
 feed: a tool that is absent or cannot run is "not checked" and blocks, never a pass."""
 
@@ -13,7 +13,7 @@ from onboarding.nodes.facts import parse_topo_matrix
 from resources.config_files import ConfigFiles
 
 DATA = Path(__file__).parents[1] / "data" / "acceptance"
-H100 = DATA / "h100-node-tools"  # recorded on a lent H100 (a Firecracker microVM)
+H100 = DATA / "h100-node-tools"  # recorded on an H100 in a Firecracker microVM
 HEALTHY, FAULTY = DATA / "crafted-h200x2-healthy", DATA / "crafted-h200x2-faulty"  # crafted
 TOOL_CHECKS = ("kernel_log", "ipmi_sel", "ipmi_sensors", "pcie_lnksta", "cpu_memory_stress",
                "stress_edac", "nvlink_errors", "nvlink_status", "container_toolkit", "nouveau",

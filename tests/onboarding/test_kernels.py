@@ -1,6 +1,6 @@
 """Kernel facts read from real engine logs, and the gate that judges them.
 
-The logs are the engine's own, recorded: vLLM 0.22.0 on the lent H200 (tests/data/gpu: the 8B
+The logs are the engine's own, recorded: vLLM 0.22.0 on an H200 (tests/data/gpu: the 8B
 twin's starts in bf16, FP8 and NVFP4, SmolLM2 in bf16, and an NVFP4 start that failed) and one
 start of the vLLM CPU build (tests/data/cpu-engine). The patterns are configs/stack.yaml's and
 the rules configs/nodes.yaml's, the ones load_timing applies. Which precision a start served is

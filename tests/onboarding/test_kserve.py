@@ -90,7 +90,7 @@ def test_golden_manifests(model_id: str, node_type: str):
 
 def test_golden_manifest_from_the_node_cache():
     """A published variant on a node type with a cache: LocalModelNodeGroup, LocalModelCache and
-    the InferenceService whose storageUri KServe's defaulter matches (issue 23, 2)."""
+    the InferenceService whose storageUri KServe's defaulter matches."""
     _, _, config = configured("qwen3-235b-a22b-instruct", "b300")
     pub = dataclasses.replace(_published("qwen3-235b-a22b-instruct", config.precision),
                               total_bytes=134 * 10**9)  # Qwen3-235B NVFP4's order of size
@@ -106,7 +106,7 @@ def test_gpu_resources_selector_toleration_and_shm_follow_the_plan():
         pred = doc["spec"]["predictor"]
         res = pred["model"]["resources"]
         # requests = limits for cpu, memory and GPUs (Guaranteed); ephemeral-storage is a
-        # request only (the storage initializer's download, issue 23)
+        # request only (the storage initializer's download)
         assert {k: v for k, v in res["requests"].items() if k != "ephemeral-storage"} == \
             res["limits"]
         assert res["limits"]["nvidia.com/gpu"] == str(tp)
@@ -129,7 +129,7 @@ def _model(r):
 
 
 def test_no_kernel_choice_flag_unless_benchmarked_or_pinned():
-    """Issue 23, 5: vLLM's `auto` MoE backend tries FlashInfer TRT-LLM-gen before CUTLASS and
+    """vLLM's `auto` MoE backend tries FlashInfer TRT-LLM-gen before CUTLASS and
     falls back; a named backend raises on a shape it does not support (vllm
     model_executor/layers/fused_moe/oracle/). The shipped stack pins none, so none renders."""
     assert STACK.engine_version == "0.32.0"
@@ -434,7 +434,7 @@ def test_route_table_groups_node_types_under_one_model_name():
 
 
 def test_a_start_p95_from_fewer_than_three_starts_is_labelled_and_the_probe_uses_the_max():
-    """Issue 23, 7: a p95 of one start is that start; below 3 starts the probe is sized from the
+    """A p95 of one start is that start; below 3 starts the probe is sized from the
     maximum x margin, and the annotation says n."""
     from onboarding.serving.stats import StartSample, summarize_load_timing
 
@@ -471,7 +471,7 @@ def _benched(model_id: str, node_type: str, e2e_p99_s: float, ttft_p99_s: float,
 
 
 def test_route_timeouts_come_from_the_measured_e2e_and_ttft_not_a_constant():
-    """Issue 23, 8: LiteLLM's `timeout` limits the whole response (LiteLLM proxy docs,
+    """LiteLLM's `timeout` limits the whole response (LiteLLM proxy docs,
     timeouts); a 2,048-token codegen answer at 30 ms/token needs 61 s, so the route's timeout
     is the measured E2E p99 at the target concurrency x margin, `stream_timeout` the TTFT's."""
     r = _benched("llama-3-1-70b-instruct", "h200", e2e_p99_s=61.4, ttft_p99_s=2.2)
@@ -503,7 +503,7 @@ def test_routes_only_to_what_is_published_and_measured():
     assert routed == [ok, unmeasured]
 
 
-# ---- issue 23, 2: weights from the node cache (KServe LocalModelCache) ---------------------
+# ---- Weights from the node cache (KServe LocalModelCache) ---------------------
 
 def _storage_key(uri: str) -> str:
     """kserve pkg/apis/serving/v1alpha1/local_model_cache_types.go GetStorageKey."""
@@ -565,7 +565,7 @@ def test_without_a_node_cache_the_pod_requests_ephemeral_storage_for_the_weights
     del dc, p
 
 
-# ---- issue 23: a second deployment target, KServe's LLMInferenceService (llm-d) --------------
+# ---- A second deployment target, KServe's LLMInferenceService (llm-d) --------------
 
 def test_llm_inference_service_is_rendered_from_the_same_configuration():
     """Where deploy.yaml asks for it, the LLMInferenceService replaces the InferenceService (one

@@ -328,7 +328,7 @@ def test_entries_carry_the_models_own_slo():
 
 
 def test_layouts_yaml_credits_its_bandwidth_figures_to_where_they_are():
-    """Issue 23: configs/layouts.yaml credited the twins' step times to docs/gpu.md, which does
+    """configs/layouts.yaml credited the twins' step times to docs/gpu.md, which does
     not hold them; they are configs/predict/h200_points.json's mean TPOT."""
     import re
 

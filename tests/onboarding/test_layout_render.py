@@ -281,7 +281,7 @@ def test_noisy_neighbour_script_plans_one_engine_per_gpu_dry_run(tmp_path):
     assert "export CUDA_VISIBLE_DEVICES=1" in script and "--port=8002" in script
 
 
-# ---- issue 23, 4: layouts Kubernetes can grant ------------------------------------------------
+# ---- Layouts Kubernetes can grant ------------------------------------------------
 
 def _gpu_requests(r) -> dict[str, dict[str, int]]:
     out = {}

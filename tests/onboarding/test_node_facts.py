@@ -226,7 +226,7 @@ def test_sysfs_link_speed_to_generation(speed, gen):
 
 
 def test_a_value_that_is_not_a_number_is_named_not_dropped_silently():
-    """Issue 30, item 5: inside otherwise valid XML, a field whose value is neither a number
+    """Inside otherwise valid XML, a field whose value is neither a number
     nor one of nvidia-smi's words for unavailable is taken as missing, and said to be."""
     xml = (DATA / "crafted-h200x2-healthy" / "nvidia-smi-q.xml").read_text()
     xml = xml.replace("<current_power_limit>700.00 W</current_power_limit>",

@@ -476,7 +476,8 @@ def test_the_add_points_script_writes_a_file_the_loader_reads(tmp_path, config_d
     assert load_points(CONFIGS / "predict" / "h200_points.json").points[-1].model != "m-twin"
 
 
-RUN4_TWINS = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run4" / "vllm-twins.json"
+ENGINE_CHOICE_TWINS = (PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run4"
+                       / "vllm-twins.json")
 
 
 def add_points_script(tmp_path: Path, config_dir: Path, *source: str, precision="fp8",
@@ -499,9 +500,9 @@ def test_a_twins_recording_becomes_the_points_of_its_rows_at_one_precision(tmp_p
     through points_from_sweep_rows as a CSV's do (the same points, number for number); the c64
     row is above the engine's --max-num-seqs 32 and left out; the same configuration from the
     same engine replaces the earlier point."""
-    step = json.loads(RUN4_TWINS.read_text())["steps"]["llama-3-1-8b-instruct-twin:fp8"]
+    step = json.loads(ENGINE_CHOICE_TWINS.read_text())["steps"]["llama-3-1-8b-instruct-twin:fp8"]
     before = load_points(config_dir / "predict" / "h200_points.json")
-    proc = add_points_script(tmp_path, config_dir, "--twins-json", str(RUN4_TWINS),
+    proc = add_points_script(tmp_path, config_dir, "--twins-json", str(ENGINE_CHOICE_TWINS),
                              extra=["--max-num-seqs", "32"])
     assert proc.returncode == 0, proc.stderr
     assert "3 of 4 sweep rows added" in proc.stdout
@@ -542,12 +543,12 @@ def test_a_twins_recording_becomes_the_points_of_its_rows_at_one_precision(tmp_p
 
 def test_a_twins_recording_without_that_precision_or_malformed_is_refused(tmp_path, config_dir):
     shipped = (config_dir / "predict" / "h200_points.json").read_text()
-    proc = add_points_script(tmp_path, config_dir, "--twins-json", str(RUN4_TWINS),
+    proc = add_points_script(tmp_path, config_dir, "--twins-json", str(ENGINE_CHOICE_TWINS),
                              precision="bf16")
     assert proc.returncode == 2
     assert "has no sweep rows at precision bf16" in proc.stderr
     assert "llama-3-1-8b-instruct-twin:fp8: 4 rows" in proc.stderr  # what it does hold
-    proc = add_points_script(tmp_path, config_dir, "--twins-json", str(RUN4_TWINS),
+    proc = add_points_script(tmp_path, config_dir, "--twins-json", str(ENGINE_CHOICE_TWINS),
                              extra=["--max-num-seqs", "64"])
     assert proc.returncode == 2 and "--max-num-seqs 64 but it ran 32" in proc.stderr
     broken = tmp_path / "broken.json"
@@ -557,7 +558,7 @@ def test_a_twins_recording_without_that_precision_or_malformed_is_refused(tmp_pa
         broken.write_text(text)
         proc = add_points_script(tmp_path, config_dir, "--twins-json", str(broken))
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
-    proc = add_points_script(tmp_path, config_dir, "--twins-json", str(RUN4_TWINS),
+    proc = add_points_script(tmp_path, config_dir, "--twins-json", str(ENGINE_CHOICE_TWINS),
                              "--csv", str(broken))
     assert proc.returncode == 2 and "not allowed with" in proc.stderr
     assert (config_dir / "predict" / "h200_points.json").read_text() == shipped
@@ -590,7 +591,7 @@ def test_a_pooling_model_is_not_covered_and_never_asked_and_its_sla_choice_is_me
 
 
 def test_docs_predictions_b300_table_quotes_the_current_calibration():
-    """Issue 23: the page said the B300 table was not regenerated with the calibration; its
+    """The page said the B300 table was not regenerated with the calibration; its
     Basis lines quote the current TTFT p95 factor, which this holds."""
     import re
 

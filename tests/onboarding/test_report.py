@@ -258,7 +258,7 @@ def test_the_sweep_csv_reads_back_as_numbers(tmp_path):
 
 
 def test_a_cold_start_p95_of_fewer_than_three_starts_says_its_n(ready):
-    """Issue 23, 7: one start's p95 is that start; the report says n where n < 3."""
+    """One start's p95 is that start; the report says n where n < 3."""
     facts = facts_of(ready)
     h200 = ready.splan.config("h200")
     few = dataclasses.replace(facts, load_timing=dataclasses.replace(

@@ -143,7 +143,7 @@ def test_load_timing_summary_prefers_the_engines_own_load_time():
     assert r.weights_load_gbps == pytest.approx(1.0)  # 3 GB / median(2, 4, 3) s
 
 
-# ---- issue 23, 6: the SLO is judged at the target concurrency or above, never below ----
+# ---- The SLO is judged at the target concurrency or above, never below ----
 
 def _point(ttft_p95_s: float, itl_mean_ms: float = 10.0):
     from onboarding.serving.stats import Dist, PointStats
@@ -195,7 +195,7 @@ def test_a_blocking_profile_sweeps_the_target_concurrency():
 
 def test_a_points_prefix_cache_hit_fraction_is_its_counters_growth():
     """The sweep row's `prefix_cache_hit_fraction`: hits over queries, both as the engine's
-    counters grew during the point, so a point served from the cache shows it (issue 28)."""
+    counters grew during the point, so a point served from the cache shows it."""
     from onboarding.serving.stats import counter_ratio_delta
 
     before = {"vllm:prefix_cache_queries_total": 1000.0, "vllm:prefix_cache_hits_total": 900.0}

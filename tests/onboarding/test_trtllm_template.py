@@ -1,4 +1,4 @@
-"""TensorRT-LLM as data (issue 27): the `trtllm` template of configs/stack.yaml renders, validates
+"""TensorRT-LLM as data: the `trtllm` template of configs/stack.yaml renders, validates
 against the KServe CRDs, uses only flags its CLI documents, and says everywhere that it was
 never measured here. No code names it: a stack whose `images.engine` is `trtllm` goes through
 the same plan, renderer and launcher as vLLM.

@@ -97,7 +97,7 @@ def test_a_catalogued_or_registered_id_is_refused(defs, instance, config_dir):
 
 
 def test_the_shipped_quick_sweep_judges_the_cpu_slo_on_two_rounds_per_stream():
-    """The demo's quick sweep (issue 28) shrinks the points it does not judge, never the one it
+    """The demo's quick sweep shrinks the points it does not judge, never the one it
     does: on the cpu profile the SLO's target concurrency is swept with two rounds per stream
     (the profile's min_rounds_per_point), and no point has fewer than that."""
     from resources.config_files import ConfigFiles

@@ -175,7 +175,7 @@ def test_stack_edit_marks_dependents_stale_and_revalidates_exactly_the_ready_mod
 
 def test_an_onboarded_model_is_revalidated_whatever_its_readiness_verdict(
         instance, defs, config_dir):
-    """Issue 30, item 5: the schedule takes every model with each `revalidation.ready_assets`
+    """The schedule takes every model with each `revalidation.ready_assets`
     materialized, whatever its `readiness` verdict (a stack change can turn "not ready"
     either way); what the UI shows of the schedule says the same, not "ready models"."""
     _observe(instance, defs)
@@ -325,7 +325,7 @@ def test_the_real_stages_that_read_the_spec_depend_on_model_spec():
 
 def test_editing_one_catalog_entry_marks_that_model_stale_and_revalidates_it_alone(
         instance, defs, configs):
-    """Issue 27: the spec is a versioned per-partition input. Editing ready-a's eval tasks,
+    """The spec is a versioned per-partition input. Editing ready-a's eval tasks,
     SLO overrides and engine args makes the next catalog tick record a new model_spec version
     for ready-a only; Dagster's stale-status resolver then reports ready-a's spec-dependent
     stages STALE and ready-b's FRESH, and the schedule asks re-validation of ready-a alone,

@@ -97,7 +97,7 @@ def test_exit_during_start_carries_the_log_tail(fake_bin, tmp_path, variant, mon
 @pytest.mark.parametrize("case", ["absent", "no config.json", "a file"])
 def test_a_model_path_that_cannot_be_served_is_refused_before_the_engine_starts(
         case, fake_bin, tmp_path, monkeypatch):
-    """Issue 30, item 4: vLLM found a missing model path only 16 s into its start, with the
+    """vLLM found a missing model path only 16 s into its start, with the
     cause buried in its log tail; the launcher says it at once, without starting anything."""
     path = tmp_path / "models" / "tiny"
     if case == "no config.json":

@@ -207,7 +207,7 @@ def test_a_broken_metrics_endpoint_never_costs_the_point(metrics_fault, said):
 
 @pytest.mark.waits
 def test_a_stalled_metrics_endpoint_costs_a_point_one_scrape_timeout_not_one_per_scrape():
-    """Issue 30, item 2: the scrape before the point times out; nothing more is asked of that
+    """The scrape before the point times out; nothing more is asked of that
     /metrics in the point (neither during it nor after it), so the point ends within its
     bound plus that one timeout."""
     import time

@@ -43,7 +43,7 @@ def test_goldens_exist_and_validate(validator: ManifestValidator):
             ("LLMInferenceService" in kinds and "InferenceService" not in kinds), path.name
         assert results == {k: [] for k in results}, path.name
     every = {k.split("/")[0] for p in GOLDEN for k in validator.validate_file(p)}
-    # issue 23: the goldens hold every kind rendered
+    # The goldens hold every kind rendered
     assert {"LocalModelCache", "LocalModelNodeGroup", "LLMInferenceService"} <= every
 
 

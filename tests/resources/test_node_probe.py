@@ -216,7 +216,7 @@ def test_burn_without_telemetry_says_why(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU (CI is "
-                    "CPU-only); scripts/gpu_node_probe.py runs this on the lent H200")
+                    "CPU-only); scripts/gpu_node_probe.py runs this on an H200")
 def test_live_burn_copy_on_the_gpu(tmp_path):
     probe = NodeProbe(telemetry=GpuTelemetry(interval_s=0.5))
     run = probe.burn([0], PROBE.model_copy(update={"matmul_size": 4096}), 5.0, 1e-3, tmp_path,

@@ -171,7 +171,7 @@ def small_disk(tmp_path) -> Path:
 
 def test_a_full_disk_is_a_disk_error_at_once_and_the_resume_counts_what_is_on_disk(
         small_disk, s3_store, s3_proxy, tmp_path, unique_prefix):
-    """Issue 10, item 3, on an 8 MiB filesystem: another writer fills the disk while the fetch
+    """On an 8 MiB filesystem: another writer fills the disk while the fetch
     runs; ENOSPC must fail the fetch as a disk problem without retrying a single range. After
     the space is freed, the re-run must count the chunks already in the `.part` file."""
     from tests.conftest import ACCESS_KEY, SECRET_KEY

@@ -120,7 +120,7 @@ def test_a_missing_bucket_names_the_cause(store, variant):
 
 def test_an_upload_that_keeps_failing_is_a_publish_error_with_its_advice(s3_proxy, store,
                                                                          variant):
-    """Issue 30, item 1: boto3 wraps a failed upload in S3UploadFailedError, which is neither a
+    """boto3 wraps a failed upload in S3UploadFailedError, which is neither a
     ClientError nor a BotoCoreError; it must still reach the user as a PublishError."""
     uri = base()
     manifest = json.loads((variant / MANIFEST_NAME).read_text())

@@ -280,7 +280,7 @@ def test_a_twin_with_a_partial_preset_is_refused_naming_the_config(tmp_path, twi
 
 def test_the_cpu_nvfp4_backend_reproduces_model_optimizers_nvfp4_round_trip_bit_for_bit():
     """The CPU backend rounds to the E2M1 grid directly instead of packing and unpacking codes
-    through `NVFP4QTensor` (issue 28: 3-4x faster); its output must be Model Optimizer's, bit
+    through `NVFP4QTensor` (3-4x faster); its output must be Model Optimizer's, bit
     for bit: random activations at many scales, in bf16 and fp32, with the calibrated amax,
     below it (values past 6 saturate) and none (dynamic); whole blocks of zeros and negative
     values that round to zero (+0 in the code table); inputs built to land exactly on every

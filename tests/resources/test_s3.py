@@ -143,7 +143,7 @@ def _safetensors(path: Path, n_bytes: int) -> bytes:
 @pytest.mark.waits
 def test_a_failed_run_never_journals_chunks_it_did_not_receive(
         s3_server, s3_store, s3_proxy, tmp_path, unique_prefix):
-    """Issue 10, item 1. One shard answers 503 to every GET; the other shard's ranges are
+    """One shard answers 503 to every GET; the other shard's ranges are
     between retries when the run gives up. The re-run, against a healthy endpoint and with no
     sha256 recorded at the source (a multipart upload by an ordinary tool), must commit every
     byte as uploaded: a chunk is journaled only once all its bytes are on disk."""
@@ -273,7 +273,7 @@ def test_the_listing_deadline_bounds_every_attempt_together():
 
 @pytest.mark.waits
 def test_no_attempt_starts_that_a_timeout_like_the_last_would_carry_past_the_deadline():
-    """Issue 30, item 3: attempts that time out after 2 s, a deadline of 5.5 s. Two fit; a
+    """Attempts that time out after 2 s, a deadline of 5.5 s. Two fit; a
     third would start at about 4.1 s and, timing out like the others, end past the deadline,
     so it is not made (before: it was, and the listing failed at about 6 s)."""
     with Blackhole() as hole:
@@ -289,7 +289,7 @@ def test_no_attempt_starts_that_a_timeout_like_the_last_would_carry_past_the_dea
 
 @pytest.mark.waits
 def test_a_hung_endpoint_fails_within_30_s_at_the_defaults():
-    """Issue 30, item 3: at the defaults a hung endpoint failed a listing after 54 s (five
+    """At the defaults a hung endpoint failed a listing after 54 s (five
     attempts x a 10 s read timeout), over a minute through the CLI. The bound is the one the
     issue set, 30 s; the defaults' own deadline is below it."""
     with Blackhole() as hole:
@@ -409,7 +409,7 @@ def test_files_verified_by_size_alone_can_be_refused(s3_server, s3_store, s3_pro
 
 def test_the_stores_clients_share_one_parsed_s3_model():
     """Each client used to come from its own boto3 session, whose loader parsed botocore's S3
-    model again: 0.1 s of CPU per client, inside every fetch (issue 28). One session per store
+    model again: 0.1 s of CPU per client, inside every fetch. One session per store
     parses it once, and every client reads the same description."""
     store = S3ObjectStore(endpoint_url=f"http://127.0.0.1:{free_port()}", access_key_id="a",
                           secret_access_key="b")
@@ -422,7 +422,7 @@ def test_the_stores_clients_share_one_parsed_s3_model():
 def test_building_the_stores_clients_runs_no_garbage_collection(enabled_before):
     """botocore allocates some 38 000 objects per client (the S3 model and its shapes), all
     long-lived: in a process holding Dagster's heap they set off a full collection over it,
-    0.14-0.2 s of CPU inside every 1 GB fetch (issue 28, measured). The session and the clients
+    0.14-0.2 s of CPU inside every 1 GB fetch (measured). The session and the clients
     are built with the collector paused, and it is left as it was found."""
     store = S3ObjectStore(endpoint_url=f"http://127.0.0.1:{free_port()}", access_key_id="a",
                           secret_access_key="b")

@@ -1,5 +1,5 @@
 """Resuming a fetch that was killed: whatever a run left in staging, the next run ends with the
-source's bytes, and a failed verification never repeats itself on the next run (issue 30)."""
+source's bytes, and a failed verification never repeats itself on the next run."""
 
 from __future__ import annotations
 
@@ -253,7 +253,7 @@ KILL_POINTS = [("mid", BIG)] + [
 
 def test_a_fetch_killed_at_any_point_ends_byte_exact_on_the_next_run(
         s3_server, s3_store, five_files, unique_prefix, tmp_path):
-    """Issue 30: the fetch is SIGKILLed before, during and after each file's last journal
+    """The fetch is SIGKILLed before, during and after each file's last journal
     write and rename, and after the manifest and the entry's rename; every re-run must end
     with the source's bytes, with nothing quarantined and nothing left in staging."""
     s3_store.upload_dir(five_files, "models", unique_prefix)

@@ -31,7 +31,7 @@ def test_pinned_configs_from_the_recorded_versions_are_the_configs_the_h200_run_
     assert {k: stack["versions"][k] for k in pinned} == {k: ran["versions"][k] for k in pinned}
     # The run's stack.yaml named images by hand; ours derives them from the tag rule. The H200
     # image is the one it ran; its Blackwell tags carried the -cu130 suffix vLLM stopped
-    # publishing at 0.20 (issue 23), which the rule no longer produces.
+    # publishing at 0.20, which the rule no longer produces.
     images = load_stack(cfg / "stack.yaml").images
     assert images["sm90"] == ran["images"]["vllm"]["sm90"]
     assert {images[a] + "-cu130" for a in ("sm100", "sm103")} == {
@@ -127,8 +127,8 @@ def test_every_table_of_docs_gpu_is_generated_or_labelled_typed_by_hand():
 
 
 def test_the_frontend_variants_each_differ_from_ours_by_the_ingredient_they_name():
-    """Issue 25 item 4's clients (bench/gpu_serving.py frontend, H200 only): each body is the
-    project's own with one ingredient changed, so a req/s difference on the device points at
+    """The frontend experiment's clients (bench/gpu_serving.py frontend, H200 only): each body
+    is the project's own with one ingredient changed, so a req/s difference on the device points at
     that ingredient; and `--frontend-clients` reads names that hold commas."""
     import json
 
@@ -268,7 +268,7 @@ def test_the_twins_sweep_sends_each_point_prompts_no_earlier_point_sent(tmp_path
     """bench/gpu_serving.py twins (H200 only) sweeps through the serving benchmark's own
     `run_sweep` with PointRecorder in place of the load generator, as the device runs it, here
     against the fake streaming server: one line per point, and no prompt digest in two points
-    (issue 28: before c5b0991 every point took the first N prompts of one list, so the points at
+    (before c5b0991 every point took the first N prompts of one list, so the points at
     2 and 4 re-sent the first point's, which vLLM's prefix cache then served without prefill);
     the warm-up prompts are none of them. Each line's records summarize to its sweep row."""
     from types import SimpleNamespace

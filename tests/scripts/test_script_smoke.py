@@ -1,8 +1,8 @@
 """Every script under bench/ and scripts/ runs to its end here, or a named test runs it.
 
 A script nothing runs breaks quietly: bench/fetch.py measured its cold fetch and then died in its
-warm-path part when the assets started taking their configuration from the `configs` resource
-(issue 31), and bench/serving_sweep.py lost its upstream assets the same way. Each script gets
+warm-path part when the assets started taking their configuration from the `configs` resource,
+and bench/serving_sweep.py lost its upstream assets the same way. Each script gets
 the smallest arguments that reach its end (or its dry run), and the inventory below must name
 every file in those folders, so a new script cannot arrive without one. A script CI cannot run
 to its end (it needs a GPU) is run as far as a CPU goes, and the test says where it stops.
@@ -194,7 +194,7 @@ def test_shell_scripts_parse_and_gpu_device_refuses_an_unknown_step(tmp_path):
 @pytest.mark.parametrize("step", [["twins"], ["onboard", "T"], ["frontend"],
                                   ["sglang", "check"], ["sglang", "twins"]])
 def test_gpu_device_steps_refuse_to_run_before_the_payload_is_installed(tmp_path, step):
-    """The fifth H200 lease: its first call was refused, the batch went on, and the sweeps
+    """A device call that ran before the payload was installed went on, and the sweeps
     died inside Python on `No module named 'dagster'`. A step that needs the installed vLLM
     payload now stops first, exit 3, saying what to run."""
     done = subprocess.run(["bash", "bench/gpu_device.sh", *step], cwd=PROJECT_ROOT,
@@ -207,7 +207,7 @@ def test_gpu_device_steps_refuse_to_run_before_the_payload_is_installed(tmp_path
 
 
 def test_sglang_steps_parse_and_the_check_stops_where_a_cpu_has_no_build(tmp_path):
-    """Issue 29's SGLang steps run only on the H200 (bench/sglang_payload.sh downloads 431 MiB
+    """The SGLang steps run only on the H200 (bench/sglang_payload.sh downloads 431 MiB
     of wheels; docs/gpu.md has the run): the payload script parses, gpu_device.sh's sglang
     dispatcher refuses an unknown step, and sglang_check.py, run here without SGLang, names
     every version it reads and fails the import of the kernel library, exit 1."""
@@ -242,7 +242,7 @@ def test_write_block_prints_both_write_lengths_and_the_ratio(tmp_path):
 
 @pytest.mark.slow
 def test_fetch_bench_reaches_its_warm_path(tmp_path):
-    """The run that died in issue 31: the cold fetch against boto3 and awscli, then the warm
+    """The run that used to die: the cold fetch against boto3 and awscli, then the warm
     `checkpoint` materialization with its checks, on a 20 MB two-file checkpoint."""
     proc = run_script(["bench/fetch.py", "--gb", "0.02", "--files", "2", "--reps", "1"],
                       tmp_path)
@@ -405,7 +405,7 @@ def test_the_device_steps_name_the_carried_kserve_crds_for_the_manifest_step(tmp
 
 
 def test_gpu_x2_dry_runs_print_the_probe_thresholds_and_the_pairs_launchers(tmp_path):
-    """Issue 26's interconnect and neighbour steps (two H200s) as far as a CPU goes: the probe's
+    """The interconnect and neighbour steps (two H200s) as far as a CPU goes: the probe's
     argv at acceptance.yaml's sizes and the thresholds it is judged by; the pair planned by the
     layout code and rendered, one twin per GPU."""
     from resources.config_files import ConfigFiles

@@ -49,7 +49,7 @@ DEFAULT_FORBIDDEN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_s
 
 
 class ProbeSettings(StrictConfig):
-    """What the node assets run (the probe script shortens the burn on a lent machine)."""
+    """What the node assets run (the probe script shortens the burn on a test machine)."""
 
     burn_s: float = Field(gt=0)
     sample_interval_s: float = Field(default=1.0, gt=0)
