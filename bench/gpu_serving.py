@@ -737,7 +737,7 @@ def frontend_bodies(served: str, prompts: list[str], out_len: int,
     # The client samples; greedy is what it sent before (the run of
     # 2026-12-02 called these "ours without temperature (sampled)" and "ours"). "ours" is the
     # recordings' name for the continuous-usage body: vLLM's template has counted by token ids
-    # ("ours, token ids per chunk") since the sixth run, the others still count by usage.
+    # ("ours, token ids per chunk") since the ingredients experiment, the others by usage.
     greedy = completion_bodies(served, prompts, out_len, temperature=0.0)
     ours = completion_bodies(served, prompts, out_len)
     out = {"ours": ours,
@@ -875,8 +875,8 @@ WARMUP_SEED = 999_999  # no measured run's prompt seed (1000 x concurrency + run
 def frontend_warmup(running, served: str, tokenizer, concurrency: int, in_len: int,
                     out_len: int) -> dict:
     """One discarded round of the project's client after the engine start, at `concurrency`,
-    on prompts no measured run sends (so it primes no prefix cache for them): in the seventh
-    and eighth runs the first measured run after a start read the lowest req/s of its point."""
+    on prompts no measured run sends (so it primes no prefix cache for them): without it
+    the first measured run after a start read the lowest req/s of its point."""
     from onboarding.serving.prompts import synthetic_prompts
     from resources.loadgen import completion_bodies
 
@@ -1021,7 +1021,7 @@ def main() -> int:
     ap.add_argument("--frontend-runs", type=int, default=3, help="frontend: rounds of clients")
     ap.add_argument("--frontend-warmup", type=int, default=1, choices=[0, 1],
                     help="frontend: one discarded round of the client after the engine start "
-                    "(1, the default; 0: none, as up to the eighth run)")
+                    "(1, the default; 0: none)")
     ap.add_argument("--max-num-seqs", type=int, default=0, help="frontend: override the plan's")
     ap.add_argument("--api-servers", type=int, default=1, help="frontend: vLLM's "
                     "--api-server-count (1: the plan's single API server)")

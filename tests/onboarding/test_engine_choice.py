@@ -41,7 +41,7 @@ CRAFTED = "CRAFTED for tests/onboarding/test_engine_choice.py, not measured"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """The configs of the first H200 run, the 8B twin's plan there, and every engine's
+    """The configs of the stages' H200 recording, the 8B twin's plan there, and every engine's
     configuration of its h200 node type."""
     cf = ConfigFiles(config_dir=str(rec.configs_at_run(tmp_path_factory.mktemp("c") / "c")))
     spec, nodes, stack = cf.spec(TWIN), cf.nodes(), cf.stack()
@@ -138,8 +138,8 @@ def test_goodput_is_judged_at_the_target_or_the_next_point_above_slowest_scenari
 
 def test_the_committed_measurements_file_is_the_recordings_computed_again():
     """configs/engine_measurements.json is bench/engine_measurements.py's output over the
-    committed recordings made with today's load generator (the fourth and fifth H200 runs; the
-    first two sampled greedily), not numbers typed in."""
+    committed recordings made with today's load generator (the engine-choice and cold-start
+    recordings; the earlier ones sampled greedily), not numbers typed in."""
     cf = ConfigFiles()
     committed = (PROJECT_ROOT / "configs" / "engine_measurements.json").read_text()
     done = subprocess.run(

@@ -108,7 +108,7 @@ def test_an_unreachable_exporter_is_unavailable_with_the_reason():
 
 class DriverOrder:
     """NVML's calls as the XID watch makes them, in the driver's order rules: a handle used
-    after `nvmlShutdown` raises NVMLError_Uninitialized (as on the H200 in the eighth run, where
+    after `nvmlShutdown` raises NVMLError_Uninitialized (as on the H200 once, where
     the `nvml-xid` thread freed its event set after the sampler had shut NVML down). Stands in
     for the driver this machine lacks; the GPU runs exercise the real one."""
 

@@ -185,7 +185,7 @@ def test_a_frontend_round_against_a_fake_server_times_each_client_and_its_own_cp
 
 def test_the_fresh_prompts_peer_draws_new_prompts_per_run_and_the_old_one_repeats(
         tmp_path, monkeypatch):
-    """The seventh run's req/s gap: `vllm bench serve` at its default seed sends the same
+    """The req/s gap with four API servers: `vllm bench serve` at its default seed sends the same
     random prompts in every run, which the engine's prefix cache then holds, while the project's
     client draws fresh ones. The fresh-prompts peer passes a `--seed` per run and point (the
     project's own prompt seed); the old one passes none. The peer here is a script in place of

@@ -377,8 +377,8 @@ def _device_step(step: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_device_steps_name_the_carried_kserve_crds_for_the_manifest_step(tmp_path):
-    """The third H200 run's `onboard B` failed at kserve_manifest: ../shared/kserve does not
-    travel to the device. A carried `.kserve-crds/` is kept (CRD_DIR, /tmp there) and named in
+    """`onboard B` on the H200 failed at kserve_manifest when ../shared/kserve was not on the
+    device. A carried `.kserve-crds/` is kept (CRD_DIR, /tmp there) and named in
     KSERVE_CRD_PATHS for that call and the later ones; without it nothing is set."""
     import shutil
 
@@ -440,7 +440,7 @@ def test_gpu_x2_doc_sections_are_current(tmp_path):
 def test_gpu_x2_twins_dry_run_plans_the_configurations_the_h200_recorded(prepared, tmp_path):
     """x2-twins and x2-tp on a CPU: prepare (the module's one run, copied), the configs pinned
     to the H200's recorded versions, the twins' onboard CPU part for h200, then each step's dry
-    run. The planned hashes must be the ones run 3 recorded on the H200; TP 2 runs on GPUs 0
+    run. The planned hashes must be the ones the SLO-target recording holds; TP 2 runs on GPUs 0
     and 1."""
     out, work = tmp_path / "out", tmp_path / "work"
     shutil.copytree(prepared / "out", out, symlinks=True)
