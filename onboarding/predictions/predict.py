@@ -543,7 +543,11 @@ def correct(prediction: Prediction, calibration: Calibration | None) -> Correcte
         return CorrectedPrediction(prediction, None, "uncorrected", None, None,
                                    f"not covered by AIConfigurator {prediction.aic_version} "
                                    f"({prediction.data_set}): {'; '.join(prediction.notes)}")
-    cal = calibration or pending_calibration("h200")
+    if calibration is None:
+        return CorrectedPrediction(prediction, prediction.ttft_ms, "uncorrected",
+                                   prediction.tpot_ms, prediction.tokens_per_s_per_gpu,
+                                   f"{head}, uncorrected: no calibration given")
+    cal = calibration
     p95, p50 = cal.of("ttft_p95_ms"), cal.of("ttft_p50_ms")
     ttft_cal, ttft_stat = (p95, "p95") if p95.k else (p50, "p50") if p50.k else (p95,
                                                                                  "uncorrected")

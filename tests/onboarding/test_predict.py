@@ -154,6 +154,14 @@ def test_not_covered_is_reported_never_filled_in():
     assert slo_verdict(p, SLO) == (None, "not covered")
 
 
+def test_without_a_calibration_the_basis_claims_no_node_types_measurements():
+    """No calibration given: uncorrected, and the sentence names no node type's calibration
+    (which node type calibrates is configs/predict.yaml's `calibration.node_type`)."""
+    p = correct(crafted(request(), ttft_ms=100, tpot_ms=12.0), None)
+    assert p.ttft_ms == 100 and p.tpot_ms == 12.0
+    assert p.basis.endswith("uncorrected: no calibration given"), p.basis
+
+
 def test_slo_verdict_names_each_bound_missed():
     ok = correct(crafted(request(), ttft_ms=1400, tpot_ms=29), None)
     bad = correct(crafted(request(), ttft_ms=1600, tpot_ms=31), None)
