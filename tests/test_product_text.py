@@ -26,6 +26,9 @@ NAMED_BY_RUN = re.compile(
     r"^\s*(?:async\s+def|def|class)\s+(\w*?(?:run\d|_run_\d)\w*)"
     r"|^([A-Z0-9_]*RUN_?\d+[A-Z0-9_]*)\s*=", re.IGNORECASE)
 FILE_BY_RUN = re.compile(r"run\d|_run_\d", re.IGNORECASE)
+# a mention of such a name anywhere (test_h200_run4_replay.py, run3_sweep_section); the
+# recordings' folder names (tests/data/gpu/h200-2026-12-02-run3/) are data and not matched
+NAME_REF = re.compile(r"\b(?:\w+_run_?\d+\w*|run\d+_\w+)\b", re.IGNORECASE)
 # borrowing a remote test GPU: the project's text says what device and command, not this
 LENDING = re.compile(r"\b(lent|leases?|leased)\b", re.IGNORECASE)
 
@@ -51,6 +54,8 @@ def findings(path: Path, text: str) -> list[str]:
                 out.append(f"{rel}:{n}: internal issue number {m.group(0)!r}")
         if path.suffix == ".py" and (m := NAMED_BY_RUN.search(line)):
             out.append(f"{rel}:{n}: named by run number {(m.group(1) or m.group(2))!r}")
+        elif m := NAME_REF.search(line):
+            out.append(f"{rel}:{n}: a name by run number {m.group(0)!r}")
         if m := LENDING.search(line):
             out.append(f"{rel}:{n}: GPU-lending word {m.group(0)!r}")
     return out
@@ -61,12 +66,13 @@ def test_the_checks_catch_what_they_are_for_and_spare_upstream_references():
     probe = PROJECT_ROOT / "onboarding" / "probe_run3.py"
     text = ("# issue 23: x\n# see vllm-project/vllm issue 42738 and upstream issue 5\n"
             "def recording_run2():\nH200_RUN9 = 1\n# on the lent H200\n"
-            "# kserve/kserve#5348, https://github.com/a/b/issues/7\n")
+            "# kserve/kserve#5348, https://github.com/a/b/issues/7\n"
+            "# tests/data/gpu/h200-2026-12-02-run3/onboard-A.json; see test_h200_run4_replay.py\n")
     got = findings(probe, text)
     assert [g.split(": ", 1)[1] for g in got] == [
         "file named by run number", "internal issue number 'issue 23'",
         "named by run number 'recording_run2'", "named by run number 'H200_RUN9'",
-        "GPU-lending word 'lent'"]
+        "GPU-lending word 'lent'", "a name by run number 'test_h200_run4_replay'"]
 
 
 def test_no_internal_history_in_code_configs_tests_scripts_bench_or_docs():
