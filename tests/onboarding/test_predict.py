@@ -43,6 +43,7 @@ from onboarding.predictions.predict import (
     slo_verdict,
 )
 from onboarding.serving.stats import Dist, PointStats, Slo
+from tests.gpu_recordings import folder
 
 CONFIGS = PROJECT_ROOT / "configs"
 NODES = load_nodes(CONFIGS / "nodes.yaml")
@@ -484,8 +485,7 @@ def test_the_add_points_script_writes_a_file_the_loader_reads(tmp_path, config_d
     assert load_points(CONFIGS / "predict" / "h200_points.json").points[-1].model != "m-twin"
 
 
-ENGINE_CHOICE_TWINS = (PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run4"
-                       / "vllm-twins.json")
+ENGINE_CHOICE_TWINS = folder("engine_choice") / "vllm-twins.json"
 
 
 def add_points_script(tmp_path: Path, config_dir: Path, *source: str, precision="fp8",

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from onboarding.common.paths import PROJECT_ROOT
+from tests.gpu_recordings import recorded
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 VLLM = PROJECT_ROOT / ".venv-engine" / "bin" / "vllm"
@@ -451,8 +452,7 @@ def test_gpu_x2_twins_dry_run_plans_the_configurations_the_h200_recorded(prepare
                 "llama-3-1-8b-instruct-twin,llama-3-1-70b-instruct-twin", "--select",
                 "serving_stack,checkpoint,quantized,accuracy,serving_variant,serving_config"],
                tmp_path)
-    rec = json.loads((PROJECT_ROOT / "tests/data/gpu/h200-2026-12-02-run3/onboard-A.json")
-                     .read_text())["assets"]
+    rec = recorded("slo_target", "onboard-A")["assets"]
     device = {m: a["serving_config"]["config_hashes"]["h200"] for m, a in rec.items()
               if "serving_config" in a}
     for step in ("x2-twins", "x2-tp"):

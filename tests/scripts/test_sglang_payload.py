@@ -17,11 +17,12 @@ from assets.deploy import build_plan
 from onboarding.deploy.engine_choice import config_for_engine, engine_images
 from onboarding.deploy.serving_plan import serving_plan
 from resources.config_files import ConfigFiles
+from tests.gpu_recordings import folder
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELS = ROOT / "bench" / "sglang-wheels.txt"
 REQUIRES = ROOT / "tests" / "data" / "gpu" / "sglang"
-PREPARE = ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02" / "prepare.json"
+PREPARE = folder("client_accounting") / "prepare.json"
 LINUX = {"sys_platform": "linux", "platform_machine": "x86_64", "python_version": "3.12",
          "python_full_version": "3.12.3", "platform_system": "Linux", "os_name": "posix",
          "implementation_name": "cpython", "platform_python_implementation": "CPython",
