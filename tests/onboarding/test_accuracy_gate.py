@@ -116,7 +116,7 @@ def test_fp8_smollm2_case_does_not_pass_on_noise():
     assert verdict.drop == pytest.approx(0.0464, abs=1e-4)
     assert verdict.se_delta == pytest.approx(0.021, abs=5e-4)
     assert verdict.allowed_drop == pytest.approx(0.0218, abs=1e-4)
-    # the rule before issue 17 let it through: the drop is within allowed + z * se
+    # the older rule let it through: the drop is within allowed + z * se
     assert verdict.drop <= verdict.allowed_drop + GATES.z * verdict.se_delta
     assert verdict.verdict == "inconclusive"
     gate = apply_policy(judge_variant("fp8", {"onb_arith_gen": b}, {"onb_arith_gen": v},

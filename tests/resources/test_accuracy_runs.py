@@ -299,9 +299,9 @@ def test_an_inconclusive_served_gate_restarts_the_engines_for_more_items(world):
 
 
 def test_recorded_h200_run_replays_to_the_verdicts_it_recorded():
-    """The third H200 run (2026-12-02, vLLM 0.22.0, CUDA graphs on): SmolLM2 bf16 and FP8 scored
+    """An H200 recording (2026-12-02, vLLM 0.22.0, CUDA graphs on): SmolLM2 bf16 and FP8 scored
     in process and through the engine on all items. NVFP4 is not in it: configs/stack.yaml does
-    not serve NVFP4 on sm90, and the second run's override was refused by vLLM's Marlin FP4
+    not serve NVFP4 on sm90, and an earlier override was refused by vLLM's Marlin FP4
     kernel at SmolLM2's 576-wide shapes (tests/data/gpu/h200-2026-12-02/engine-logs/)."""
     data = recorded(GPU)
     gates = gates_for(data)
@@ -334,9 +334,9 @@ def test_recorded_h200_run_replays_to_the_verdicts_it_recorded():
 
 
 def test_recorded_h200_in_process_gates_replay_to_the_verdicts_recorded():
-    """The second H200 run (tests/data/gpu/h200-2026-12-02) scored bf16, FP8 and NVFP4 in
-    process on every item (its served phase did not finish): each gate it recorded, re-judged
-    here from the recorded per-item scores with the run's gates, is the one recorded."""
+    """The client-accounting H200 recording (tests/data/gpu/h200-2026-12-02) scored bf16, FP8 and
+    NVFP4 in process on every item (its served phase did not finish): each gate it recorded,
+    re-judged here from the recorded per-item scores with the run's gates, is the one recorded."""
     data = gpu_recorded("client_accounting", "served_accuracy_smollm2")
     gates = gates_for(data)
     scores = {p: load_scores(r) for p, r in data["in_process"].items()}
