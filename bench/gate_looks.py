@@ -65,8 +65,8 @@ def evaluator(values: list[float], first: int):
                  items: dict[str, list[int]] | None = None) -> dict[str, TaskScore]:
         idx = items["t"] if items else range(limit or first)
         got = {i: values[i] for i in idx}
-        return {"t": TaskScore("t", "acc", sum(got.values()) / len(got), None, len(got), got,
-                               len(values))}
+        return {"t": TaskScore(task="t", metric="acc", value=sum(got.values()) / len(got),
+                               stderr=None, n=len(got), per_item=got, size=len(values))}
     return evaluate
 
 

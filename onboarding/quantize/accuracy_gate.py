@@ -140,7 +140,7 @@ def load_accuracy_gates(path: Path) -> AccuracyGates:
                            "Fix the accuracy gate section.")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TaskScore:
     """One task's score for one model, with lm-eval's stderr and the per-item values."""
 
@@ -161,8 +161,9 @@ def scores_to_json(scores: dict[str, TaskScore]) -> dict[str, dict]:
 
 
 def scores_from_json(data: dict[str, dict]) -> dict[str, TaskScore]:
-    return {t: TaskScore(t, s["metric"], s["value"], s["stderr"], s["n"],
-                         {int(k): float(v) for k, v in s["per_item"].items()}, s["size"])
+    return {t: TaskScore(task=t, metric=s["metric"], value=s["value"], stderr=s["stderr"], n=s["n"],
+                         per_item={int(k): float(v) for k, v in s["per_item"].items()},
+                         size=s["size"])
             for t, s in data.items()}
 
 
@@ -197,8 +198,8 @@ def scores_from_lm_eval(results: dict, samples: dict | None, gates: AccuracyGate
         per_item = {int(s["doc_id"]): float(s[metric]) for s in (samples or {}).get(task, [])
                     if metric in s}
         n = len(per_item) or int(result.get("sample_len") or 0)
-        out[task] = TaskScore(task, metric, float(result[key]), stderr, n, per_item,
-                              int((sizes or {}).get(task) or 0))
+        out[task] = TaskScore(task=task, metric=metric, value=float(result[key]), stderr=stderr,
+                              n=n, per_item=per_item, size=int((sizes or {}).get(task) or 0))
     return out
 
 
@@ -250,7 +251,7 @@ def paired_difference(a: TaskScore, b: TaskScore, adjusted: bool = True) -> Pair
     return PairedDifference(a.value, b.value, b.value - a.value, se, False, min(a.n, b.n))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TaskVerdict:
     task: str
     metric: str
@@ -313,9 +314,11 @@ def judge_task(base: TaskScore, var: TaskScore, gates: AccuracyGates,
         verdict, reason = "fail", f"{interval} entirely beyond allowed {allowed:.4f}"
     else:
         verdict, reason = "inconclusive", f"{interval} straddles allowed {allowed:.4f}"
-    return TaskVerdict(base.task, base.metric, d.mean_a, d.mean_b, d.diff, base.stderr,
-                       var.stderr, d.se, d.paired, d.n, allowed, verdict, reason, low, high,
-                       tol.describe(d.mean_a), size, z, t)
+    return TaskVerdict(task=base.task, metric=base.metric, baseline=d.mean_a, variant=d.mean_b,
+                       delta=d.diff, stderr_baseline=base.stderr, stderr_variant=var.stderr,
+                       se_delta=d.se, paired=d.paired, n=d.n, allowed_drop=allowed, verdict=verdict,
+                       reason=reason, drop_low=low, drop_high=high,
+                       tolerance=tol.describe(d.mean_a), size=size, z=z, fraction=t)
 
 
 @dataclass(frozen=True)
@@ -407,8 +410,8 @@ def merge_scores(first: TaskScore, more: TaskScore) -> TaskScore:
     mean = sum(values) / n
     stderr = (math.sqrt(sum((x - mean) ** 2 for x in values) / (n - 1)) / math.sqrt(n)
               if n > 1 else None)
-    return TaskScore(first.task, first.metric, mean, stderr, n, per_item,
-                     first.size or more.size)
+    return TaskScore(task=first.task, metric=first.metric, value=mean, stderr=stderr, n=n,
+                     per_item=per_item, size=first.size or more.size)
 
 
 class ScoreBook:

@@ -37,7 +37,8 @@ def gates_with(**changes) -> AccuracyGates:
 
 def score(values: list[float], task="t", stderr=None, size=0) -> TaskScore:
     mean = sum(values) / len(values)
-    return TaskScore(task, "acc", mean, stderr, len(values), dict(enumerate(values)), size)
+    return TaskScore(task=task, metric="acc", value=mean, stderr=stderr, n=len(values),
+                     per_item=dict(enumerate(values)), size=size)
 
 
 def fp8_smollm2_arithmetic() -> tuple[list[float], list[float]]:
@@ -143,8 +144,8 @@ class FakeEvaluator:
         out = {}
         for t in tasks:
             got = {i: self.per_task[t][i] for i in items[t]}
-            out[t] = TaskScore(t, "acc", sum(got.values()) / len(got), None, len(got), got,
-                               len(self.per_task[t]))
+            out[t] = TaskScore(task=t, metric="acc", value=sum(got.values()) / len(got),
+                               stderr=None, n=len(got), per_item=got, size=len(self.per_task[t]))
         return out
 
 
@@ -214,8 +215,8 @@ class RescoringEvaluator(FakeEvaluator):
     def __call__(self, tasks, limit, items=None):
         got = super().__call__(tasks, limit, items)
         k = len(self.calls)
-        return {t: TaskScore(t, s.metric, s.value + k, s.stderr, s.n,
-                             {i: v + k for i, v in s.per_item.items()}, s.size)
+        return {t: TaskScore(task=t, metric=s.metric, value=s.value + k, stderr=s.stderr, n=s.n,
+                             per_item={i: v + k for i, v in s.per_item.items()}, size=s.size)
                 for t, s in got.items()}
 
 
@@ -245,10 +246,12 @@ def test_a_score_that_is_not_the_mean_of_its_items_is_scored_again_on_the_larger
     ev = FakeEvaluator({"a": [1.0, 0.0] * 100}, 100)
     book = ScoreBook.first(ev, ["a"])
     s = book.scores["a"]
-    book.scores["a"] = TaskScore("a", s.metric, 0.7, s.stderr, s.n, s.per_item, s.size)
+    book.scores["a"] = TaskScore(task="a", metric=s.metric, value=0.7, stderr=s.stderr, n=s.n,
+                                 per_item=s.per_item, size=s.size)
     book.ensure(["a"], 150)
     assert ev.calls[-1] == (("a",), 150) and book.scores["a"].n == 150
-    unsized = ScoreBook(ev, {"a": TaskScore("a", "acc", 0.5, None, 2, {0: 1.0, 1: 0.0}, 0)})
+    unsized = ScoreBook(ev, {"a": TaskScore(task="a", metric="acc", value=0.5, stderr=None, n=2,
+                                            per_item={0: 1.0, 1: 0.0}, size=0)})
     unsized.ensure(["a"], 20)
     assert ev.calls[-1] == (("a",), 20)
 
@@ -304,8 +307,8 @@ def test_too_few_items_are_inconclusive_rather_than_a_pass():
 
 
 def test_unpaired_fallback_uses_lm_eval_stderrs():
-    base = TaskScore("t", "acc", 0.60, 0.02, 200)
-    var = TaskScore("t", "acc", 0.50, 0.02, 200)
+    base = TaskScore(task="t", metric="acc", value=0.60, stderr=0.02, n=200)
+    var = TaskScore(task="t", metric="acc", value=0.50, stderr=0.02, n=200)
     v = judge_task(base, var, GATES)
     assert not v.paired
     assert v.se_delta == pytest.approx((0.02**2 * 2) ** 0.5)

@@ -68,8 +68,9 @@ def lose(scores: dict[str, TaskScore], task: str, every: int) -> dict[str, TaskS
     layer does to a model's answers), the rest as recorded."""
     s = scores[task]
     per_item = {i: (0.0 if i % every == 0 else v) for i, v in s.per_item.items()}
-    return {**scores, task: TaskScore(task, s.metric, sum(per_item.values()) / len(per_item),
-                                      None, len(per_item), per_item, s.size)}
+    return {**scores, task: TaskScore(task=task, metric=s.metric,
+                                      value=sum(per_item.values()) / len(per_item), stderr=None,
+                                      n=len(per_item), per_item=per_item, size=s.size)}
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +173,8 @@ def first(scores: dict[str, TaskScore], n: int) -> dict[str, TaskScore]:
     out = {}
     for t, s in scores.items():
         items = dict(sorted(s.per_item.items())[:n])
-        out[t] = TaskScore(t, s.metric, sum(items.values()) / n, None, n, items, s.size)
+        out[t] = TaskScore(task=t, metric=s.metric, value=sum(items.values()) / n, stderr=None, n=n,
+                           per_item=items, size=s.size)
     return out
 
 
@@ -266,7 +268,8 @@ def test_an_inconclusive_served_gate_restarts_the_engines_for_more_items(world):
     size, served, gates = world["n"], world["served"], world["gates"]
     for scores in world["by_path"].values():  # the recorded items are the whole task here
         for t, s in list(scores.items()):
-            scores[t] = TaskScore(t, s.metric, s.value, None, s.n, s.per_item, size)
+            scores[t] = TaskScore(task=t, metric=s.metric, value=s.value, stderr=None, n=s.n,
+                                  per_item=s.per_item, size=size)
     nvfp4_served = lose(world["by_path"][world["checkpoint"].path], "onb_arith_gen", every=7)
     world["by_path"][world["qset"].get("nvfp4").path] = nvfp4_served
     world["gates"] = gates = gates.model_copy(update={"min_items": 20})
