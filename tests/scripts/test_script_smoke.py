@@ -42,6 +42,8 @@ ELSEWHERE = {
 # Scripts this module runs, each by the test named.
 HERE = {
     "bench/fetch.py": "test_fetch_bench_reaches_its_warm_path",
+    "bench/record_engine_metrics.py": "test_record_engine_metrics_imports_and_says_its_use",
+    "scripts/record_node_tools.sh": "test_record_node_tools_writes_one_framed_file_per_command",
     "bench/write_block.py": "test_write_block_prints_both_write_lengths_and_the_ratio",
     "bench/eval_call.py": "test_eval_call_prints_the_ratio_against_lm_evals_default",
     "bench/gate_looks.py": "test_gate_looks_prints_the_ratio_against_the_rule_before",
@@ -468,3 +470,28 @@ def test_gpu_x2_twins_dry_run_plans_the_configurations_the_h200_recorded(prepare
     assert one["cuda_visible_devices"] == "0" and two["cuda_visible_devices"] == "0,1"
     assert two["config_hash"] != one["config_hash"] and "--tensor-parallel-size=2" in \
         two["engine_argv"]
+
+
+def test_record_engine_metrics_imports_and_says_its_use():
+    """Only that it imports and parses its arguments: a real recording starts the CPU engine
+    (about a minute); what it wrote is replayed by tests/deploy/test_observability.py."""
+    out = subprocess.run([sys.executable, str(PROJECT_ROOT / "bench/record_engine_metrics.py"),
+                          "--help"], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "--out" in out.stdout
+
+
+def test_record_node_tools_writes_one_framed_file_per_command(tmp_path):
+    """Run for real on this machine (no GPU tools here): every file names its command and ends
+    with its exit status; a tool that is absent records 127, which acceptance reads as not
+    checked."""
+    subprocess.run(["bash", str(PROJECT_ROOT / "scripts/record_node_tools.sh"),
+                    str(tmp_path), "0"], capture_output=True, text=True, timeout=300,
+                   check=True)
+    files = sorted(tmp_path.glob("*.txt"))
+    assert len(files) >= 40
+    for f in files:
+        lines = f.read_text().splitlines()
+        assert lines[0].startswith("$ ") and re.fullmatch(r"# exit \d+", lines[-1]), f.name
+    tools = (tmp_path / "which-tools.txt").read_text()
+    assert "nvidia-smi:" in tools and "dcgmi:" in tools
