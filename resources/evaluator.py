@@ -62,7 +62,7 @@ def collect_env_once() -> None:
     0.45 s a call on a 2-core machine (2026-12-04), in every evaluation the gate runs (seven in
     the demo's quick pass). What it reports (the interpreter, torch, the installed packages)
     does not change while the process runs, so the first report is reused as it is."""
-    import torch.utils.collect_env as collect_env
+    from torch.utils import collect_env
 
     found = collect_env.get_pretty_env_info
     if getattr(found, "_collected_once", False):

@@ -92,7 +92,7 @@ def test_torchs_environment_report_is_collected_once_per_process(tmp_path, monke
     """lm-eval adds torch's `collect_env` report to every result (`add_env_info`, which runs
     `pip list` in subprocesses: 0.45 s a call here); the evaluator collects it once and every
     later result carries the same report."""
-    import torch.utils.collect_env as collect_env
+    from torch.utils import collect_env
 
     calls = []
 
