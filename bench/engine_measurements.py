@@ -4,14 +4,14 @@ per GPU, at the target concurrency, slowest scenario), which serving_config choo
 type's engine by (onboarding/deploy/engine_choice.py).
 
     .venv/bin/python bench/engine_measurements.py \\
-        tests/data/gpu/h200-2026-12-02-run4/{vllm,sglang}-{twins,smollm2}.json \\
-        tests/data/gpu/h200-2026-12-02-run5/{vllm,sglang}-twins.json \\
+        tests/data/gpu/h200-engine-choice/{vllm,sglang}-{twins,smollm2}.json \\
+        tests/data/gpu/h200-cold-start/{vllm,sglang}-twins.json \\
         > configs/engine_measurements.json
 
 The committed file holds the recordings made with today's load generator: the engine-choice
 recording (vLLM and SGLang on one H200: the 8B twin in FP8, SmolLM2) and the cold-start one (the
 8B twin in bf16 on both). The earlier twins (tests/data/gpu/h200/,
-h200-2026-12-02/) were swept by the client when it forced greedy decoding
+h200-client-accounting/) were swept by the client when it forced greedy decoding
 and cost vLLM's frontend per token (the FP8 twin's goodput at c=32: 18.3 then, 21.8 now at the
 same configuration), so they are not measurements of what the plan would serve with.
 

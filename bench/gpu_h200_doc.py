@@ -730,7 +730,7 @@ def client_targets_section() -> str:
     spread = {c: [s for r, s, _ in share_cores if r["client"] == c] for c in (client, FRESH_PEER)}
 
     def which(r: dict) -> str:
-        return f"c={r['concurrency']} run {r['run']} of `{r['call']}`, {r['client']}"
+        return f"c={r['concurrency']} repetition {r['run']} of `{r['call']}`, {r['client']}"
     return "\n".join([
         asc_engine_line([st["engine"] for st in recs], rows), "",
         ("Warm-up rounds (discarded, prompts from a seed no measured run uses): "

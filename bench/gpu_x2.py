@@ -44,7 +44,7 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
                  "NVSHMEM_DISABLE_NVLS": "1"}
 TWIN_8B, TWIN_70B = "llama-3-1-8b-instruct-twin", "llama-3-1-70b-instruct-twin"
 # the versions the x2 plan is pinned to (tests/gpu_recordings.py RECORDINGS["slo_target"])
-PINNED_RECORDING = ROOT / "tests" / "data" / "gpu" / "h200-2026-12-02-run3"
+PINNED_RECORDING = ROOT / "tests" / "data" / "gpu" / "h200-slo-target"
 T0 = time.monotonic()
 
 

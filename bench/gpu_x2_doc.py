@@ -153,7 +153,7 @@ def configurations(cf, work: Path) -> dict[str, Any]:
                 "planned_hash_recorded_on_the_h200": device,
                 "planned_hash_here": planned, "planned_hash_matches_the_h200": planned == device,
                 "source": "onboarding/deploy/serving_plan.py on configs pinned to run 3's versions; "
-                          "the recorded hash from tests/data/gpu/h200-2026-12-02-run3/"
+                          "the recorded hash from tests/data/gpu/h200-slo-target/"
                           "onboard-A.json"}
     return out
 

@@ -51,25 +51,25 @@ RECORDINGS = {
     "stages": "h200",
     # clients taking turns on one engine (what the client's own work costs the engine); the
     # 8B twin in bf16 and NVFP4 with the greedy client; served accuracy of SmolLM2
-    "client_accounting": "h200-2026-12-02",
+    "client_accounting": "h200-client-accounting",
     # the SLO judged at its target concurrency, which the sweep measured; the fixed client
     # against `vllm bench serve`
-    "slo_target": "h200-2026-12-02-run3",
+    "slo_target": "h200-slo-target",
     # vLLM and SGLang at the same points on one machine: the engine the plan chooses
-    "engine_choice": "h200-2026-12-02-run4",
+    "engine_choice": "h200-engine-choice",
     # the 8B twin in bf16 on both engines, and three fully cold starts of SmolLM2
-    "cold_start": "h200-2026-12-02-run5",
+    "cold_start": "h200-cold-start",
     # one ingredient of the client's request body at a time against `vllm bench serve`
-    "client_ingredients": "h200-2026-12-02-run6",
+    "client_ingredients": "h200-client-ingredients",
     # four API server processes: the client's ITL against the engine's
-    "api_servers": "h200-2026-12-03-run7",
+    "api_servers": "h200-api-servers",
     # the peer's repeated default-seed prompts against fresh prompts per run; the NVFP4 twin
     # with the sampling client
-    "peer_prompts": "h200-2026-12-04-run8",
+    "peer_prompts": "h200-peer-prompts",
     # a warm-up round after each engine start: the client-accounting targets at 256 and 128
-    "client_targets": "h200-2026-12-04-run9",
+    "client_targets": "h200-client-targets",
     # the 8B twin's sweeps with fresh prompts per load point, the calibration's points
-    "fresh_prompts": "h200-2026-12-04-run10",
+    "fresh_prompts": "h200-fresh-prompts",
 }
 # the frontend experiment's calls of a recording, in the order they ran (its README: which
 # command ran each)

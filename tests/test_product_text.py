@@ -27,7 +27,7 @@ NAMED_BY_RUN = re.compile(
     r"|^([A-Z0-9_]*RUN_?\d+[A-Z0-9_]*)\s*=", re.IGNORECASE)
 FILE_BY_RUN = re.compile(r"run\d|_run_\d", re.IGNORECASE)
 # a mention of such a name anywhere (test_h200_run4_replay.py, run3_sweep_section); the
-# recordings' folder names (tests/data/gpu/h200-2026-12-02-run3/) are data and not matched
+# recordings' folder names (tests/data/gpu/h200-slo-target/) are data and not matched
 NAME_REF = re.compile(r"\b(?:\w+_run_?\d+\w*|run\d+_\w+)\b", re.IGNORECASE)
 # borrowing a remote test GPU: the project's text says what device and command, not this
 LENDING = re.compile(r"\b(lent|leases?|leased)\b", re.IGNORECASE)
@@ -67,7 +67,7 @@ def test_the_checks_catch_what_they_are_for_and_spare_upstream_references():
     text = ("# issue 23: x\n# see vllm-project/vllm issue 42738 and upstream issue 5\n"
             "def recording_run2():\nH200_RUN9 = 1\n# on the lent H200\n"
             "# kserve/kserve#5348, https://github.com/a/b/issues/7\n"
-            "# tests/data/gpu/h200-2026-12-02-run3/onboard-A.json; see test_h200_run4_replay.py\n")
+            "# tests/data/gpu/h200-slo-target/onboard-A.json; see test_h200_run4_replay.py\n")
     got = findings(probe, text)
     assert [g.split(": ", 1)[1] for g in got] == [
         "file named by run number", "internal issue number 'issue 23'",

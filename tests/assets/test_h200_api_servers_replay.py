@@ -1,5 +1,5 @@
 """The frontend experiment with four API servers on an H200
-(tests/data/gpu/h200-2026-12-03-run7/), replayed:
+(tests/data/gpu/h200-api-servers/), replayed:
 with four API server processes (vLLM `--api-server-count 4`) the stack's client reads the
 engine's ITL within 2 % at 256, where one API server left it 5 % off; and what docs/gpu.md
 says that recording showed besides (req/s below the peer's, the engine slower per step under the

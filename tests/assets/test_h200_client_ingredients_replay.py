@@ -1,5 +1,5 @@
 """The client's request ingredients one at a time on an H200
-(tests/data/gpu/h200-2026-12-02-run6/), replayed: the way configs/stack.yaml has the client count vLLM's tokens is the one measured at
+(tests/data/gpu/h200-client-ingredients/), replayed: the way configs/stack.yaml has the client count vLLM's tokens is the one measured at
 least as fast as `vllm bench serve`, with its ITL honest, at every concurrency it ran."""
 
 from __future__ import annotations

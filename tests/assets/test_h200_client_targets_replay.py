@@ -1,4 +1,4 @@
-"""The client-accounting targets on an H200 (tests/data/gpu/h200-2026-12-04-run9/), replayed: with
+"""The client-accounting targets on an H200 (tests/data/gpu/h200-client-targets/), replayed: with
 a warm-up round after each engine start and the fresh-prompts peer, the stack's client meets the
 client-accounting targets
 at 256 and 128 on seven and eight runs; its one slow run is the one where vLLM's API servers

@@ -1,5 +1,5 @@
 """Three fully cold starts of SmolLM2 at one configuration on an H200
-(tests/data/gpu/h200-2026-12-02-run5/onboard-T.json), replayed on a CPU: the cold-start p95
+(tests/data/gpu/h200-cold-start/onboard-T.json), replayed on a CPU: the cold-start p95
 recomputed from the starts, the check re-judged, and the manifest the real serving_config and
 kserve_manifest assets render from that p95. Nothing here starts an engine."""
 

@@ -1,5 +1,5 @@
 """The 8B twin's sweeps with fresh prompts per load point on an H200
-(tests/data/gpu/h200-2026-12-04-run10/), replayed: each row is recomputed from the requests
+(tests/data/gpu/h200-fresh-prompts/), replayed: each row is recomputed from the requests
 PointRecorder kept; the prompts each point sent and the engine's own counters say the points
 measured prefills, not the prefix cache; and the old sweeps, whose later points re-sent earlier
 points' prompts (the calibration's before these), are judged against the fresh ones with
@@ -159,7 +159,7 @@ def test_the_calibration_holds_the_first_fresh_sweep_of_each_precision():
         assert sorted(mine) == [1, 8, 32]
         rows = {r["load"]: r for r in step["rows"]}
         for conc, p in mine.items():
-            assert f"h200-2026-12-04-run10/{call}.json" in p["source"]
+            assert f"h200-fresh-prompts/{call}.json" in p["source"]
             assert p["ttft_p50_ms"] == rows[conc]["ttft_p50_s"] * 1e3
             assert p["ttft_p95_ms"] == rows[conc]["ttft_p95_s"] * 1e3
             assert p["output_tokens_per_s"] == rows[conc]["output_tokens_per_s"]

@@ -1,4 +1,4 @@
-"""The peer's prompts on an H200 (tests/data/gpu/h200-2026-12-04-run8/), replayed: the req/s
+"""The peer's prompts on an H200 (tests/data/gpu/h200-peer-prompts/), replayed: the req/s
 gap measured with four API servers (test_h200_api_servers_replay.py) came from `vllm bench
 serve` repeating its default-seed prompts, which the engine's prefix cache then held; with fresh
 prompts per run the peer's cache hits, engine ITL and req/s fall to the client's. And the NVFP4
@@ -75,6 +75,6 @@ def test_the_sampled_nvfp4_rows_were_measured_and_then_replaced_by_fresh_prompt_
     nvfp4 = {p["concurrency"]: p for p in points["points"]
              if p["model"] == step["model"] and p["precision"] == "nvfp4"}
     assert sorted(nvfp4) == [1, 8, 32]  # c64 measured a queue (max-num-seqs 32): left out
-    assert all("h200-2026-12-04-run10/" in p["source"] for p in nvfp4.values())
+    assert all("h200-fresh-prompts/" in p["source"] for p in nvfp4.values())
     assert step["telemetry_unavailable"] == "" and all(
         r["gpu_telemetry"].startswith("1 GPU") for r in step["rows"])

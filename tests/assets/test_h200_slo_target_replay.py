@@ -1,4 +1,4 @@
-"""The SLO judged at its target concurrency on an H200 (tests/data/gpu/h200-2026-12-02-run3/).
+"""The SLO judged at its target concurrency on an H200 (tests/data/gpu/h200-slo-target/).
 
 The sweep's CSV is what serving_benchmark wrote there; its verdict is recomputed here by the
 asset's own `headline` from the points and must be the blocking check the run recorded, judged at

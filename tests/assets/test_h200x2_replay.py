@@ -45,7 +45,7 @@ def recorded_or_skip(phase: str) -> dict:
 
 
 def one_gpu_bf16_step() -> dict:
-    """The 8B bf16 twin's real one-GPU sweep (tests/data/gpu/h200-2026-12-02): met at its target
+    """The 8B bf16 twin's real one-GPU sweep (tests/data/gpu/h200-client-accounting): met at its target
     32 there."""
     return json.loads(GREEDY_TWINS.read_text())["steps"]["llama-3-1-8b-instruct-twin:bf16"]
 

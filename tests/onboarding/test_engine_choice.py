@@ -59,7 +59,7 @@ def run(tmp_path_factory):
 def recorded(engine: str) -> list[Measurement]:
     """Both H200 runs' twin measurements (their steps name no engine: vLLM, their READMEs)."""
     return (measurements_from_twins(rec.recording("twins"), "h200/twins.json", "h200", engine)
-            + measurements_from_twins(rec.recorded("client_accounting", "twins"), "h200-2026-12-02/twins.json",
+            + measurements_from_twins(rec.recorded("client_accounting", "twins"), "h200-client-accounting/twins.json",
                                       "h200", engine))
 
 

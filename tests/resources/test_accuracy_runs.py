@@ -305,7 +305,7 @@ def test_recorded_h200_run_replays_to_the_verdicts_it_recorded():
     """An H200 recording (2026-12-02, vLLM 0.22.0, CUDA graphs on): SmolLM2 bf16 and FP8 scored
     in process and through the engine on all items. NVFP4 is not in it: configs/stack.yaml does
     not serve NVFP4 on sm90, and an earlier override was refused by vLLM's Marlin FP4
-    kernel at SmolLM2's 576-wide shapes (tests/data/gpu/h200-2026-12-02/engine-logs/)."""
+    kernel at SmolLM2's 576-wide shapes (tests/data/gpu/h200-client-accounting/engine-logs/)."""
     data = recorded(GPU)
     gates = gates_for(data)
     in_process = {p: load_scores(r) for p, r in data["in_process"].items()}
@@ -337,7 +337,7 @@ def test_recorded_h200_run_replays_to_the_verdicts_it_recorded():
 
 
 def test_recorded_h200_in_process_gates_replay_to_the_verdicts_recorded():
-    """The client-accounting H200 recording (tests/data/gpu/h200-2026-12-02) scored bf16, FP8 and
+    """The client-accounting H200 recording (tests/data/gpu/h200-client-accounting) scored bf16, FP8 and
     NVFP4 in process on every item (its served phase did not finish): each gate it recorded,
     re-judged here from the recorded per-item scores with the run's gates, is the one recorded."""
     data = gpu_recorded("client_accounting", "served_accuracy_smollm2")

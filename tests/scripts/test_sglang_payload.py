@@ -1,6 +1,6 @@
 """The SGLang payload for the H200 (bench/sglang-wheels.txt) against what its
 wheels require (their Requires-Dist, read from PyPI and kept in tests/data/gpu/sglang/) and what
-the H200 run recorded of the machine (tests/data/gpu/h200-2026-12-02/prepare.json), and the SGLang
+the H200 run recorded of the machine (tests/data/gpu/h200-client-accounting/prepare.json), and the SGLang
 rendering of the h200 plan that bench/gpu_serving.py starts there."""
 
 from __future__ import annotations
