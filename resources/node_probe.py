@@ -441,12 +441,8 @@ def _direct_write(path: Path, size: int, block: int, threads: int) -> float:
             finally:
                 buf.close()
 
-        workers = [threading.Thread(target=writer, args=(t * per,)) for t in range(threads)]
         t0 = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
+        _run_threads(writer, [t * per for t in range(threads)])
         os.fsync(fd)
         seconds = time.perf_counter() - t0
     finally:
@@ -454,6 +450,15 @@ def _direct_write(path: Path, size: int, block: int, threads: int) -> float:
     if errors:
         raise errors[0]
     return seconds
+
+
+def _run_threads(target, firsts: list[int]) -> None:
+    """One thread per starting block, all started before any is joined."""
+    workers = [threading.Thread(target=target, args=(first,)) for first in firsts]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
 
 
 def _parallel_read(fd: int, size: int, block: int, threads: int) -> float:
@@ -474,12 +479,8 @@ def _parallel_read(fd: int, size: int, block: int, threads: int) -> float:
         finally:
             buf.close()
 
-    workers = [threading.Thread(target=reader, args=(t * per,)) for t in range(threads)]
     t0 = time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    _run_threads(reader, [t * per for t in range(threads)])
     seconds = time.perf_counter() - t0
     if errors:
         raise errors[0]

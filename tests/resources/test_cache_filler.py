@@ -28,10 +28,8 @@ BUCKET = "model-serving"
 
 
 @pytest.fixture
-def store(s3_server) -> S3ObjectStore:
-    return S3ObjectStore(endpoint_url=s3_server.endpoint_url, access_key_id=ACCESS_KEY,
-                         secret_access_key=SECRET_KEY, chunk_size_mb=1, max_concurrency=4,
-                         max_attempts=2)
+def store(s3_store) -> S3ObjectStore:
+    return s3_store
 
 
 @pytest.fixture
