@@ -1,15 +1,14 @@
 """A performance twin on the real engine: SmolLM2-135M's own config.json and tokenizer (no
 weights) as a twin in the real SeaweedFS, through the graph to PyPI's vLLM CPU build started
 with `--load-format dummy` (random weights): load timing (one cold start, handed off) and a
-reduced chat sweep on it; then the client's cost to the API server against `vllm bench serve`
-(its own start). Skipped, with the reason, when the engine venv or SmolLM2 has not been
+reduced chat sweep on it; then what the client asks the engine to do, against `vllm bench
+serve`. Skipped, with the reason, when the engine venv or SmolLM2 has not been
 built."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import urllib.request
 from pathlib import Path
 
@@ -24,12 +23,9 @@ from assets.quantize import accuracy, quantized, serving_variant
 from assets.served_accuracy import served_accuracy
 from assets.serving import load_timing, serving_benchmark
 from onboarding.common.paths import PROJECT_ROOT
-from onboarding.common.refs import VariantRef
-from onboarding.fetch.catalog import ArchitectureHint, ModelSpec
 from onboarding.fetch.twins import NOT_A_WEIGHT_READ, twin_source_dir
-from onboarding.serving.frontend import process_cpu_s
 from onboarding.serving.prompts import synthetic_prompts
-from onboarding.serving.stats import parse_metrics, summarize
+from onboarding.serving.stats import summarize
 from resources.engine import Engine
 from resources.evaluator import LmEvalEvaluator
 from resources.huggingface import HuggingFaceStore
@@ -109,11 +105,6 @@ def test_the_cpu_engine_serves_a_twin_on_random_weights(config_dir, configs, out
         "tokens_per_s": bench.tokens_per_s_per_gpu, "config_hash": bench.config_hash}))
 
 
-def _generated_tokens(base_url: str) -> float:
-    with urllib.request.urlopen(base_url + "/metrics") as resp:
-        return parse_metrics(resp.read().decode())["vllm:generation_tokens_total"]
-
-
 # what `vllm bench serve ARGS` runs (vllm/entrypoints/cli/benchmark/serve.py: the subcommand's
 # parser is `add_cli_args`, its command `main(args)`), as a snippet for tests/engine_python.py
 VLLM_BENCH_SERVE = """
@@ -124,88 +115,67 @@ add_cli_args(parser)
 main(parser.parse_args(argv))
 """
 
+# what a request may carry that changes the work the engine does for it (vLLM's
+# CompletionRequest sampling fields); a client may differ from the peer only in what it asks
+# to be told (`stream_options`, `return_token_ids`), never here
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "n", "best_of", "seed",
+                   "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
+                   "prompt_logprobs", "ignore_eos", "min_tokens", "stop", "stop_token_ids",
+                   "use_beam_search", "echo", "logit_bias", "guided_json", "response_format")
+NO_OP = {"repetition_penalty": 1.0, "logprobs": None, "echo": False, "n": 1}
 
-def _api_cpu_s_per_1k_tokens(running, client, seed: int) -> float:
-    """The API server's CPU seconds (utime + stime of the process on the port) per 1,000
-    tokens the engine generated while `client` ran (the engine's own counter, so both clients
-    are counted alike)."""
-    tokens, cpu_s = _generated_tokens(running.base_url), process_cpu_s(running.pid)
-    client(seed)
-    return 1e3 * (process_cpu_s(running.pid) - cpu_s) / (
-        _generated_tokens(running.base_url) - tokens)
+
+def _sampling(body: dict) -> dict:
+    return {k: body[k] for k in SAMPLING_FIELDS if k in body and NO_OP.get(k, ...) != body[k]}
 
 
-@pytest.mark.alone  # a neighbour's load moved the ratio past 1.2 (1.22 measured beside one)
-def test_the_client_costs_the_api_server_no_more_per_token_than_vllm_bench_serve(tmp_path):
-    """On the CPU engine: the load generator must not load the engine it measures.
+def test_the_client_asks_the_engine_for_the_same_work_as_vllm_bench_serve(tmp_path):
+    """The load generator must not load the engine it measures: what each request asks the
+    engine to do is what `vllm bench serve` asks, field by field.
 
-    The issue's twin, Llama-3.1-8B-Instruct's config (vocab 128,256) with the twins' shared
-    tokenizer (SmolLM2's, 49,152 ids), on random weights, cut to 2 layers of width 64 so the
-    CPU runs it. Greedy decoding on random weights repeats one or two ids per request, and for
-    about half the prompts those ids have no token in the tokenizer: no text ever comes out, and
-    vLLM's incremental detokenizer then re-decodes the whole prompt plus everything generated at
-    every step. A client that forces temperature 0 makes the frontend do that work; `vllm bench
-    serve` sends no temperature (the server samples by the model's default) and does not.
-
-    The same load from both (64 at a time, 64 requests, 896 tokens in, 128 out, ignore_eos),
-    taking turns, three runs each, the client counting tokens as the serving benchmark does
-    (the engine template's `load_generator.count_tokens_by`). Tolerance 1.2x on the medians
-    (target 1.1x). At 64 at a time (2026-12-05, two test runs each, this 2-core machine
-    otherwise idle) the client sending temperature 0 measured 1.40x and 1.38x, the client as
-    shipped 1.01x and 0.97x. At 128 at a time, as the test ran before (twice as long), greedy
-    measured 1.30-1.31x, the client 1.05-1.08x counting by continuous usage and 1.04x by token
-    ids (2026-12-03). Fewer requests keep each one's work, and so the ratio; 64 output tokens
-    instead of 128 did not (greedy read 1.14x: the re-decoding grows with every step). Single
-    runs move by up to 10 %. No wall time is asserted."""
+    Why it matters, measured on the CPU engine (`bench/loadgen.py --real-engine`, the
+    Llama-3.1-8B twin cut to 2 layers on random weights, docs/benchmarks.md): a client that
+    forces temperature 0 made vLLM's API server spend 1.38-1.40x the CPU per token that `vllm
+    bench serve` does (greedy decoding on random weights repeats ids with no text, and the
+    incremental detokenizer re-decodes the whole request at every step); the client as shipped
+    read 0.97-1.08x. That ratio moves by 10 % from run to run on a shared machine, so it is a
+    benchmark's to print; the cause is a request field, and this test holds it. Both clients
+    send to the fake server (tests/fakes/openai_stream_server.py), which keeps their bodies:
+    `vllm bench serve`'s own parser and entry point, in the engine venv, with the serving
+    benchmark's `count_tokens_by`, `ignore_eos` and lengths."""
     from transformers import AutoTokenizer
 
+    from tests.fakes.openai_stream_server import running_fake_server
+
     model = twin_source_dir("llama-3-1-8b-instruct-twin", tmp_path / "twin")
-    config = json.loads((model / "config.json").read_text())
-    config.update(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-                  num_attention_heads=1, num_key_value_heads=1, head_dim=64)
-    (model / "config.json").write_text(json.dumps(config))
-    engine = Engine(hardware="cpu", log_dir=str(tmp_path / "logs"), start_timeout_s=300)
-    spec = ModelSpec(id="llama-twin-cut", source="s3://local/llama-twin-cut/",
-                     served_name="twin", weights="random",
-                     engine_args={"max_model_len": 1024, "max_num_seqs": 128},
-                     architecture=ArchitectureHint(params_billion=0.01, num_layers=2,
-                                                   num_kv_heads=1, head_dim=64))
-    variant = VariantRef(model=spec.id, precision="bf16", path=str(model), total_bytes=0,
-                         content_hash="twin")
     tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
-    n, c, isl, osl = 64, 64, 896, 128
-    count = engine.template().load_generator.count_tokens_by  # as the serving benchmark sends
-
-    with engine.serve(variant, engine.local_config(spec, "bf16")) as running:
-        def ours(seed: int) -> None:
-            prompts = synthetic_prompts(tokenizer, n, isl, seed=seed)
-            run = LoadGenerator().run_point(running.base_url,
-                                            completion_bodies("twin", prompts, osl,
-                                                              count_tokens_by=count),
-                                            concurrency=c, max_seconds=600,
-                                            request_timeout_s=600)
-            assert summarize(run.records, run.duration_s).completed == n
-
-        def vllm_bench(seed: int) -> None:
-            # `vllm bench serve`'s own argument parser and entry point, in the session's one
-            # engine Python rather than a fresh `vllm` process per run: the same client code,
-            # without importing vLLM again for each of the three runs (about 10 s each here)
-            engine_python().run(VLLM_BENCH_SERVE, *[
-                "--backend", "vllm", "--base-url",
-                running.base_url, "--endpoint", "/v1/completions", "--model", "twin",
-                "--tokenizer", str(model), "--dataset-name", "random",
-                "--random-input-len", str(isl), "--random-output-len", str(osl),
-                "--num-prompts", str(n), "--max-concurrency", str(c), "--ignore-eos",
-                "--disable-tqdm", "--seed", str(seed), "--save-result",
-                "--result-dir", str(tmp_path), "--result-filename", f"bench-{seed}.json"])
-            assert json.loads((tmp_path / f"bench-{seed}.json").read_text())["completed"] == n
-
-        figures: dict[str, list[float]] = {"ours": [], "vllm bench serve": []}
-        for i in range(3):
-            turns = [("ours", ours), ("vllm bench serve", vllm_bench)]
-            for name, client in turns if i % 2 == 0 else turns[::-1]:
-                figures[name].append(_api_cpu_s_per_1k_tokens(running, client, 100 + i))
-    ratio = statistics.median(figures["ours"]) / statistics.median(figures["vllm bench serve"])
-    print(json.dumps({"count_tokens_by": count, "api_server_cpu_s_per_1k_tokens": figures,
-                      "ratio": ratio}))
-    assert ratio <= 1.2, figures
+    n, isl, osl = 4, 64, 8
+    count = Engine(hardware="cpu").template().load_generator.count_tokens_by
+    bodies = {}
+    for name in ("ours", "vllm bench serve"):
+        with running_fake_server() as url:
+            if name == "ours":
+                run = LoadGenerator(metrics_path="").run_point(
+                    url, completion_bodies("twin", synthetic_prompts(tokenizer, n, isl, seed=1),
+                                           osl, count_tokens_by=count),
+                    concurrency=2, max_seconds=60, request_timeout_s=60)
+                assert summarize(run.records, run.duration_s).completed == n
+            else:
+                engine_python().run(VLLM_BENCH_SERVE, *[
+                    "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
+                    "--model", "twin", "--tokenizer", str(model), "--dataset-name", "random",
+                    "--random-input-len", str(isl), "--random-output-len", str(osl),
+                    "--num-prompts", str(n), "--max-concurrency", "2", "--ignore-eos",
+                    "--disable-tqdm", "--seed", "1", "--ready-check-timeout-sec", "0"])
+            with urllib.request.urlopen(url + "/truth") as resp:
+                bodies[name] = json.loads(resp.read())["bodies"]
+    assert len(bodies["ours"]) == n and len(bodies["vllm bench serve"]) >= n
+    peer = {json.dumps(_sampling(b), sort_keys=True) for b in bodies["vllm bench serve"]}
+    assert len(peer) == 1, peer  # the peer asks the same of every request
+    expected = json.loads(peer.pop())
+    assert expected.get("ignore_eos") is True  # the comparison saw the shared flag
+    for body in bodies["ours"]:
+        assert _sampling(body) == expected, body
+        assert body["stream"] and body["max_tokens"] == osl
+        assert set(body) - {"model", "prompt", "max_tokens", "stream", "stream_options",
+                            "return_token_ids", *SAMPLING_FIELDS} == set(), body

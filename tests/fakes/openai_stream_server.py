@@ -3,7 +3,8 @@
 Not an engine. It exists because no real engine can show what a load generator must get right:
 a known TTFT and inter-token gap (`--ttft-ms`, `--itl-ms`), and faults on demand. Every
 request's real send times are recorded server-side and served at `GET /truth`, so a client's
-numbers are compared with what actually happened.
+numbers are compared with what actually happened; so are the first request bodies, so two
+clients' requests can be compared field by field.
 
 Streaming as vLLM's API server does it: `--tokens-per-chunk K` sends every chunk after the first
 with K tokens (vLLM merges a request's outputs when its consumer lags; the first goes out alone),
@@ -86,6 +87,7 @@ FAULTS = ("none", "5xx", "drop", "malformed", "crlf", "cr", "reset", "reset_mid"
           "exit")
 METRICS_FAULTS = ("none", "404", "stall", "garbage")
 SEPARATORS = {"crlf": b"\r\n\r\n", "cr": b"\r\r"}
+BODIES_KEPT = 16  # what a client sends, for a test comparing two clients' requests
 
 
 @dataclass
@@ -102,6 +104,7 @@ class Truth:
     chunks: int = 0
     tokens: int = 0
     metrics_scrapes: int = 0  # GET /metrics, answered or not
+    bodies: list[dict] = field(default_factory=list)  # the first BODIES_KEPT request bodies
 
     def finished(self, token_times: list[float], t0: float, chunks: int) -> None:
         """One request's token times (seconds, perf_counter) become its TTFT and ITLs."""
@@ -189,6 +192,8 @@ def build_app(cfg: FakeConfig) -> web.Application:
         body = await request.json()
         truth.requests += 1
         idx = truth.requests
+        if len(truth.bodies) < BODIES_KEPT:
+            truth.bodies.append(body)
         if cfg.hang_completions:
             await asyncio.Event().wait()
         faulty = cfg.fault != "none" and cfg.fault_every > 0 and idx % cfg.fault_every == 0
@@ -295,7 +300,8 @@ def build_app(cfg: FakeConfig) -> web.Application:
                                   "ttft_s": truth.ttft_s, "itl_s": truth.itl_s,
                                   "chunks": truth.chunks, "tokens": truth.tokens,
                                   "metrics_scrapes": truth.metrics_scrapes,
-                                  "most_running": truth.most_running})
+                                  "most_running": truth.most_running,
+                                  "bodies": truth.bodies})
 
     async def reset_truth(_: web.Request) -> web.Response:
         truth.__init__()
