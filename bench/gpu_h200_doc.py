@@ -715,6 +715,13 @@ def api_server_spread(r: dict) -> tuple[float, float]:
     return max(cpu) / sum(cpu), max(cpu) / r["load_s"]
 
 
+def repetition_label(step: str) -> str:
+    """A frontend step's key as the page words it: the recorder's `c256 run 2` (or
+    `c256 repetition 2`) reads `c=256 repetition 2`, the same as the rows' labels."""
+    m = re.fullmatch(r"c(\d+) (?:run|repetition) (\d+)", step)
+    return f"c={m[1]} repetition {m[2]}" if m else step
+
+
 def client_targets_section() -> str:
     """More runs of the stack's client against the
     fresh-prompts peer at 256 and 128, each engine start followed by one discarded warm-up
@@ -724,7 +731,8 @@ def client_targets_section() -> str:
             for name in FRONTEND_CALLS["client_targets"]]
     client = "ours, token ids per chunk"
     paired = paired_req_s(rows, client, FRESH_PEER)
-    skipped = [f"{k} of `{name}`" for name, st in zip(FRONTEND_CALLS["client_targets"], recs)
+    skipped = [f"{repetition_label(k)} of `{name}`"
+               for name, st in zip(FRONTEND_CALLS["client_targets"], recs)
                for k, v in st.items() if isinstance(v, dict) and "skipped" in v]
     share_cores = [(r, *api_server_spread(r)) for r in rows]
     spread = {c: [s for r, s, _ in share_cores if r["client"] == c] for c in (client, FRESH_PEER)}

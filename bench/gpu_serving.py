@@ -851,7 +851,7 @@ def frontend_point(running, engine, served: str, tokenizer, tok_dir: Path, work:
                    api_processes=sorted([t[:48], round(c, 2)] for t, c in per_process.values()))
         if row.get("client_itl_ms") and row["engine_itl_ms"]:
             row["itl_vs_engine"] = round(row["client_itl_ms"] / row["engine_itl_ms"] - 1, 4)
-        say(f"frontend c={concurrency} run {run_no} {name}: {row.get('req_s')} req/s, API "
+        say(f"frontend c={concurrency} repetition {run_no} {name}: {row.get('req_s')} req/s, API "
             f"{row['api_cores']} cores, {row['api_cpu_s_per_1k_tokens']} s/1k tok, ITL vs "
             f"engine {row.get('itl_vs_engine')}")
         rows.append(row)
@@ -950,7 +950,7 @@ def frontend(args) -> int:
         for run_no in range(args.frontend_runs):
             for conc in args.concurrency:
                 if time.monotonic() + 10 * conc / 16 > budget_end:
-                    rep.step(f"c{conc} run {run_no}", skipped="device budget")
+                    rep.step(f"c{conc} repetition {run_no}", skipped="device budget")
                     continue
                 rows += frontend_point(running, engine, cf.spec(twin_id).served_name,
                                        tokenizer, tok_src, args.work, conc, run_no, in_len,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from onboarding.common.paths import PROJECT_ROOT
 
-SUFFIXES = (".py", ".yaml", ".yml", ".sh", ".toml", ".md")
+SUFFIXES = (".py", ".yaml", ".yml", ".sh", ".toml", ".md", ".json")
 SKIPPED = ("tests/data/", "deploy/crds/", "deploy/kserve-crds/", ".venv")
 
 # "issue 23", "issues 3, 17": an internal tracker number
@@ -31,6 +31,14 @@ FILE_BY_RUN = re.compile(r"run\d|_run_\d", re.IGNORECASE)
 NAME_REF = re.compile(r"\b(?:\w+_run_?\d+\w*|run\d+_\w+)\b", re.IGNORECASE)
 # borrowing a remote test GPU: the project's text says what device and command, not this
 LENDING = re.compile(r"\b(lent|leases?|leased)\b", re.IGNORECASE)
+# a session on a test GPU by its ordinal ("the tenth H200 run", "the fourth, fifth and eighth
+# runs' rows") or a repetition labelled like one ("c256 run 2 of"); a recording is named by topic
+ORDINAL = (r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh"
+           r"|twelfth|\d+(?:st|nd|rd|th))")
+RUN_ORDINAL = re.compile(
+    rf"\b{ORDINAL}\s+(?:[HB]\d00|GPU)\s+(?:run|session)s?\b"
+    rf"|\b{ORDINAL}(?:,\s*{ORDINAL})*,?\s+and\s+{ORDINAL}\s+runs\b"
+    r"|\brun\s+\d+\s+of\b", re.IGNORECASE)
 
 
 def product_files() -> list[Path]:
@@ -58,6 +66,8 @@ def findings(path: Path, text: str) -> list[str]:
             out.append(f"{rel}:{n}: a name by run number {m.group(0)!r}")
         if m := LENDING.search(line):
             out.append(f"{rel}:{n}: GPU-lending word {m.group(0)!r}")
+        if m := RUN_ORDINAL.search(line):
+            out.append(f"{rel}:{n}: a run by its ordinal {m.group(0)!r}")
     return out
 
 
@@ -67,12 +77,26 @@ def test_the_checks_catch_what_they_are_for_and_spare_upstream_references():
     text = ("# issue 23: x\n# see vllm-project/vllm issue 42738 and upstream issue 5\n"
             "def recording_run2():\nH200_RUN9 = 1\n# on the lent H200\n"
             "# kserve/kserve#5348, https://github.com/a/b/issues/7\n"
-            "# tests/data/gpu/h200-slo-target/onboard-A.json; see test_h200_run4_replay.py\n")
+            "# tests/data/gpu/h200-slo-target/onboard-A.json; see test_h200_run4_replay.py\n"
+            "# from the tenth H200 run\n# replaces the fourth, fifth and eighth runs' rows\n"
+            "# skipped: c256 run 2 of `frontend`\n"
+            "# the first run installs it; from its second run on; c=256 repetition 2 of x\n")
     got = findings(probe, text)
     assert [g.split(": ", 1)[1] for g in got] == [
         "file named by run number", "internal issue number 'issue 23'",
         "named by run number 'recording_run2'", "named by run number 'H200_RUN9'",
-        "GPU-lending word 'lent'", "a name by run number 'test_h200_run4_replay'"]
+        "GPU-lending word 'lent'", "a name by run number 'test_h200_run4_replay'",
+        "a run by its ordinal 'tenth H200 run'",
+        "a run by its ordinal 'fourth, fifth and eighth runs'",
+        "a run by its ordinal 'run 2 of'"]
+
+
+def test_json_descriptions_are_product_text():
+    """A config's JSON (its `description`, a point's `source`) is read like any other file; a
+    recording's JSON under tests/data/ is not."""
+    names = {p.relative_to(PROJECT_ROOT).as_posix() for p in product_files()}
+    assert "configs/predict/h200_points.json" in names
+    assert not any(n.startswith("tests/data/") for n in names)
 
 
 def test_no_internal_history_in_code_configs_tests_scripts_bench_or_docs():
