@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import kubernetes_validate
 import pytest
 import yaml
@@ -150,7 +151,6 @@ def test_postgres_password_never_in_values():
 def test_daemon_runs_sensors_schedules_and_retries_lost_runs_only():
     daemon = VALUES["dagsterDaemon"]
     assert daemon["enabled"] is True
-    assert daemon["runCoordinator"]["type"] == "QueuedRunCoordinator"
     assert daemon["runRetries"]["enabled"] is True
     assert daemon["runRetries"]["maxRetries"] >= 1
     assert daemon["runRetries"]["retryOnAssetOrOpFailure"] is False
@@ -211,3 +211,34 @@ def test_values_validate_against_the_chart_schema():
     )
     errors = sorted(validator.iter_errors(_deep_merge(defaults, VALUES)), key=str)
     assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors[:20])
+
+
+def test_the_cluster_instance_refuses_a_plan_only_fetch_at_submission():
+    """The daemon's and the webserver's instance get the project's run coordinator, as the
+    chart renders `customRunCoordinator` (module, class, config) into dagster.yaml
+    (helm/dagster/templates/helpers/instance/_run-coordinator.tpl, dagster 1.13.27): it loads
+    from exactly those values, and both pods run the image that holds it and read the catalog
+    where the code server does. With Dagster's plain queue a plan-only model's run would start
+    a run pod before its first step refused."""
+    from pipelines.run_coordinator import OnboardingRunCoordinator
+
+    daemon, web = VALUES["dagsterDaemon"], VALUES["dagsterWebserver"]
+    coordinator = daemon["runCoordinator"]
+    assert coordinator["enabled"] is True and coordinator["type"] == "CustomRunCoordinator"
+    custom = coordinator["config"]["customRunCoordinator"]
+    with dg.instance_for_test(overrides={"run_coordinator": {
+            "module": custom["module"], "class": custom["class"],
+            "config": custom["config"]}}) as instance:
+        assert isinstance(instance.run_coordinator, OnboardingRunCoordinator)
+        assert instance.run_coordinator.get_run_queue_config().max_concurrent_runs == \
+            custom["config"]["max_concurrent_runs"]
+    code = _deployment()
+    catalog = _env()["ONBOARDING_CONFIG_DIR"] + "/models"
+    for name, pod in (("dagsterDaemon", daemon), ("dagsterWebserver", web)):
+        assert pod["image"]["repository"] == code["image"]["repository"], name
+        assert pod["image"]["tag"] == code["image"]["tag"], name
+        env = {e["name"]: e["value"] for e in pod["env"]}
+        assert env["ONBOARDING_CONFIG_DIR"] == _env()["ONBOARDING_CONFIG_DIR"], name
+        mounts = {m["mountPath"]: m["name"] for m in pod["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes[mounts[catalog]]["configMap"]["name"] == "onboarding-models", name
