@@ -20,7 +20,7 @@ import dagster as dg
 
 from assets.partitions import nodes_partitions
 from onboarding.nodes.acceptance import NodeAcceptance, stale_reasons
-from onboarding.serving.stack import nvidia_facts
+from resources.stack_facts import nvidia_facts
 from resources.upstream import stored_value
 
 NODE_ACCEPTANCE = dg.AssetKey("node_acceptance")

@@ -20,9 +20,9 @@ from onboarding.serving.stack import (
     fingerprint,
     fingerprint_packages,
     observation_body,
-    observe_node,
 )
 from resources.config_files import ConfigFiles
+from resources.stack_facts import observe_node
 
 SERVING_STACK = dg.AssetKey("serving_stack")
 BODY_KEY = "stack"

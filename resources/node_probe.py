@@ -38,8 +38,8 @@ from onboarding.nodes import acceptance as acc
 from onboarding.nodes.acceptance import NO_GPU
 from onboarding.nodes.facts import FormatError, parse_dcgm_diag
 from onboarding.nodes.host_tools import ToolRun, load_recordings, render_recording
-from onboarding.serving.stack import nvidia_facts
 from resources.s3 import S3ObjectStore
+from resources.stack_facts import nvidia_facts
 from resources.telemetry import GpuTelemetry
 
 TOOL_TIMEOUT_S = 120.0

@@ -12,8 +12,9 @@ engine is a key of `engines`, and adding one touches configs/stack.yaml and test
 The fingerprint is the `serving_stack` asset's data version, so changing a version in the stack
 file (or upgrading the engine in its virtualenv, or the driver) marks every stack-dependent
 asset stale. The file is fingerprinted parsed, not as text: comments and key order do not count.
-Node facts that cannot be read because the thing is absent (no `nvidia-smi` on a CPU node, no
-engine virtualenv) are recorded as absent; a tool that is present but fails is an error.
+The node facts are read by resources/stack_facts.py (it runs `nvidia-smi` and the engine's
+interpreter) and parsed here: a thing that is absent (no `nvidia-smi` on a CPU node, no engine
+virtualenv) is recorded as absent; a tool that is present but fails is an error.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -32,7 +31,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from onboarding.common.config import StrictConfig, load_yaml, validate_config
-from onboarding.common.errors import ConfigError, OnboardingError
+from onboarding.common.errors import ConfigError
 from onboarding.serving.kernels import KernelFactPatterns
 
 ABSENT = "absent"
@@ -41,7 +40,8 @@ ABSENT = "absent"
 STACK_PACKAGES = ("flashinfer-python", "torch", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
                   "nvidia-modelopt", "transformers")
 ENGINE_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
-_ENGINE_PROBE = (
+# run by the engine virtualenv's interpreter (resources/stack_facts.py): `{package: version}`
+ENGINE_PROBE = (
     "import importlib.metadata as m, json, sys\n"
     "out = {}\n"
     "for name in sys.argv[1:]:\n"
@@ -515,22 +515,10 @@ def read_stack_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def nvidia_facts(smi: str | None = None, timeout_s: float = 20.0) -> dict[str, Any]:
-    """Driver, CUDA and GPU names from `nvidia-smi`; `absent` where the node has none."""
-    smi = smi or shutil.which("nvidia-smi")
-    if not smi:
-        return {"nvidia_driver": ABSENT, "cuda_driver_api": ABSENT, "gpus": []}
-    query = [smi, "--query-gpu=driver_version,name", "--format=csv,noheader"]
-    try:
-        listed = subprocess.run(query, capture_output=True, text=True, timeout=timeout_s,
-                                check=True).stdout
-        header = subprocess.run([smi], capture_output=True, text=True, timeout=timeout_s,
-                                check=True).stdout
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-        detail = getattr(exc, "stderr", "") or exc
-        raise OnboardingError(f"{smi}", f"present but failed ({detail})",
-                              "Fix the NVIDIA driver on this node (`nvidia-smi` must run), or "
-                              "set stack.observe_node: false in configs/automation.yaml.") from None
+def nvidia_smi_facts(listed: str, header: str) -> dict[str, Any]:
+    """Driver, CUDA and GPU names from `nvidia-smi --query-gpu=driver_version,name
+    --format=csv,noheader` (`listed`) and plain `nvidia-smi`'s banner (`header`). The node's
+    tools are run by resources/stack_facts.py; this reads what they printed."""
     rows = [[c.strip() for c in line.split(",")] for line in listed.splitlines() if line.strip()]
     cuda = _CUDA_IN_SMI.search(header)
     return {"nvidia_driver": rows[0][0] if rows else ABSENT,
@@ -538,40 +526,14 @@ def nvidia_facts(smi: str | None = None, timeout_s: float = 20.0) -> dict[str, A
             "gpus": sorted(r[1] for r in rows if len(r) > 1)}
 
 
-def engine_facts(engine_python: Path, packages: tuple[str, ...] = STACK_PACKAGES,
-                 timeout_s: float = 60.0) -> dict[str, Any]:
-    """Versions of `packages` inside the engine's virtualenv, read by its own interpreter
-    (`Stack.fingerprint_packages`: the engines' distributions and the rest of the stack)."""
-    if not engine_python.exists():
-        return {"engine": ABSENT}
-    try:
-        out = subprocess.run([str(engine_python), "-I", "-c", _ENGINE_PROBE, *packages],
-                             capture_output=True, text=True, timeout=timeout_s, check=True).stdout
-        versions = json.loads(out)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError,
-            ValueError) as exc:
-        detail = getattr(exc, "stderr", "") or exc
-        raise OnboardingError(str(engine_python), f"cannot report its package versions ({detail})",
-                              "Repair the engine virtualenv (scripts/setup_engine.sh) or point "
-                              "stack.engine_python in configs/automation.yaml at a working "
-                              "interpreter.") from None
-    # The interpreter's path is left out: the same versions elsewhere are the same stack.
+NO_NVIDIA = {"nvidia_driver": ABSENT, "cuda_driver_api": ABSENT, "gpus": []}
+
+
+def engine_versions_facts(versions: dict[str, str | None]) -> dict[str, Any]:
+    """The engine virtualenv's package versions (`ENGINE_PROBE`'s output) as node facts; a
+    package it lacks is left out. The interpreter's path is left out too: the same versions
+    elsewhere are the same stack."""
     return {f"engine.{k}": v for k, v in versions.items() if v is not None}
-
-
-def torch_facts() -> dict[str, Any]:
-    """The pipeline's own torch (quantization and evaluation run in it)."""
-    import torch
-
-    return {"pipeline.torch": torch.__version__, "pipeline.torch_cuda": torch.version.cuda or "cpu"}
-
-
-def observe_node(engine_python: Path | None, packages: tuple[str, ...] = STACK_PACKAGES,
-                 smi: str | None = None) -> dict[str, Any]:
-    facts = {**nvidia_facts(smi), **torch_facts()}
-    if engine_python is not None:
-        facts.update(engine_facts(engine_python, packages))
-    return facts
 
 
 def fingerprint(config: dict[str, Any], node: dict[str, Any]) -> str:

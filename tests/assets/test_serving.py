@@ -25,11 +25,11 @@ from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.deploy.serving_plan import ServingPlan
 from onboarding.nodes.acceptance import NodeAcceptance
 from onboarding.quantize.variants import QuantizedSet
-from onboarding.serving.stack import nvidia_facts
 from onboarding.serving.stats import LoadTimingResult
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator
+from resources.stack_facts import nvidia_facts
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec

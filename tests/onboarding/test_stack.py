@@ -1,51 +1,15 @@
-"""Node facts for the stack fingerprint: absent tools are recorded, broken ones are errors."""
+"""The stack file and the node facts as the pure layer reads them; running the node's tools is
+resources/stack_facts.py's (tests/resources/test_stack_facts.py)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import ast
 
 import pytest
 
-from onboarding.common.errors import ConfigError, OnboardingError
+from onboarding.common.errors import ConfigError
 from onboarding.common.paths import PROJECT_ROOT
-from onboarding.serving.stack import ABSENT, engine_facts, nvidia_facts, read_stack_config
-
-
-def test_engine_versions_come_from_the_engines_own_interpreter():
-    facts = engine_facts(Path(sys.executable))
-    assert facts["engine.torch"].startswith("2.") and "engine.pytest" not in facts
-    assert engine_facts(Path("/nonexistent/python")) == {"engine": ABSENT}
-
-
-def test_a_broken_engine_interpreter_is_an_error(tmp_path):
-    broken = tmp_path / "python"
-    broken.write_text("#!/bin/sh\necho boom >&2\nexit 3\n")
-    broken.chmod(0o755)
-    with pytest.raises(OnboardingError, match="boom"):
-        engine_facts(broken)
-
-
-def test_nvidia_smi_absent_or_failing(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))  # a node without the NVIDIA driver
-    assert nvidia_facts() == {"nvidia_driver": ABSENT, "cuda_driver_api": ABSENT, "gpus": []}
-    failing = tmp_path / "nvidia-smi"
-    failing.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
-    failing.chmod(0o755)
-    with pytest.raises(OnboardingError, match="present but failed"):
-        nvidia_facts(smi=str(failing))
-
-
-def test_nvidia_smi_output_is_parsed(tmp_path):
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nif [ -n \"$1\" ]; then\n"
-                   "echo '580.95.05, NVIDIA H200'\necho '580.95.05, NVIDIA H200'\nelse\n"
-                   "echo '| NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   "
-                   "CUDA Version: 13.0 |'\nfi\n")
-    smi.chmod(0o755)
-    assert nvidia_facts(smi=str(smi)) == {"nvidia_driver": "580.95.05",
-                                          "cuda_driver_api": "13.0",
-                                          "gpus": ["NVIDIA H200", "NVIDIA H200"]}
+from onboarding.serving.stack import ABSENT, nvidia_smi_facts, read_stack_config
 
 
 def test_stack_file_needs_versions(tmp_path):
@@ -54,3 +18,23 @@ def test_stack_file_needs_versions(tmp_path):
     bad.write_text("images: {}\n")
     with pytest.raises(ConfigError, match="field 'versions'"):
         read_stack_config(bad)
+
+
+def test_nvidia_smi_output_is_read_without_running_it():
+    listed = "580.95.05, NVIDIA H200\n580.95.05, NVIDIA H200\n"
+    header = "| NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version: 13.0 |"
+    assert nvidia_smi_facts(listed, header) == {"nvidia_driver": "580.95.05",
+                                                "cuda_driver_api": "13.0",
+                                                "gpus": ["NVIDIA H200", "NVIDIA H200"]}
+    assert nvidia_smi_facts("", "") == {"nvidia_driver": ABSENT, "cuda_driver_api": ABSENT,
+                                        "gpus": []}
+
+
+def test_the_stack_module_starts_no_process():
+    """onboarding/ is the pure layer: the stack module parses facts, it does not run tools."""
+    tree = ast.parse((PROJECT_ROOT / "onboarding" / "serving" / "stack.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module}
+    assert not imported & {"subprocess", "shutil", "os"}
