@@ -170,3 +170,21 @@ def test_the_download_job_runs_the_projects_own_fetch_for_published_variants():
     assert callable(importlib.import_module(FILLER_MODULE).main)
     assert spec["container"]["securityContext"]["runAsUser"] == \
         DEPLOY.local_model_cache.cache_uid
+
+
+def test_the_cache_filler_validates_against_kserves_own_crd():
+    """The ClusterStorageContainer CRD ships with the other KServe CRDs of the pinned release
+    (deploy/kserve-crds/SOURCE: config/crd/full/clusterstoragecontainer/ at v0.20.0), and the
+    rendered object passes it under the API server's strict field rule; a field KServe does not
+    knows not is refused by the same check."""
+    from resources.manifest_validator import DEFAULT_CRD_DIR, ManifestValidator
+
+    crd = DEFAULT_CRD_DIR / "serving.kserve.io_clusterstoragecontainers.yaml"
+    assert "clusterstoragecontainer" in (DEFAULT_CRD_DIR / "SOURCE").read_text()
+    validator = ManifestValidator(crd_paths=[str(crd)])
+    [csc] = _files()["08-cache-filler.yaml"]
+    assert validator.validate(csc) == []
+    bad = json.loads(json.dumps(csc))
+    bad["spec"]["container"]["mountPath"] = "/mnt/models"
+    errors = validator.validate(bad)
+    assert any("mountPath: unknown field" in e for e in errors), errors
