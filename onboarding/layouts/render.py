@@ -110,13 +110,32 @@ def _mig_share(plan: LayoutPlan, cfg: LayoutsConfig):
     return node.mig_share if node is not None else None
 
 
+# NVIDIA k8s-device-plugin v0.20.0: with `replicas` > 1 and no rename, gpu-feature-discovery
+# labels the node `nvidia.com/gpu.product=<product>-SHARED` (internal/lm/resource.go
+# getProductName), which the manifests' product selector would never match; `renameByDefault:
+# true` keeps the product label and advertises the replicas as `nvidia.com/gpu.shared`
+# (api/config/v1/replicas.go, consts.go DefaultSharedResourceNameSuffix) instead of
+# nvidia.com/gpu, on every GPU of the node. Replicas are handed out indiscriminately: a request
+# for two may get two of the same GPU (README.md, "Shared Access to GPUs"), so
+# failRequestsGreaterThanOne makes the kubelet refuse one rather than run it on half a GPU.
+SHARED_GPU = "nvidia.com/gpu.shared"
+
+
+def _device_plugin_shares(plan: LayoutPlan, cfg: LayoutsConfig) -> bool:
+    """Time-slicing / MPS: the device plugin's config shares every GPU of the layout's node."""
+    return cfg.gpu_sharing.mode != "mig" and any(p.shares_gpu_with for p in plan.placements)
+
+
 def gpu_resource(plan: LayoutPlan, p: Placement, cfg: LayoutsConfig) -> tuple[str, int]:
     """What the engine's pod requests: a MIG slice when it shares a GPU in mig mode (mixed
-    strategy resource name), else `tensor_parallel` x nvidia.com/gpu (replicas of one under
-    time-slicing / MPS)."""
+    strategy resource name); on a node the device plugin time-slices (or runs MPS on), its
+    renamed replicas `nvidia.com/gpu.shared`, for every member; else `tensor_parallel` x
+    nvidia.com/gpu."""
     share = _mig_share(plan, cfg)
     if p.shares_gpu_with and cfg.gpu_sharing.mode == "mig" and share is not None:
         return f"nvidia.com/mig-{share.profile}", 1
+    if _device_plugin_shares(plan, cfg):
+        return SHARED_GPU, p.tensor_parallel
     return "nvidia.com/gpu", p.tensor_parallel
 
 
@@ -161,7 +180,8 @@ def render_inference_service(plan: LayoutPlan, p: Placement, spec: ModelSpec,
     finds no GPU."""
     source = source or ModelSource()
     resource, n = gpu_resource(plan, p, cfg)
-    if resource != "nvidia.com/gpu":
+    mig = resource.startswith("nvidia.com/mig-")
+    if mig:
         # a MIG slice is its own isolated GPU to the engine: the bare-metal split of a shared
         # GPU's memory would leave the rest of the slice unused, so the model's own fraction
         # applies there (the grant check holds the need within the slice)
@@ -191,7 +211,11 @@ def render_inference_service(plan: LayoutPlan, p: Placement, spec: ModelSpec,
     predictor["priorityClassName"] = priority_class_name(p.qos)
     # every member of the layout on the one node labelled for it
     predictor["nodeSelector"][LAYOUT_LABEL] = label_value(plan.name)
-    if resource != "nvidia.com/gpu":
+    if resource == SHARED_GPU:
+        for side in ("requests", "limits"):
+            res = predictor["model"]["resources"][side]
+            res[SHARED_GPU] = res.pop("nvidia.com/gpu")
+    if mig:
         # a MIG slice is a fraction of a GPU: its pod gets that fraction of the GPU's host share
         node, share = nodes.node_types[plan.node_type], _mig_share(plan, cfg)
         per = share.per_gpu if share is not None else 1
@@ -382,8 +406,9 @@ def gpu_sharing_objects(plan: LayoutPlan, cfg: LayoutsConfig, nodes: NodesConfig
         cm["metadata"]["labels"][LAYOUT_LABEL] = label_value(plan.name)
         return (cm,)
     key = "timeSlicing" if gs.mode == "time-slicing" else "mps"
-    config = {"version": "v1", "sharing": {key: {"resources": [
-        {"name": "nvidia.com/gpu", "replicas": gs.replicas}]}}}
+    config = {"version": "v1", "sharing": {key: {
+        "renameByDefault": True, "failRequestsGreaterThanOne": True,
+        "resources": [{"name": "nvidia.com/gpu", "replicas": gs.replicas}]}}}
     return ({"apiVersion": "v1", "kind": "ConfigMap",
              "metadata": {"name": to_dns1123_label(f"{plan.name}-device-plugin-config"),
                           **meta},
@@ -427,11 +452,17 @@ def grant_problems(plan: LayoutPlan, manifests: dict[str, tuple[dict[str, Any], 
             if owners:
                 out.append(f"{plan.name}: {gs.mode} shares every GPU of the node, also those "
                            f"of {', '.join(owners)} (QoS shares_gpu: false); use mig")
+    if _device_plugin_shares(plan, cfg):
+        many = [p.model for p in plan.placements if p.tensor_parallel > 1]
+        if many:
+            out.append(f"{plan.name}: {', '.join(many)} request more than one "
+                       f"{SHARED_GPU}: {gs.mode} hands out replicas, not distinct GPUs, and "
+                       "the rendered failRequestsGreaterThanOne refuses such a pod; use mig")
     whole = slices = 0
     for docs in manifests.values():
         req = next(d for d in docs if d["kind"] == "InferenceService")["spec"]["predictor"][
             "model"]["resources"]["requests"]
-        whole += int(req.get("nvidia.com/gpu", 0))
+        whole += int(req.get("nvidia.com/gpu", 0)) + int(req.get(SHARED_GPU, 0))
         slices += sum(int(v) for k, v in req.items() if k.startswith("nvidia.com/mig-"))
     cut = len({g for p in sharing for g in p.gpu_ids}) if gs.mode == "mig" else 0
     allocatable = node.gpus_per_node * (gs.replicas if sharing and gs.mode != "mig" else 1)
