@@ -24,10 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gpu_serving import PEER_SEEDS
-from onboarding.common.tables import md_table, read_md_table, splice_generated
-from onboarding.serving.stats import Slo, headline
-from tests.gpu_recordings import (
+from bench.gpu_recordings import (
     FRONTEND_CALLS,
     H200,
     MODEL,
@@ -39,10 +36,13 @@ from tests.gpu_recordings import (
     slo_target_sweep_rows,
     sweep_rows,
 )
-from tests.gpu_recordings import (
+from bench.gpu_recordings import (
     frontend_rows as recorded_frontend_rows,
 )
-from tests.gpu_recordings import recording as load
+from bench.gpu_recordings import recording as load
+from bench.gpu_serving import PEER_SEEDS
+from onboarding.common.tables import md_table, read_md_table, splice_generated
+from onboarding.serving.stats import Slo, headline
 
 DOC = ROOT / "docs" / "gpu.md"
 TWIN = "llama-3-1-8b-instruct-twin:fp8"
@@ -350,9 +350,9 @@ def engine_choices() -> dict[str, object]:
     in bf16 is its FP8 plan at bf16 (as the device ran it), not a configuration it plans."""
     import tempfile
 
+    from bench import gpu_recordings as rec
     from onboarding.deploy.engine_choice import choose_engine
     from resources.config_files import ConfigFiles
-    from tests import gpu_recordings as rec
 
     cf, candidates = rec.engine_choice_candidates(Path(tempfile.mkdtemp()))
     measured = ConfigFiles().engine_measurements()
@@ -539,9 +539,9 @@ def client_ingredients_section() -> str:
 def cold_start_section() -> str:
     """Three fully cold starts of one configuration (`onboard T` with `T_REPEATS=3,0,0`), so the cold-start p95 the startup probe is sized from
     is one; recomputed from the starts load_timing recorded."""
+    from bench import gpu_recordings as rec
     from onboarding.deploy.kserve import startup_probe_plan
     from resources.config_files import ConfigFiles
-    from tests import gpu_recordings as rec
 
     t = rec.recorded("cold_start", "onboard-T")
     md = t["assets"][MODEL]["load_timing"]

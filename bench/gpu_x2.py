@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
 TWIN_8B, TWIN_70B = "llama-3-1-8b-instruct-twin", "llama-3-1-70b-instruct-twin"
-# the versions the x2 plan is pinned to (tests/gpu_recordings.py RECORDINGS["slo_target"])
+# the versions the x2 plan is pinned to (bench/gpu_recordings.py RECORDINGS["slo_target"])
 PINNED_RECORDING = ROOT / "tests" / "data" / "gpu" / "h200-slo-target"
 T0 = time.monotonic()
 
@@ -102,7 +102,7 @@ def probe_argv(out_dir: Path, burn_s: float) -> list[str]:
 
 def thresholds() -> dict[str, Any]:
     """What the interconnect checks judge against on a 2-GPU h200 (the shipped config)."""
-    from tests.gpu_recordings_x2 import interconnect_setting
+    from bench.gpu_recordings_x2 import interconnect_setting
 
     t = interconnect_setting(2).thresholds
     return {"allreduce_busbw_min_gbps": {str(k): v for k, v in

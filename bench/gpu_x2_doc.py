@@ -15,7 +15,7 @@ source; nothing in it is measured on two GPUs. The device minutes per step are e
 the one-GPU runs' recorded timings, each with the timing it rests on.
 
 The default writes the sections from plan.json and the recordings under tests/data/gpu/h200x2/
-(re-judged by tests/gpu_recordings_x2.py, the functions the replay tests use); `--check`
+(re-judged by bench/gpu_recordings_x2.py, the functions the replay tests use); `--check`
 writes nothing and exits 1 when the page differs.
 """
 
@@ -32,9 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from onboarding.common.tables import md_table, splice_generated
-from tests.gpu_recordings import folder
-from tests.gpu_recordings_x2 import (
+from bench.gpu_recordings import folder
+from bench.gpu_recordings_x2 import (
     DEVICE_STEPS,
     EXPECTED,
     expected,
@@ -46,6 +45,7 @@ from tests.gpu_recordings_x2 import (
     tp_gain,
     twin_steps,
 )
+from onboarding.common.tables import md_table, splice_generated
 
 DOC = ROOT / "docs" / "gpu.md"
 TWIN_8B, TWIN_70B = "llama-3-1-8b-instruct-twin", "llama-3-1-70b-instruct-twin"
@@ -202,7 +202,7 @@ def predictions(cf) -> dict[str, Any]:
 
 
 def expect(args) -> int:
-    from tests.gpu_recordings_x2 import interconnect_setting
+    from bench.gpu_recordings_x2 import interconnect_setting
 
     with tempfile.TemporaryDirectory(prefix="x2-expect-") as tmp:
         work = Path(tmp)

@@ -4,8 +4,7 @@ Two modes. The fake-server mode (the default) compares the clients' own reports 
 server's ground truth. The real-engine mode (`--real-engine`) compares what our
 client and `vllm bench serve` cost a real engine's frontend: see "Real-engine mode" below.
 
-All four drive the same fake OpenAI-compatible streaming server (tests/fakes/
-openai_stream_server.py, a test fixture that records the true send times), one fresh server
+All four drive the same fake OpenAI-compatible streaming server (bench/openai_stream_server.py, a test fixture that records the true send times), one fresh server
 process per (case, tool), tools interleaved and their order rotated per repeat. Each tool gets
 `concurrency` warm-up requests (ours, vllm `--num-warmups`, aiperf `--warmup-request-count`;
 guidellm has no count-based warm-up and runs without), excluded from its numbers. Printed per
@@ -68,12 +67,12 @@ sys.path.insert(0, str(ROOT))
 import aiohttp
 
 import resources.loadgen as loadgen_mod
+from bench.hub_cache import seed_hub_cache
+from bench.openai_stream_server import running_fake_server
 from onboarding.serving.frontend import process_cpu_s, tree_cpu_s
 from onboarding.serving.prompts import synthetic_prompts
 from onboarding.serving.stats import histogram_mean_delta, parse_metrics, summarize
 from resources.loadgen import LoadGenerator, completion_bodies
-from tests.fakes.openai_stream_server import running_fake_server
-from tests.hub_cache import seed_hub_cache
 
 SMOL = ROOT / ".cache" / "smollm2-135m-instruct"
 VLLM = ROOT / ".venv-engine" / "bin" / "vllm"

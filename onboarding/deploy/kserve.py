@@ -267,11 +267,19 @@ def checkpoint_dtype(config: dict[str, Any]) -> str | None:
     return config.get("dtype") or config.get("torch_dtype")
 
 
-def source_precision(config_dtype: str | None) -> str:
-    """Precision of the source checkpoint from config.json's dtype; bf16 when it says nothing."""
-    if config_dtype in (None, "bfloat16", "float16", "float32"):
-        return "bf16"
-    return config_dtype
+def source_precision(config_dtype: str | None, declared: str = "bf16") -> str:
+    """Precision of the source checkpoint: from the fetched config.json's dtype when there is
+    one (`checkpoint_dtype`), else the catalog's `source_precision` (`declared`; a plan_only
+    entry is never fetched). Where both exist they must agree."""
+    if config_dtype is None:
+        return declared
+    found = "bf16" if config_dtype in ("bfloat16", "float16", "float32") else config_dtype
+    if found != declared:
+        raise ConfigError(
+            f"catalog source_precision: {declared}",
+            f"the fetched checkpoint's config.json says {found} ({config_dtype})",
+            f"Set source_precision: {found} in the model's catalog entry.")
+    return found
 
 
 @dataclass(frozen=True)

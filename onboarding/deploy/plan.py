@@ -20,7 +20,7 @@ from onboarding.common.config import StrictConfig, load_config_file
 from onboarding.common.errors import ConfigError, OnboardingError
 from onboarding.common.names import is_dns1123_label
 from onboarding.common.refs import CheckpointRef, VariantRef
-from onboarding.fetch.catalog import ArchitectureHint, ModelSpec
+from onboarding.fetch.catalog import PRECISION_WIDTH, ArchitectureHint, ModelSpec
 from onboarding.serving.kernels import KernelRule
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
@@ -288,6 +288,9 @@ class PlanInputs:
     kv_cache_dtype: str | None
     gpu_memory_utilization: float
     measured: Measured = field(default_factory=Measured)
+    # the source checkpoint's precision (catalog source_precision): the baseline that needs no
+    # accuracy gate, and the widest precision a plan may serve
+    source_precision: str = "bf16"
 
 
 @dataclass(frozen=True)
@@ -365,17 +368,22 @@ def plan_inputs(
         kv_cache_dtype=spec.engine_args.get("kv_cache_dtype"),
         gpu_memory_utilization=gpu_memory_utilization(spec, planning),
         measured=measured,
+        source_precision=spec.source_precision,
     )
 
 
 def _precision_for(inputs: PlanInputs, node: NodeType) -> tuple[str | None, str]:
-    """First ladder precision the node serves natively, never above the one that passed the gate."""
-    ladder = list(inputs.precision_ladder)
+    """First ladder precision the node serves natively, never above the one that passed the
+    gate; the source's own precision (bf16, or fp8 for an FP8 release) needs no gate, and none
+    wider than it has weights."""
+    width = PRECISION_WIDTH[inputs.source_precision]
+    ladder = [p for p in inputs.precision_ladder if PRECISION_WIDTH[p] <= width]
     m = inputs.measured
     if m.variant_precision is not None and m.variant_precision in ladder:
         ladder = ladder[ladder.index(m.variant_precision):]
     if m.passed_precisions is not None:
-        failed = [p for p in ladder if p != "bf16" and p not in m.passed_precisions]
+        failed = [p for p in ladder
+                  if p != inputs.source_precision and p not in m.passed_precisions]
         ladder = [p for p in ladder if p not in failed]
     else:
         failed = []

@@ -186,8 +186,8 @@ def render_targets(spec: ModelSpec, splan: ServingPlan, nodes: NodesConfig, stac
         if not ev.measured and not deploy.render_unmeasured:
             skipped[nt] = f"{ev.basis} (deploy.yaml render_unmeasured: false)"
             continue
-        storage = storage_for(spec, config.precision, source_precision(config_dtype), deploy,
-                              published)
+        source_prec = source_precision(config_dtype, spec.source_precision)
+        storage = storage_for(spec, config.precision, source_prec, deploy, published)
         todo.append((nt, config, ev, storage))
     # one LocalModelCache per published variant: every node type with a cache that deploys it
     cached = {}

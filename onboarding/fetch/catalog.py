@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from onboarding.common.config import StrictConfig, load_yaml, validate_config
 from onboarding.common.errors import ConfigError
@@ -24,6 +24,7 @@ from onboarding.common.names import is_dns1123_label, to_dns1123_label
 from onboarding.common.redact import redact_urls, url_secret
 
 Precision = Literal["nvfp4", "fp8", "bf16"]
+PRECISION_WIDTH = {"nvfp4": 0, "fp8": 1, "bf16": 2}  # quantization moves down this order only
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(?P<prefix>.*)$")
 _HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(@(?P<revision>[^@]*))?$")
@@ -128,6 +129,11 @@ class ModelSpec(StrictConfig):
     served_name: str
     description: str = ""
     precision_ladder: list[Precision] = Field(default_factory=lambda: ["nvfp4", "fp8", "bf16"])
+    source_precision: Precision = Field(
+        default="bf16", description="the precision of the source checkpoint's weights (fp8 for "
+        "a block-scaled FP8 release such as DeepSeek-R1): what a plan_only entry is planned and "
+        "deployed from, the baseline no accuracy gate is needed for; a fetched checkpoint's "
+        "config.json must agree")
     eval_tasks: list[str] = Field(default_factory=list)
     scenarios: list[str] = Field(default_factory=lambda: ["chat"])
     slo: SloOverrides = Field(default_factory=SloOverrides)
@@ -173,6 +179,19 @@ class ModelSpec(StrictConfig):
         if len(set(v)) != len(v):
             raise ValueError(f"precision ladder {v} names a precision twice")
         return v
+
+    @model_validator(mode="after")
+    def _ladder_within_source(self) -> ModelSpec:
+        """Quantization only narrows: a ladder precision wider than the source's has no
+        weights to serve (an FP8 release has no bf16 variant)."""
+        wider = [p for p in self.precision_ladder
+                 if PRECISION_WIDTH[p] > PRECISION_WIDTH[self.source_precision]]
+        if wider:
+            raise ValueError(
+                f"precision_ladder {self.precision_ladder} lists {', '.join(wider)}, wider than "
+                f"source_precision {self.source_precision}: no such weights exist; remove "
+                f"{', '.join(wider)} from the ladder (or correct source_precision)")
+        return self
 
     @field_validator("weights")
     @classmethod

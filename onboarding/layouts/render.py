@@ -188,7 +188,7 @@ def render_inference_service(plan: LayoutPlan, p: Placement, spec: ModelSpec,
         p = dataclasses.replace(p, gpu_memory_utilization=inputs.gpu_memory_utilization)
     config = layout_config(plan, p, spec, inputs, nodes, stack)
     served = layout_spec(spec, p)
-    src_prec = source_precision(source.config_dtype)  # as kserve_manifest reads it
+    src_prec = source_precision(source.config_dtype, spec.source_precision)  # as kserve_manifest
     r = render(RenderInputs(served, layout_deployment_plan(inputs, p), plan.node_type,
                             nodes.node_types[plan.node_type], stack, deploy, config,
                             evidence(config, None, None),

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import statistics
 
+from bench.gpu_recordings import frontend_rows, recorded
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.serving.stack import load_stack
-from tests.gpu_recordings import frontend_rows, recorded
 
 PEER = "vllm bench serve"
 CLIENT_FOR = {"usage": "ours", "token_ids": "ours, token ids per chunk"}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import statistics
 
+from bench.gpu_recordings import FRONTEND_CALLS, frontend_rows, recorded
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.serving.stack import load_stack
-from tests.gpu_recordings import FRONTEND_CALLS, frontend_rows, recorded
 
 PEER = "vllm bench serve"
 # the frontend experiment's client name for each way of counting (bench/gpu_serving.py)

@@ -13,7 +13,7 @@ import tarfile
 from collections import Counter
 
 from bench.gpu_h200_doc import FRESH_PEER, api_server_spread, frontend_verdicts, paired_req_s
-from tests.gpu_recordings import FRONTEND_CALLS, folder, frontend_rows, recorded
+from bench.gpu_recordings import FRONTEND_CALLS, folder, frontend_rows, recorded
 
 CLIENT = "ours, token ids per chunk"
 SERVER = re.compile(r"\(ApiServer_(\d+) pid=\d+\)")

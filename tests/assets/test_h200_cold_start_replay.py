@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import gpu_recordings as rec
+from bench import gpu_recordings as rec
 from tests.assets import test_h200_replay as stages
 from tests.assets.test_h200_replay import GOLDEN, isvc, rendered, replay
 from tests.conftest import assert_golden

@@ -11,6 +11,7 @@ import dataclasses
 
 import pytest
 
+from bench import gpu_recordings as rec
 from onboarding.deploy.engine_choice import (
     DEFAULT,
     MEASURED,
@@ -18,7 +19,6 @@ from onboarding.deploy.engine_choice import (
     goodput_at_slo,
     measurements_from_twins,
 )
-from tests import gpu_recordings as rec
 
 TWIN, SMOL = "llama-3-1-8b-instruct-twin", "smollm2-135m"
 STEPS = {TWIN: ("vllm-twins", "sglang-twins", f"{TWIN}:fp8"),

@@ -12,15 +12,15 @@ import itertools
 import json
 import statistics
 
-from onboarding.common.paths import PROJECT_ROOT
-from onboarding.serving.stats import Slo
-from tests.gpu_recordings import (
+from bench.gpu_recordings import (
     flattered_sweeps,
     fresh_prompt_sweeps,
     itl_mean_ms_of,
     resent_before_fix,
     stats_of_point,
 )
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.serving.stats import Slo
 
 LOADS = [1, 8, 32, 64]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import statistics
 
+from bench.gpu_recordings import frontend_rows, recorded
 from onboarding.common.paths import PROJECT_ROOT
-from tests.gpu_recordings import frontend_rows, recorded
 
 CLIENT = "ours, token ids per chunk"
 PEER = "vllm bench serve"

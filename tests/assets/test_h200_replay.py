@@ -1,5 +1,5 @@
 """The project's stages on an H200, replayed here: what the assets stored there
-(tests/data/gpu/h200/, read back by tests/gpu_recordings.py) goes through the real serving_config
+(tests/data/gpu/h200/, read back by bench/gpu_recordings.py) goes through the real serving_config
 and kserve_manifest assets in a real Dagster instance, and the manifest they render is the one
 rendered on the H200.
 
@@ -24,6 +24,7 @@ import yaml
 
 from assets.deploy import kserve_manifest, serving_config
 from assets.partitions import models_partitions
+from bench import gpu_recordings as rec
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.tables import read_md_table
 from onboarding.serving.stats import LoadTimingResult, PointStats, slo_violations
@@ -32,7 +33,6 @@ from resources.huggingface import HuggingFaceStore
 from resources.manifest_validator import ManifestValidator
 from resources.s3 import S3ObjectStore
 from resources.upstream import optional_upstream
-from tests import gpu_recordings as rec
 from tests.conftest import assert_golden
 from tests.dagster_support import metadata, store_upstream
 

@@ -8,8 +8,8 @@ below).
 
 from __future__ import annotations
 
+from bench.gpu_recordings import MODEL, points, recorded, slo_target_sweep_rows
 from onboarding.serving.stats import Slo, headline
-from tests.gpu_recordings import MODEL, points, recorded, slo_target_sweep_rows
 
 
 def _slo_check() -> dict:

@@ -1,5 +1,5 @@
 """The recordings from two H200s of one host, re-judged on the CPU with the project's own rules
-(tests/gpu_recordings_x2.py): the SLO verdict of each twin's sweep by `serving_stats.headline`,
+(bench/gpu_recordings_x2.py): the SLO verdict of each twin's sweep by `serving_stats.headline`,
 TP 1 against TP 2, the noisy-neighbour rule, the interconnect at configs/acceptance.yaml's
 thresholds, and the plan the run was expected to start (tests/data/gpu/h200x2/expected/).
 
@@ -16,11 +16,8 @@ import json
 
 import pytest
 
-from onboarding.common.paths import PROJECT_ROOT
-from onboarding.predictions.predict import points_from_sweep_rows
-from resources.config_files import ConfigFiles
-from tests.gpu_recordings import folder
-from tests.gpu_recordings_x2 import (
+from bench.gpu_recordings import folder
+from bench.gpu_recordings_x2 import (
     DEVICE_STEPS,
     expected,
     judge_interconnect,
@@ -31,6 +28,9 @@ from tests.gpu_recordings_x2 import (
     tp_gain,
     twin_steps,
 )
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.predictions.predict import points_from_sweep_rows
+from resources.config_files import ConfigFiles
 
 ACCEPTANCE = PROJECT_ROOT / "tests" / "data" / "acceptance"
 GREEDY_TWINS = folder("client_accounting") / "twins.json"

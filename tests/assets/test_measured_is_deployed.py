@@ -18,6 +18,7 @@ import yaml
 from assets.deploy import kserve_manifest, published_variant, serving_config
 from assets.partitions import models_partitions
 from assets.serving import SLO_CHECK, load_timing, serving_benchmark
+from bench.openai_stream_server import install_as_vllm
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.quantize.variants import AccuracyReport, QuantizedSet, write_manifest
@@ -29,7 +30,6 @@ from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 from tests.dagster_support import metadata
-from tests.fakes.openai_stream_server import install_as_vllm
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 KEY = "tiny-model"

@@ -14,12 +14,12 @@ import yaml
 
 from assets.deploy import kserve_manifest, serving_config
 from assets.operations import VALID_CHECK, operations
+from bench import gpu_recordings as rec
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.huggingface import HuggingFaceStore
 from resources.manifest_validator import ManifestValidator
 from resources.s3 import S3ObjectStore
 from resources.upstream import optional_upstream
-from tests import gpu_recordings as rec
 from tests.assets.test_h200_replay import UPSTREAM, instance, repo_configs, run_configs  # noqa: F401
 from tests.dagster_support import metadata, store_upstream
 

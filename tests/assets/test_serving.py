@@ -20,6 +20,8 @@ from assets.serving import (
     serving_benchmark,
 )
 from assets.stack import current_stack
+from bench.gpu_recordings import folder
+from bench.openai_stream_server import install_as_vllm
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.deploy.serving_plan import ServingPlan
@@ -34,8 +36,6 @@ from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 from tests.dagster_support import metadata
-from tests.fakes.openai_stream_server import install_as_vllm
-from tests.gpu_recordings import folder
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 KEY = "tiny-model"

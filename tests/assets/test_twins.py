@@ -30,6 +30,7 @@ from assets.quantize import (
 from assets.readiness import readiness
 from assets.served_accuracy import PRECISIONS, agreement_check_name, served_accuracy
 from assets.serving import COLD_START_CHECK, SLO_CHECK, load_timing, serving_benchmark
+from bench.openai_stream_server import install_as_vllm
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.fetch.twins import (
     NO_WEIGHTS,
@@ -51,7 +52,6 @@ from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import ACCESS_KEY, SECRET_KEY
 from tests.dagster_support import metadata
-from tests.fakes.openai_stream_server import install_as_vllm
 
 KEY = "llama-3-1-8b-instruct-twin"
 ASSETS = [checkpoint, quantized, accuracy, served_accuracy, serving_variant, serving_config,

@@ -7,6 +7,7 @@ InferenceService's annotations; a manifest with nothing measured there carries n
 
 from __future__ import annotations
 
+from bench.gpu_recordings import folder
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.deploy.kserve import LABEL_PREFIX, RenderInputs, load_deploy, render, storage_for
 from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
@@ -16,7 +17,6 @@ from onboarding.serving.engine_config import evidence
 from onboarding.serving.kernels import StartKernels, judge, read_kernel_facts
 from onboarding.serving.stack import load_stack
 from onboarding.serving.stats import LoadTimingResult
-from tests.gpu_recordings import folder
 
 CONFIGS = PROJECT_ROOT / "configs"
 FP8_START = folder("stages") / "engine-logs/engine-llama-3-1-8b-instruct-twin-54287-1796071496.log"

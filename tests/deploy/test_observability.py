@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench import gpu_recordings as rec
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.deploy.dashboard import dashboard_queries, render_dashboard
 from onboarding.deploy.observability import (
@@ -30,7 +31,6 @@ from onboarding.deploy.observability import (
 from onboarding.serving.profiles import resolve_slo
 from resources.config_files import ConfigFiles
 from resources.manifest_validator import ManifestValidator
-from tests import gpu_recordings as rec
 from tests.deploy.recorded_series import (
     CPU_SCRAPES,
     cpu_scrape_series,

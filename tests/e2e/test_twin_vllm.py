@@ -140,12 +140,12 @@ def test_the_client_asks_the_engine_for_the_same_work_as_vllm_bench_serve(tmp_pa
     incremental detokenizer re-decodes the whole request at every step); the client as shipped
     read 0.97-1.08x. That ratio moves by 10 % from run to run on a shared machine, so it is a
     benchmark's to print; the cause is a request field, and this test holds it. Both clients
-    send to the fake server (tests/fakes/openai_stream_server.py), which keeps their bodies:
+    send to the fake server (bench/openai_stream_server.py), which keeps their bodies:
     `vllm bench serve`'s own parser and entry point, in the engine venv, with the serving
     benchmark's `count_tokens_by`, `ignore_eos` and lengths."""
     from transformers import AutoTokenizer
 
-    from tests.fakes.openai_stream_server import running_fake_server
+    from bench.openai_stream_server import running_fake_server
 
     model = twin_source_dir("llama-3-1-8b-instruct-twin", tmp_path / "twin")
     tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from assets.deploy import build_plan
+from bench import gpu_recordings as rec
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.deploy.engine_choice import (
     DEFAULT,
@@ -33,7 +34,6 @@ from onboarding.deploy.engine_choice import (
 )
 from onboarding.deploy.serving_plan import render_targets, serving_plan, with_engine_choices
 from resources.config_files import ConfigFiles
-from tests import gpu_recordings as rec
 
 TWIN = "llama-3-1-8b-instruct-twin"
 CRAFTED = "CRAFTED for tests/onboarding/test_engine_choice.py, not measured"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.gpu_recordings import folder
 from onboarding.common.errors import ConfigError
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.deploy.plan import NodesConfig, load_nodes
@@ -28,7 +29,6 @@ from onboarding.serving.kernels import (
     summarize_facts,
 )
 from onboarding.serving.stack import load_stack
-from tests.gpu_recordings import folder
 
 DATA = PROJECT_ROOT / "tests" / "data"
 H200_LOGS = folder("stages") / "engine-logs"

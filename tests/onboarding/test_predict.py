@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.gpu_recordings import folder
 from onboarding.common.errors import ConfigError
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
@@ -43,7 +44,6 @@ from onboarding.predictions.predict import (
     slo_verdict,
 )
 from onboarding.serving.stats import Dist, PointStats, Slo
-from tests.gpu_recordings import folder
 
 CONFIGS = PROJECT_ROOT / "configs"
 NODES = load_nodes(CONFIGS / "nodes.yaml")

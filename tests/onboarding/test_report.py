@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from bench.gpu_recordings import folder
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.tables import write_csv
 from onboarding.deploy.plan import Measured, plan, plan_inputs, shape_from_hint
@@ -39,7 +40,6 @@ from onboarding.reports.pages import (
     to_markdown,
     when,
 )
-from tests.gpu_recordings import folder
 from tests.report_facts import (
     BIG,
     CATALOG,

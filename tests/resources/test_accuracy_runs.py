@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from pydantic import PrivateAttr
 
+from bench.gpu_recordings import recorded as gpu_recorded
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import CheckpointRef
 from onboarding.fetch.catalog import ModelSpec
@@ -42,7 +43,6 @@ from resources.accuracy_runs import served_report
 from resources.config_files import ConfigFiles
 from resources.engine import Engine, RunningEngine
 from resources.evaluator import EvalRun
-from tests.gpu_recordings import recorded as gpu_recorded
 
 DATA = PROJECT_ROOT / "tests" / "data" / "served_accuracy"
 CPU = DATA / "cpu_smollm2.json"

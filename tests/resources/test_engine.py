@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.openai_stream_server import install_as_vllm
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import VariantRef
 from resources.engine import REAP_GRACE_AFTER_DEADLINE_S, Engine, EngineError
-from tests.fakes.openai_stream_server import install_as_vllm
 
 
 @pytest.fixture

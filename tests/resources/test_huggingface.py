@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.hub_cache import seed_hub_cache
 from onboarding.common.errors import FetchError
 from onboarding.fetch.catalog import SourceRef, parse_source
 from onboarding.fetch.checkpoint_manifest import sha256_file
 from resources.huggingface import HuggingFaceStore
 from resources.nvme_cache import NvmeCache
-from tests.hub_cache import seed_hub_cache
 
 
 @pytest.fixture

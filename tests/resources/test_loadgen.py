@@ -7,10 +7,10 @@ import urllib.request
 import aiohttp
 import pytest
 
+from bench.openai_stream_server import running_fake_server
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.serving.stats import ERROR_CAUSES, histogram_mean_delta, parse_metrics, summarize
 from resources.loadgen import LoadGenerator, SseEvents, completion_bodies, error_cause, sse_data
-from tests.fakes.openai_stream_server import running_fake_server
 
 
 def truth(url: str) -> dict:
@@ -101,7 +101,7 @@ def test_poisson_mode_sends_about_rate_times_seconds():
 
 
 def test_connection_refused_is_an_error_not_a_crash():
-    from tests.fakes.openai_stream_server import free_port
+    from bench.openai_stream_server import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     r = LoadGenerator(metrics_path="").run_point(url, completion_bodies("fake", ["x"] * 3, 2),

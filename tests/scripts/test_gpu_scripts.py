@@ -160,7 +160,7 @@ def test_a_frontend_round_against_a_fake_server_times_each_client_and_its_own_cp
     from transformers import AutoTokenizer
 
     from bench.gpu_serving import frontend_point
-    from tests.fakes.openai_stream_server import running_fake_server
+    from bench.openai_stream_server import running_fake_server
 
     smol = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
     if not (smol / "tokenizer.json").is_file():
@@ -196,7 +196,7 @@ def test_the_fresh_prompts_peer_draws_new_prompts_per_run_and_the_old_one_repeat
     from transformers import AutoTokenizer
 
     from bench.gpu_serving import PEER_SEEDS, frontend_point
-    from tests.fakes.openai_stream_server import running_fake_server
+    from bench.openai_stream_server import running_fake_server
 
     smol = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
     if not (smol / "tokenizer.json").is_file():
@@ -236,8 +236,8 @@ def test_the_frontend_warm_up_round_completes_on_prompts_no_measured_run_sends()
     from transformers import AutoTokenizer
 
     from bench.gpu_serving import WARMUP_SEED, frontend_warmup
+    from bench.openai_stream_server import running_fake_server
     from onboarding.serving.prompts import synthetic_prompts
-    from tests.fakes.openai_stream_server import running_fake_server
 
     smol = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
     if not (smol / "tokenizer.json").is_file():
@@ -277,14 +277,14 @@ def test_the_twins_sweep_sends_each_point_prompts_no_earlier_point_sent(tmp_path
     from transformers import AutoTokenizer
 
     from assets.serving import run_sweep
+    from bench.gpu_recordings import itl_mean_ms_of, stats_of_point
     from bench.gpu_serving import REQUEST_FIELDS, BenchContext, PointRecorder
+    from bench.openai_stream_server import running_fake_server
     from onboarding.serving.frontend import FrontendSampler
     from onboarding.serving.profiles import resolve_slo
     from resources.config_files import ConfigFiles
     from resources.loadgen import LoadGenerator
     from resources.telemetry import GpuTelemetry
-    from tests.fakes.openai_stream_server import running_fake_server
-    from tests.gpu_recordings import itl_mean_ms_of, stats_of_point
 
     smol = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
     if not (smol / "tokenizer.json").is_file():

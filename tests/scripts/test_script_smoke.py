@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.gpu_recordings import recorded
 from onboarding.common.paths import PROJECT_ROOT
-from tests.gpu_recordings import recorded
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 VLLM = PROJECT_ROOT / ".venv-engine" / "bin" / "vllm"

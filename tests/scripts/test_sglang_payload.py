@@ -14,10 +14,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from assets.deploy import build_plan
+from bench.gpu_recordings import folder
 from onboarding.deploy.engine_choice import config_for_engine, engine_images
 from onboarding.deploy.serving_plan import serving_plan
 from resources.config_files import ConfigFiles
-from tests.gpu_recordings import folder
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELS = ROOT / "bench" / "sglang-wheels.txt"

@@ -92,7 +92,7 @@ GPUS = 1  # one H200 (onboard-B: serving_benchmark `gpus`)
 def folder(topic: str) -> Path:
     """The folder of the recording named `topic` in `RECORDINGS`."""
     if topic not in RECORDINGS:
-        raise KeyError(f"no GPU recording {topic!r}; tests/gpu_recordings.py RECORDINGS names "
+        raise KeyError(f"no GPU recording {topic!r}; bench/gpu_recordings.py RECORDINGS names "
                        f"them: {', '.join(RECORDINGS)}")
     return GPU_DATA / RECORDINGS[topic]
 

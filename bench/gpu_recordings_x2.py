@@ -16,11 +16,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.gpu_recordings import points
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.nodes import acceptance as acc
 from onboarding.serving.stats import Slo, headline
 from resources.config_files import ConfigFiles
-from tests.gpu_recordings import points
 
 X2 = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200x2"
 EXPECTED = X2 / "expected" / "plan.json"
