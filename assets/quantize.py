@@ -12,7 +12,6 @@ blocking check re-verifies the chosen variant's bytes on disk before anything co
 
 import hashlib
 import json
-from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -53,6 +52,7 @@ from onboarding.quantize.variants import (
     variant_dir,
     variant_ref,
 )
+from onboarding.reports.pages import gates_table
 from resources.accuracy_runs import in_process_scorer
 from resources.config_files import ConfigFiles
 from resources.engine import Engine
@@ -204,7 +204,7 @@ def accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles, checkpoint
         "accuracy_table": dg.MetadataValue.md(md_table(rows)),
         "eval_seconds": dg.MetadataValue.json(eval_s),
         "items_per_task": max((r["n"] for r in rows), default=0),
-        "gates": dg.MetadataValue.json({o.precision: asdict(o) for o in outcomes}),
+        "gates": dg.MetadataValue.md(gates_table(outcomes)),
         **stack_metadata(configs),
         **spec_metadata(spec),
     })
@@ -220,7 +220,7 @@ def _twin_accuracy(configs: ConfigFiles, spec: ModelSpec, gates: AccuracyGates):
         "accuracy_table": dg.MetadataValue.md(f"{NOT_APPLICABLE}: a performance twin's outputs "
                                               "are noise; nothing was evaluated"),
         "weights": spec.weights,
-        "gates": dg.MetadataValue.json({o.precision: asdict(o) for o in report.gates}),
+        "gates": dg.MetadataValue.md(gates_table(report.gates)),
         **stack_metadata(configs),
         **spec_metadata(spec),
     })

@@ -496,6 +496,16 @@ def _accuracy_section(f: ModelFacts) -> Section:
     return Section("Variants and accuracy", tuple(blocks), "accuracy")
 
 
+def gates_table(gates: Sequence[Any]) -> str:
+    """The accuracy decision per precision as a Markdown table (the `gates` metadata in the UI):
+    verdict, which score decided, items judged, and the reason in words."""
+    return md_table(({"precision": g.precision,
+                      "verdict": getattr(g, "verdict", "") or ("pass" if g.passed else "fail"),
+                      "decided by": f"{getattr(g, 'source', 'in_process')} score",
+                      "items": getattr(g, "items", 0) or None,
+                      "reason": g.reason} for g in gates), empty="no precision was judged")
+
+
 def _precision_section(f: ModelFacts) -> Section:
     served = f.serving_variant.precision if f.serving_variant else None
     rows, reached = [], True

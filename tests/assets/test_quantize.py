@@ -101,6 +101,9 @@ def test_nvfp4_is_served_when_it_passes(configs, tiny_lm):
     assert checks[SERVING_CHECK].passed
     acc_meta = materialization(result, "accuracy").metadata
     assert "| task" in acc_meta["accuracy_table"].value
+    # a table in the UI, not the outcome records as raw JSON
+    assert acc_meta["gates"].value.startswith("| precision | verdict | decided by |")
+    assert "| nvfp4 | pass | in_process score |" in acc_meta["gates"].value
     gate_meta = checks[gate_check_name("nvfp4")].metadata
     assert "onb_facts_mc_actual" in gate_meta and "onb_facts_mc_expected" in gate_meta
     # rounded for a reader (the UI showed 0.41785714285714287)
