@@ -110,7 +110,7 @@ class Page:
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;color:#1d2330;margin:0;
 background:#f6f7f9}
-main{max-width:1180px;margin:0 auto;padding:24px 32px 64px;background:#fff}
+main{max-width:1300px;margin:0 auto;padding:24px 32px 64px;background:#fff}
 h1{font-size:24px;margin:8px 0 12px}h2{font-size:19px;margin:32px 0 8px;border-bottom:1px solid
 #dde1e7;padding-bottom:4px}h3{font-size:16px;margin:22px 0 6px}
 table{border-collapse:collapse;margin:8px 0 14px;font-size:12.5px;display:block;
