@@ -29,6 +29,9 @@ from resources.upstream import optional_upstream
 from tests.conftest import write_spec
 from tests.quantize_support import build_tiny_causal_lm
 
+# end to end: real Model Optimizer quantization and lm-eval scoring in Dagster
+pytestmark = pytest.mark.slow
+
 KEY = "tiny-lm"
 # served_accuracy never ran for this partition (tests/e2e/test_served_accuracy.py runs it): the
 # in-process gates decide, and serving_variant says so
