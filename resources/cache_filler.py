@@ -8,18 +8,24 @@ ClusterStorageContainer whose `supportedUriFormats` match the URI picks that con
 fetch (resumable, verified file by file, renamed into place only when complete) into a hidden
 entry inside the folder, then each verified file hard-linked to the folder's top level, where
 the engine reads it. A folder that already holds the verified entry (an earlier fill on this
-node) finishes at once with nothing fetched, so KServe's Job succeeds and the node's status
-becomes Downloaded without a second copy of the bytes.
+node, or `prefill` from the pipeline's own verified variant) finishes at once with nothing
+fetched, so KServe's Job succeeds and the node's status becomes Downloaded without a second copy
+of the bytes. Its last step writes `.onboarding-complete`, which the model pods' init container
+waits for (onboarding/deploy/kserve.py cache_gate).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from onboarding.common.errors import ConfigError, OnboardingError
+from onboarding.common.errors import ConfigError, IntegrityError, OnboardingError
+from onboarding.common.files import write_atomic
+from onboarding.deploy.kserve import CACHE_COMPLETE
 from onboarding.fetch.catalog import parse_source
 from resources.nvme_cache import NvmeCache
 from resources.object_store import LogFn, ObjectStore
@@ -43,14 +49,55 @@ def fill(store: ObjectStore, uri: str, folder: Path, log: LogFn = print) -> Fill
         raise ConfigError(uri, "the node cache filler reads published variants on S3 only",
                           "Publish the variant (published_variant) and cache its s3:// URI.")
     folder.mkdir(parents=True, exist_ok=True)
+    complete = folder / CACHE_COMPLETE
+    complete.unlink(missing_ok=True)  # a pod arriving while this runs waits (kserve.cache_gate)
     cache = NvmeCache(root=str(folder / VERIFIED_DIR))
     result = cache.fetch("variant", store, source, log=log)
     for entry in result.manifest.files:
         _link(result.path / entry.path, folder / entry.path)
+    write_atomic(complete, f"{uri} {result.manifest.content_hash} "
+                 f"{len(result.manifest.files)} files\n")
     log(f"{folder}: {len(result.manifest.files)} verified files of {uri} "
         + ("already here, nothing fetched" if result.warm
            else f"fetched ({result.bytes_fetched} bytes over the wire)"))
     return FillResult(folder, result.warm, result.bytes_fetched, len(result.manifest.files))
+
+
+def prefill(store: ObjectStore, uri: str, folder: Path, local_dir: Path,
+            log: LogFn = print) -> FillResult:
+    """Fill `folder` (KServe's `models/<storage key>/` on this node) from the pipeline's own
+    copy of the published variant at `uri` (`local_dir`, the files `published_variant`
+    uploaded), with no byte over the wire: each local file of the published size is
+    hard-linked (copied across filesystems) into the staging folder `fill` resumes from, then
+    `fill` verifies every file's sha256 against what the store recorded, renames it into place,
+    links it to the top level and marks the folder complete. KServe's download Job, run later
+    on this node, then finds the folder verified and fetches nothing."""
+    source = parse_source(uri)
+    if source.kind != "s3":
+        raise ConfigError(uri, "the node cache filler reads published variants on S3 only",
+                          "Publish the variant (published_variant) and cache its s3:// URI.")
+    remote = store.describe(source, log=log)
+    staging = folder / VERIFIED_DIR / "variant" / f".staging-{remote.revision}"
+    placed = 0
+    for obj in remote.objects:
+        src, dst = local_dir / obj.path, staging / obj.path
+        if not src.is_file() or src.stat().st_size != obj.size or dst.exists():
+            continue  # not ours to place: fill fetches (or keeps) it
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            shutil.copyfile(src, dst)  # another filesystem: a local copy, still no download
+        placed += 1
+    log(f"{folder}: {placed} of {len(remote.objects)} files placed from {local_dir}")
+    try:
+        return fill(store, uri, folder, log=log)
+    except IntegrityError as exc:  # a local file is not the published one: quarantined by the
+        # verified fetch, so the second fill takes that file from the store
+        log(f"{folder}: a local file differs from the published variant ({exc}); fetching it")
+        return fill(store, uri, folder, log=log)
 
 
 def _link(src: Path, dst: Path) -> None:

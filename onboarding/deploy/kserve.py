@@ -25,6 +25,7 @@ from onboarding.common.config import StrictConfig, load_config_file
 from onboarding.common.errors import ConfigError
 from onboarding.common.names import to_dns1123_label
 from onboarding.common.redact import secret_urls
+from onboarding.deploy.observability import llm_inference_service_replicas
 from onboarding.deploy.plan import GIB, DeploymentPlan, NodePlan, NodeType
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.serving.engine_config import SECRET_NAME, EngineConfig, Evidence
@@ -327,6 +328,43 @@ def storage_for(spec: ModelSpec, precision: str, source_prec: str, cfg: DeployCo
 NODE_GROUP_ANNOTATION = "serving.kserve.io/nodegroup"  # pkg/constants NodeGroupAnnotationKey
 
 
+# The node cache is complete only when the filler says so: resources/cache_filler.py writes this
+# file into the folder as its last step (after every verified file is in place), just before
+# KServe's download Job succeeds and the agent marks the model ModelDownloaded
+# (localmodelnode/controller.go getModelStatusFromJobStatus). KServe itself starts a cached
+# predictor on whatever the folder holds (storage_initializer_injector.go mounts the PVC, nothing
+# waits), so every cached pod carries an init container that waits for this file: until then
+# the pod is not Ready, its Service has no endpoint, and neither KServe's route nor the gateway
+# reaches it.
+CACHE_COMPLETE = ".onboarding-complete"
+PVC_SOURCE_VOLUME = "kserve-pvc-source"  # pkg/constants PvcSourceMountName
+CACHE_WAIT_CONTAINER = "wait-for-node-cache"
+CACHE_WAIT_MOUNT = "/mnt/node-cache"
+
+
+def cache_gate(pvc_name: str, source_uri: str, image: str, poll_s: int = 10
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The init container that holds a cached pod until the node's folder is complete, and the
+    volume it reads. The volume has the name and claim KServe's pod mutator gives the model's
+    own mount (utils.AddModelMount in pkg/utils/storage.go reuses a volume of that name; the
+    claim is `<LocalModelCache>-<node group>`, inference_service_defaults.go
+    setLocalModelLabel), so the pod holds one volume, mounted read-only; the init container
+    sees exactly `models/<storage key>`, the folder the engine gets. Requests equal limits:
+    the pod stays Guaranteed."""
+    marker = f"{CACHE_WAIT_MOUNT}/{CACHE_COMPLETE}"
+    script = (f'until [ -f {marker} ]; do echo "waiting for the node cache of {source_uri} '
+              f'(KServe download Job)"; sleep {poll_s}; done; cat {marker}')
+    init = {"name": CACHE_WAIT_CONTAINER, "image": image, "command": ["sh", "-c", script],
+            "volumeMounts": [{"name": PVC_SOURCE_VOLUME, "mountPath": CACHE_WAIT_MOUNT,
+                              "subPath": f"models/{storage_key(source_uri)}",
+                              "readOnly": True}],
+            "resources": {"requests": {"cpu": "50m", "memory": "32Mi"},
+                          "limits": {"cpu": "50m", "memory": "32Mi"}}}
+    volume = {"name": PVC_SOURCE_VOLUME,
+              "persistentVolumeClaim": {"claimName": pvc_name, "readOnly": True}}
+    return init, volume
+
+
 def storage_key(source_uri: str) -> str:
     return hashlib.sha256(source_uri.encode()).hexdigest()[:16]
 
@@ -441,10 +479,14 @@ def predicted_pod(isvc: dict[str, Any], cfg: DeployConfig, cached: bool = False
     pod: dict[str, Any] = {"containers": [{"name": RUNTIME_CONTAINER,
                                            "resources": model.get("resources", {})}]}
     si = cfg.storage_initializer
+    own = [{"name": c["name"], "resources": c.get("resources", {})}
+           for c in isvc["spec"]["predictor"].get("initContainers", [])]
+    if own:
+        pod["initContainers"] = own
     if not cached and _uses_storage_initializer(model.get("storageUri", "")):
-        pod["initContainers"] = [{"name": "storage-initializer", "resources": {
+        pod.setdefault("initContainers", []).append({"name": "storage-initializer", "resources": {
             "requests": {"cpu": si.cpu_request, "memory": si.memory_request},
-            "limits": {"cpu": si.cpu_limit, "memory": si.memory_limit}}}]
+            "limits": {"cpu": si.cpu_limit, "memory": si.memory_limit}}})
     return pod
 
 
@@ -859,6 +901,13 @@ def render(ri: RenderInputs) -> Rendered:
         predictor["volumes"] = [{"name": SHM_VOLUME, "emptyDir": {
             "medium": "Memory",
             "sizeLimit": f"{cfg.shm_gib_per_gpu * node.tensor_parallel}Gi"}}]
+    if cached:  # held until the node's cache folder is complete (cache_gate)
+        init, volume = cache_gate(
+            f"{cache_name(spec.id, node.precision, ri.storage.uri)}-"
+            f"{node_group_name(ri.node_type)}", ri.storage.uri,
+            cfg.local_model_cache.filler_image)
+        predictor["initContainers"] = [init]
+        predictor.setdefault("volumes", []).append(volume)
     isvc = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
             "metadata": {"name": name, "namespace": cfg.namespace}, "spec":
             {"predictor": predictor}}
@@ -972,6 +1021,10 @@ def render_llm_inference_service(ri: RenderInputs, isvc: dict[str, Any], c: Engi
                                 "containers": [main]}
     if "volumes" in pred:
         template["volumes"] = copy.deepcopy(pred["volumes"])
+    if "initContainers" in pred:  # the node-cache gate: the llmisvc controller mounts the same
+        # volume name for a cached model (v1alpha2/llmisvc/workload_storage.go
+        # attachPVCModelArtifact)
+        template["initContainers"] = copy.deepcopy(pred["initContainers"])
     annotations = {k: v for k, v in isvc["metadata"]["annotations"].items()
                    if k.startswith(LABEL_PREFIX) or k == NODE_GROUP_ANNOTATION}
     return {
@@ -981,7 +1034,7 @@ def render_llm_inference_service(ri: RenderInputs, isvc: dict[str, Any], c: Engi
                      "labels": dict(isvc["metadata"]["labels"]), "annotations": annotations},
         "spec": {
             "model": {"uri": model["storageUri"], "name": ri.spec.served_name},
-            "replicas": ri.deploy.replicas.min,
+            **llm_inference_service_replicas(ri.deploy.replicas.min, ri.deploy.replicas.max),
             "parallelism": {"tensor": c.tensor_parallel},
             "router": {"route": {}, "gateway": {}, "scheduler": {}},
             "template": template,

@@ -540,8 +540,10 @@ def test_a_published_variant_deploys_from_the_node_cache_not_a_download():
     assert group["spec"]["persistentVolumeSpec"]["local"]["path"] == root
     from onboarding.deploy.kserve import agent_model_dir
     assert agent_model_dir(root, pub.uri) == f"{root}/models/{_storage_key(pub.uri)}"
-    # the pod mounts the PVC: no storage initializer, no pull in the startup window
-    assert "initContainers" not in predicted_pod(svc, DEPLOY, cached=True)
+    # the pod mounts the PVC: no storage initializer (only the node-cache gate), no pull in the
+    # startup window
+    assert [c["name"] for c in predicted_pod(svc, DEPLOY, cached=True)["initContainers"]] == [
+        "wait-for-node-cache"]
     assert "cached on the node by LocalModelCache: no pull" in r.startup.explanation
     assert "derived pull" not in r.startup.explanation
     assert "no pod downloads at start" in svc["metadata"]["annotations"][
