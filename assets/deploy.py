@@ -29,6 +29,7 @@ from onboarding.common.tables import md_table
 from onboarding.deploy.cluster_prereqs import render_prerequisites
 from onboarding.deploy.kserve import (
     Rendered,
+    agent_model_dir,
     checkpoint_dtype,
     gib,
     inline_secret_findings,
@@ -54,6 +55,7 @@ from onboarding.fetch import twins
 from onboarding.predictions.predict import PredictionTable
 from onboarding.quantize.variants import AccuracyReport, QuantizedSet
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
+from resources.cache_filler import prefill
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.huggingface import HuggingFaceStore
 from resources.manifest_validator import ManifestValidator
@@ -188,9 +190,20 @@ def published_variant(context: dg.AssetExecutionContext, configs: ConfigFiles,
         s3, dirs[p], checkpoint.model, p,
         deploy.storage.variants_uri.format(model=checkpoint.model, precision=p),
         deploy.storage.read_back_mib, log=context.log.info) for p in needed}
+    # this node's KServe cache folder, filled from the files just verified: the download Job
+    # then fetches nothing here (docs/deploy.md, "Publishing fills the node it runs on")
+    roots = sorted({c.cache_root for c in deploy.local_model_cache.node_types.values()
+                    if Path(c.cache_root).is_dir()})
+    node_cache: dict[str, str] = {}
+    for root in roots:
+        for p, v in published.items():
+            r = prefill(s3, v.uri, Path(agent_model_dir(root, v.uri)), dirs[p],
+                        log=context.log.info)
+            node_cache[p] = f"{r.files} files in {r.folder}, {r.bytes_fetched} bytes fetched"
     rows = [{"precision": p, "uri": v.uri, "bytes": v.total_bytes, "files": v.files,
              "uploaded_bytes": v.bytes_uploaded, "skipped": v.skipped,
-             "read_gbps": v.read_gbps, "derived_pull_s": v.pull_s}
+             "read_gbps": v.read_gbps, "derived_pull_s": v.pull_s,
+             "node_cache": node_cache.get(p, "no KServe cache root on this node")}
             for p, v in published.items()]
     yield dg.Output(published, data_version=_version({p: v.uri for p, v in published.items()}),
                     metadata={"published": dg.MetadataValue.md(md_table(rows)),
