@@ -88,7 +88,8 @@ def node_inventory(context: dg.AssetExecutionContext, configs: ConfigFiles,
 @dg.asset(partitions_def=nodes_partitions, group_name=GROUP, pool="gpu",
           description="`dcgmi diag` where DCGM is installed, and a sustained matmul burn on "
           "every GPU with NVML sampling: compute errors, XIDs, ECC deltas, temperature plateau, "
-          "clock collapse, power against the limit.")
+          "clock collapse, power against the limit; every GPU's PCIe link read again under "
+          "load (an idle GPU trains it down).")
 def gpu_health(context: dg.AssetExecutionContext, config: GpuHealthConfig,
                configs: ConfigFiles, outputs: OutputDirs, node_probe: NodeProbe,
                node_inventory: acc.NodeInventory) -> dg.Output:
@@ -104,7 +105,7 @@ def gpu_health(context: dg.AssetExecutionContext, config: GpuHealthConfig,
         s, node_inventory, diag=diag, diag_why=why, level=level,
         burn=run.result if run else None, samples=run.samples if run else (),
         xids=run.xids if run else (), telemetry_why=run.telemetry_why if run else "",
-        xid_why=run.xid_why if run else "")
+        xid_why=run.xid_why if run else "", links=run.links if run else None)
     return dg.Output(health, metadata={
         **_checks_metadata(health.checks),
         "burn": dg.MetadataValue.md(md_table(health.burn.get("per_gpu") or [])),

@@ -35,6 +35,7 @@ from onboarding.common.errors import FetchError
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.processes import free_port, log_tail, reap_group
 from onboarding.nodes import acceptance as acc
+from onboarding.nodes import telemetry as tm
 from onboarding.nodes.acceptance import NO_GPU
 from onboarding.nodes.facts import FormatError, parse_dcgm_diag
 from onboarding.nodes.host_tools import ToolRun, load_recordings, render_recording
@@ -67,6 +68,15 @@ class BurnRun:
     xids: list[dict] = field(default_factory=list)
     telemetry_why: str = ""  # why nothing was sampled
     xid_why: str = ""  # why XIDs were not watched
+    links: dict[str, ToolRun] = field(default_factory=dict)  # PCIe links read under load
+
+
+# When the burn reads the PCIe links again: once the sampler sees every GPU busy (an idle link
+# trained down is back at speed by then), and at the latest this many seconds after the job
+# starts, or half the burn if that is shorter (no telemetry; the verdict checks the time
+# against the burn's compute window).
+LINK_READ_AFTER_S = 120.0
+BUSY_UTIL_PCT = 50.0
 
 
 def _write(keep: Path | None, name: str, data: str | dict | list, compact: bool = False) -> None:
@@ -280,20 +290,49 @@ class NodeProbe(dg.ConfigurableResource):
             return None, (f"dcgmi diag -r {level} exited {code} without results ({exc}): "
                           f"{(err or out)[-300:]}")
 
+    def links_under_load(self, keep: Path | None) -> dict[str, ToolRun]:
+        """`lspci -vvv` and the sysfs link registers again (acc.LOAD_LINK_COMMANDS), called while
+        the GPUs compute; replayed from `tool_recordings` where set."""
+        if self.tool_recordings:
+            return {k: v for k, v in load_recordings(Path(self.tool_recordings)).items()
+                    if k in acc.LOAD_LINK_COMMANDS}
+        return {name: self._shell(name, cmd, keep)
+                for name, cmd in acc.LOAD_LINK_COMMANDS.items()}
+
     def burn(self, gpus: list[int], probe: acc.ProbeSettings, duration_s: float,
              tolerance: float, keep: Path | None, log: Log) -> BurnRun:
         sampler = self.telemetry.sampler(gpus, probe.sample_interval_s).start()
+        links: dict[str, ToolRun] = {}
+        read_at: list[float] = []
+        done = threading.Event()
+
+        def read_links() -> None:
+            latest = min(duration_s / 2, LINK_READ_AFTER_S)
+            while not done.wait(0.5):
+                busy = {int(x["gpu"]) for x in sampler.samples[-4 * len(gpus):]
+                        if (x.get(tm.GPU_UTIL_PCT) or 0) >= BUSY_UTIL_PCT}
+                if busy >= set(gpus) or sampler.elapsed_s() >= latest:
+                    read_at.append(sampler.elapsed_s())
+                    links.update(self.links_under_load(keep))
+                    return
+
+        reader = threading.Thread(target=read_links, name="pcie-under-load", daemon=True)
+        reader.start()
         try:
             result = self._gpu_job("burn", {
                 "gpus": gpus, "matmul_size": probe.matmul_size, "duration_s": duration_s,
                 "tolerance": tolerance}, duration_s + probe.gpu_job_timeout_s, keep, log)
         finally:
+            done.set()
+            reader.join()
             samples = sampler.stop()
         if "started_at" in result:  # where the burn computed, on the samples' clock
             result["window_s"] = [sampler.at(result["started_at"]), sampler.at(result["ended_at"])]
+        if read_at:  # when the links were read, on the same clock
+            result["links_read_s"] = round(read_at[0], 3)
         run = BurnRun(result, samples, sampler.xids, sampler.unavailable or (
             "" if samples else "the sampler read nothing"), sampler.xid_watch or
-            sampler.unavailable)
+            sampler.unavailable, links)
         _write(keep, acc.RAW_BURN, {"result": result, "xids": run.xids,
                                     "telemetry_unavailable": run.telemetry_why,
                                     "xid_watch": run.xid_why,

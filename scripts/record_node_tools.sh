@@ -3,13 +3,18 @@
 # and for the CPU suite to replay (tests/data/acceptance/). Read-only except the short stress
 # runs; nothing here changes the node's configuration.
 #
-#   bash scripts/record_node_tools.sh OUT_DIR [STRESS_SECONDS]
+#   bash scripts/record_node_tools.sh OUT_DIR [STRESS_SECONDS] [LOAD_SECONDS]
 #
 # Each OUT_DIR/<name>.txt starts with the command ("$ ...") and ends with "# exit N"; a tool
 # that is not installed records exit 127, which acceptance reads as "not checked".
+# The PCIe links are read twice: at idle (lspci-vvv, pci-sysfs-links) and while every GPU runs
+# bf16 matmuls for LOAD_SECONDS (lspci-vvv-load, pci-sysfs-links-load, nvidia-smi-query-load;
+# python3 with PyTorch and CUDA, as the node probe's burn): an idle GPU trains its link down to
+# save power, so its speed is judged under load. No PyTorch: the load reads record why.
 set -u
-out=${1:?usage: record_node_tools.sh OUT_DIR [STRESS_SECONDS]}
+out=${1:?usage: record_node_tools.sh OUT_DIR [STRESS_SECONDS] [LOAD_SECONDS]}
 stress_s=${2:-30}
+load_s=${3:-20}
 mkdir -p "$out"
 
 rec() {  # rec NAME TIMEOUT_S CMD... -> OUT/NAME.txt
@@ -62,5 +67,29 @@ rec dcgmi-discovery 30 'dcgmi discovery -l'
 rec dcgmi-diag-r3 300 'dcgmi diag -r 3 -j'
 rec stress-ng 120 "stress-ng --cpu 0 --vm 2 --vm-bytes 25% --timeout ${stress_s}s --metrics-brief"
 rec edac-after 10 'for f in /sys/devices/system/edac/mc/mc*/ce_count /sys/devices/system/edac/mc/mc*/ue_count; do [ -f "$f" ] && echo "$f $(cat $f)"; done; ls /sys/devices/system/edac 2>&1'
+# The links again under load: matmuls on every GPU in the background, read once they run.
+load_py='import sys, time, torch
+n = torch.cuda.device_count()
+assert n, "no CUDA device"
+xs = [torch.randn(8192, 8192, device=f"cuda:{g}", dtype=torch.bfloat16) for g in range(n)]
+print(f"loading {n} GPU(s)", flush=True)
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    for x in xs:
+        x @ x
+    torch.cuda.synchronize()'
+python3 -c "$load_py" "$load_s" > "$out/.load.log" 2>&1 &
+load_pid=$!
+for _ in $(seq 60); do grep -q loading "$out/.load.log" 2>/dev/null && break; kill -0 $load_pid 2>/dev/null || break; sleep 0.5; done
+sleep 3
+if kill -0 $load_pid 2>/dev/null; then
+  rec lspci-vvv-load 60 'lspci -vvv'
+  rec pci-sysfs-links-load 30 'for d in /sys/bus/pci/devices/*; do v=$(cat $d/vendor 2>/dev/null); c=$(cat $d/class 2>/dev/null); case "$v:$c" in 0x10de:*|*:0x0200*|*:0x0207*|*:0x0108*) echo "$(basename $d) vendor=$v class=$c cur=$(cat $d/current_link_speed 2>/dev/null)/x$(cat $d/current_link_width 2>/dev/null) max=$(cat $d/max_link_speed 2>/dev/null)/x$(cat $d/max_link_width 2>/dev/null)";; esac; done'
+  rec nvidia-smi-query-load 30 'nvidia-smi --query-gpu=index,pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,utilization.gpu,power.draw,clocks.sm --format=csv'
+  wait $load_pid
+else
+  printf '$ python3 -c <bf16 matmuls on every GPU>\n%s\n# exit 1\n' "$(tail -n 5 "$out/.load.log")" > "$out/load-failed.txt"
+fi
+rm -f "$out/.load.log"
 rec which-tools 10 'for t in nvidia-smi dcgmi ipmitool stress-ng lspci nvme smartctl ethtool numactl mcelog ras-mc-ctl nvidia-container-cli nvidia-ctk dkms ibstat; do printf "%s: %s\n" $t "$(command -v $t || echo absent)"; done'
 ls -la "$out"

@@ -122,7 +122,7 @@ def recorded_parts(s: acc.NodeSetting, inv: acc.NodeInventory) -> dict:
     health = acc.build_health(
         s, inv, diag=parse_dcgm_diag((DATA / acc.RAW_DCGM).read_text()), diag_why="", level=3,
         burn=burn["result"], samples=burn["samples"], xids=burn["xids"], telemetry_why="",
-        xid_why="")
+        xid_why="", links=NodeProbe(tool_recordings=str(DATA)).links_under_load(None))
     return {"gpu_health": health,
             "interconnect": acc.build_interconnect(s, inv, json.loads(
                 (DATA / acc.RAW_INTERCONNECT).read_text()), ""),
@@ -170,6 +170,7 @@ def test_a_recorded_healthy_node_is_qualified_with_its_report(
     assert [p["verdict"] for p in verdict.phases] == ["go", "go", "go", "go", "not checked"]
     rows = {c.name: c for c in verdict.checks}
     assert rows["pcie_lnksta"].status == acc.PASS  # the replayed lspci -vvv, judged
+    assert rows["pcie_lnksta_load"].status == acc.PASS  # ... and its read under the burn
     assert "waived: no S3 object on the test machine" in rows["s3_get"].reason
     assert all(c.source for c in verdict.checks if c.status != acc.NOT_CHECKED or c.required)
     out = outputs.reports / "nodes" / NODE

@@ -100,6 +100,19 @@ def test_waivers_and_deviations_name_known_checks_and_say_why(config_dir, config
         configs.acceptance()
 
 
+def test_the_production_alarm_is_not_below_the_burn_limit(config_dir, configs):
+    """acceptance.yaml holds two temperatures: the burn's limit (83 C, below the throttle
+    point) and the procedure's production alarm (85 C), which the in-service alert fires at. An
+    alarm below the burn limit would page for a node acceptance passed: refused."""
+    h200 = configs.acceptance().node_types["h200"]
+    assert (h200.burn.temperature_max_c, h200.gpu_temperature_alarm_c) == (83, 85)
+    write_acceptance(config_dir, lambda d: d["node_types"]["h200"].update(
+        gpu_temperature_alarm_c=80))
+    with pytest.raises(ConfigError, match="gpu_temperature_alarm_c 80 is below "
+                       "burn.temperature_max_c 83"):
+        configs.acceptance()
+
+
 def test_verdict_required_unread_and_any_fail_block():
     ok = acc.Check(2, "ecc", acc.PASS)
     waived = acc.Check(1, "nvme_smart", acc.NOT_CHECKED, reason="not checked: no nvme tool "
@@ -124,7 +137,7 @@ def test_no_gpu_inventory_is_not_checked_never_passed(configs):
     assert not any(c.status == acc.PASS for c in inv.checks)
     health = acc.build_health(s, inv, diag=None, diag_why="", level=3, burn=None, samples=(),
                               xids=(), telemetry_why="", xid_why="")
-    assert {c.name for c in health.checks} == set(acc.HEALTH_CHECKS)
+    assert {c.name for c in health.checks} == {*acc.HEALTH_CHECKS, "pcie_lnksta_load"}
     assert all(c.reason == f"not checked: {inv.no_gpu}" for c in health.checks)
     assert by_name(acc.build_interconnect(s, inv, None, "").checks)["interconnect"].status == \
         acc.NOT_CHECKED

@@ -109,7 +109,7 @@ def judge(d: Path) -> dict:
         burn=burn["result"] if burn else None, samples=burn["samples"] if burn else (),
         xids=burn["xids"] if burn else (),
         telemetry_why=burn["telemetry_unavailable"] if burn else "",
-        xid_why=burn["xid_watch"] if burn else "")
+        xid_why=burn["xid_watch"] if burn else "", links=load_recordings(d))
     ic_raw, mem_raw = _json(d, acc.RAW_INTERCONNECT), _json(d, acc.RAW_MEMORY)
     parts = {"node_inventory": inv, "gpu_health": health,
              "interconnect": acc.build_interconnect(  # one GPU: the asset measures nothing

@@ -8,12 +8,15 @@ import pytest
 
 from onboarding.nodes import acceptance as acc
 from onboarding.nodes import host_tools as ht
-from onboarding.nodes.acceptance.host import numa_map_check
+from onboarding.nodes.acceptance.checks import Checker
+from onboarding.nodes.acceptance.host import numa_map_check, pcie_under_load_check
 from onboarding.nodes.facts import parse_topo_matrix
 from resources.config_files import ConfigFiles
 
 DATA = Path(__file__).parents[1] / "data" / "acceptance"
 H100 = DATA / "h100-node-tools"  # recorded on an H100 in a Firecracker microVM
+# the same kind of VM with lspci and stress-ng carried in, the link read again under load
+H100_LOAD = DATA / "h100-lspci-stress-load"
 HEALTHY, FAULTY = DATA / "crafted-h200x2-healthy", DATA / "crafted-h200x2-faulty"  # crafted
 TOOL_CHECKS = ("kernel_log", "ipmi_sel", "ipmi_sensors", "pcie_lnksta", "cpu_memory_stress",
                "stress_edac", "nvlink_errors", "nvlink_status", "container_toolkit", "nouveau",
@@ -55,8 +58,8 @@ def test_pcie_links_from_sysfs_and_lspci():
     assert not slow[0].at_capability
     links = ht.parse_lspci_links(ht.load_recordings(FAULTY)["lspci-vvv"].output)  # crafted
     assert [(ln.address, ln.is_gpu, ln.at_capability) for ln in links] == [
-        ("19:00.0", True, True), ("1a:00.0", False, True), ("3b:00.0", True, False),
-        ("3c:00.0", False, True)]
+        ("19:00.0", True, False), ("1a:00.0", False, True), ("3b:00.0", True, False),
+        ("3c:00.0", False, True)]  # GPU0 idles at 2.5GT/s x16: power saving, not a fault
     assert links[2].describe() == "3b:00.0 8GT/s x8 of 32GT/s x16"
 
 
@@ -174,3 +177,70 @@ def test_the_numa_map_is_judged_against_nodes_yaml_on_a_whole_node():
     good, bad = c.checks
     assert good.status == acc.PASS and good.source.startswith("configs/nodes.yaml")
     assert bad.status == acc.FAIL and "GPU3 on NUMA node 1, nodes.yaml says 0" in bad.reason
+
+
+# ---- PCIe links at idle and under load ----
+
+def _load_check(runs: dict[str, ht.ToolRun], read_s: float | None = 120.0,
+                window: tuple[float, float] | None = (0.0, 3650.0)) -> acc.Check:
+    c = Checker(ConfigFiles().acceptance().node_types["h200"])
+    pcie_under_load_check(c, runs, read_s, window)
+    [check] = c.checks
+    return check
+
+
+def test_an_idle_gpu_link_trained_down_is_not_a_fault_its_width_is():
+    """At idle the driver trains a GPU's link down (2.5GT/s, width kept): pcie_lnksta passes it
+    and leaves the speed to the read under load; a narrower link fails at idle already, and a
+    NIC below its speed fails (NICs do not train down to save power). Crafted lspci lines."""
+    healthy = _checks(ht.load_recordings(HEALTHY))["pcie_lnksta"]
+    assert healthy.status == acc.PASS
+    assert "GPU 19:00.0 2.5GT/s x16 of 32GT/s (idle: speed judged under load)" in \
+        healthy.measured
+    faulty = _checks(ht.load_recordings(FAULTY))["pcie_lnksta"]
+    assert faulty.status == acc.FAIL and "GPU 3b:00.0 8GT/s x8 of 32GT/s x16" in faulty.reason
+    assert "19:00.0" not in faulty.reason  # GPU0 only idles
+    lspci = ht.load_recordings(HEALTHY)["lspci-vvv"]
+    slow_nic = lspci.output.replace("Infiniband controller: Mellanox Technologies MT2910 Family "
+                                    "[ConnectX-7]\n", "Infiniband controller: ConnectX-7\n", 1)
+    slow_nic = slow_nic.replace("LnkSta:\tSpeed 32GT/s, Width x16", "LnkSta:\tSpeed 16GT/s "
+                                "(downgraded), Width x16", 1)
+    nic = _checks({"lspci-vvv": ht.ToolRun("lspci-vvv", "lspci -vvv", slow_nic, 0)})
+    assert nic["pcie_lnksta"].status == acc.FAIL and "NIC 1a:00.0 16GT/s x16 of 32GT/s x16" in \
+        nic["pcie_lnksta"].reason
+
+
+def test_the_gpu_link_is_judged_under_load():
+    """pcie_lnksta_load: every GPU at LnkCap in the read the probe takes during the burn; a
+    read outside the burn's compute window, or none, is not checked and blocks."""
+    ok = _load_check(ht.load_recordings(HEALTHY))
+    assert ok.status == acc.PASS and "lspci under load: GPU 19:00.0 32GT/s x16" in ok.measured
+    assert ok.source.startswith("procedure: LnkSta equals LnkCap")
+    bad = _load_check(ht.load_recordings(FAULTY))
+    assert bad.status == acc.FAIL and bad.reason.endswith("GPU 3b:00.0 8GT/s x8 of 32GT/s x16")
+    late = _load_check(ht.load_recordings(HEALTHY), read_s=3700.0)
+    assert late.status == acc.NOT_CHECKED and late.required
+    assert "outside the burn's compute window (0-3650 s)" in late.reason
+    none = _load_check(ht.load_recordings(H100))  # the recorder took no read under load there
+    assert none.status == acc.NOT_CHECKED and none.required
+    assert none.reason == "not checked: the PCIe links were not read during the burn"
+    sysfs = {"pci-sysfs-links-load": ht.ToolRun(
+        "pci-sysfs-links-load", acc.TOOL_COMMANDS["pci-sysfs-links"],
+        "0000:3b:00.0 vendor=0x10de class=0x030200 cur=2.5 GT/s PCIe/x16 max=32.0 GT/s "
+        "PCIe/x16", 0)}  # crafted: still idle-speed while the burn runs
+    assert _load_check(sysfs).status == acc.FAIL
+
+
+def test_real_lspci_and_stress_ng_output_of_an_h100_vm():
+    """What pciutils 3.9.0 and stress-ng 0.15.06 printed on an H100 VM (recorded): the GPU's
+    LnkCap/LnkSta at idle and under a matmul load, and stress-ng's summary as that version
+    writes it ("completed in 31.72s", no `failed:` line)."""
+    runs = ht.load_recordings(H100_LOAD)
+    for name in ("lspci-vvv", "lspci-vvv-load"):
+        [gpu] = [ln for ln in ht.parse_lspci_links(runs[name].output) if ln.is_gpu or ln.is_nic]
+        assert (gpu.address, gpu.is_gpu, gpu.at_capability) == ("00:06.0", True, True), name
+        assert (gpu.sta_speed, gpu.sta_width) == ("32GT/s", 16)
+    assert "96 %, 698.16 W" in runs["nvidia-smi-query-load"].output  # read under load
+    st = ht.parse_stress_ng(runs["stress-ng"].output)
+    assert st.completed and st.seconds == pytest.approx(31.72) and st.failed == 0
+    assert _load_check(runs, read_s=None, window=None).status == acc.PASS

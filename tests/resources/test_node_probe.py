@@ -212,6 +212,17 @@ def test_burn_without_telemetry_says_why(tmp_path):
     assert run.telemetry_why and run.samples == [] and "error" in run.result
     kept = json.loads((tmp_path / acc.RAW_BURN).read_text())
     assert kept["telemetry_unavailable"] == run.telemetry_why and kept["samples"] == []
+    # the PCIe links read again while the job ran (half the burn in: it was still starting),
+    # kept as recordings beside it, and when on the samples' clock
+    assert set(run.links) == set(acc.LOAD_LINK_COMMANDS)
+    assert ht.load_recordings(tmp_path).keys() >= set(acc.LOAD_LINK_COMMANDS)
+    assert 0.2 <= kept["result"]["links_read_s"] < 5.0
+
+
+def test_links_under_load_replay_from_recordings(tmp_path):
+    replayed = NodeProbe(tool_recordings=str(DATA)).links_under_load(tmp_path)
+    assert set(replayed) == {"lspci-vvv-load"}  # the crafted set holds lspci's read only
+    assert "Speed 32GT/s, Width x16" in replayed["lspci-vvv-load"].output
 
 
 @pytest.mark.gpu
@@ -225,5 +236,7 @@ def test_live_burn_copy_on_the_gpu(tmp_path):
     [g] = run.result["per_gpu"]
     assert g["iterations"] > 0 and g["errors"] == 0 and g["reference_ok"]
     assert run.samples and "DCGM_FI_DEV_POWER_USAGE" in run.samples[-1]
+    start, end = run.result["window_s"]
+    assert start <= run.result["links_read_s"] <= end and run.links  # read while it computed
     copy = probe.copy_bandwidth([0], PROBE, tmp_path, log)
     assert copy["per_gpu"][0]["verified"] and copy["per_gpu"][0]["copy_gbps"] > 100

@@ -80,7 +80,7 @@ from onboarding.nodes.acceptance.schema import (
     node_setting,
 )
 from onboarding.nodes.acceptance.storage_read import StorageRead, build_storage, storage_checks
-from onboarding.nodes.acceptance.tools import STRESS_COMMAND, TOOL_COMMANDS
+from onboarding.nodes.acceptance.tools import LOAD_LINK_COMMANDS, STRESS_COMMAND, TOOL_COMMANDS
 from onboarding.nodes.acceptance.verdict import (
     OUTSIDE_NODE_ACCEPTANCE,
     UPSTREAM,
@@ -97,6 +97,7 @@ __all__ = [
     "FAIL",
     "HEALTH_CHECKS",
     "INVENTORY_NO_GPU_CHECKS",
+    "LOAD_LINK_COMMANDS",
     "NOT_CHECKED",
     "NO_GPU",
     "OUTSIDE_NODE_ACCEPTANCE",

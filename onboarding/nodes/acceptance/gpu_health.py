@@ -1,5 +1,5 @@
 """`gpu_health`: dcgmi diag and the burn (compute results, XIDs, ECC deltas, temperature
-plateau, clocks and power over its steady part)."""
+plateau, clocks and power over its steady part), and the GPUs' PCIe links read while it runs."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from typing import Any
 
 from onboarding.nodes import telemetry as tm
 from onboarding.nodes.acceptance.checks import Check, Checker
+from onboarding.nodes.acceptance.host import pcie_under_load_check
 from onboarding.nodes.acceptance.inventory import NodeInventory
 from onboarding.nodes.acceptance.schema import BurnLimits, NodeSetting
+from onboarding.nodes.acceptance.tools import Runs
 from onboarding.nodes.facts import DcgmDiag, GpuFacts
 
 
@@ -227,13 +229,19 @@ HEALTH_CHECKS = ("dcgm_diag", "burn_duration", "burn_compute", "burn_xid", "burn
 
 def build_health(s: NodeSetting, inv: NodeInventory, *, diag: DcgmDiag | None, diag_why: str,
                  level: int, burn: Mapping[str, Any] | None, samples: Sequence[dict],
-                 xids: Sequence[dict], telemetry_why: str, xid_why: str) -> GpuHealth:
+                 xids: Sequence[dict], telemetry_why: str, xid_why: str,
+                 links: Runs | None = None) -> GpuHealth:
+    """The burn's checks, DCGM's, and the GPUs' PCIe links as read while the burn ran (`links`:
+    the `*-load` recordings; `burn["links_read_s"]` is when, on the samples' clock)."""
     c = Checker(s.thresholds)
     if inv.no_gpu:
         for name in HEALTH_CHECKS:
             c.skip(2, name, inv.no_gpu)
+        c.skip(1, "pcie_lnksta_load", inv.no_gpu)
         return GpuHealth(s.name, {}, (), (), (), None, tuple(c.checks))
     dcgm_check(c, diag, diag_why, level, s.thresholds.dcgm_diag_level_min)
+    pcie_under_load_check(c, links or {}, (burn or {}).get("links_read_s"),
+                          (burn or {}).get("window_s"))
     if burn is None:
         for name in HEALTH_CHECKS[1:]:
             c.skip(2, name, "the burn did not run")

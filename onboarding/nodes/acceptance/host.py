@@ -1,5 +1,6 @@
 """Phase 1 from the host's own tools: the kernel log (MCE, AER, EDAC, Xid), the BMC's event log
-and sensors (ipmitool), every GPU's and NIC's PCIe link (lspci LnkSta against LnkCap), the NUMA
+and sensors (ipmitool), every GPU's and NIC's PCIe link (lspci LnkSta against LnkCap: at idle,
+and each GPU's again under the burn's load, since an idle GPU trains its link down), the NUMA
 map against nodes.yaml, and the CPU/memory stress with the EDAC counters read before and
 after."""
 
@@ -62,30 +63,80 @@ def _ipmi(c: Checker, s: NodeSetting, runs: Runs) -> None:
               "no sensor")
 
 
+def read_links(runs: Runs, lspci: str = "lspci-vvv", sysfs: str = "pci-sysfs-links"
+               ) -> tuple[list[ht.PciLink], str] | None:
+    """Every GPU's and NIC's PCI Express link from `lspci -vvv` where it ran, else from the same
+    registers in sysfs (the pci-sysfs-links recording), and which of the two; None when
+    neither says anything about the node."""
+    for name, parse, via in ((lspci, ht.parse_lspci_links, "lspci"),
+                             (sysfs, ht.parse_pci_sysfs_links, "sysfs")):
+        run = runs.get(name)
+        if run is not None and not run.unavailable():
+            return [ln for ln in parse(run.output) if ln.is_gpu or ln.is_nic], via
+    return None
+
+
+def _kind(ln: ht.PciLink) -> str:
+    return "GPU" if ln.is_gpu else "NIC"
+
+
 def _pcie_lnksta(c: Checker, runs: Runs) -> None:
-    """`lspci -vvv` where installed; else the same registers from sysfs (the pci-sysfs-links
-    recording). Either way every GPU and NIC with a PCI Express link is judged."""
-    want = "LnkSta = LnkCap (speed and width) for every GPU and NIC"
-    lspci, sysfs = runs.get("lspci-vvv"), runs.get("pci-sysfs-links")
-    if lspci is not None and not lspci.unavailable():
-        links, via = ht.parse_lspci_links(lspci.output), "lspci"
-    elif sysfs is not None and not sysfs.unavailable():
-        links, via = ht.parse_pci_sysfs_links(sysfs.output), "sysfs"
-    else:
+    """At idle: every NIC's LnkSta = LnkCap (speed and width), every GPU's width = LnkCap. A
+    GPU's link *speed* below its capability at idle is no fault: the driver trains an idle
+    GPU's link down to save power and back up under load (nvidia-smi: "PCIe link generation
+    may be reduced when the GPU is not in use"). The GPU's speed is judged by pcie_lnksta_load
+    from the read the probe takes while the burn runs."""
+    want = ("LnkSta = LnkCap (speed and width) for every NIC; every GPU's width = LnkCap (its "
+            "speed at idle may be trained down: judged under load, pcie_lnksta_load)")
+    read = read_links(runs)
+    if read is None:
         usable(c, runs, "lspci-vvv", 1, "pcie_lnksta", want)
         return
-    links = [ln for ln in links if ln.is_gpu or ln.is_nic]
+    links, via = read
     if not links:
         c.skip(1, "pcie_lnksta", f"{via} shows no GPU or NIC with a PCI Express link (a VM's "
                "virtual devices)", want)
         return
-    bad = [f"{'GPU' if ln.is_gpu else 'NIC'} {ln.describe()}" for ln in links
-           if not ln.at_capability]
-    c.add(1, "pcie_lnksta", not bad, "; ".join(bad) or f"{via}: " + ", ".join(
-          f"{'GPU' if ln.is_gpu else 'NIC'} {ln.address} {ln.sta_speed} x{ln.sta_width}"
-          for ln in links), want,
+    bad = [f"{_kind(ln)} {ln.describe()}" for ln in links
+           if ln.sta_width != ln.cap_width or (ln.is_nic and not ln.at_capability)]
+    idle = [ln for ln in links if ln.is_gpu and not ln.at_capability
+            and ln.sta_width == ln.cap_width]
+    shown = ", ".join(f"{_kind(ln)} {ln.address} {ln.sta_speed} x{ln.sta_width}"
+                      + (f" of {ln.cap_speed} (idle: speed judged under load)"
+                         if ln in idle else "") for ln in links)
+    c.add(1, "pcie_lnksta", not bad, "; ".join(bad) or f"{via}: {shown}", want,
           "PCIe link below its capability (reseat, check the riser/cable/slot): "
           + "; ".join(bad))
+
+
+def pcie_under_load_check(c: Checker, runs: Runs, read_s: float | None,
+                          window_s: tuple[float, float] | list[float] | None) -> None:
+    """Every GPU's LnkSta = LnkCap, speed and width, read while the GPUs compute (the probe
+    reads `lspci -vvv` or sysfs again during the burn: `lspci-vvv-load`,
+    `pci-sysfs-links-load`). A read outside the burn's compute window says nothing of the link
+    under load: not checked."""
+    want = "LnkSta = LnkCap (speed and width) for every GPU, read under load"
+    read = read_links(runs, "lspci-vvv-load", "pci-sysfs-links-load")
+    if read is None:
+        run = runs.get("lspci-vvv-load") or runs.get("pci-sysfs-links-load")
+        c.skip(1, "pcie_lnksta_load", run.unavailable() if run is not None else
+               "the PCIe links were not read during the burn", want)
+        return
+    if read_s is not None and window_s and not window_s[0] <= read_s <= window_s[1]:
+        c.skip(1, "pcie_lnksta_load", f"the links were read at {read_s:.0f} s, outside the "
+               f"burn's compute window ({window_s[0]:.0f}-{window_s[1]:.0f} s)", want)
+        return
+    links, via = read
+    gpus = [ln for ln in links if ln.is_gpu]
+    if not gpus:
+        c.skip(1, "pcie_lnksta_load", f"{via} under load shows no GPU with a PCI Express link",
+               want)
+        return
+    bad = [f"GPU {ln.describe()}" for ln in gpus if not ln.at_capability]
+    c.add(1, "pcie_lnksta_load", not bad, "; ".join(bad) or f"{via} under load: " + ", ".join(
+          f"GPU {ln.address} {ln.sta_speed} x{ln.sta_width}" for ln in gpus), want,
+          "GPU PCIe link below its capability under load (reseat the GPU, check the "
+          "riser/cable/slot): " + "; ".join(bad))
 
 
 def numa_map_check(c: Checker, s: NodeSetting, runs: Runs, topo: Topology | None) -> None:

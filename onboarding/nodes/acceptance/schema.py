@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from onboarding.common.config import StrictConfig, deep_merge, load_yaml, validate_config
 from onboarding.common.errors import ConfigError
@@ -33,8 +33,8 @@ RAW_STORAGE = "storage-read.json"
 # Every check's name, as `sources`, `deviations` and `waivers` key them (`allreduce` stands for
 # every `allreduce_tp<N>`).
 CHECK_NAMES = frozenset({
-    "pcie_link", "pcie_lnksta", "nic_pcie", "kernel_log", "edac", "aer", "ipmi_sel",
-    "ipmi_sensors", "numa_map", "cpu_memory_stress", "stress_edac", "nvme_smart",
+    "pcie_link", "pcie_lnksta", "pcie_lnksta_load", "nic_pcie", "kernel_log", "edac", "aer",
+    "ipmi_sel", "ipmi_sensors", "numa_map", "cpu_memory_stress", "stress_edac", "nvme_smart",
     "direct_io_read", "direct_io_write", "nvidia_smi", "nvidia_smi_values", "gpu_count",
     "gpu_model", "driver", "ecc", "ecc_uncorrectable", "row_remapping", "persistence_mode",
     "mig_mode", "power_limit", "fabric_manager", "nvlink", "nvlink_status", "nvlink_errors",
@@ -172,6 +172,9 @@ class Thresholds(StrictConfig):
     nic_firmware_min: dict[str, str] = Field(default_factory=dict, description="NIC driver "
                                              "(ethtool -i) -> lowest firmware accepted")
     dcgm_diag_level_min: int = Field(default=3, ge=1, le=4)
+    gpu_temperature_alarm_c: float = Field(default=85.0, gt=0, description=(
+        "the GPU temperature alarm in service (the procedure's production alarm); not judged "
+        "at acceptance, whose burn limit is burn.temperature_max_c"))
     host: HostLimits = Field(default_factory=HostLimits)
     gpu_stack: GpuStackLimits = Field(default_factory=GpuStackLimits)
     burn: BurnLimits
@@ -196,6 +199,14 @@ class Thresholds(StrictConfig):
         if empty:
             raise ValueError(f"{empty}: say why in one line")
         return v
+
+    @model_validator(mode="after")
+    def _alarm_above_the_burn_limit(self) -> Thresholds:
+        if self.gpu_temperature_alarm_c < self.burn.temperature_max_c:
+            raise ValueError(f"gpu_temperature_alarm_c {self.gpu_temperature_alarm_c:g} is below "
+                             f"burn.temperature_max_c {self.burn.temperature_max_c:g}: a node "
+                             "accepted at the burn's limit would page in service")
+        return self
 
     def source(self, check: str) -> str:
         """Where `check`'s threshold comes from; with the procedure's value where the project

@@ -35,6 +35,10 @@ TOOL_COMMANDS = {
                    "/sys/devices/system/edac/mc/mc*/ue_count; do [ -f \"$f\" ] && "
                    "echo \"$f $(cat $f)\"; done; ls /sys/devices/system/edac 2>&1",
 }
+# read again while the burn runs (gpu_health): an idle GPU trains its PCIe link down to save
+# power, so its link speed is judged under load (host.pcie_under_load_check)
+LOAD_LINK_COMMANDS = {"lspci-vvv-load": TOOL_COMMANDS["lspci-vvv"],
+                      "pci-sysfs-links-load": TOOL_COMMANDS["pci-sysfs-links"]}
 # run after edac-before, then edac-after with edac-before's command ({stress_s} filled in)
 STRESS_COMMAND = "stress-ng --cpu 0 --vm 2 --vm-bytes 25% --timeout {stress_s}s --metrics-brief"
 

@@ -2,21 +2,22 @@
 
     python tests/data/acceptance/craft.py
 
-- `crafted-h200x2-healthy/`: a 2-GPU H200 HGX slice that passes every check (a 3650 s burn).
+- `crafted-h200x2-healthy/`: a 2-GPU H200 HGX slice that passes every check (a 3650 s burn);
+  its GPUs' links idle at 2.5GT/s x16 (trained down to save power) and at 32GT/s under load.
 - `crafted-h200x2-faulty/`: the same node with these faults: GPU1's PCIe link at
   x8 of x16, an uncorrectable ECC count and a pending row remap on GPU0, no NVLink between the
   GPUs, a DCGM memory test failure (DCGM 3.x JSON with a banner), and during the burn an XID 79
   on GPU1, two new uncorrectable ECC errors on GPU0, GPU1's SM clock collapsing under
   hw_thermal_slowdown at 92 C, wrong matmul results on GPU1, and a slow all-reduce. Its host
-  tools' recordings (crafted, see below) add GPU1 at Gen3 x8 in `lspci -vvv`, 500 corrected AER
-  from GPU0's port in `dmesg`, a retired page's Xid 63/64 pair, CRC errors on an NVLink, a
+  tools' recordings (crafted, see below) add GPU1 at Gen3 x8 in `lspci -vvv` (idle and under
+  the burn's load: `lspci-vvv-load`), 500 corrected AER from GPU0's port in `dmesg`, a retired page's Xid 63/64 pair, CRC errors on an NVLink, a
   correctable-ECC SEL event, a critical sensor, memory errors during the stress, nouveau loaded
   and NIC firmware that differs between the two ConnectX ports.
 
 Both sets also hold the host tools' recordings (`<name>.txt`: `$ command`, the output, `# exit
 N`, as scripts/record_node_tools.sh and the probe write them), crafted in the formats the tools
 print (pciutils' lspci, the kernel's AER/Xid lines, ipmitool, stress-ng, nvidia-smi nvlink,
-ethtool -i, dkms, numactl); real recordings go in `h200-node-tools/`.
+ethtool -i, dkms, numactl); real recordings go beside them (`h100-node-tools/`).
 
 The layouts follow the tools' real output: `nvidia-smi -q -x` of driver 580 (DTD v12, the
 `gpu_power_readings` / `clocks_event_reasons` / `sram_*`,`dram_*` layout), tab-separated
@@ -437,7 +438,8 @@ def burn(faulty: bool) -> dict:
                 "reference_max_rel_err": 0.0031} for g in (0, 1)]
     return {"result": {"duration_s": duration, "matmul_size": 8192, "dtype": "bfloat16",
                        "per_gpu": per_gpu, "started_at": 1764670447.25,
-                       "ended_at": 1764670447.25 + duration, "window_s": [0.0, duration]},
+                       "ended_at": 1764670447.25 + duration, "window_s": [0.0, duration],
+                       "links_read_s": 120.0},
             "xids": [{"t_s": 1432.6, "gpu": 1, "xid": 79}] if faulty else [],
             "telemetry_unavailable": "", "xid_watch": "", "unreadable_fields": {},
             "samples": burn_samples(duration, 10.0, faulty)}
@@ -549,15 +551,23 @@ def lspci_device(addr: str, what: str, cap: str, sta: str) -> str:
 def tools(faulty: bool) -> dict[str, str]:
     """The host tools' recordings of the crafted node (crafted, not recorded)."""
     gen5 = "Speed 32GT/s, Width x16"
-    gpu1 = "Speed 8GT/s (downgraded), Width x8 (downgraded)" if faulty else gen5
-    lspci = (lspci_device("19:00.0", "3D controller: NVIDIA Corporation GH100 [H200 SXM 141GB] "
-                          "(rev a1)", gen5, gen5)
-             + lspci_device("1a:00.0", "Infiniband controller: Mellanox Technologies MT2910 "
-                            "Family [ConnectX-7]", gen5, gen5)
-             + lspci_device("3b:00.0", "3D controller: NVIDIA Corporation GH100 [H200 SXM 141GB] "
-                            "(rev a1)", gen5, gpu1)
-             + lspci_device("3c:00.0", "Infiniband controller: Mellanox Technologies MT2910 "
-                            "Family [ConnectX-7]", gen5, gen5))
+    # at idle the driver trains a GPU's link down to 2.5GT/s (power saving, width kept); under
+    # the burn it is back at 32GT/s. The faulty GPU1 sits at Gen3 x8 either way.
+    idle = "Speed 2.5GT/s (downgraded), Width x16"
+    gpu1_bad = "Speed 8GT/s (downgraded), Width x8 (downgraded)"
+
+    def lspci_of(gpu0: str, gpu1: str) -> str:
+        return (lspci_device("19:00.0", "3D controller: NVIDIA Corporation GH100 [H200 SXM "
+                             "141GB] (rev a1)", gen5, gpu0)
+                + lspci_device("1a:00.0", "Infiniband controller: Mellanox Technologies MT2910 "
+                               "Family [ConnectX-7]", gen5, gen5)
+                + lspci_device("3b:00.0", "3D controller: NVIDIA Corporation GH100 [H200 SXM "
+                               "141GB] (rev a1)", gen5, gpu1)
+                + lspci_device("3c:00.0", "Infiniband controller: Mellanox Technologies MT2910 "
+                               "Family [ConnectX-7]", gen5, gen5))
+
+    lspci = lspci_of(idle, gpu1_bad if faulty else idle)
+    lspci_load = lspci_of(gen5, gpu1_bad if faulty else gen5)
     boot = ["[Sat Dec  6 03:58:02 2026] Linux version 6.8.0-49-generic (buildd@lcy02-amd64-103)",
             "[Sat Dec  6 03:58:09 2026] nvidia: loading out-of-tree module taints kernel.",
             ("[Sat Dec  6 03:58:10 2026] nvidia-nvlink: Nvlink Core is being initialized, major "
@@ -648,6 +658,7 @@ def tools(faulty: bool) -> dict[str, str]:
         "uname": rec("uname -r", "6.8.0-49-generic"),
         "dmesg": rec("dmesg -T", "\n".join(boot)),
         "lspci-vvv": rec("lspci -vvv", lspci),
+        "lspci-vvv-load": rec("lspci -vvv", lspci_load),
         "numactl-hardware": rec("numactl --hardware", numactl),
         "ipmitool-sel": rec("ipmitool sel elist", sel),
         "ipmitool-sdr": rec("ipmitool sdr", sdr),
