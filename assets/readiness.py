@@ -11,10 +11,10 @@ from assets.model_spec import MODEL_SPEC, spec_metadata
 from assets.partitions import models_partitions
 from onboarding.common.refs import VariantRef
 from onboarding.common.tables import md_table
-from onboarding.deploy.readiness import ManifestFacts, Readiness, judge
+from onboarding.deploy.readiness import ManifestFacts, Readiness, cold_start_budgets, judge
 from onboarding.deploy.serving_plan import ManifestSet
 from onboarding.reports.verdict import sentence
-from onboarding.serving.stats import ServingBenchmarkResult
+from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 from resources.config_files import ConfigFiles
 
 OPTIONAL = "optional_upstream"
@@ -23,21 +23,24 @@ OPTIONAL = "optional_upstream"
 @dg.asset(
     partitions_def=models_partitions,
     ins={n: dg.AssetIn(input_manager_key=OPTIONAL)
-         for n in ("serving_variant", "serving_benchmark", "kserve_manifest")},
+         for n in ("serving_variant", "load_timing", "serving_benchmark", "kserve_manifest")},
     deps=[MODEL_SPEC],
     group_name="report",
     description="Ready / not ready (why) per target node type: accuracy gate passed, SLOs met "
-    "at the deployed configuration, weights published and verified, manifest valid.",
+    "and the cold start within budget at the deployed configuration, weights published and "
+    "verified, manifest valid.",
 )
 def readiness(context: dg.AssetExecutionContext, configs: ConfigFiles,
-              serving_variant: VariantRef | None,
+              serving_variant: VariantRef | None, load_timing: LoadTimingResult | None,
               serving_benchmark: ServingBenchmarkResult | None,
               kserve_manifest: ManifestSet | None) -> dg.Output[Readiness]:
     facts = None if kserve_manifest is None else ManifestFacts(
         kserve_manifest.valid, kserve_manifest.config_hashes, kserve_manifest.published)
     spec = configs.spec(context.partition_key)
-    verdict = judge(context.partition_key, configs.deploy().target_node_types, serving_variant,
-                    serving_benchmark, facts, twin=spec.is_twin)
+    targets = configs.deploy().target_node_types
+    verdict = judge(context.partition_key, targets, serving_variant, serving_benchmark, facts,
+                    twin=spec.is_twin, timing=load_timing,
+                    cold_start_budgets_s=cold_start_budgets(configs.slo_section(), spec, targets))
     said, next_step = sentence(verdict.ready, verdict.reasons,
                                [(n.node_type, n.ready, n.reasons) for n in verdict.nodes])
     context.log.info(f"{context.partition_key}: {said} {next_step}")

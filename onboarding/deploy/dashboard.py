@@ -69,7 +69,8 @@ def dashboard_builder(t: Target, ops: Operations, window: str) -> gdash.Dashboar
                            line("requests_in_flight_max") + line("queue_target_per_replica")))
         .with_panel(_panel("KV-cache usage", "percentunit",
                            [(f"{rec}kv_cache_usage:max{sel}", legend)],
-                           line("kv_cache_usage_max")))
+                           line("kv_cache_usage_info") + line("kv_cache_usage_warning")
+                           + line("kv_cache_usage_max")))
         .with_panel(_panel("Engines up", "short",
                            [(f"sum(up{sel})", "engines answering /metrics")], []))
     )

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from onboarding.common.config import StrictConfig, load_config_file
 from onboarding.serving.stack import MetricNames
@@ -56,8 +56,31 @@ class Evaluation(StrictConfig):
     scrape_interval: str = Field(default="15s", pattern=_DURATION)
 
 
+class MemoryTiers(StrictConfig):
+    """KV-cache usage (a fraction) at which each tier's alert fires; increasing."""
+
+    info: float = Field(gt=0, le=1)
+    warning: float = Field(gt=0, le=1)
+    critical: float = Field(gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _increasing(self) -> MemoryTiers:
+        if not self.info < self.warning < self.critical:
+            raise ValueError(f"tiers must increase: info {self.info:g} < warning "
+                             f"{self.warning:g} < critical {self.critical:g}")
+        return self
+
+
+# tier -> (alert, what it means for the operator)
+MEMORY_TIER_ALERTS = {
+    "info": ("ModelKVCacheElevated", "plan capacity"),
+    "warning": ("ModelKVCacheHigh", "scale out before the ceiling"),
+    "critical": ("ModelKVCacheNearlyFull", "requests wait or are preempted"),
+}
+
+
 class AlertSettings(StrictConfig):
-    kv_cache_usage_max: float = Field(gt=0, le=1)
+    memory_tiers: MemoryTiers
     ttft_p99_margin: float = Field(ge=1.0)
 
 
@@ -102,17 +125,22 @@ def load_operations(path: Path) -> OperationsConfig:
 @dataclass(frozen=True)
 class NodeLimits:
     """What node acceptance holds a node type's GPUs to, as the node rules need it (from
-    acceptance.yaml's thresholds for the node type)."""
+    acceptance.yaml's thresholds for the node type). Two temperatures: `temperature_alarm_c`
+    (the procedure's production alarm, 85 C) is what the in-service alert fires at;
+    `temperature_max_c` (the burn's limit, 83 C) is stricter on purpose, since an hour at full
+    load must stay below the throttle point to pass, and is cited beside it."""
 
     temperature_max_c: float
     forbidden_clock_reasons: tuple[str, ...]
     nvlinks_per_gpu: int | None = None
+    temperature_alarm_c: float | None = None  # None: the burn's limit stands in
 
     @classmethod
     def of(cls, thresholds: Any) -> NodeLimits:
         """From acceptance.yaml's thresholds for one node type (AcceptanceConfig.thresholds)."""
         return cls(thresholds.burn.temperature_max_c,
-                   tuple(thresholds.burn.forbidden_clock_reasons), thresholds.nvlinks_per_gpu)
+                   tuple(thresholds.burn.forbidden_clock_reasons), thresholds.nvlinks_per_gpu,
+                   thresholds.gpu_temperature_alarm_c)
 
 
 @dataclass(frozen=True)
@@ -130,6 +158,9 @@ class Target:
     port: int
     metrics_path: str
     gpu_product: str  # nodes.yaml gpu_product (gpu-feature-discovery's nvidia.com/gpu.product)
+    # deployed as KServe's LLMInferenceService (deploy.yaml llm_inference_service_node_types):
+    # its pods, port and scaling differ from an InferenceService's
+    llm_inference_service: bool = False
 
 
 @dataclass(frozen=True)
@@ -255,8 +286,11 @@ def engine_alerts(t: Target, slo: Slo, bench: ServingBenchmarkResult | None,
     th = [Threshold("ttft_p95_s", slo.ttft_p95_s, f"SLO ttft_p95_s: {slo_src}"),
           Threshold("itl_mean_s", slo.itl_mean_ms / 1e3, f"SLO itl_mean_ms {slo.itl_mean_ms:g}: "
                     f"{slo_src}"),
-          Threshold("kv_cache_usage_max", a.kv_cache_usage_max,
-                    "operations.yaml alerts.kv_cache_usage_max")]
+          *(Threshold("kv_cache_usage_max" if tier == "critical" else f"kv_cache_usage_{tier}",
+                      getattr(a.memory_tiers, tier), f"operations.yaml alerts.memory_tiers.{tier} "
+                      "(the serving-stack notes' memory tiers 70-80 / 80-85 / > 90 %, on the KV "
+                      "cache: the engine reserves its GPU memory at start)")
+            for tier in MEMORY_TIER_ALERTS)]
     skipped: dict[str, str] = {}
     alerts = [
         _alert("ModelTTFTOverSLO", f"{_rec(f'ttft_seconds:p95_{w}')}{{{sel}}} > "
@@ -267,10 +301,11 @@ def engine_alerts(t: Target, slo: Slo, bench: ServingBenchmarkResult | None,
                f"{slo.itl_mean_ms / 1e3:g}", ev.for_, "critical",
                f"{t.model} on {t.node_type}: mean inter-token latency over {w} above the SLO "
                f"{slo.itl_mean_ms:g} ms", th[1].source, t),
-        _alert("ModelKVCacheNearlyFull", f"{_rec('kv_cache_usage:max')}{{{sel}}} > "
-               f"{a.kv_cache_usage_max:g}", ev.for_, "warning",
-               f"{t.model} on {t.node_type}: KV cache above {a.kv_cache_usage_max:.0%} "
-               "(requests wait or are preempted)", th[2].source, t),
+        *(_alert(name, f"{_rec('kv_cache_usage:max')}{{{sel}}} > {x.value:g}", ev.for_, tier,
+                 f"{t.model} on {t.node_type}: KV cache above {x.value:.0%} ({meaning})",
+                 x.source, t)
+          for (tier, (name, meaning)), x in zip(MEMORY_TIER_ALERTS.items(), th[2:5],
+                                                strict=True)),
         _alert("ModelEngineDown", f"max by ({', '.join(TARGET_LABELS)}) (up{{{sel}}}) == 0 "
                f"or absent(up{{{sel}}})", ev.engine_down_for, "critical",
                f"{t.model} on {t.node_type}: no engine answering its /metrics",
@@ -322,8 +357,12 @@ def node_alerts(t: Target, limits: NodeLimits | None, ops: OperationsConfig
     dcgm = ops.dcgm_exporter
     events = "|".join(sorted(CLOCK_EVENT_LABELS[r] for r in limits.forbidden_clock_reasons
                              if r in CLOCK_EVENT_LABELS))
-    th = [Threshold("gpu_temp_max_c", limits.temperature_max_c,
-                    f"{acc}: burn.temperature_max_c"),
+    alarm = limits.temperature_alarm_c or limits.temperature_max_c
+    th = [Threshold("gpu_temp_max_c", alarm, (
+              f"{acc}: gpu_temperature_alarm_c {alarm:g} C, the procedure's production alarm "
+              f"(acceptance's burn limit, burn.temperature_max_c {limits.temperature_max_c:g} C, "
+              "is stricter: an hour at full load below the throttle point)")
+              if limits.temperature_alarm_c else f"{acc}: burn.temperature_max_c"),
           Threshold("xid_max", 0, f"{acc}: burn_xid (no XID during the burn)"),
           Threshold("ecc_dbe_new_max", 0, f"{acc}: burn_ecc (0 new uncorrectable)"),
           Threshold("ecc_sbe_per_hour_max", dcgm.ecc_sbe_per_hour_max,
@@ -340,9 +379,9 @@ def node_alerts(t: Target, limits: NodeLimits | None, ops: OperationsConfig
                f"{dcgm.ecc_sbe_per_hour_max:g}", "0m", "warning",
                f"{t.node_type} GPU: corrected ECC errors above "
                f"{dcgm.ecc_sbe_per_hour_max:g} per hour", th[3].source, t),
-        _alert("GPUTemperatureHigh", f"max {by} ({DCGM_GPU_TEMP}{{{gpu}}}) > "
-               f"{limits.temperature_max_c:g}", ops.evaluation.for_, "warning",
-               f"{t.node_type} GPU above {limits.temperature_max_c:g} C, the burn's limit",
+        _alert("GPUTemperatureHigh", f"max {by} ({DCGM_GPU_TEMP}{{{gpu}}}) > {alarm:g}",
+               ops.evaluation.for_, "warning",
+               f"{t.node_type} GPU above {alarm:g} C, the production temperature alarm",
                th[0].source, t),
         _alert("GPUNVLinkErrors", "max " + by + " (" + " + ".join(
             f"increase({n}{{{gpu}}}[15m])" for n in DCGM_NVLINK_ERRORS) + ") > 0", "0m",
@@ -374,18 +413,35 @@ def dcgm_counters_csv() -> str:
     return "".join(f"{a}, {b}, {c}\n" for a, b, c in rows)
 
 
+# KServe v0.20.0: an LLMInferenceService named <service>-llm (onboarding/deploy/kserve.py) runs
+# its engine in workload pods labelled app.kubernetes.io/part-of=llminferenceservice,
+# app.kubernetes.io/name=<its name>, kserve.io/component=workload (pkg/controller/v1alpha2/
+# llmisvc/workload.go, GetWorkloadLabelSelector), serving on port 8000 (the preset's
+# --port 8000; HTTPS only where KServe's ingress config sets enableLLMInferenceServiceTLS).
+LLM_ISVC_PORT = 8000
+
+
+def engine_pod_selector(t: Target) -> dict[str, str]:
+    """The labels of the pods the engine runs in: an InferenceService's predictor pods (KServe
+    labels them serving.kserve.io/inferenceservice=<name>) or an LLMInferenceService's
+    workload pods."""
+    if t.llm_inference_service:
+        return {"app.kubernetes.io/part-of": "llminferenceservice",
+                "app.kubernetes.io/name": f"{t.service}-llm", "kserve.io/component": "workload"}
+    return {"serving.kserve.io/inferenceservice": t.service}
+
+
 def engine_pod_monitor(t: Target, ops: OperationsConfig) -> dict[str, Any]:
-    """The engine's /metrics on every predictor pod of the InferenceService (KServe labels its
-    pods serving.kserve.io/inferenceservice=<name>), with the target labels set."""
+    """The engine's /metrics on every pod of the deployment, with the target labels set."""
     relabel = [{"targetLabel": k, "replacement": v, "action": "replace"}
                for k, v in target_label_values(t).items()]
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
             "metadata": _meta(_names(t)["engine"], t, ops),
-            "spec": {"selector": {"matchLabels": {"serving.kserve.io/inferenceservice":
-                                                  t.service}},
+            "spec": {"selector": {"matchLabels": engine_pod_selector(t)},
                      "namespaceSelector": {"matchNames": [t.namespace]},
                      "podMetricsEndpoints": [{
-                         "targetPort": t.port, "path": t.metrics_path,
+                         "targetPort": LLM_ISVC_PORT if t.llm_inference_service else t.port,
+                         "path": t.metrics_path,
                          "interval": ops.evaluation.scrape_interval,
                          "relabelings": relabel}]}}
 
@@ -414,6 +470,12 @@ def scaled_object(t: Target, m: MetricNames, bench: ServingBenchmarkResult | Non
     target, why = queue_target(bench, ops.scaling)
     if target is None:
         return None, None, why
+    if t.llm_inference_service:
+        return None, Threshold("queue_target_per_replica", target, why), (
+            "an LLMInferenceService scales through its own `scaling` field (deploy.yaml "
+            "replicas as a range; KServe creates the ScaledObject on the Workload Variant "
+            f"Autoscaler's desired replicas): a second ScaledObject would fight it. {why}; "
+            "set it as the per-replica queue threshold of WVA's saturation config")
     s, sel = ops.scaling, selector(t)
     query = (f"sum({m.running}{{{sel}}}) + sum({m.waiting}{{{sel}}})")
     doc = {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
@@ -427,6 +489,24 @@ def scaled_object(t: Target, m: MetricNames, bench: ServingBenchmarkResult | Non
                                                "query": query, "threshold": str(target)}}]}}
     doc["metadata"]["annotations"] = {"model-onboarding.io/queue-target": why}
     return doc, Threshold("queue_target_per_replica", target, why), why
+
+
+def llm_inference_service_replicas(min_replicas: int, max_replicas: int) -> dict[str, Any]:
+    """An LLMInferenceService's replica fields for deploy.yaml's `replicas` (KServe v0.20.0,
+    config/crd/full/llmisvc/serving.kserve.io_llminferenceservices.yaml, v1alpha2
+    `spec.scaling`): a fixed count is `replicas`; a range is `scaling`, never both (the CRD's
+    rule "replicas and scaling are mutually exclusive"). `scaling` needs `wva` with one actuator
+    (hpa or keda); KEDA here, as for the InferenceService. KServe then creates a
+    VariantAutoscaling and a KEDA ScaledObject on `wva_desired_replicas`
+    (pkg/controller/v1alpha2/llmisvc/scaling.go, expectedScaledObject): the Workload Variant
+    Autoscaler computes the replica count from the engine's saturation (its queue and KV cache)
+    itself, and the CRD forbids setting its formula (`scalingModifiers`), so the measured
+    saturation point is not a field here; it is the queue alert's threshold. minReplicas is at
+    least 1 (the CRD's minimum)."""
+    if max_replicas <= min_replicas:
+        return {"replicas": min_replicas}
+    return {"scaling": {"minReplicas": max(1, min_replicas), "maxReplicas": max_replicas,
+                        "wva": {"keda": {}}}}
 
 
 def render_operations(t: Target, m: MetricNames, slo: Slo, bench: ServingBenchmarkResult | None,

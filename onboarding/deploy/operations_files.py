@@ -41,7 +41,8 @@ def target_of(spec: ModelSpec, node_type: str, manifests: ManifestSet, splan: Se
     return Target(spec.id, spec.served_name, node_type, deploy.namespace,
                   manifests.services[node_type], c.precision, c.tensor_parallel, c.hash,
                   deploy.container_port, metrics_path(c, stack, deploy),
-                  nodes.node_types[node_type].gpu_product)
+                  nodes.node_types[node_type].gpu_product,
+                  llm_inference_service=node_type in deploy.llm_inference_service_node_types)
 
 
 def render_all(spec: ModelSpec, manifests: ManifestSet, splan: ServingPlan, nodes: NodesConfig,

@@ -48,6 +48,14 @@ NODE_KINDS = (
     Kind("SLOs missed", "it missed its SLOs",
          "read `serving_benchmark`'s sweep: lower slo.target_concurrency or pick a larger node "
          "type"),
+    Kind("cold start never measured", "its cold start was never measured at the configuration "
+         "deployed there", "run `load_timing` on a node of that type (docs/serving.md)"),
+    Kind("no fully cold start measured", "no fully cold start was measured there",
+         "read `load_timing`'s reason: a node that cannot evict its page cache measures no "
+         "fully cold start"),
+    Kind("cold start p95", "a new pod takes longer to come up than the cold-start budget",
+         "read `load_timing`'s phases (weight read, compile, CUDA graphs): a faster cache, a "
+         "published variant on the node cache, or a budget that says why in configs/gates.yaml"),
 )
 _HASH = re.compile(r"\b[0-9a-f]{12,64}\b")
 

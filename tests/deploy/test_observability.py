@@ -93,12 +93,23 @@ def test_thresholds_come_from_the_measurement_and_say_so(h200):
     assert rules["ModelITLOverSLO"]["expr"].endswith(f"> {slo.itl_mean_ms / 1e3:g}")
     p99 = bench.ttft_p99_s * OPS.alerts.ttft_p99_margin
     assert rules["ModelTTFTP99AboveMeasured"]["expr"].endswith(f"> {p99:.4g}")
-    temp_max = limits(h200[0], "h200").temperature_max_c
-    assert rules["GPUTemperatureHigh"]["expr"].endswith(f"> {temp_max:g}")
-    assert "acceptance.yaml" in rules["GPUTemperatureHigh"]["annotations"]["source"]
+    # in service: the procedure's production alarm (85 C), not the burn's stricter 83 C limit;
+    # the annotation names both and which is which
+    node = limits(h200[0], "h200")
+    assert (node.temperature_alarm_c, node.temperature_max_c) == (85, 83)
+    assert rules["GPUTemperatureHigh"]["expr"].endswith("> 85")
+    temp_src = rules["GPUTemperatureHigh"]["annotations"]["source"]
+    assert "gpu_temperature_alarm_c 85 C, the procedure's production alarm" in temp_src
+    assert "burn.temperature_max_c 83 C, is stricter" in temp_src
     assert 'clock_event=~"hw_power_brake|hw_slowdown|hw_thermal|sw_thermal"' in \
         rules["GPUClocksThrottled"]["expr"]
     assert all(r["annotations"]["source"] for r in rules.values() if "alert" in r)
+    tiers = {n: (rules[n]["labels"]["severity"], rules[n]["expr"].rsplit("> ", 1)[1]) for n in
+             ("ModelKVCacheElevated", "ModelKVCacheHigh", "ModelKVCacheNearlyFull")}
+    assert tiers == {"ModelKVCacheElevated": ("info", "0.7"), "ModelKVCacheHigh": ("warning", "0.8"),
+                     "ModelKVCacheNearlyFull": ("critical", "0.9")}  # the notes' memory tiers
+    assert "memory tiers 70-80 / 80-85 / > 90 %" in \
+        rules["ModelKVCacheHigh"]["annotations"]["source"]
     trigger = ops.scaled_object["spec"]["triggers"][0]
     assert trigger["metadata"]["threshold"] == str(int(bench.saturation_concurrency *
                                                        OPS.scaling.target_fraction))
@@ -237,10 +248,20 @@ def unit_tests(h200, ops: Operations, t: Target, quiet_expectation: list[dict] |
     injected = {"interval": "1m", "name": "KV cache filled, then the engine gone",
                 "input_series": sweep_point_series(op, m, labels, MINUTES, kv_usage=0.95, up=0),
                 "alert_rule_test": [
-                    {"eval_time": EVAL_AT, "alertname": "ModelKVCacheNearlyFull",
-                     "exp_alerts": [_alert(ops, "ModelKVCacheNearlyFull", _keys(t))]},
+                    *({"eval_time": EVAL_AT, "alertname": name,
+                       "exp_alerts": [_alert(ops, name, _keys(t))]}
+                      for name in ("ModelKVCacheElevated", "ModelKVCacheHigh",
+                                   "ModelKVCacheNearlyFull")),
                     {"eval_time": EVAL_AT, "alertname": "ModelEngineDown",
                      "exp_alerts": [_alert(ops, "ModelEngineDown", _keys(t))]}]}
+    tier = {"interval": "1m", "name": "KV cache in the 80-85 % tier",
+            "input_series": sweep_point_series(op, m, labels, MINUTES, kv_usage=0.82),
+            "alert_rule_test": [
+                {"eval_time": EVAL_AT, "alertname": "ModelKVCacheElevated",
+                 "exp_alerts": [_alert(ops, "ModelKVCacheElevated", _keys(t))]},
+                {"eval_time": EVAL_AT, "alertname": "ModelKVCacheHigh",
+                 "exp_alerts": [_alert(ops, "ModelKVCacheHigh", _keys(t))]},
+                {"eval_time": EVAL_AT, "alertname": "ModelKVCacheNearlyFull", "exp_alerts": []}]}
     recorded = {"interval": "1m", "name": "recording rules at the operating point",
                 "input_series": sweep_point_series(op, m, labels, MINUTES),
                 "promql_expr_test": [
@@ -252,7 +273,7 @@ def unit_tests(h200, ops: Operations, t: Target, quiet_expectation: list[dict] |
                                       "value": float(op["peak_running"])
                                       + float(op["peak_waiting"])}]}]}
     return {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
-            "tests": [quiet, overload, cpu, injected, recorded]}
+            "tests": [quiet, overload, cpu, injected, tier, recorded]}
 
 
 def rec_prefix() -> str:
@@ -330,3 +351,57 @@ def test_every_dashboard_query_parses_in_prometheus_and_a_broken_one_does_not(h2
             {"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)]}]}))
         proc = _promtool("check", "rules", str(path))
         assert (proc.returncode == 0) == (name == "ok"), proc.stdout + proc.stderr
+
+
+# ---- a node type deployed as an LLMInferenceService ----
+
+def test_an_llm_inference_service_is_scraped_and_scaled_as_kserve_runs_it(h200):
+    """Its engine runs in KServe's workload pods on port 8000, and its own `scaling` field (the
+    Workload Variant Autoscaler) scales it: no second ScaledObject, the measured target said in
+    `not rendered` and drawn on the dashboard."""
+    configs, slo, bench, m = h200
+    t = dataclasses.replace(target(bench.config_hash), llm_inference_service=True)
+    ops = render_operations(t, m, slo, bench, limits(configs, "h200"), OPS)
+    assert ops.scaled_object is None
+    assert "scales through its own `scaling` field" in ops.skipped["ScaledObject"]
+    assert "measured saturation concurrency 64" in ops.skipped["ScaledObject"]
+    assert {x.name for x in ops.thresholds} >= {"queue_target_per_replica"}
+    endpoint = ops.engine_monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["targetPort"] == 8000
+    assert ops.engine_monitor["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/part-of": "llminferenceservice",
+        "app.kubernetes.io/name": f"{t.service}-llm", "kserve.io/component": "workload"}
+    validator = ManifestValidator(crd_paths=CRDS)
+    assert all(validator.validate(d) == [] for d in ops.docs)
+
+
+def test_the_llm_inference_service_scaling_field_is_kserves():
+    """deploy.yaml's replicas as KServe v0.20.0's LLMInferenceService takes them: a fixed count
+    is `replicas`, a range `scaling` (min/max, WVA with the KEDA actuator); valid against the
+    pinned CRD's schema and its CEL rules, which the schema validator does not run."""
+    from onboarding.deploy.observability import llm_inference_service_replicas
+
+    crd = PROJECT_ROOT / "deploy" / "kserve-crds" / "serving.kserve.io_llminferenceservices.yaml"
+    validator = ManifestValidator(crd_paths=[str(crd)])
+    assert llm_inference_service_replicas(1, 1) == {"replicas": 1}
+    ranged = llm_inference_service_replicas(0, 4)
+    assert ranged == {"scaling": {"minReplicas": 1, "maxReplicas": 4, "wva": {"keda": {}}}}
+    for fields in ({"replicas": 1}, ranged):
+        doc = {"apiVersion": "serving.kserve.io/v1alpha2", "kind": "LLMInferenceService",
+               "metadata": {"name": "m-b300-llm", "namespace": "models"},
+               "spec": {"model": {"uri": "s3://b/m/", "name": "m"}, **fields}}
+        assert validator.validate(doc) == [], fields
+    # the CRD's x-kubernetes-validations, by hand: replicas xor scaling; wva with exactly one
+    # actuator; minReplicas <= maxReplicas
+    rules = yaml.safe_load(crd.read_text())["spec"]["versions"]
+    text = json.dumps(rules)
+    for rule in ("!(has(self.replicas) && has(self.scaling))", "has(self.wva)",
+                 "has(self.hpa) || has(self.keda)", "!(has(self.hpa) && has(self.keda))",
+                 "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas"):
+        assert rule in text, rule
+    s = ranged["scaling"]
+    assert "replicas" not in ranged and "wva" in s and list(s["wva"]) == ["keda"]
+    assert s["minReplicas"] <= s["maxReplicas"]
+    bad = {**ranged["scaling"], "maxReplicas": 0}
+    doc["spec"] = {"model": {"uri": "s3://b/m/", "name": "m"}, "scaling": bad}
+    assert any("maxReplicas" in e for e in validator.validate(doc))

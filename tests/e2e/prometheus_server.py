@@ -1,6 +1,8 @@
 """A real Prometheus server (Debian's `prometheus`) on 127.0.0.1 for the end-to-end tests: it
 loads a rendered scrape config and rule file, listens on loopback only, keeps its TSDB in a
 temporary directory, and is read through its HTTP API (/api/v1/query, /alerts, /targets).
+`alerts_page` shows its own UI in headless Chromium: Debian's build serves the classic UI
+(server-rendered at each request) under /classic/, its React UI is not packaged.
 """
 
 from __future__ import annotations
@@ -79,3 +81,37 @@ def prometheus_server(config: Path, data_dir: Path, log: Path) -> Iterator[Prome
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def alerts_page(viewport: tuple[int, int] = (1280, 800)) -> Iterator[Callable[..., str]]:
+    """Headless Chromium started up front; yields `shoot(api, alertname, path)`: the server's
+    Alerts page (/classic/alerts) loaded, that alert's row and its annotations opened, a
+    screenshot at `path`, and the state the page shows for it ("firing", "pending") returned.
+    The page is rendered by the server when it is requested, so it shows the alert as it was
+    then, whatever happens after."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.test_ui import CHROMIUM, CHROMIUM_ARGS
+
+    if not Path(CHROMIUM).exists():
+        raise AssertionError(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+
+        def shoot(api: PrometheusApi, alertname: str, path: Path) -> str:
+            page.goto(f"{api.base_url}/classic/alerts")
+            header = page.locator("tr.alert_header", has_text=alertname)
+            header.click()  # its rule, labels, state and value
+            page.click("button.show-annotations")  # where each threshold came from
+            details = header.locator("xpath=following-sibling::tr[1]")
+            state = details.locator(".state_indicator").first.inner_text().strip().lower()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(path), full_page=True)
+            return state
+
+        try:
+            yield shoot
+        finally:
+            browser.close()

@@ -50,7 +50,8 @@ from resources.loadgen import LoadGenerator, completion_bodies
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
-from tests.e2e.prometheus_server import PROMETHEUS, prometheus_server
+from tests.e2e.docs_screenshots import keep_for_docs
+from tests.e2e.prometheus_server import PROMETHEUS, alerts_page, prometheus_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -450,7 +451,8 @@ def test_a_real_prometheus_evaluates_the_rendered_rules_on_the_real_engine(runni
     """Debian's Prometheus on 127.0.0.1 scrapes the engine through the rendered scrape config and
     evaluates the rendered rules (evaluation shortened to seconds): the recording rules have
     values, the dashboard's queries parse, the queue alert stays quiet at the measured operating
-    point (one request at a time) and fires on an overload of 8 at once."""
+    point (one request at a time) and fires on an overload of 8 at once, as the server's own
+    Alerts page shows (its screenshot is docs/screenshot-prometheus-alert.png)."""
     engine, r = running
     m = engine.template().metrics
     write_spec(configs, KEY, "s3://models/smollm2-135m-instruct/")
@@ -496,13 +498,19 @@ def test_a_real_prometheus_evaluates_the_rendered_rules_on_the_real_engine(runni
         overload = threading.Thread(target=LoadGenerator().run_point, args=(
             r.base_url, completion_bodies("smol", synthetic_prompts(tokenizer, 8, 16), 48)),
             kwargs={"concurrency": 8, "max_seconds": 300, "request_timeout_s": 300})
-        overload.start()
-        try:
-            firing = prom.wait_for("ModelQueueAboveSaturation firing", lambda: [
-                a for a in prom.alerts() if a["labels"]["alertname"] ==
-                "ModelQueueAboveSaturation" and a["state"] == "firing"], 120)
-        finally:
-            overload.join()
+        # Prometheus's own Alerts page while it fires (docs/operations.md shows it)
+        shot = PROJECT_ROOT / "test-artifacts" / "e2e" / "prometheus-alert.png"
+        with alerts_page() as shoot:
+            overload.start()
+            try:
+                firing = prom.wait_for("ModelQueueAboveSaturation firing", lambda: [
+                    a for a in prom.alerts() if a["labels"]["alertname"] ==
+                    "ModelQueueAboveSaturation" and a["state"] == "firing"], 120)
+                shown = shoot(prom, "ModelQueueAboveSaturation", shot)
+            finally:
+                overload.join()
+    assert shown == "firing" and shot.stat().st_size > 20_000
+    keep_for_docs(shot, "screenshot-prometheus-alert.png")
     assert firing[0]["labels"]["model"] == KEY
     assert float(firing[0]["value"]) > bench.saturation_concurrency
     assert "measured saturation concurrency 1" in firing[0]["annotations"]["source"]

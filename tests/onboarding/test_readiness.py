@@ -1,13 +1,15 @@
 """Ready means every gate at the deployed configuration: accuracy, SLOs measured at exactly the
-manifest's hash on its node type and judged as a gate, published weights, a valid manifest."""
+manifest's hash on its node type and judged as a gate, the cold start within its budget there,
+published weights, a valid manifest."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from onboarding.common.refs import VariantRef
-from onboarding.deploy.readiness import ManifestFacts, judge
-from onboarding.serving.stats import ServingBenchmarkResult
+from onboarding.deploy.readiness import ManifestFacts, cold_start_budgets, judge
+from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
+from resources.config_files import ConfigFiles
 
 VARIANT = VariantRef("m", "fp8", "/c/fp8", 10, "h", 8)
 GOOD = ManifestFacts(True, {"h200": "aaaaaaaaaaaa", "b300": "bbbbbbbbbbbb"},
@@ -40,3 +42,55 @@ def test_each_missing_gate_is_named():
                                     unpublished).nodes[0].reasons[0]
     invalid = dataclasses.replace(GOOD, valid=False)
     assert "manifest invalid" in judge("m", ["h200"], VARIANT, BENCH, invalid).nodes[0].reasons[0]
+
+
+# ---- the cold start at the deployed configuration ----
+
+TIMING = LoadTimingResult("m", "fp8", True, "", 41.0, 55.2, 12.3, node_type="h200",
+                          config_hash="aaaaaaaaaaaa", cold_start_samples=3)
+BUDGETS = {"h200": 120.0, "b300": 120.0}
+
+
+def test_the_cold_start_is_a_criterion_at_the_deployed_configuration():
+    """gates.yaml's `cold_start_p95_max_s` (a 70B model ready in 1-2 min) holds readiness:
+    the fully cold p95 measured at exactly the manifest's hash and node type."""
+    ok = judge("m", ["h200"], VARIANT, BENCH, GOOD, timing=TIMING, cold_start_budgets_s=BUDGETS)
+    assert ok.ready
+    slow = dataclasses.replace(TIMING, cold_start_p95_s=185.4)
+    r = judge("m", ["h200"], VARIANT, BENCH, GOOD, timing=slow, cold_start_budgets_s=BUDGETS)
+    assert not r.ready and r.nodes[0].reasons == (
+        ("cold start p95 185 s over the 120 s budget (gates.yaml slo.cold_start_p95_max_s for "
+         "h200; fully cold, n=3)"),)
+    elsewhere = dataclasses.replace(TIMING, config_hash="cccccccccccc")
+    r = judge("m", ["h200"], VARIANT, BENCH, GOOD, timing=elsewhere,
+              cold_start_budgets_s=BUDGETS)
+    assert r.nodes[0].reasons == (("cold start never measured at configuration aaaaaaaaaaaa "
+                                   "on h200 (load-timed h200 at cccccccccccc)"),)
+    assert not judge("m", ["h200"], VARIANT, BENCH, GOOD, cold_start_budgets_s=BUDGETS).ready
+    none_cold = dataclasses.replace(TIMING, cold_start_p95_s=None, reason="page cache not "
+                                    "evictable")
+    assert "no fully cold start measured" in judge(
+        "m", ["h200"], VARIANT, BENCH, GOOD, timing=none_cold,
+        cold_start_budgets_s=BUDGETS).nodes[0].reasons[0]
+    # no budget for the node type: no criterion (the caller resolves gates.yaml's)
+    assert judge("m", ["h200"], VARIANT, BENCH, GOOD, timing=slow,
+                 cold_start_budgets_s={"h200": None}).ready
+
+
+def test_the_cpu_profile_is_judged_but_never_ready():
+    """On the cpu profile the SLOs are a stand-in's warning: not ready whatever the cold start;
+    the cold start is judged against the cpu node type's budget, the 120 s default (the shipped
+    gates.yaml), and named only when it misses."""
+    configs = ConfigFiles()
+    spec = next(iter(configs.catalog().specs.values()))
+    section = configs.slo_section()
+    assert cold_start_budgets(section, spec, ["cpu"]) == {"cpu": 120.0}
+    cpu = ManifestFacts(True, {"cpu": "c0ffee000cpu"}, {"cpu": True})
+    bench = dataclasses.replace(BENCH, node_type="cpu", config_hash="c0ffee000cpu",
+                                slo_blocking=False)
+    timing = dataclasses.replace(TIMING, node_type="cpu", config_hash="c0ffee000cpu",
+                                 cold_start_p95_s=39.3)
+    r = judge("m", ["cpu"], VARIANT, bench, cpu, timing=timing,
+              cold_start_budgets_s=cold_start_budgets(section, spec, ["cpu"]))
+    assert not r.ready and r.nodes[0].reasons == (
+        "SLOs judged as a warning only (a stand-in profile), not as a gate",)
