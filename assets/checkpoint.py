@@ -29,10 +29,12 @@ INTACT = "checkpoint_integrity"
     op_tags=cache_step_tags("checkpoint"),  # in a cluster: on the GPU node that owns the cache
     check_specs=[
         dg.AssetCheckSpec(COMPLETE, asset="checkpoint", blocking=True,
+                          partitions_def=models_partitions,
                           description="every file present at its size; the shard index "
                                       "satisfied; safetensors headers parse; weights present "
                                       "(none for a performance twin)"),
         dg.AssetCheckSpec(INTACT, asset="checkpoint", blocking=True,
+                          partitions_def=models_partitions,
                           description="every file's sha256 on disk equals the manifest, which "
                                       "matched the source's recorded checksums at fetch time"),
     ],

@@ -90,6 +90,7 @@ def _version(payload: Any) -> dg.DataVersion:
     deps=[SERVING_STACK, MODEL_SPEC],
     group_name=GROUP,
     check_specs=[dg.AssetCheckSpec(PLAN_CHECK, asset="serving_config", blocking=True,
+                                   partitions_def=models_partitions,
                                    description="At least one target node type (deploy.yaml) "
                                    "can serve the model.")],
     description="Per node type: the GPUs and tensor parallelism the weights, KV budget and "
@@ -164,6 +165,7 @@ def _local_dirs(checkpoint: CheckpointRef, quantized: QuantizedSet | None) -> di
     kinds={"s3"},
     op_tags=cache_step_tags("published_variant"),  # reads the node's NVMe cache
     check_specs=[dg.AssetCheckSpec(PUBLISHED_CHECK, asset="published_variant", blocking=True,
+                                   partitions_def=models_partitions,
                                    description="Every precision a target node type serves is "
                                    "in the serving bucket under its content hash, every file at "
                                    "its size and sha256 (listing + HEAD), bytes read back equal")],
@@ -221,10 +223,12 @@ def published_variant(context: dg.AssetExecutionContext, configs: ConfigFiles,
     group_name=GROUP,
     check_specs=[
         dg.AssetCheckSpec(VALID_CHECK, asset="kserve_manifest", blocking=True,
+                          partitions_def=models_partitions,
                           description="Every rendered document validates against the "
                           "configured KServe CRD schemas (and `kubectl apply "
                           "--dry-run=server` when a context is set)."),
         dg.AssetCheckSpec(SECRETS_CHECK, asset="kserve_manifest", blocking=True,
+                          partitions_def=models_partitions,
                           description="No credential appears inline in a rendered file: only "
                           "service accounts and secretKeyRefs."),
     ],

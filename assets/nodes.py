@@ -180,6 +180,7 @@ def _write_report(outputs: OutputDirs, result: acc.NodeAcceptance, parts: dict, 
 @dg.asset(partitions_def=nodes_partitions, group_name=GROUP,
           ins={n: dg.AssetIn(input_manager_key="optional_upstream") for n in NODE_ASSETS[:-1]},
           check_specs=[dg.AssetCheckSpec(NODE_QUALIFIED_CHECK, asset="node_acceptance",
+                                         partitions_def=nodes_partitions,
                                          description="every required check of every phase "
                                          "passed (docs/acceptance.md)")],
           description="Go/no-go per phase with reasons, in the seed runbook's table form, and "

@@ -39,6 +39,7 @@ def operations_validator() -> ManifestValidator:
     deps=[SERVING_STACK, MODEL_SPEC],
     group_name="deploy",
     check_specs=[dg.AssetCheckSpec(VALID_CHECK, asset="operations", blocking=True,
+                                   partitions_def=models_partitions,
                                    description="Every PrometheusRule, PodMonitor and "
                                    "ScaledObject validates against the pinned CRDs.")],
     description="Per manifest: PrometheusRule (alerts at the SLO, the measured saturation "

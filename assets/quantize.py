@@ -80,6 +80,7 @@ SERVING_CHECK = "serving_variant_verified"
     pool="gpu",
     check_specs=[
         dg.AssetCheckSpec(export_check_name(p), asset="quantized", blocking=False,
+                          partitions_def=models_partitions,
                           description=f"the {p} export, dequantized independently of Model "
                                       "Optimizer, reproduces the in-memory quantized model")
         for p in QUANTIZED_PRECISIONS
@@ -168,6 +169,7 @@ def _export_check(v: QuantizedVariant | None, precision: str, twin: bool = False
     pool="gpu",
     check_specs=[
         dg.AssetCheckSpec(gate_check_name(p), asset="accuracy", blocking=False,
+                          partitions_def=models_partitions,
                           description=f"{p} keeps every eval task within the tolerances of "
                                       "configs/gates.yaml: the drop's interval (paired per "
                                       "item) lies within the allowed drop")
@@ -254,7 +256,7 @@ def _judge(context, v: QuantizedVariant, ckpt: Path, baseline: ScoreBook, gates:
     ins={"served_accuracy": dg.AssetIn(input_manager_key="optional_upstream")},
     deps=[MODEL_SPEC],
     check_specs=[dg.AssetCheckSpec(
-        SERVING_CHECK, asset="serving_variant", blocking=True,
+        SERVING_CHECK, asset="serving_variant", partitions_def=models_partitions, blocking=True,
         description="the chosen variant passed its gates and its bytes on disk match the hash "
                     "that was evaluated")],
 )

@@ -64,11 +64,13 @@ def served_gate_check_name(precision: str) -> str:
     pool="gpu",
     check_specs=[
         *(dg.AssetCheckSpec(agreement_check_name(p), asset="served_accuracy", blocking=False,
+                            partitions_def=models_partitions,
                             description=f"{p} scores the same served as in process: the paired "
                                         "difference's interval lies within "
                                         "served_agreement.max_abs_diff")
           for p in PRECISIONS),
         *(dg.AssetCheckSpec(served_gate_check_name(p), asset="served_accuracy", blocking=False,
+                            partitions_def=models_partitions,
                             description=f"{p} served keeps every eval task within the "
                                         "tolerances of configs/gates.yaml against bf16 served")
           for p in QUANTIZED_PRECISIONS),

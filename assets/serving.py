@@ -217,9 +217,11 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
     op_tags=gpu_step_tags("load_timing"),
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(COLD_START_CHECK, asset="load_timing",
+                                   partitions_def=models_partitions,
                                    description="cold start p95 within configs/gates.yaml "
                                    "`slo.cold_start_p95_max_s` for this node type"),
                  dg.AssetCheckSpec(KERNEL_CHECK, asset="load_timing",
+                                   partitions_def=models_partitions,
                                    description="every start ran the kernels configs/nodes.yaml "
                                    "`kernel_gate` requires of its precision on this GPU "
                                    "architecture, as the engine's own log names them"),
@@ -398,6 +400,7 @@ def _load_tokenizer(path: str):
     op_tags=gpu_step_tags("serving_benchmark"),
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(SLO_CHECK, asset="serving_benchmark", blocking=True,
+                                   partitions_def=models_partitions,
                                    description="TTFT p95, mean ITL and error rate within "
                                    "configs/gates.yaml `slo` at the target concurrency"),
                  node_check_spec("serving_benchmark", blocking=True)],

@@ -84,6 +84,8 @@ def test_plan_only_models_render_valid_manifests_marked_as_estimates(
         assert {n: c.passed for n, c in checks(result).items()} == {
             "plan_fits_a_target_node_type": True, "manifests_valid": True,
             "no_inline_secrets": True}
+        # recorded per partition: the UI's check history names the model
+        assert {c.partition for c in checks(result).values()} == {model}
         plan_md = metadata(result, "serving_config")
         assert plan_md["weights_basis"].startswith("estimate")
         assert plan_md["upstream_present"] == "none"
