@@ -95,20 +95,20 @@ def test_the_check_sees_an_unmarked_engine_start(tmp_path):
     assert _unmarked_starts(sample, tmp_path, marker="engine") == []
 
 
-def test_a_worker_hands_out_the_alone_check_first_and_keeps_an_alone_first_false_test_in_place():
-    """Under pytest-xdist (tests/conftest.py): the `alone` check goes first, so the `waits`
-    tests run beside it; an `alone(first=False)` test stays among its module's tests, so the
+def test_a_worker_hands_out_the_engine_unit_first_and_keeps_an_alone_first_false_test_in_place():
+    """Under pytest-xdist (tests/conftest.py): the engine tests go first, so the `waits` tests
+    run beside them; an `alone(first=False)` test stays among its module's tests, so the
     module's engine fixture is set up once."""
     files = ["tests/e2e/test_serving_vllm.py", "tests/e2e/test_twin_vllm.py"]
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                          "-p", "no:cacheprovider", *files], cwd=PROJECT_ROOT, check=True,
-                         capture_output=True, text=True,
+                          "-p", "no:cacheprovider", *files, "tests/test_markers.py"],
+                         cwd=PROJECT_ROOT, check=True, capture_output=True, text=True,
                          env={**os.environ, "PYTEST_XDIST_WORKER": "gw0"}).stdout
     ids = [line for line in out.splitlines() if "::" in line]
-    assert ids[0].endswith("::test_the_client_costs_the_api_server_no_more_per_token_than_"
-                           "vllm_bench_serve")
-    modules = [i.split("::")[0] for i in ids[1:]]
+    modules = [i.split("::")[0] for i in ids]
+    engine = [n for n, m in enumerate(modules) if m in files]
+    assert engine == list(range(len(engine))) and len(engine) < len(ids)  # engine tests first
     serving = [n for n, m in enumerate(modules) if m == files[0]]
     assert serving == list(range(serving[0], serving[-1] + 1))  # one contiguous run
-    itl = next(n for n, i in enumerate(ids[1:]) if "test_client_itl_is_the_engines" in i)
+    itl = next(n for n, i in enumerate(ids) if "test_client_itl_is_the_engines" in i)
     assert serving[0] < itl <= serving[-1]
