@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import yaml
 
 from assets.model_spec import MODEL_SPEC, spec_metadata
 from assets.partitions import models_partitions
@@ -344,7 +345,7 @@ def _manifest_metadata(value: ManifestSet, rendered: list[Rendered], texts: dict
     "every model's latest valid manifests, so one gateway endpoint fronts them all.",
 )
 def gateway_routes(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
-                   kserve_manifest) -> dg.MaterializeResult:
+                   manifest_validator: ManifestValidator, kserve_manifest) -> dg.MaterializeResult:
     manifests: dict[str, ManifestSet] = by_model(kserve_manifest)
     valid = [r for _, m in sorted(manifests.items()) if m.valid for r in m.routes]
     invalid = sorted(k for k, m in manifests.items() if not m.valid)
@@ -359,9 +360,10 @@ def gateway_routes(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
     # what the cluster needs once before any manifest serves (docs/deploy.md, "Deploy to your
     # KServe cluster"): rendered beside the gateway, the one step over every model
     deploy, stack = configs.deploy(), configs.stack()
+    rendered = render_prerequisites(deploy, configs.nodes(), stack.kserve_version)
+    _check_prerequisites(manifest_validator, rendered)
     prereqs = {name: str(write_atomic(outputs.manifests / "cluster" / name, body))
-               for name, body in render_prerequisites(deploy, configs.nodes(),
-                                                      stack.kserve_version).items()}
+               for name, body in rendered.items()}
     rows = [{"model_name": r.served_name, "service": r.service, "node_type": r.node_type,
              "precision": r.precision, "tp": r.tensor_parallel, "routed": "yes"}
             for r in routes] + [{"model_name": "", "service": k, "node_type": "",
@@ -380,6 +382,20 @@ def gateway_routes(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
         "config": dg.MetadataValue.md(f"```yaml\n{text}```"),
         "cluster_prerequisites": dg.MetadataValue.json(prereqs),
     })
+
+
+def _check_prerequisites(validator: ManifestValidator, rendered: dict[str, str]) -> None:
+    """The KServe objects among the prerequisites meet the same CRDs as the model's manifests,
+    before any file is written."""
+    errors = [f"{name} {doc['kind']}/{doc['metadata']['name']}: {e}"
+              for name, body in rendered.items() for doc in yaml.safe_load_all(body)
+              if isinstance(doc, dict)
+              and str(doc.get("apiVersion", "")).startswith("serving.kserve.io/")
+              for e in validator.validate(doc)]
+    if errors:
+        raise OnboardingError("cluster prerequisites", "; ".join(errors[:5]),
+                              "Point the manifest validator at the KServe CRDs of the pinned "
+                              "release (deploy/kserve-crds/ by default).")
 
 
 defs = dg.Definitions(assets=[serving_config, published_variant, kserve_manifest,

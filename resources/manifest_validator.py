@@ -38,7 +38,8 @@ DEFAULT_CRD_DIR = PROJECT_ROOT / "deploy" / "kserve-crds"  # the pinned release 
 DEFAULT_CRDS = ("serving.kserve.io_inferenceservices.yaml", "serving.kserve.io_servingruntimes.yaml",
                 "serving.kserve.io_localmodelcaches.yaml",
                 "serving.kserve.io_localmodelnodegroups.yaml",
-                "serving.kserve.io_llminferenceservices.yaml")
+                "serving.kserve.io_llminferenceservices.yaml",
+                "serving.kserve.io_clusterstoragecontainers.yaml")
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 BUILTIN_CHECKS = {("policy/v1", "PodDisruptionBudget"): check_pdb}
 

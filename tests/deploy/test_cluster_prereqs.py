@@ -188,3 +188,17 @@ def test_the_cache_filler_validates_against_kserves_own_crd():
     bad["spec"]["container"]["mountPath"] = "/mnt/models"
     errors = validator.validate(bad)
     assert any("mountPath: unknown field" in e for e in errors), errors
+
+
+def test_every_kserve_object_of_the_prerequisites_validates_by_default():
+    """The validator's default CRDs cover every KServe kind the prerequisites render (the
+    ClusterStorageContainer among them), so `gateway_routes` checks them as `kserve_manifest`
+    checks the model's objects, with no CRD path configured."""
+    from resources.manifest_validator import ManifestValidator
+
+    validator = ManifestValidator()
+    kserve = [d for docs in _files().values() for d in docs
+              if str(d.get("apiVersion", "")).startswith("serving.kserve.io/")]
+    assert {d["kind"] for d in kserve} >= {"ClusterStorageContainer"}
+    for doc in kserve:
+        assert validator.validate(doc) == [], doc["kind"]
