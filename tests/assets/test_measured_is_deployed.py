@@ -175,3 +175,41 @@ def test_a_missed_slo_in_the_gpu_profile_blocks_the_manifest(
     materialized = {e.asset_key.to_user_string()
                     for e in result.get_asset_materialization_events()}
     assert "serving_benchmark" in materialized and "kserve_manifest" not in materialized
+
+
+def test_publishing_fills_this_nodes_kserve_cache_folder_without_a_download(
+        config_dir, configs, outputs, model_dir, h200_engine, s3_store, tmp_path):
+    """A node whose KServe cache root exists (deploy.yaml local_model_cache) gets the published
+    variant in the agent's `models/<sha256[:16]>/` folder from the files just verified: the same
+    inodes as the NVMe cache's (one copy per node), zero bytes over the wire, and the completion
+    file the model pods wait for, so KServe's download Job later finds it filled."""
+    from onboarding.deploy.kserve import CACHE_COMPLETE, agent_model_dir
+
+    root = tmp_path / "kserve-cache"
+    root.mkdir()
+    path = configs.path("deploy.yaml")
+    deploy = yaml.safe_load(path.read_text())
+    for node in deploy["local_model_cache"]["node_types"].values():
+        node["cache_root"] = str(root)
+    path.write_text(yaml.safe_dump(deploy))
+    write_spec(config_dir, KEY, "s3://models/tiny/", precision_ladder=["bf16"],
+               scenarios=["chat"], engine_args={"max_model_len": 2048})
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("models", [KEY])
+    result = dg.materialize(
+        [*stand_ins(model_dir), serving_config, published_variant,
+         dg.AssetSpec("predictions", partitions_def=models_partitions)],
+        partition_key=KEY, instance=instance, raise_on_error=False,
+        resources={"configs": configs, "outputs": outputs, "s3": s3_store,
+                   "optional_upstream": optional_upstream})
+    assert result.success
+    uri = metadata(result, "published_variant")["uri_bf16"]
+    folder = Path(agent_model_dir(str(root), uri))
+    assert (folder / CACHE_COMPLETE).is_file()
+    weights = sorted(model_dir.glob("*.safetensors"))
+    assert weights
+    for w in weights:
+        assert (folder / w.name).stat().st_ino == w.stat().st_ino  # hard link, no copy
+    [row] = [r for r in metadata(result, "published_variant")["published"].split("\n")
+             if "| bf16 |" in r]
+    assert f"files in {folder}, 0 bytes fetched" in row
