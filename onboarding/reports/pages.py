@@ -407,8 +407,9 @@ def _verdict_section(f: ModelFacts) -> Section:
     blocks.append(Text(f"From the `readiness` materialization of {when(v.readiness_at)}: ready "
                        "on a node type means the accuracy gate passed, the SLOs were met at "
                        "exactly the configuration its manifest deploys (same hash, measured on "
-                       "that node type, judged as a blocking gate), the weights were published "
-                       "and verified, and the manifest validated."))
+                       "that node type, judged as a blocking gate), its fully cold start "
+                       "was within budget at the same configuration, the weights were "
+                       "published and verified, and the manifest validated."))
     return Section("Verdict", tuple(blocks), "verdict-section")
 
 
