@@ -122,7 +122,8 @@ def before_the_node_cache(text: str) -> tuple[list[str], list[dict]]:
     """A manifest less what deploying from the node cache added: the
     LocalModelNodeGroup and LocalModelCache documents, the weights-on-node and nodegroup
     annotations, the ephemeral-storage request, the startup window (no pull counted), and the
-    QoS class: without the storage initializer the cached pod is Guaranteed. Also less what the
+    QoS class: without the storage initializer the cached pod is Guaranteed; the init container
+    that waits for the cache folder's completion file, with its volume. Also less what the
     pod lifecycle added since (the PodDisruptionBudget, priority class, termination grace,
     preStop drain, rollout strategy and autoscaler class)."""
     header, docs = without_startup_probe(text)
@@ -135,6 +136,8 @@ def before_the_node_cache(text: str) -> tuple[list[str], list[dict]]:
             for k in LIFECYCLE_PREDICTOR:
                 d["spec"]["predictor"].pop(k, None)
             d["spec"]["predictor"]["model"].pop("lifecycle", None)
+            d["spec"]["predictor"].pop("initContainers", None)  # the cache gate only
+            d["spec"]["predictor"].pop("volumes", None)
             d["metadata"]["labels"].pop("model-onboarding.io/qos-class", None)
             d["spec"]["predictor"]["model"]["resources"]["requests"].pop(
                 "ephemeral-storage", None)
