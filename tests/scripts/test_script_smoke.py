@@ -38,6 +38,11 @@ ELSEWHERE = {
     "scripts/check_stack_matrix.py": "tests/scripts/test_check_stack_matrix.py",
     "scripts/gpu_node_probe.py": "tests/e2e/test_gpu_node_probe.py",
     "scripts/gpu_noisy_neighbour.py": "tests/onboarding/test_layout_render.py",  # --dry-run
+    # bench modules the tests import (a recording's reader, the fake engine, the hub cache)
+    "bench/gpu_recordings.py": "tests/deploy/test_observability.py",
+    "bench/gpu_recordings_x2.py": "tests/assets/test_h200x2_replay.py",
+    "bench/openai_stream_server.py": "tests/assets/test_serving.py",
+    "bench/hub_cache.py": "tests/resources/test_huggingface.py",
 }
 # Scripts this module runs, each by the test named.
 HERE = {
