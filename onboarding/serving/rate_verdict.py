@@ -209,6 +209,14 @@ def requests_for(rate: RateSlo) -> int:
     return max(rate.min_requests, math.ceil(expected + 4 * math.sqrt(expected) + 10))
 
 
+def requests_to_meet(rate: RateSlo, catalog_percentile: float = 95.0) -> int:
+    """The fewest requests that can show every percentile bound met (none over any), at the
+    alpha each look is judged at: a run that cannot reach it can only end "undecided"."""
+    alpha = (1 - rate.confidence) / max_looks(requests_for(rate), rate)
+    return max(math.ceil(math.log(alpha) / math.log(q / 100))
+               for q in (rate.percentile, catalog_percentile))
+
+
 # ---- repeated runs ----
 
 @dataclass(frozen=True)

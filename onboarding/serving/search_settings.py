@@ -10,7 +10,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from onboarding.common.config import StrictConfig, format_validation_error, load_yaml
 from onboarding.common.errors import ConfigError
-from onboarding.serving.rate_verdict import RateSlo
+from onboarding.serving.rate_verdict import RateSlo, requests_to_meet
 
 
 class RateFields(StrictConfig):
@@ -88,12 +88,23 @@ def _merged(defaults: StrictConfig, layer: StrictConfig | None) -> dict:
 
 
 def rate_slo(f: SearchFile, node_type: str) -> RateSlo:
+    """The rate verdict at `node_type`; an error when its run could never show "met" (fewer
+    requests fit in `max_seconds` at the target rate than a met verdict needs)."""
     m = _merged(f.rate_verdict.defaults, f.rate_verdict.node_types.get(node_type))
-    return RateSlo(target_rate_rps=m["target_rate_rps"], ttft_p_s=m["ttft_s"],
+    rate = RateSlo(target_rate_rps=m["target_rate_rps"], ttft_p_s=m["ttft_s"],
                    tpot_p_ms=m["tpot_ms"], percentile=m["percentile"],
                    confidence=m["confidence"], min_requests=m["min_requests"],
                    min_seconds=m["min_seconds"], max_seconds=m["max_seconds"],
                    look_every=m["look_every"], repeats=m["repeats"])
+    need, fit = requests_to_meet(rate), rate.target_rate_rps * rate.max_seconds
+    if fit < need:
+        raise ConfigError(
+            f"configs/search.yaml rate_verdict at {node_type}",
+            f"{fit:.0f} requests fit in max_seconds={rate.max_seconds:g} at "
+            f"{rate.target_rate_rps:g} req/s, and showing p{rate.percentile:g} and p95 met at "
+            f"confidence {rate.confidence:g} needs {need}: every run would end undecided",
+            "Raise max_seconds or look_every (fewer looks), or lower the percentile.")
+    return rate
 
 
 def search_settings(f: SearchFile, node_type: str) -> SearchSettings:
