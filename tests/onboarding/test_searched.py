@@ -98,3 +98,16 @@ def test_a_broken_record_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="not a search record file"):
         load_records(p)
     assert load_records(tmp_path / "absent.json") == []
+
+
+def test_the_report_shows_each_search_table_and_margin():
+    from onboarding.reports.pages import Table, Text, _search_blocks
+
+    splan = planned()
+    searched = with_searched(splan, LLAMA, STACK.templates, [record(splan.config("h200"))])
+    blocks = _search_blocks(searched)
+    assert isinstance(blocks[1], Table) and blocks[1].rows[0]["chosen"]
+    assert "4 candidates measured (0 crashed)" in blocks[0].text
+    assert "searched:" in blocks[0].text and isinstance(blocks[2], Text)
+    assert "n=300" in blocks[2].text
+    assert _search_blocks(splan) == []
