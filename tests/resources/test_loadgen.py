@@ -404,7 +404,9 @@ def test_poisson_arrivals_are_seeded_exponential_and_say_n():
     assert statistics.stdev(gaps) / mean == pytest.approx(1.0, abs=0.2)
     assert scipy_stats.kstest(gaps, "expon", args=(0, 1 / rate)).pvalue > 0.001
     sent = sorted(r.start_s for r in a.records)
-    assert all(s >= t - 1e-3 for s, t in zip(sent, a.arrivals_s, strict=True))
+    # never sent ahead of its schedule (uvloop's timers count whole milliseconds and may wake
+    # up to one early; the slack allows for that rounding, never for a late send)
+    assert all(s >= t - 5e-3 for s, t in zip(sent, a.arrivals_s, strict=True))
     assert all(r.ok for r in a.records)
 
 
