@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_search(engine, LoadGenerator(), variant, cands, basis, slo, rate, traffic,
                             AutoTokenizer.from_pretrained(model_dir, local_files_only=True),
                             budget_s=budget_s, start_s=a.start_s,
+                            min_margin=settings.min_margin,
                             log=lambda s: print(s, flush=True))
     except SearchFailed as exc:
         print(f"FAILED CLOSED: {exc}")

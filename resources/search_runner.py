@@ -46,6 +46,7 @@ def candidate_cost_s(rate: RateSlo, start_s: float) -> float:
 def run_search(engine, loadgen: LoadGenerator, variant: VariantRef, cands: list[Candidate],
                basis: str, slo: Slo, rate: RateSlo, traffic: Traffic, tokenizer,
                budget_s: float, start_s: float, notes: tuple[str, ...] = (),
+               min_margin: float = 0.0,
                log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic
                ) -> SearchResult:
     node_type = cands[0].config.node_type if cands else "?"
@@ -93,4 +94,4 @@ def run_search(engine, loadgen: LoadGenerator, variant: VariantRef, cands: list[
                         seconds=clock() - t0)
 
     return search(node_type, cands, measure, budget_s, candidate_cost_s(rate, start_s), basis,
-                  clock=clock, notes=notes)
+                  clock=clock, notes=notes, min_margin=min_margin)

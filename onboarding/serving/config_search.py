@@ -196,9 +196,12 @@ def candidates(template: EngineTemplate, base: EngineConfig, max_num_seqs: Seque
 def search(node_type: str, cands: Sequence[Candidate],
            measure: Callable[[Candidate, Measured | None], Measured], budget_s: float,
            cost_s: float, basis: str, clock: Callable[[], float] = time.monotonic,
-           notes: Sequence[str] = ()) -> SearchResult:
+           notes: Sequence[str] = (), min_margin: float = 0.0) -> SearchResult:
     """Measure the candidates in order within `budget_s` (`cost_s`: the estimated seconds of
-    one candidate, engine start included), then pick the winner (see the module)."""
+    one candidate, engine start included), then pick the winner (see the module). A candidate
+    replaces a met plan's configuration only when its headroom is lower by more than
+    `min_margin` (a share of the plan's): a difference inside run-to-run noise keeps the plan's
+    configuration, and says so."""
     if not cands:
         raise ConfigError(f"search on {node_type}", "no candidate", "Check configs/search.yaml.")
     if cost_s > budget_s:
@@ -237,11 +240,20 @@ def search(node_type: str, cands: Sequence[Candidate],
             "Lower the target rate or relax the bounds only if the product allows it; else a "
             "larger node type, another precision or more replicas.")
     winner_c, winner_m = best
+    base_row = next((r for r in rows if r.candidate.baseline), None)
+    kept = ""
+    if base_row is not None and base_row.candidate is not winner_c and base_row.measured \
+            and base_row.measured.verdict is not None \
+            and base_row.measured.verdict.outcome == MET \
+            and winner_m.headroom() > base_row.measured.headroom() * (1 - min_margin):
+        kept = (f"{winner_c.label} was ahead by {base_row.measured.headroom() - winner_m.headroom():.3f}"
+                f", within min_margin={min_margin:g} of the plan's {base_row.measured.headroom():.3f}"
+                ": the plan's configuration kept")
+        winner_c, winner_m = base_row.candidate, base_row.measured
     others = sorted((r for r in measured if r.candidate.config.hash != winner_c.config.hash),
                     key=lambda r: r.measured.headroom())
-    base_row = next((r for r in rows if r.candidate.baseline), None)
     runner = others[0] if others else None
-    margin = _margin(winner_c, winner_m, runner, base_row)
+    margin = _margin(winner_c, winner_m, runner, base_row) + (f"; {kept}" if kept else "")
     return SearchResult(node_type, winner_c.config, cands[0].config, tuple(rows), basis, margin,
                         crashed, elapsed, tuple(notes))
 

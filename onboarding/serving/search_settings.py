@@ -31,6 +31,7 @@ class SearchFields(StrictConfig):
     max_candidates: int | None = Field(default=None, ge=1)
     max_num_seqs: list[int] | None = Field(default=None, min_length=1)
     max_num_batched_tokens: list[int] | None = Field(default=None, min_length=1)
+    min_margin: float | None = Field(default=None, ge=0, lt=1)
 
     @field_validator("max_num_seqs", "max_num_batched_tokens")
     @classmethod
@@ -70,6 +71,7 @@ class SearchSettings(StrictConfig):
     max_candidates: int
     max_num_seqs: list[int]
     max_num_batched_tokens: list[int]
+    min_margin: float
 
 
 def load_search_file(path: Path) -> SearchFile:
