@@ -19,7 +19,8 @@ met when any is not met, undecided otherwise, and it always says n.
 
 The load generator looks at the verdict while it runs (every `look_every` finished requests)
 and stops sending once it is decided. Each look is judged at `alpha / looks` (Bonferroni over
-the most looks a run can make), so looking often does not make a wrong verdict likelier.
+the most looks a run can make, the final judgement included), so looking often does not make
+a wrong verdict likelier.
 Repeated runs (other seeds) give each statistic an interval over the runs (`repeat_interval`).
 Pure functions: no I/O.
 """
@@ -199,7 +200,9 @@ def judge(records: Sequence[RequestRecord], slo: Slo, rate: RateSlo, looks: int 
 
 
 def max_looks(n_bodies: int, rate: RateSlo) -> int:
-    return max(1, math.ceil(n_bodies / rate.look_every))
+    """The most looks a run of `n_bodies` can make: one every `look_every` finished requests
+    while it sends, and the judgement on every request once it is over."""
+    return math.ceil(n_bodies / rate.look_every) + 1
 
 
 def requests_for(rate: RateSlo) -> int:

@@ -78,9 +78,9 @@ def test_the_catalogs_mean_itl_is_judged_by_an_interval():
 def test_more_looks_judge_each_look_stricter():
     recs = [req() for _ in range(400)]
     assert judge(recs, SLO, RATE, looks=1).outcome == MET
-    # at alpha / 40 the upper end of 0 of 400 is 1 - (0.05/40)^(1/400) > 1 %
-    assert judge(recs, SLO, RATE, looks=40).outcome == UNDECIDED
-    assert max_looks(400, RATE) == 40
+    # at alpha / 41 the upper end of 0 of 400 is 1 - (0.05/41)^(1/400) > 1 %
+    assert judge(recs, SLO, RATE, looks=41).outcome == UNDECIDED
+    assert max_looks(400, RATE) == 41  # 40 while sending, and the last judgement
 
 
 def test_repeated_runs_give_an_interval_and_combine_fail_closed():
