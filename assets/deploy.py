@@ -50,6 +50,7 @@ from onboarding.deploy.serving_plan import (
     render_targets,
     serving_plan,
     with_engine_choices,
+    with_searched,
     with_sla_choices,
 )
 from onboarding.fetch import twins
@@ -110,6 +111,7 @@ def serving_config(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
     splan = with_engine_choices(serving_plan(spec, result, nodes, stack), spec, stack.templates,
                                 configs.stack_config(), configs.engine_measurements(),
                                 stack.engine)
+    splan = with_searched(splan, spec, stack.templates, configs.searched_configs())
     body = {"plan": result.to_dict(),
             "configs": {nt: {**c.content(), "hash": c.hash} for nt, c in splan.configs.items()},
             "engines": [c.row() for c in splan.engines]}
@@ -121,6 +123,7 @@ def serving_config(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
             [c.summary() for c in splan.configs.values()])),
         "plan": dg.MetadataValue.md(md_table(plan_rows(result))),
         "engine_choice": dg.MetadataValue.md(md_table([c.row() for c in splan.engines])),
+        **search_metadata(splan),
         "path": dg.MetadataValue.path(str(path)),
         "config_hashes": dg.MetadataValue.json({nt: c.hash for nt, c in splan.configs.items()}),
         "tp_basis": dg.MetadataValue.json({n.node_type: n.tp_basis for n in result.nodes
@@ -137,6 +140,19 @@ def serving_config(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
         **spec_metadata(spec),
     })
     yield _fits_check(result, configs.deploy().target_node_types)
+
+
+def search_metadata(splan: ServingPlan) -> dict[str, Any]:
+    """The recorded search winners applied (or why not), each search's table: predicted vs
+    measured per candidate, the chosen one, by how much it won, n."""
+    if not splan.searched:
+        return {}
+    tables = "\n\n".join(
+        f"### {r.node_type}: {r.base_hash} -> {r.winner_hash} ({r.candidates} measured, "
+        f"{r.crashed} crashed; order: {r.basis})\n\n{md_table(list(r.table))}\n\n{r.margin}"
+        for r in splan.searched)
+    return {"config_search": dg.MetadataValue.md(tables),
+            "config_search_applied": dg.MetadataValue.json(dict(splan.search_notes))}
 
 
 def _fits_check(result: DeploymentPlan, targets: list[str]) -> dg.AssetCheckResult:

@@ -41,6 +41,7 @@ from onboarding.serving.profiles import (
     load_slo_section,
     pick_profile,
 )
+from onboarding.serving.searched import SearchRecord, load_records
 from onboarding.serving.stack import Stack, load_stack, read_stack_config
 
 
@@ -156,6 +157,12 @@ class ConfigFiles(dg.ConfigurableResource):
         """Measured goodput per engine and configuration, which serving_config chooses each
         node type's engine by (engine_measurements.json; absent: none, the stack's engine)."""
         return load_measurements(self.path("engine_measurements.json"))
+
+    def searched_configs(self) -> list[SearchRecord]:
+        """The measured configuration search's winners, which serving_config applies where
+        the plan still gives the searched-from configuration (searched_configs.json; absent:
+        none, the plan's configurations)."""
+        return load_records(self.path("searched_configs.json"))
 
     def measured_points(self) -> PointsFile:
         """The measured points predict.yaml's calibration names (relative: to this dir)."""

@@ -21,15 +21,16 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 import dagster as dg
 import orjson
 
+from onboarding.serving.rate_verdict import UNDECIDED, RateSlo, RateVerdict, judge, max_looks
 from onboarding.serving.stack import COUNT_EXTENSION
-from onboarding.serving.stats import RequestRecord, parse_metrics
+from onboarding.serving.stats import RequestRecord, Slo, parse_metrics
 
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 _DETAIL_CHARS = 300
@@ -50,6 +51,10 @@ class PointRun:
     metrics_during: list[str] = field(default_factory=list)
     scrape_failures: int = 0
     scrape_last_error: str | None = None
+    # Poisson runs: each request's scheduled arrival (s from the point's start), and why the
+    # run stopped sending ("decided": its verdict was in before the bodies or the time ran out)
+    arrivals_s: list[float] = field(default_factory=list)
+    stopped: str = ""
 
     def scrape_failed(self, why: str) -> None:
         self.scrape_failures += 1
@@ -355,7 +360,9 @@ async def run_point_async(
     rate_rps: float | None = None, max_seconds: float, request_timeout_s: float,
     warmup_bodies: Sequence[bytes] = (), warmup_concurrency: int | None = None,
     metrics_path: str | None = "/metrics", scrape_interval_s: float = 1.0,
-    scrape_timeout_s: float = 5.0, seed: int = 0,
+    scrape_timeout_s: float = 5.0, seed: int = 0, min_requests: int = 0,
+    min_seconds: float = 0.0, decide: Callable[[list[RequestRecord]], bool] | None = None,
+    look_every: int = 10,
 ) -> PointRun:
     """Send `bodies` at a fixed concurrency or as Poisson arrivals at `rate_rps`.
 
@@ -365,6 +372,11 @@ async def run_point_async(
     by `scrape_timeout_s`, one in flight when the requests are done is abandoned, and after
     one timed out the point scrapes no more: a stalled /metrics costs a point at most one
     `scrape_timeout_s` in all, never one per scrape.
+
+    At a rate, `decide` (given the finished requests, every `look_every` of them) may stop the
+    arrivals early once it returns True, but only after `min_requests` were sent and
+    `min_seconds` passed; requests already sent are awaited and recorded all the same (a
+    verdict on the fast ones alone would favour the engine).
     """
     if (concurrency is None) == (rate_rps is None):
         raise ValueError("give exactly one of concurrency and rate_rps")
@@ -390,8 +402,9 @@ async def run_point_async(
                 run.records = await _fixed_concurrency(session, url, bodies, concurrency, start,
                                                        start + max_seconds)
             else:
-                run.records = await _poisson(session, url, bodies, rate_rps, start,
-                                             start + max_seconds, seed)
+                run.records = await _poisson(
+                    session, url, bodies, rate_rps, start, start + max_seconds, seed, run,
+                    _Stop(min_requests, min_seconds, decide, look_every))
             run.duration_s = time.perf_counter() - start
         finally:
             stop.set()
@@ -417,17 +430,44 @@ async def _fixed_concurrency(session, url, bodies, concurrency, start, deadline)
     return records
 
 
-async def _poisson(session, url, bodies, rate_rps, start, deadline, seed):
+@dataclass
+class _Stop:
+    """When a Poisson run may stop sending before its bodies or its time run out."""
+
+    min_requests: int = 0
+    min_seconds: float = 0.0
+    decide: Callable[[list[RequestRecord]], bool] | None = None
+    look_every: int = 10
+
+
+async def _poisson(session, url, bodies, rate_rps, start, deadline, seed, run: PointRun,
+                   stop: _Stop):
+    """Open loop: arrival i at the sum of i exponential gaps (mean 1/rate, from a
+    `random.Random(seed)`, so a seed gives the same schedule), whatever the server does."""
     rng = random.Random(seed)
     tasks = []
+    done: list[RequestRecord] = []
+    looked = 0
     next_at = start
+    run.stopped = "bodies"
     for body in bodies:
         next_at += rng.expovariate(rate_rps)
         if next_at >= deadline:
+            run.stopped = "max_seconds"
             break
+        if stop.decide is not None and len(done) >= looked + stop.look_every \
+                and len(tasks) >= stop.min_requests \
+                and time.perf_counter() - start >= stop.min_seconds:
+            looked = len(done)
+            if stop.decide(list(done)):
+                run.stopped = "decided"
+                break
         if (delay := next_at - time.perf_counter()) > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(send_one(session, url, body, start)))
+        task = asyncio.create_task(send_one(session, url, body, start))
+        task.add_done_callback(lambda t: done.append(t.result()))
+        tasks.append(task)
+        run.arrivals_s.append(next_at - start)
     return list(await asyncio.gather(*tasks))
 
 
@@ -450,11 +490,34 @@ class LoadGenerator(dg.ConfigurableResource):
     def run_point(self, base_url: str, bodies: Sequence[bytes], *, concurrency: int | None = None,
                   rate_rps: float | None = None, max_seconds: float, request_timeout_s: float,
                   warmup_bodies: Sequence[bytes] = (), warmup_concurrency: int | None = None,
-                  scrape_interval_s: float = 1.0, seed: int = 0) -> PointRun:
+                  scrape_interval_s: float = 1.0, seed: int = 0, min_requests: int = 0,
+                  min_seconds: float = 0.0,
+                  decide: Callable[[list[RequestRecord]], bool] | None = None,
+                  look_every: int = 10) -> PointRun:
         return _run(run_point_async(
             base_url, bodies, concurrency=concurrency, rate_rps=rate_rps,
             max_seconds=max_seconds, request_timeout_s=request_timeout_s,
             warmup_bodies=warmup_bodies, warmup_concurrency=warmup_concurrency,
             metrics_path=self.metrics_path,
             scrape_interval_s=scrape_interval_s, scrape_timeout_s=self.scrape_timeout_s,
-            seed=seed))
+            seed=seed, min_requests=min_requests, min_seconds=min_seconds, decide=decide,
+            look_every=look_every))
+
+
+def measure_at_rate(loadgen: LoadGenerator, base_url: str, bodies: Sequence[bytes], slo: Slo,
+                    rate: RateSlo, *, seed: int, request_timeout_s: float,
+                    warmup_bodies: Sequence[bytes] = ()) -> tuple[PointRun, RateVerdict]:
+    """One open-loop run at `rate.target_rate_rps`, stopped early once its verdict is decided
+    (after `rate.min_requests` and `rate.min_seconds`); the verdict is judged again on every
+    request sent, those still in flight at the stop included."""
+    looks = max_looks(len(bodies), rate)
+
+    def decided(done: list[RequestRecord]) -> bool:
+        return judge(done, slo, rate, looks).outcome != UNDECIDED
+
+    run = loadgen.run_point(base_url, bodies, rate_rps=rate.target_rate_rps,
+                        max_seconds=rate.max_seconds, request_timeout_s=request_timeout_s,
+                        warmup_bodies=warmup_bodies, seed=seed,
+                        min_requests=rate.min_requests, min_seconds=rate.min_seconds,
+                        decide=decided, look_every=rate.look_every)
+    return run, judge(run.records, slo, rate, looks)

@@ -37,6 +37,7 @@ from onboarding.serving.engine_config import (
     build_config,
     evidence,
 )
+from onboarding.serving.searched import SearchRecord, apply
 from onboarding.serving.stack import EngineTemplate, Stack
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
@@ -53,6 +54,10 @@ class ServingPlan:
     # which engine serves each configured node type, and why; a tuple, so that a
     # plan stored before it existed reads back with none
     engines: tuple[EngineChoice, ...] = ()
+    # the recorded search winners of this model (configs/searched_configs.json), and what
+    # applying them did per node type; tuples, so that an older stored plan reads back with none
+    searched: tuple[SearchRecord, ...] = ()
+    search_notes: tuple[tuple[str, str], ...] = ()
 
     def config(self, node_type: str) -> EngineConfig | None:
         return self.configs.get(node_type)
@@ -139,8 +144,35 @@ def with_engine_choices(splan: ServingPlan, spec: ModelSpec,
     return dataclasses.replace(splan, configs=configs, engines=tuple(choices))
 
 
+def with_searched(splan: ServingPlan, spec: ModelSpec, templates: dict[str, EngineTemplate],
+                  records: list[SearchRecord]) -> ServingPlan:
+    """Each configured node type's recorded search winner, where the plan still gives the
+    configuration the search started from (onboarding/serving/searched.py); the records of this
+    model kept on the plan for the engine at hand (`config_at_hand`)."""
+    mine = tuple(r for r in records if r.model == spec.id)
+    configs, notes = dict(splan.configs), []
+    for nt, config in splan.configs.items():
+        template = templates.get(config.engine)
+        if template is None:
+            continue
+        configs[nt], said = apply(config, template, list(mine))
+        if said:
+            notes.append((nt, said))
+    return dataclasses.replace(splan, configs=configs, searched=mine,
+                               search_notes=tuple(notes))
+
+
 def config_at_hand(splan: ServingPlan, spec: ModelSpec, template: EngineTemplate,
                    local: dict[str, str]) -> EngineConfig:
+    """The configuration at hand (`_config_at_hand`), or its recorded search winner."""
+    config = _config_at_hand(splan, spec, template, local)
+    if config.node_type not in splan.configs and getattr(splan, "searched", ()):
+        config, _ = apply(config, template, list(splan.searched))
+    return config
+
+
+def _config_at_hand(splan: ServingPlan, spec: ModelSpec, template: EngineTemplate,
+                    local: dict[str, str]) -> EngineConfig:
     """The configuration the engine at hand starts: the plan's for its node type when it runs
     that precision on that hardware (with the installed engine version: when that differs from
     the stack's, the hash differs too, so no manifest claims the measurement); else the local

@@ -773,7 +773,21 @@ def _plan_section(f: ModelFacts) -> Section:
         Text(f"From `serving_config`: weights + KV cache ({i.target_concurrency} sequences x "
              f"{i.context_tokens} tokens) + reserve against each GPU's memory at "
              f"{i.gpu_memory_utilization:.2f} utilization; model shape from {i.shape.origin}; "
-             f"parameters from {i.param_count_origin}.")), "plan")
+             f"parameters from {i.param_count_origin}."), *_search_blocks(f.serving_plan)),
+        "plan")
+
+
+def _search_blocks(splan: ServingPlan) -> list[Block]:
+    """Each recorded configuration search of the model: its table (per candidate: predicted or
+    by rule, verdict, n, headroom, chosen), the margin, and whether the plan applied it."""
+    out: list[Block] = []
+    applied = dict(getattr(splan, "search_notes", ()))
+    for r in getattr(splan, "searched", ()):
+        out += [Text(f"Configuration search on {r.node_type}: {r.candidates} candidates "
+                     f"measured ({r.crashed} crashed), order: {r.basis}. "
+                     f"{applied.get(r.node_type, 'no planned node type: the engine at hand starts it where its configuration matches')}."),
+                Table(tuple(r.table)), Text(f"Margin: {r.margin}")]
+    return out
 
 
 def _manifests_section(f: ModelFacts) -> Section:

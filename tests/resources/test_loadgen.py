@@ -1,16 +1,32 @@
 """The load generator against the fake streaming server (a test fixture with ground truth)."""
 
 import json
+import math
 import statistics
 import urllib.request
 
 import aiohttp
 import pytest
+from scipy import stats as scipy_stats
 
 from bench.openai_stream_server import running_fake_server
 from onboarding.common.paths import PROJECT_ROOT
-from onboarding.serving.stats import ERROR_CAUSES, histogram_mean_delta, parse_metrics, summarize
-from resources.loadgen import LoadGenerator, SseEvents, completion_bodies, error_cause, sse_data
+from onboarding.serving.rate_verdict import MET, NOT_MET, RateSlo
+from onboarding.serving.stats import (
+    ERROR_CAUSES,
+    Slo,
+    histogram_mean_delta,
+    parse_metrics,
+    summarize,
+)
+from resources.loadgen import (
+    LoadGenerator,
+    SseEvents,
+    completion_bodies,
+    error_cause,
+    measure_at_rate,
+    sse_data,
+)
 
 
 def truth(url: str) -> dict:
@@ -369,3 +385,46 @@ def test_without_usage_per_chunk_tokens_without_text_are_no_content_and_say_why(
         r = run(url, n=4, out=5, concurrency=2)
     assert [rec.error for rec in r.records] == ["no_content"] * 4
     assert "5 tokens" in r.records[0].detail and "usage only at the end" in r.records[0].detail
+
+
+def test_poisson_arrivals_are_seeded_exponential_and_say_n():
+    """Open loop at 50 req/s: the schedule is the seed's, its gaps exponential (mean 1/rate,
+    coefficient of variation 1), every arrival sent (none early) and recorded."""
+    rate, n = 50.0, 300
+    with running_fake_server(itl_ms=1) as url:
+        runs = [LoadGenerator().run_point(url, completion_bodies("fake", ["x"] * n, 4),
+                                          rate_rps=rate, max_seconds=60, request_timeout_s=10,
+                                          seed=seed) for seed in (7, 7, 8)]
+    a, b, c = runs
+    assert a.arrivals_s == b.arrivals_s != c.arrivals_s  # reproducible by seed
+    assert len(a.arrivals_s) == len(a.records) == n and a.stopped == "bodies"
+    gaps = [y - x for x, y in zip([0.0, *a.arrivals_s], a.arrivals_s, strict=False)]
+    mean = statistics.mean(gaps)
+    assert mean == pytest.approx(1 / rate, rel=4 / math.sqrt(n))  # 4 standard errors
+    assert statistics.stdev(gaps) / mean == pytest.approx(1.0, abs=0.2)
+    assert scipy_stats.kstest(gaps, "expon", args=(0, 1 / rate)).pvalue > 0.001
+    sent = sorted(r.start_s for r in a.records)
+    # never sent ahead of its schedule (uvloop's timers count whole milliseconds and may wake
+    # up to one early; the slack allows for that rounding, never for a late send)
+    assert all(s >= t - 5e-3 for s, t in zip(sent, a.arrivals_s, strict=True))
+    assert all(r.ok for r in a.records)
+
+
+def test_a_rate_run_stops_once_its_verdict_is_decided():
+    slo = Slo(ttft_p95_s=5.0, itl_mean_ms=1000, error_rate_max=0.0, target_concurrency=1)
+    bodies = completion_bodies("fake", ["x"] * 400, 4)
+    slow = RateSlo(target_rate_rps=40, ttft_p_s=0.1, tpot_p_ms=1000, percentile=99,
+                   min_requests=20, look_every=5, max_seconds=30)
+    with running_fake_server(ttft_ms=300) as url:
+        run, v = measure_at_rate(LoadGenerator(), url, bodies, slo, slow, seed=1,
+                                 request_timeout_s=10)
+    assert run.stopped == "decided" and 20 <= len(run.records) < 400
+    assert v.outcome == NOT_MET and v.n == len(run.records)  # in-flight ones judged too
+    assert f"n={v.n}" in v.says()
+    fast = RateSlo(target_rate_rps=40, ttft_p_s=2.0, tpot_p_ms=1000, percentile=90,
+                   min_requests=20, look_every=5, max_seconds=30)
+    with running_fake_server(itl_ms=1) as url:
+        run, v = measure_at_rate(LoadGenerator(), url, bodies, slo, fast, seed=1,
+                                 request_timeout_s=10)
+    assert run.stopped == "decided" and len(run.records) < 400
+    assert v.outcome == MET and v.stat("ttft_p90").n == len(run.records)

@@ -1,0 +1,280 @@
+"""The measured search for the deployed configuration of one model on one node type.
+
+The plan gives one configuration by rule (`--max-num-seqs` from the SLO's target concurrency,
+the engine's default batch budget). The search measures a few around it and deploys the best
+one measured at the SLO:
+
+- Candidates: the plan's configuration and its grid over `max_num_seqs` x
+  `max_num_batched_tokens` (configs/search.yaml `search`), every other setting as planned
+  (precision, TP, engine: the plan's choices). A pair the engine refuses is left out and said
+  (`max_num_batched_tokens` below `max_num_seqs`; below `max_model_len` without chunked
+  prefill).
+- Order: by a prediction where one is given (`predicted`, lower is better, e.g. a calibrated
+  TTFT p99 at the target rate), else by the stated `RULE`. At most `max_candidates`.
+- Each candidate is measured by the caller's `measure` (the rate verdict at the target rate,
+  repeated), which is told the best so far: it stops a candidate once it cannot beat it (a
+  run decided "not met" is not repeated).
+- Budget: minutes per node type, engine starts included; a budget shorter than the estimated
+  cost of one candidate is an error, and no candidate starts that would end past it.
+- A candidate whose engine crashed (failed to start or died) is counted and the search goes on.
+- The winner is the met candidate with the most headroom (the lowest worst ratio of measured to
+  bound over the percentile bounds); none met: `SearchFailed`, "not met by any of N
+  candidates", with the best one's numbers (fails closed).
+
+Pure: the engine and the load generator are behind `measure`; the clock is injected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from onboarding.common.errors import ConfigError, OnboardingError
+from onboarding.serving.engine_config import EngineConfig, render_params
+from onboarding.serving.rate_verdict import MET, NOT_MET, RepeatedVerdict
+from onboarding.serving.stack import EngineTemplate
+
+RULE = ("the plan's configuration first (the baseline every winner is compared with); then "
+        "max-num-seqs from the SLO's target concurrency upward (a slot for every request in "
+        "flight at the target first, then headroom), the larger max-num-batched-tokens first "
+        "at equal max-num-seqs (fewer prefill chunks per prompt)")
+
+
+class SearchFailed(OnboardingError):
+    """No candidate met the SLO at the target rate: nothing is deployed by this search."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    config: EngineConfig
+    predicted: float | None = None  # lower is better (the predictor's basis), None: by RULE
+    baseline: bool = False  # the plan's own configuration
+
+    @property
+    def label(self) -> str:
+        return (f"max_num_seqs={self.config.param('max_num_seqs')}, max_num_batched_tokens="
+                f"{self.config.param('max_num_batched_tokens', 'engine default')}")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What `measure` returns for one candidate."""
+
+    verdict: RepeatedVerdict | None  # None: the engine crashed before a verdict
+    crashed: str = ""  # why (exit code, log tail), "" when it ran
+    stopped_early: str = ""  # why fewer runs than planned ("" when all ran)
+    seconds: float = 0.0
+
+    def headroom(self) -> float:
+        """The worst measured/bound ratio over the percentile bounds (lower is better; < 1
+        means every percentile is inside its bound); inf when nothing was measured."""
+        if self.verdict is None:
+            return math.inf
+        worst = 0.0
+        for run in self.verdict.runs:
+            for b in run.bounds:
+                if b.bound.quantile is None or math.isnan(b.estimate):
+                    continue
+                worst = max(worst, b.estimate / b.bound.limit)
+        return worst if self.verdict.runs else math.inf
+
+
+@dataclass(frozen=True)
+class SearchRow:
+    candidate: Candidate
+    measured: Measured | None  # None: skipped (budget)
+    skipped: str = ""
+
+    def row(self) -> dict[str, Any]:
+        c, m = self.candidate.config, self.measured
+        v = m.verdict if m else None
+        out: dict[str, Any] = {
+            "hash": c.hash, "max_num_seqs": c.param("max_num_seqs"),
+            "max_num_batched_tokens": c.param("max_num_batched_tokens", "default"),
+            "baseline": self.candidate.baseline,
+            "predicted": self.candidate.predicted if self.candidate.predicted is not None
+            else "rule",
+            "verdict": v.outcome if v else ("crashed" if m and m.crashed else "skipped"),
+            "n": v.n if v else 0, "runs": len(v.runs) if v else 0,
+            "headroom": round(m.headroom(), 4) if m and v else None,
+        }
+        for iv in (v.intervals if v else ()):
+            out[iv.name] = round(iv.mean, 4)
+        out["note"] = self.skipped or (m.crashed if m else "") or (m.stopped_early if m else "")
+        return out
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    node_type: str
+    winner: EngineConfig
+    baseline: EngineConfig
+    rows: tuple[SearchRow, ...]
+    basis: str  # "predicted" or the RULE
+    margin: str  # how the winner beat the next best (or the baseline)
+    crashed: int = 0
+    seconds: float = 0.0
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def measured(self) -> int:
+        return sum(1 for r in self.rows if r.measured is not None)
+
+    def table(self) -> list[dict[str, Any]]:
+        return [{**r.row(), "chosen": r.candidate.config.hash == self.winner.hash}
+                for r in self.rows]
+
+    def winner_row(self) -> SearchRow:
+        return next(r for r in self.rows if r.candidate.config.hash == self.winner.hash)
+
+
+def with_batching(template: EngineTemplate, base: EngineConfig, max_num_seqs: int,
+                  max_num_batched_tokens: int | None) -> EngineConfig:
+    """`base` with these two numbers, every other setting (and the hash's other inputs) kept."""
+    params = {**base.params, "max_num_seqs": max_num_seqs}
+    if max_num_batched_tokens is not None:
+        params["max_num_batched_tokens"] = max_num_batched_tokens
+    params = {k: v for k, v in params.items() if k not in base.dropped}
+    return dataclasses.replace(
+        base, params=params, param_args=tuple(render_params(template, params)),
+        notes=(*base.notes, (f"searched: max_num_seqs={max_num_seqs}, max_num_batched_tokens="
+               f"{max_num_batched_tokens or 'engine default'}")))
+
+
+def refused_pair(base: EngineConfig, seqs: int, tokens: int) -> str:
+    """Why vLLM would refuse this pair at start ("" when it takes it)."""
+    if tokens < seqs:
+        return f"max_num_batched_tokens {tokens} < max_num_seqs {seqs}"
+    chunked = base.param("enable_chunked_prefill", True)
+    mml = base.max_model_len
+    if not chunked and mml is not None and tokens < mml:
+        return f"max_num_batched_tokens {tokens} < max_model_len {mml} without chunked prefill"
+    return ""
+
+
+def candidates(template: EngineTemplate, base: EngineConfig, max_num_seqs: Sequence[int],
+               max_num_batched_tokens: Sequence[int], target_concurrency: int,
+               max_candidates: int, predict: Callable[[EngineConfig], float | None] | None = None
+               ) -> tuple[list[Candidate], list[str], str]:
+    """The plan's configuration first, then the grid in the predictor's order (when it predicts
+    every candidate) or the RULE's, at most `max_candidates` in all; and what was left out."""
+    left_out: list[str] = []
+    grid: list[EngineConfig] = []
+    seen = {base.hash}
+    for seqs in max_num_seqs:
+        for tokens in max_num_batched_tokens:
+            if why := refused_pair(base, seqs, tokens):
+                left_out.append(why)
+                continue
+            c = with_batching(template, base, seqs, tokens)
+            if c.hash not in seen:
+                seen.add(c.hash)
+                grid.append(c)
+    preds = {c.hash: predict(c) for c in grid} if predict else {}
+    if grid and preds and all(p is not None for p in preds.values()):
+        basis = "predicted"
+        grid.sort(key=lambda c: preds[c.hash])
+    else:
+        basis = RULE
+        preds = {}
+
+        def rule(c: EngineConfig) -> tuple:
+            seqs = c.max_num_seqs or 0
+            return (seqs < target_concurrency, seqs, -(c.param("max_num_batched_tokens") or 0))
+        grid.sort(key=rule)
+    out = [Candidate(base, predict(base) if basis == "predicted" and predict else None, True)]
+    out += [Candidate(c, preds.get(c.hash)) for c in grid]
+    if len(out) > max_candidates:
+        left_out.append(f"{len(out) - max_candidates} beyond max_candidates={max_candidates}")
+    return out[:max_candidates], left_out, basis
+
+
+def search(node_type: str, cands: Sequence[Candidate],
+           measure: Callable[[Candidate, Measured | None], Measured], budget_s: float,
+           cost_s: float, basis: str, clock: Callable[[], float] = time.monotonic,
+           notes: Sequence[str] = (), min_margin: float = 0.0) -> SearchResult:
+    """Measure the candidates in order within `budget_s` (`cost_s`: the estimated seconds of
+    one candidate, engine start included), then pick the winner (see the module). A candidate
+    replaces a met plan's configuration only when its headroom is lower by more than
+    `min_margin` (a share of the plan's): a difference inside run-to-run noise keeps the plan's
+    configuration, and says so."""
+    if not cands:
+        raise ConfigError(f"search on {node_type}", "no candidate", "Check configs/search.yaml.")
+    if cost_s > budget_s:
+        raise ConfigError(
+            f"search on {node_type}", f"the budget ({budget_s / 60:.1f} min) is less than one "
+            f"candidate (about {cost_s / 60:.1f} min: an engine start and the rate verdict's "
+            f"runs)", "Raise configs/search.yaml search.budget_minutes, or lower "
+            "rate_verdict.max_seconds / repeats for this node type.")
+    start = clock()
+    rows: list[SearchRow] = []
+    best: tuple[Candidate, Measured] | None = None
+    crashed = 0
+    for c in cands:
+        if clock() - start + cost_s > budget_s:
+            rows.append(SearchRow(c, None, f"budget: {budget_s / 60:.1f} min would be passed"))
+            continue
+        m = measure(c, best[1] if best else None)
+        rows.append(SearchRow(c, m))
+        if m.crashed:
+            crashed += 1
+            continue
+        if m.verdict is not None and m.verdict.outcome == MET and (
+                best is None or m.headroom() < best[1].headroom()):
+            best = (c, m)
+    elapsed = clock() - start
+    measured = [r for r in rows if r.measured is not None and r.measured.verdict is not None]
+    if best is None:
+        tried = sum(1 for r in rows if r.measured is not None)
+        closest = min(measured, key=lambda r: (r.measured.verdict.outcome == NOT_MET,
+                                               r.measured.headroom()), default=None)
+        said = (f"; the best, {closest.candidate.label} ({closest.candidate.config.hash}): "
+                f"{closest.measured.verdict.says()}" if closest else "")
+        raise SearchFailed(
+            f"search on {node_type}", f"the SLO at the target rate was not met by any of "
+            f"{tried} candidates ({crashed} crashed){said}",
+            "Lower the target rate or relax the bounds only if the product allows it; else a "
+            "larger node type, another precision or more replicas.")
+    winner_c, winner_m = best
+    base_row = next((r for r in rows if r.candidate.baseline), None)
+    kept = ""
+    if base_row is not None and base_row.candidate is not winner_c and base_row.measured \
+            and base_row.measured.verdict is not None \
+            and base_row.measured.verdict.outcome == MET \
+            and winner_m.headroom() > base_row.measured.headroom() * (1 - min_margin):
+        kept = (f"{winner_c.label} was ahead by {base_row.measured.headroom() - winner_m.headroom():.3f}"
+                f", within min_margin={min_margin:g} of the plan's {base_row.measured.headroom():.3f}"
+                ": the plan's configuration kept")
+        winner_c, winner_m = base_row.candidate, base_row.measured
+    others = sorted((r for r in measured if r.candidate.config.hash != winner_c.config.hash),
+                    key=lambda r: r.measured.headroom())
+    runner = others[0] if others else None
+    margin = _margin(winner_c, winner_m, runner, base_row) + (f"; {kept}" if kept else "")
+    return SearchResult(node_type, winner_c.config, cands[0].config, tuple(rows), basis, margin,
+                        crashed, elapsed, tuple(notes))
+
+
+def _margin(wc: Candidate, wm: Measured, runner: SearchRow | None, base: SearchRow | None
+            ) -> str:
+    w = wm.headroom()
+    parts = [(f"winner {wc.label}: worst percentile at {w:.3f} of its bound "
+             f"({wm.verdict.says() if wm.verdict else ''})")]
+    if runner is not None:
+        r = runner.measured
+        parts.append(f"next best {runner.candidate.label}: {r.headroom():.3f} "
+                     f"({r.verdict.outcome}, n={r.verdict.n})")
+    if base is not None and base.candidate is not wc:
+        b = base.measured
+        if b is not None and b.verdict is not None:
+            parts.append(f"the plan's configuration: {b.headroom():.3f} ({b.verdict.outcome}, "
+                         f"n={b.verdict.n})")
+        else:
+            parts.append("the plan's configuration: not measured"
+                         + (f" ({b.crashed})" if b and b.crashed else ""))
+    elif base is not None:
+        parts.append("the plan's configuration was already the best")
+    return "; ".join(parts)

@@ -1,0 +1,88 @@
+"""Search winners, recorded, and applied to the plan: the searched configuration is the one the
+serving stage measures and `kserve_manifest` renders (one hash, as before the search).
+
+A record (configs/searched_configs.json, written by bench/config_search.py from a search run)
+names the model, the node type, the hash of the configuration the search started from (the
+plan's, or the engine at hand's), and the winner: its two searched numbers and its hash. It is
+applied only where the plan still gives exactly that starting configuration, and only when
+rebuilding the winner from it gives the recorded hash; anything else (the plan, the stack or the
+spec changed since the search) keeps the plan's configuration and says why. Pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from onboarding.common.errors import ConfigError
+from onboarding.serving.config_search import SearchResult, with_batching
+from onboarding.serving.engine_config import EngineConfig
+from onboarding.serving.stack import EngineTemplate
+
+
+@dataclass(frozen=True)
+class SearchRecord:
+    model: str
+    node_type: str
+    base_hash: str  # the configuration the search started from
+    winner_hash: str
+    max_num_seqs: int
+    max_num_batched_tokens: int | None
+    basis: str = ""  # the order's basis: "predicted" or the stated rule
+    margin: str = ""  # how the winner won, with n
+    candidates: int = 0  # measured
+    crashed: int = 0
+    table: tuple[dict[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, model: str, result: SearchResult) -> SearchRecord:
+        w = result.winner
+        return cls(model, result.node_type, result.baseline.hash, w.hash,
+                   int(w.param("max_num_seqs")), w.param("max_num_batched_tokens"),
+                   result.basis, result.margin, result.measured, result.crashed,
+                   tuple(result.table()))
+
+
+def load_records(path: Path) -> list[SearchRecord]:
+    """The recorded winners; none when the file is absent."""
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text())
+        return [SearchRecord(**{**r, "table": tuple(r.get("table", ()))})
+                for r in data["searches"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(str(path), f"not a search record file ({exc})",
+                          "Write it with bench/config_search.py.") from None
+
+
+def dump_records(records: list[SearchRecord]) -> str:
+    return json.dumps({"about": "winners of the measured configuration search, applied by "
+                       "serving_config where the plan still gives the searched-from "
+                       "configuration (docs/serving.md)",
+                       "searches": [dataclasses.asdict(r) for r in records]},
+                      indent=1, default=str) + "\n"
+
+
+def apply(config: EngineConfig, template: EngineTemplate, records: list[SearchRecord]
+          ) -> tuple[EngineConfig, str]:
+    """The winner for `config` (same model, node type and starting hash), else `config`; and
+    what was done ("" when no record names this model and node type)."""
+    mine = [r for r in records if r.model == config.model and r.node_type == config.node_type]
+    if not mine:
+        return config, ""
+    for r in mine:
+        if r.base_hash != config.hash:
+            continue
+        won = with_batching(template, config, r.max_num_seqs, r.max_num_batched_tokens)
+        if won.hash != r.winner_hash:
+            return config, (f"search record not applied: rebuilding its winner gives {won.hash},"
+                            f" not the recorded {r.winner_hash}")
+        won = dataclasses.replace(won, notes=(*won.notes, f"measured search winner over "
+                                              f"{r.candidates} candidates: {r.margin}"[:600]))
+        return won, f"searched: {config.hash} -> {won.hash}"
+    return config, (f"search record not applied: it started from "
+                    f"{', '.join(r.base_hash for r in mine)}, the plan now gives {config.hash}")

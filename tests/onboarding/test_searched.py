@@ -1,0 +1,113 @@
+"""Recorded search winners applied to the real plan: the manifest renders the winner (one hash)
+with the measurements at that hash; a stale record keeps the plan's configuration and says so."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from onboarding.common.errors import ConfigError
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.deploy.kserve import load_deploy
+from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shape_from_hint
+from onboarding.deploy.serving_plan import (
+    config_at_hand,
+    render_targets,
+    serving_plan,
+    with_searched,
+)
+from onboarding.fetch.catalog import load_catalog
+from onboarding.serving.config_search import with_batching
+from onboarding.serving.searched import SearchRecord, dump_records, load_records
+from onboarding.serving.stack import load_stack
+from onboarding.serving.stats import ServingBenchmarkResult
+
+CONFIGS = PROJECT_ROOT / "configs"
+NODES = load_nodes(CONFIGS / "nodes.yaml")
+STACK = load_stack(CONFIGS / "stack.yaml")
+DEPLOY = load_deploy(CONFIGS / "deploy.yaml")
+LLAMA = load_catalog(CONFIGS / "models")["llama-3-1-70b-instruct"]
+VLLM = STACK.templates["vllm"]
+
+
+def planned():
+    p = plan(plan_inputs(LLAMA, NODES, shape_from_hint(LLAMA.architecture, "t"), Measured()),
+             NODES)
+    return serving_plan(LLAMA, p, NODES, STACK)
+
+
+def record(base, seqs=128, tokens=8192, **kw):
+    won = with_batching(VLLM, base, seqs, tokens)
+    return SearchRecord(LLAMA.id, base.node_type, base.hash, won.hash, seqs, tokens,
+                        basis="rule", margin="winner ... (n=300)", candidates=4,
+                        table=({"hash": won.hash, "chosen": True, "n": 300},), **kw)
+
+
+def test_the_manifest_renders_the_searched_winner_with_its_measurements(tmp_path):
+    splan = planned()
+    base = splan.config("h200")
+    rec = record(base)
+    path = tmp_path / "searched_configs.json"
+    path.write_text(dump_records([rec]))
+    searched = with_searched(splan, LLAMA, STACK.templates, load_records(path))
+    won = searched.config("h200")
+    assert won.hash == rec.winner_hash != base.hash
+    assert searched.config("b300") == splan.config("b300")  # no record there
+    assert dict(searched.search_notes) == {"h200": f"searched: {base.hash} -> {won.hash}"}
+    bench = ServingBenchmarkResult(LLAMA.id, won.precision, "h200", won.tensor_parallel, True,
+                                   1000.0, 64, True, config_hash=won.hash)
+    rendered, _ = render_targets(LLAMA, searched, NODES, STACK, DEPLOY, None, None, bench)
+    h200 = next(r for r in rendered if r.node_type == "h200")
+    assert h200.config_hash == won.hash and h200.measured
+    text = str(h200.docs)
+    assert "--max-num-seqs=128" in text and "--max-num-batched-tokens=8192" in text
+    assert f"--max-num-seqs={base.max_num_seqs}'" not in text
+
+
+def test_a_stale_record_keeps_the_plans_configuration_and_says_why():
+    splan = planned()
+    base = splan.config("h200")
+    other = dataclasses.replace(record(base), base_hash="0123456789ab")
+    searched = with_searched(splan, LLAMA, STACK.templates, [other])
+    assert searched.config("h200") == base
+    assert "it started from 0123456789ab" in dict(searched.search_notes)["h200"]
+    forged = dataclasses.replace(record(base), winner_hash="ffffffffffff")
+    kept = with_searched(splan, LLAMA, STACK.templates, [forged])
+    assert kept.config("h200") == base
+    assert "not the recorded ffffffffffff" in dict(kept.search_notes)["h200"]
+
+
+def test_the_engine_at_hand_starts_its_searched_winner():
+    """No plan for the CPU node type: the local configuration's recorded winner is started."""
+    local = {"node_type": "cpu", "hardware": "cpu", "engine": "vllm",
+             "engine_version": "0.32.0+cpu", "precision": "bf16"}
+    empty = serving_plan(LLAMA, plan(plan_inputs(LLAMA, NODES, shape_from_hint(
+        LLAMA.architecture, "t"), Measured()), NODES), NODES, STACK)
+    empty = dataclasses.replace(empty, configs={})
+    base = config_at_hand(empty, LLAMA, VLLM, local)
+    rec = record(base, seqs=8, tokens=2048)
+    searched = with_searched(empty, LLAMA, STACK.templates, [rec])
+    started = config_at_hand(searched, LLAMA, VLLM, local)
+    assert started.hash == rec.winner_hash and started.max_num_seqs == 8
+
+
+def test_a_broken_record_file_is_a_config_error(tmp_path):
+    p = tmp_path / "searched_configs.json"
+    p.write_text('{"searches": [{"model": "m"}]}')
+    with pytest.raises(ConfigError, match="not a search record file"):
+        load_records(p)
+    assert load_records(tmp_path / "absent.json") == []
+
+
+def test_the_report_shows_each_search_table_and_margin():
+    from onboarding.reports.pages import Table, Text, _search_blocks
+
+    splan = planned()
+    searched = with_searched(splan, LLAMA, STACK.templates, [record(splan.config("h200"))])
+    blocks = _search_blocks(searched)
+    assert isinstance(blocks[1], Table) and blocks[1].rows[0]["chosen"]
+    assert "4 candidates measured (0 crashed)" in blocks[0].text
+    assert "searched:" in blocks[0].text and isinstance(blocks[2], Text)
+    assert "n=300" in blocks[2].text
+    assert _search_blocks(splan) == []

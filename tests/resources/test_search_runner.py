@@ -1,0 +1,90 @@
+"""The search runner with real engine processes: the fake engine posing as vLLM on the CPU, each
+candidate its own process (its environment sets how fast it answers, or that it dies at
+start), judged by the real load generator at a Poisson rate."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.openai_stream_server import install_as_vllm
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.common.refs import VariantRef
+from onboarding.fetch.catalog import ModelSpec
+from onboarding.serving.config_search import Candidate, SearchFailed, candidates
+from onboarding.serving.rate_verdict import MET, NOT_MET, RateSlo
+from onboarding.serving.stats import Slo
+from resources.engine import Engine
+from resources.loadgen import LoadGenerator
+from resources.search_runner import Traffic, run_search
+
+SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+SLO = Slo(ttft_p95_s=0.2, itl_mean_ms=100, error_rate_max=0.0, target_concurrency=4)
+RATE = RateSlo(target_rate_rps=20, ttft_p_s=0.2, tpot_p_ms=100, percentile=90, confidence=0.9,
+               min_requests=20, max_seconds=10, look_every=20, repeats=2)
+
+
+@pytest.fixture
+def model_dir(tiny_checkpoint, tmp_path) -> Path:
+    if not (SMOL / "tokenizer.json").is_file():
+        pytest.skip(f"{SMOL} not built; scripts/build_smollm2.py builds it offline")
+    d = tmp_path / "variant"
+    shutil.copytree(tiny_checkpoint, d)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(SMOL / name, d / name)
+    return d
+
+
+def setup(tmp_path, model_dir, monkeypatch, slow_ms: dict[int, str]):
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("FAKE_TTFT_MS", "5")
+    monkeypatch.setenv("FAKE_ITL_MS", "1")
+    engine = Engine(bin_dir=str(install_as_vllm(tmp_path / "bin")), hardware="cpu",
+                    node_type="cpu", start_timeout_s=30, log_dir=str(tmp_path / "logs"))
+    spec = ModelSpec(id="tiny", source="s3://models/tiny/", served_name="tiny",
+                     engine_args={"max_model_len": 1024, "max_num_seqs": 1})
+    cands, _, basis = candidates(engine.template(), engine.local_config(spec, "bf16"), [4, 8],
+                                 [2048], target_concurrency=4, max_candidates=3)
+    # each candidate's own environment decides how its engine behaves (it changes the hash,
+    # which is only this test's business)
+    cands = [Candidate(dataclasses.replace(c.config, env={**c.config.env, **slow_ms[i]}),
+                       c.predicted, c.baseline) if i in slow_ms else c
+             for i, c in enumerate(cands)]
+    variant = VariantRef("tiny", "bf16", str(model_dir), 1, "stub")
+    return engine, variant, cands, basis, AutoTokenizer.from_pretrained(model_dir)
+
+
+def test_a_crashed_candidate_is_counted_and_the_met_one_wins(tmp_path, model_dir, monkeypatch):
+    engine, variant, cands, basis, tok = setup(tmp_path, model_dir, monkeypatch, {
+        1: {"FAKE_ENGINE_EXIT_CODE": "3"}, 2: {"FAKE_TTFT_MS": "400"}})
+    result = run_search(engine, LoadGenerator(), variant, cands, basis, SLO, RATE,
+                        Traffic(input_tokens=8, output_tokens=4, warmup_requests=1,
+                                request_timeout_s=10),
+                        tok, budget_s=600, start_s=5, log=lambda s: None)
+    table = result.table()
+    assert [row["verdict"] for row in table] == [MET, "crashed", NOT_MET]
+    assert result.crashed == 1 and result.measured == 3
+    assert "exited" in table[1]["note"] or "code 3" in table[1]["note"]
+    assert table[2]["note"].startswith("run 1 not met") and table[2]["runs"] == 1
+    assert table[0]["runs"] == 2 and table[0]["n"] >= 2 * 20 and table[0]["chosen"]
+    assert result.winner.hash == cands[0].config.hash
+    assert "the plan's configuration was already the best" in result.margin
+
+
+def test_no_candidate_met_fails_closed_with_the_best_ones_numbers(tmp_path, model_dir,
+                                                                  monkeypatch):
+    engine, variant, cands, basis, tok = setup(tmp_path, model_dir, monkeypatch, {
+        0: {"FAKE_TTFT_MS": "400"}, 1: {"FAKE_TTFT_MS": "300"},
+        2: {"FAKE_ENGINE_EXIT_CODE": "3"}})
+    with pytest.raises(SearchFailed) as err:
+        run_search(engine, LoadGenerator(), variant, cands, basis, SLO, RATE,
+                   Traffic(input_tokens=8, output_tokens=4, warmup_requests=1,
+                           request_timeout_s=10),
+                   tok, budget_s=600, start_s=5, log=lambda s: None)
+    text = str(err.value)
+    assert "not met by any of 3 candidates (1 crashed)" in text
+    assert cands[1].config.hash in text and "n=" in text
