@@ -79,7 +79,7 @@ class ServingBenchmarkConfig(dg.Config):
     max_seconds_per_point: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Setup:
     """What both serving assets resolve first: the spec, the profile, the SLOs, which variant is
     measured here and at which configuration (the plan's for the node type at hand)."""
@@ -133,8 +133,9 @@ def _setup(context: dg.AssetExecutionContext, configs: ConfigFiles, engine: Engi
     if config is not None:
         context.log.info(f"configuration {config.hash} on {config.node_type}: "
                          f"{config.summary()}")
-    return Setup(spec, name, prof, resolve_slo(configs.slo_section(), engine.node_type, spec),
-                 variant, config, reason, note)
+    return Setup(spec=spec, profile_name=name, profile=prof,
+                 slo=resolve_slo(configs.slo_section(), engine.node_type, spec), variant=variant,
+                 config=config, reason=reason, note=note)
 
 
 def measured_variant(engine: Engine, variant: VariantRef, checkpoint: CheckpointRef,
@@ -231,7 +232,8 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
     spec, variant = setup.spec, setup.variant
     node_check = _node_check(context, io_manager, engine, setup)
     if variant is None:
-        yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, setup.reason,
+        yield dg.Output(LoadTimingResult(model=spec.id, precision=serving_variant.precision,
+                                         servable=False, reason=setup.reason,
                                          node_type=engine.node_type),
                         metadata={**_unservable_metadata(engine, setup.reason, configs),
                                   **spec_metadata(spec)})
@@ -390,8 +392,10 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     spec, variant, gpus = setup.spec, setup.variant, engine.gpu_count()
     node_check = _node_check(context, io_manager, engine, setup)
     if variant is None:
-        result = ServingBenchmarkResult(spec.id, serving_variant.precision, engine.node_type,
-                                        gpus, False, 0.0, 0, False, (setup.reason,))
+        result = ServingBenchmarkResult(model=spec.id, precision=serving_variant.precision,
+                                        node_type=engine.node_type, gpus=gpus, servable=False,
+                                        tokens_per_s_per_gpu=0.0, saturation_concurrency=0,
+                                        slo_pass=False, slo_violations=(setup.reason,))
         yield dg.Output(result, metadata={**_unservable_metadata(engine, setup.reason, configs),
                                           **spec_metadata(spec),
                                           "node_type": engine.node_type, "gpus": gpus,

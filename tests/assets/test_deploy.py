@@ -134,11 +134,13 @@ def test_small_real_model_carries_what_was_measured_at_its_configuration(
     instance.add_dynamic_partitions("models", [key])
     store_upstream(
         instance, key,
-        checkpoint=CheckpointRef(key, "s3://models/smollm2-135m-instruct/", "r", str(SMOLLM2),
-                                 "base", weight_bytes),
+        checkpoint=CheckpointRef(model=key, source="s3://models/smollm2-135m-instruct/",
+                                 revision="r", path=str(SMOLLM2), content_hash="base",
+                                 total_bytes=weight_bytes),
         serving_variant=VariantRef(key, "bf16", str(SMOLLM2), weight_bytes, "base",
                                    weight_bytes),
-        accuracy=AccuracyReport(key, (), (GateOutcome("fp8", False, "drop too large"),)))
+        accuracy=AccuracyReport(key, (), (GateOutcome(precision="fp8", passed=False,
+                                                      reason="drop too large"),)))
     planned = dg.materialize([serving_config, *UPSTREAM], instance=instance, partition_key=key,
                              resources=resources(configs, outputs))
     hashes = metadata(planned, "serving_config")["config_hashes"]
@@ -149,11 +151,13 @@ def test_small_real_model_carries_what_was_measured_at_its_configuration(
     assert plan_rows["b300"]["weight_bytes"] == weight_bytes
     store_upstream(
         instance, key,
-        load_timing=LoadTimingResult(key, "bf16", True, "", cold_start_p50_s=70.0,
-                                     cold_start_p95_s=75.0, warm_start_p50_s=9.0,
-                                     weight_bytes=weight_bytes, node_type="h200",
-                                     config_hash=hashes["h200"]),
-        serving_benchmark=ServingBenchmarkResult(key, "bf16", "h200", 1, True, 321.5, 16, True,
+        load_timing=LoadTimingResult(model=key, precision="bf16", servable=True, reason="",
+                                     cold_start_p50_s=70.0, cold_start_p95_s=75.0,
+                                     warm_start_p50_s=9.0, weight_bytes=weight_bytes,
+                                     node_type="h200", config_hash=hashes["h200"]),
+        serving_benchmark=ServingBenchmarkResult(model=key, precision="bf16", node_type="h200",
+                                                 gpus=1, servable=True, tokens_per_s_per_gpu=321.5,
+                                                 saturation_concurrency=16, slo_pass=True,
                                                  config_hash="ffffffffffff"))
 
     result = materialize(instance, key, configs, outputs)

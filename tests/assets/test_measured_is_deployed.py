@@ -71,8 +71,9 @@ def stand_ins(path: Path):
 
     @dg.asset(name="checkpoint", partitions_def=models_partitions)
     def _checkpoint() -> CheckpointRef:
-        return CheckpointRef(KEY, "s3://models/tiny/", "r1", str(path),
-                             manifest["content_hash"], sum(f["size"] for f in manifest["files"]))
+        return CheckpointRef(model=KEY, source="s3://models/tiny/", revision="r1", path=str(path),
+                             content_hash=manifest["content_hash"],
+                             total_bytes=sum(f["size"] for f in manifest["files"]))
 
     @dg.asset(name="serving_variant", partitions_def=models_partitions)
     def _variant() -> VariantRef:

@@ -210,7 +210,9 @@ def test_the_serving_gate_reads_the_verdict_and_the_driver(
 
 def _stored_acceptance(qualified: bool, reasons: tuple[str, ...], facts: dict
                        ) -> acc.NodeAcceptance:
-    return acc.NodeAcceptance(NODE, "h200", qualified, reasons, (), (), facts, "fp", 1.0e9)
+    return acc.NodeAcceptance(node=NODE, node_type="h200", qualified=qualified, reasons=reasons,
+                              phases=(), checks=(), stack_facts=facts, stack_fingerprint="fp",
+                              accepted_at=1.0e9)
 
 
 def test_the_serving_gate_reads_the_stored_verdict_not_the_metadata(instance):

@@ -280,7 +280,7 @@ def test_scenario_longer_than_max_model_len_fails_before_the_engine_starts(
 def stub_load_timing():
     @dg.asset(name="load_timing", partitions_def=models_partitions)
     def _load_timing() -> LoadTimingResult:
-        return LoadTimingResult(KEY, "bf16", True, "")
+        return LoadTimingResult(model=KEY, precision="bf16", servable=True, reason="")
 
     return _load_timing
 

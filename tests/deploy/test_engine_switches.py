@@ -52,9 +52,10 @@ def _render(spec, nt, stack, nodes, deploy):
     if not p.node(nt).feasible:
         return None
     config = serving_plan(spec, p, nodes, stack).config(nt)
-    return render(RenderInputs(spec, p, nt, nodes.node_types[nt], stack, deploy, config,
-                               evidence(config, None, None),
-                               storage_for(spec, config.precision, "bf16", deploy, None)))
+    return render(RenderInputs(spec=spec, plan=p, node_type=nt, node=nodes.node_types[nt],
+                               stack=stack, deploy=deploy, config=config,
+                               evidence=evidence(config, None, None),
+                               storage=storage_for(spec, config.precision, "bf16", deploy, None)))
 
 
 def _every_vllm_manifest():

@@ -64,8 +64,10 @@ def limits(configs: ConfigFiles, node_type: str) -> NodeLimits:
 
 
 def target(config_hash: str, node_type: str = rec.NODE_TYPE) -> Target:
-    return Target(rec.MODEL, rec.MODEL, node_type, "models", f"{rec.MODEL}-{node_type}", "bf16",
-                  1, config_hash, 8080, "/metrics", "NVIDIA-H200")
+    return Target(model=rec.MODEL, served_name=rec.MODEL, node_type=node_type, namespace="models",
+                  service=f"{rec.MODEL}-{node_type}", precision="bf16", tensor_parallel=1,
+                  config_hash=config_hash, port=8080, metrics_path="/metrics",
+                  gpu_product="NVIDIA-H200")
 
 
 def rendered(h200, config_hash: str | None = None) -> Operations:

@@ -65,9 +65,10 @@ def crafted(req: PredictionRequest, ttft_ms=100.0, tpot_ms=10.0, tput=1000.0,
             status="covered", notes=()) -> Prediction:
     """A made-up prediction (not the library's)."""
     covered = status in ("covered", "fallback")
-    return Prediction(req, status, "0.12.0", f"{req.system}/vllm/0.24.0",
-                      ttft_ms if covered else None, tpot_ms if covered else None,
-                      tput if covered else None, notes=tuple(notes))
+    return Prediction(request=req, status=status, aic_version="0.12.0",
+                      data_set=f"{req.system}/vllm/0.24.0", ttft_ms=ttft_ms if covered else None,
+                      tpot_ms=tpot_ms if covered else None,
+                      tokens_per_s_per_gpu=tput if covered else None, notes=tuple(notes))
 
 
 def point(**kw) -> MeasuredPoint:

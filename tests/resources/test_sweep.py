@@ -33,7 +33,7 @@ class StubLoadGenerator:
         records = [RequestRecord(ok=True, start_s=0.0, ttft_s=0.01, e2e_s=0.016,
                                  itl_s=[0.002] * 3, content_chunks=4, stream_tokens=4,
                                  output_tokens=4) for _ in bodies]
-        return PointRun(records, duration_s=0.5)
+        return PointRun(records=records, duration_s=0.5)
 
 
 class WordTokenizer:
