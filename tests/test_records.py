@@ -5,6 +5,8 @@ of one type swap unnoticed). Pickled values stay loadable: `kw_only` changes `__
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from pathlib import Path
 
 from onboarding.common.paths import PROJECT_ROOT
@@ -12,6 +14,11 @@ from onboarding.common.paths import PROJECT_ROOT
 WIDE = 7  # init fields from which a record is built by keyword only
 PRODUCT = ("pipelines", "assets", "resources", "onboarding", "bench")
 CALLERS = (*PRODUCT, "scripts", "tests")
+
+
+@functools.cache
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
 
 
 def _files(roots: tuple[str, ...], base: Path) -> list[Path]:
@@ -42,7 +49,7 @@ def wide_records(base: Path = PROJECT_ROOT, roots: tuple[str, ...] = PRODUCT
     """Class name -> (where, whether kw_only) for each dataclass of WIDE or more init fields."""
     out = {}
     for p in _files(roots, base):
-        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+        for node in ast.walk(_parse(p)):
             if isinstance(node, ast.ClassDef) and (d := _dataclass(node)) is not None \
                     and _init_fields(node) >= WIDE:
                 kw = isinstance(d, ast.Call) and any(
@@ -72,9 +79,12 @@ def positional_calls(records: dict[str, tuple[str, bool]], files: list[Path], ba
     """`file:line: Name with N positional` for each call of a wide record (or of `cls` in one
     of its classmethods) with positional arguments."""
     bad = []
+    called = re.compile(r"\b(?:cls|" + "|".join(map(re.escape, records)) + r")\(")
     for p in files:
+        if not called.search(p.read_text()):  # most files call none: no need to parse them
+            continue
         rel = str(p.relative_to(base))
-        tree = ast.parse(p.read_text(), str(p))
+        tree = _parse(p)
         names = set(records) - _bound_elsewhere(tree, rel, records)
         calls = [(n, None) for n in ast.walk(tree) if isinstance(n, ast.Call)]
         calls += [(n, c.name) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
