@@ -75,6 +75,7 @@ def checks(result: dg.ExecuteInJobResult) -> dict[str, dg.AssetCheckEvaluation]:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
 
 
+@pytest.mark.slow
 def test_plan_only_models_render_valid_manifests_marked_as_estimates(
         env: Path, instance, configs, outputs):
     instance.add_dynamic_partitions("models", list(PLAN_ONLY))
@@ -120,6 +121,7 @@ def test_plan_only_models_render_valid_manifests_marked_as_estimates(
     assert all("not published" in why for why in not_routed.values())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(),
                     reason="SmolLM2 not built: python scripts/build_smollm2.py "
                     ".cache/smollm2-135m-instruct")
@@ -192,6 +194,7 @@ def test_small_real_model_carries_what_was_measured_at_its_configuration(
         "model-onboarding.io/configuration"]
 
 
+@pytest.mark.slow
 def test_unmeasured_configurations_can_be_kept_out_of_the_manifests(env: Path, config_dir: Path,
                                                                     instance, configs,
                                                                     outputs):
@@ -228,6 +231,7 @@ def test_infeasible_everywhere_fails_the_plan_gate_with_the_shortfall(env: Path,
     assert not (env / key / "h100.yaml").exists()
 
 
+@pytest.mark.slow
 def test_manifest_invalid_for_the_configured_crd_blocks_the_routes(env: Path, tmp_path: Path,
                                                                    instance, configs, outputs):
     """An older cluster CRD without predictor.maxReplicas: the check names that path."""
@@ -253,6 +257,7 @@ def test_manifest_invalid_for_the_configured_crd_blocks_the_routes(env: Path, tm
     assert "gateway_routes" not in materialized
 
 
+@pytest.mark.slow
 def test_plan_model_job_runs_the_deploy_stage_for_a_plan_only_model(env: Path, instance,
                                                                   configs, outputs):
     from assets.deploy import defs as deploy_defs
@@ -271,6 +276,7 @@ def test_plan_model_job_runs_the_deploy_stage_for_a_plan_only_model(env: Path, i
     assert all(c.passed for c in result.get_asset_check_evaluations())
 
 
+@pytest.mark.slow
 def test_the_gateway_is_one_unpartitioned_table_over_every_model(env: Path, instance, configs,
                                                                  outputs):
     """gateway_routes is not a partition: one table fed by every partition of kserve_manifest,

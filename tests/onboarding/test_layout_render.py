@@ -214,6 +214,7 @@ def _litellm(path: Path) -> subprocess.CompletedProcess:
                           env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not LITELLM_PY.is_file(), reason="LiteLLM's venv is absent: `bash "
                     "scripts/setup_litellm.sh` makes .cache/litellm-venv; the structural check "
                     "of the gateway config ran above")

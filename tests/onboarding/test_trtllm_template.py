@@ -138,6 +138,7 @@ def test_a_moe_flag_it_does_not_take_is_dropped_and_reported(tmp_path):
     assert "--enable-expert-parallel" not in c.args("/mnt/models", 8080)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (DEFAULT_CRD_DIR / "serving.kserve.io_inferenceservices.yaml").is_file(),
                     reason=f"KServe CRDs not found in {DEFAULT_CRD_DIR}")
 @pytest.mark.parametrize("node_type", ["h200", "b300"])
@@ -267,6 +268,7 @@ def test_the_stack_refuses_an_engine_without_a_template(tmp_path):
         load_stack(path)
 
 
+@pytest.mark.slow
 def test_the_plan_table_and_the_report_page_say_never_measured(tmp_path):
     from onboarding.reports.pages import model_page, to_markdown
     from tests.report_facts import BIG, facts_of, ready_model

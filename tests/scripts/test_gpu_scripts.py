@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 import yaml
 
 from bench.gpu_h200_doc import regenerated
@@ -226,6 +227,7 @@ echo '{{"completed": 4, "duration": 1.0, "request_throughput": 4.0}}' > $dir/vll
     assert all(r["req_s"] == 4.0 and r["completed"] == 4 for r in rows)
 
 
+@pytest.mark.slow
 def test_the_frontend_warm_up_round_completes_on_prompts_no_measured_run_sends():
     """The discarded round after the engine start (bench/gpu_serving.py frontend, H200 only):
     one request per stream, all answered, on prompts drawn from a seed no measured run uses
