@@ -375,12 +375,6 @@ def agent_model_dir(cache_root: str, source_uri: str) -> str:
     return f"{cache_root.rstrip('/')}/models/{storage_key(source_uri)}"
 
 
-def match_storage_uri(cached_uri: str, storage_uri: str) -> bool:
-    """KServe's MatchStorageURI: equal, or storage_uri is a path below cached_uri."""
-    cached, storage = cached_uri.rstrip("/"), storage_uri.rstrip("/")
-    return storage == cached or (storage.startswith(cached) and storage[len(cached)] == "/")
-
-
 def node_group_name(node_type: str) -> str:
     return to_dns1123_label(f"{node_type}-nvme-cache", 30)
 
