@@ -69,9 +69,15 @@ def _bound_elsewhere(tree: ast.Module, path: str, records: dict[str, tuple[str, 
                 records[node.name][0].split(":")[0] != path:
             out.add(node.name)
         elif isinstance(node, ast.ImportFrom) and node.module:
+            # the record's own module, or a package above it (which re-exports it)
+            where = node.module.replace(".", "/")
             out |= {a.asname or a.name for a in node.names if a.name in records
-                    and records[a.name][0].split(":")[0] != node.module.replace(".", "/") + ".py"}
+                    and not _defined_in(records[a.name][0].split(":")[0], where)}
     return out
+
+
+def _defined_in(path: str, module: str) -> bool:
+    return path == module + ".py" or path.startswith(module + "/")
 
 
 def positional_calls(records: dict[str, tuple[str, bool]], files: list[Path], base: Path
@@ -120,11 +126,13 @@ def test_the_checks_see_a_positional_wide_record(tmp_path):
         "    @classmethod\n    def of(cls, x):\n        return cls(x)\n\n"
         "@dataclass\nclass Narrow:\n    a: int\n\n"
         f"w = Wide({', '.join('0' * WIDE)})\nn = Named(f0=1)\nm = Narrow(1)\n")
-    # a class of the same name from elsewhere is not the record
+    # a class of the same name from elsewhere is not the record; the package re-exports it
     (tmp_path / "bench" / "other.py").write_text("from elsewhere import Wide\n\nw = Wide(1)\n")
+    (tmp_path / "bench" / "user.py").write_text("from bench import Wide\n\nw = Wide(1)\n")
     found = wide_records(tmp_path, ("bench",))
     assert {k: v[1] for k, v in found.items()} == {"Wide": False, "Named": True}
-    files = [tmp_path / "bench" / "other.py", tmp_path / "bench" / "probe.py"]
+    files = [tmp_path / "bench" / n for n in ("other.py", "probe.py", "user.py")]
     assert positional_calls(found, files, tmp_path) == [
         f"bench/probe.py:{17 + 2 * WIDE}: Wide with {WIDE} positional",
-        f"bench/probe.py:{11 + 2 * WIDE}: Named with 1 positional"]  # its classmethod's cls()
+        f"bench/probe.py:{11 + 2 * WIDE}: Named with 1 positional",  # its classmethod's cls()
+        "bench/user.py:3: Wide with 1 positional"]

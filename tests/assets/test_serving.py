@@ -175,9 +175,10 @@ def accept(instance: dg.DagsterInstance, node: str, qualified: bool, facts: dict
     reads)."""
     @dg.asset(name="node_acceptance", partitions_def=nodes_partitions)
     def _acceptance():
-        return NodeAcceptance(node, "h200", qualified,
-                              () if qualified else ("phase 2 burn_xid: XID 79",), (), (), facts,
-                              "fp", 1.7e9)
+        return NodeAcceptance(node=node, node_type="h200", qualified=qualified,
+                              reasons=() if qualified else ("phase 2 burn_xid: XID 79",),
+                              phases=(), checks=(), stack_facts=facts, stack_fingerprint="fp",
+                              accepted_at=1.7e9)
 
     instance.add_dynamic_partitions(nodes_partitions.name, [node])
     assert dg.materialize([_acceptance], instance=instance, partition_key=node).success
