@@ -284,11 +284,12 @@ def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, out
     files = {nt: str(write_atomic(outputs.manifests / spec.id / f"{nt}.yaml", text))
              for nt, text in texts.items()}
     errors, dry_runs = _validate(manifest_validator, rendered, files)
-    value = ManifestSet(spec.id, files, {r.node_type: r.service for r in rendered},
-                        tuple(r.route for r in rendered), skipped, errors,
-                        {r.node_type: r.config_hash for r in rendered},
-                        {r.node_type: r.measured for r in rendered},
-                        {r.node_type: r.published for r in rendered})
+    value = ManifestSet(model=spec.id, files=files,
+                        services={r.node_type: r.service for r in rendered},
+                        routes=tuple(r.route for r in rendered), skipped=skipped, errors=errors,
+                        config_hashes={r.node_type: r.config_hash for r in rendered},
+                        measured={r.node_type: r.measured for r in rendered},
+                        published={r.node_type: r.published for r in rendered})
     yield dg.Output(value, data_version=_version(texts), metadata={
         **_manifest_metadata(value, rendered, texts, serving_config.plan, stack),
         **stack_metadata(configs), **spec_metadata(spec)})

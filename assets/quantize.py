@@ -236,8 +236,9 @@ def _judge(context, v: QuantizedVariant, ckpt: Path, baseline: ScoreBook, gates:
     """One variant: evaluated in process (fake-quantized as exported), gated, and re-evaluated
     on more items while inconclusive."""
     if not v.usable:
-        return (GateOutcome(v.precision, False,
-                            f"not evaluated: {v.error or 'export check failed'}"), None, None)
+        return (GateOutcome(
+            precision=v.precision, passed=False,
+            reason=f"not evaluated: {v.error or 'export check failed'}"), None, None)
     model, tokenizer = quantizer.load_for_eval(ckpt, v)
     book = ScoreBook.first(
         in_process_scorer(evaluator, gates, eval_s, v.precision, model, tokenizer,

@@ -15,7 +15,6 @@ not applicable; the sweep measures the real kernels at the real shape (docs/twin
 
 import base64
 import dataclasses
-import zlib
 from dataclasses import dataclass
 
 import dagster as dg
@@ -32,30 +31,23 @@ from onboarding.common.tables import md_table, write_csv
 from onboarding.deploy.serving_plan import ServingPlan, config_at_hand
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.fetch.twins import NO_WEIGHTS, NOT_A_WEIGHT_READ
-from onboarding.nodes.telemetry import point_columns
 from onboarding.quantize.variants import QuantizedSet
 from onboarding.serving.engine_config import EngineConfig
 from onboarding.serving.frontend import FRONTEND_ADVICE, FRONTEND_BOUND_CORES, FrontendSampler
 from onboarding.serving.kernels import StartKernels, facts_table, judge, summarize_facts
 from onboarding.serving.plots import sweep_png
 from onboarding.serving.profiles import Profile, check_fits, resolve_slo, scenarios_for
-from onboarding.serving.prompts import synthetic_prompts
 from onboarding.serving.stats import (
     LoadTimingResult,
-    PointStats,
     ServingBenchmarkResult,
     Slo,
-    counter_ratio_delta,
     headline,
-    histogram_mean_delta,
-    parse_metrics,
-    slo_violations,
-    summarize,
     summarize_load_timing,
 )
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
-from resources.loadgen import LoadGenerator, PointRun, completion_bodies
+from resources.loadgen import LoadGenerator
+from resources.sweep import KeepPartial, run_sweep
 from resources.telemetry import GpuTelemetry
 
 GROUP = "serving"
@@ -87,7 +79,7 @@ class ServingBenchmarkConfig(dg.Config):
     max_seconds_per_point: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Setup:
     """What both serving assets resolve first: the spec, the profile, the SLOs, which variant is
     measured here and at which configuration (the plan's for the node type at hand)."""
@@ -141,8 +133,9 @@ def _setup(context: dg.AssetExecutionContext, configs: ConfigFiles, engine: Engi
     if config is not None:
         context.log.info(f"configuration {config.hash} on {config.node_type}: "
                          f"{config.summary()}")
-    return Setup(spec, name, prof, resolve_slo(configs.slo_section(), engine.node_type, spec),
-                 variant, config, reason, note)
+    return Setup(spec=spec, profile_name=name, profile=prof,
+                 slo=resolve_slo(configs.slo_section(), engine.node_type, spec), variant=variant,
+                 config=config, reason=reason, note=note)
 
 
 def measured_variant(engine: Engine, variant: VariantRef, checkpoint: CheckpointRef,
@@ -239,7 +232,8 @@ def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, con
     spec, variant = setup.spec, setup.variant
     node_check = _node_check(context, io_manager, engine, setup)
     if variant is None:
-        yield dg.Output(LoadTimingResult(spec.id, serving_variant.precision, False, setup.reason,
+        yield dg.Output(LoadTimingResult(model=spec.id, precision=serving_variant.precision,
+                                         servable=False, reason=setup.reason,
                                          node_type=engine.node_type),
                         metadata={**_unservable_metadata(engine, setup.reason, configs),
                                   **spec_metadata(spec)})
@@ -358,27 +352,6 @@ def _timing_metadata(result: LoadTimingResult, samples: list, engine: Engine) ->
     }
 
 
-def server_side(run: PointRun, engine_metrics) -> dict[str, float | None]:
-    """Server-reported TTFT/ITL means, peak queue/KV usage and the share of the prompt tokens
-    the prefix cache served, over the point's measured requests (its first scrape follows the
-    warm-up)."""
-    if run.metrics_before is None or run.metrics_after is None:
-        return {}
-    before, after = parse_metrics(run.metrics_before), parse_metrics(run.metrics_after)
-    during = [parse_metrics(t) for t in run.metrics_during if t] or [after]
-    ttft = histogram_mean_delta(before, after, engine_metrics.ttft_histogram)
-    itl = histogram_mean_delta(before, after, engine_metrics.itl_histogram)
-    return {
-        "prefix_cache_hit_fraction": counter_ratio_delta(
-            before, after, engine_metrics.prefix_cache_hits, engine_metrics.prefix_cache_queries),
-        "server_ttft_mean_s": ttft,
-        "server_itl_mean_ms": itl * 1e3 if itl is not None else None,
-        "peak_running": max(m.get(engine_metrics.running, 0.0) for m in during),
-        "peak_waiting": max(m.get(engine_metrics.waiting, 0.0) for m in during),
-        "peak_kv_cache_usage": max(m.get(engine_metrics.kv_cache_usage, 0.0) for m in during),
-    }
-
-
 def _load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
@@ -419,8 +392,10 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     spec, variant, gpus = setup.spec, setup.variant, engine.gpu_count()
     node_check = _node_check(context, io_manager, engine, setup)
     if variant is None:
-        result = ServingBenchmarkResult(spec.id, serving_variant.precision, engine.node_type,
-                                        gpus, False, 0.0, 0, False, (setup.reason,))
+        result = ServingBenchmarkResult(model=spec.id, precision=serving_variant.precision,
+                                        node_type=engine.node_type, gpus=gpus, servable=False,
+                                        tokens_per_s_per_gpu=0.0, saturation_concurrency=0,
+                                        slo_pass=False, slo_violations=(setup.reason,))
         yield dg.Output(result, metadata={**_unservable_metadata(engine, setup.reason, configs),
                                           **spec_metadata(spec),
                                           "node_type": engine.node_type, "gpus": gpus,
@@ -445,8 +420,9 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     with engine.serve_shared(variant, setup.config) as running, \
             telemetry.sampler(gpu_ids) as sampler, FrontendSampler(running.pid) as frontend:
         context.log.info(engine_start_note(running))
-        rows, points = run_sweep(context, outputs, loadgen, running, template, spec.served_name,
-                              scenarios, sweep, setup.slo, tokenizer, sampler, frontend)
+        rows, points = run_sweep(context.log, loadgen, running, template, spec.served_name,
+                                 scenarios, sweep, setup.slo, tokenizer, sampler, frontend,
+                                 keep_partial=_keep_partial(context, outputs, running))
     result, basis, violations = headline(spec.id, variant.precision, engine.node_type, gpus,
                                          setup.slo, points, sweep.mode == "concurrency")
     result = dataclasses.replace(result, config_hash=setup.config.hash,
@@ -532,90 +508,26 @@ def _frontend_metadata(rows: list[dict], unavailable: str) -> dict:
     return md
 
 
-def run_sweep(context, outputs: OutputDirs, loadgen: LoadGenerator, running, template,
-           served_name: str, scenarios: dict, sweep, slo: Slo, tokenizer, sampler,
-           frontend: FrontendSampler
-           ) -> tuple[list[dict], dict[str, list[tuple[int, PointStats]]]]:
-    """Every scenario x load point against the running engine: table rows and stats, with the
-    GPUs' power, energy, tokens per joule and clock events over each point's measured window
-    (DCGM field names; "not checked: <why>" where no GPU can be read), and the engine's API
-    server's share of a core over the same window (`frontend_bound` above 0.9: the point
-    measured the frontend, not the GPU)."""
-    loads = sweep.concurrency if sweep.mode == "concurrency" else sweep.rates
-    rows: list[dict] = []
-    points: dict[str, list[tuple[int, PointStats]]] = {}
-    for name, sc in scenarios.items():
-        # Each point its own prompts, none sent before in this sweep: a prompt sent again is
-        # served from the engine's prefix cache and skips its prefill (every point
-        # took the first N of one list, so each point after the first re-sent the earlier
-        # points' prompts). `prefix_tokens` are the only tokens a scenario's prompts share.
-        counts = [sweep.requests_at(int(max(load, 1))) for load in loads]
-        prompts = synthetic_prompts(tokenizer, sweep.warmup_requests + sum(counts),
-                                    sc.input_tokens, sc.prefix_tokens,
-                                    seed=zlib.crc32(name.encode()))
-        bodies = completion_bodies(served_name, prompts, sc.output_tokens,
-                                   count_tokens_by=template.load_generator.count_tokens_by)
-        # The scenario's warm-up requests go before its first point only, all in flight
-        # together up to the sweep's widest concurrency: each later point follows a measured
-        # point of the same shapes on the same engine, which warms it as much (warmed
-        # again before every point, at that point's concurrency, they were a third of the quick
-        # pass's benchmark on the CPU, and eight 2048-token codegen requests one after another
-        # before the GPU profile's concurrency-1 point).
-        warm, first = bodies[:sweep.warmup_requests], sweep.warmup_requests
-        warm_width = int(max(loads)) if sweep.mode == "concurrency" else None
-        for load, n in zip(loads, counts, strict=True):
-            kw = ({"concurrency": int(load)} if sweep.mode == "concurrency"
-                  else {"rate_rps": float(load)})
-            point_bodies, first = bodies[first:first + n], first + n
-            run = loadgen.run_point(
-                running.base_url, point_bodies,
-                max_seconds=sweep.max_seconds_per_point,
-                request_timeout_s=sweep.request_timeout_s, warmup_bodies=warm,
-                warmup_concurrency=warm_width, scrape_interval_s=sweep.scrape_interval_s,
-                **kw)
-            warm = ()
-            end_s = sampler.elapsed_s()
-            front = frontend.columns(run.duration_s)
-            stats = summarize(run.records, run.duration_s, slo)
-            gpu = point_columns(list(sampler.samples), end_s - run.duration_s, end_s,
-                                stats.output_tokens_per_s * run.duration_s, sampler.unavailable)
-            points.setdefault(name, []).append((int(load), stats))
-            exited = running.exited(stats.errors_by_cause)
-            rows.append({"scenario": name, "load": load, **stats.row(),
-                         **server_side(run, template.metrics), **run.scrape_columns(),
-                         **gpu, **front, "engine_exited": exited,
-                         "meets_slo": not slo_violations(stats, slo)})
-            context.log.info(f"{name} @ {load}: {stats.request_throughput_rps:.2f} req/s, "
-                             f"TTFT p95 {stats.ttft_s.p95:.3f} s, ITL {stats.itl_ms.mean:.1f} "
-                             f"ms, errors {stats.errors_by_cause} {stats.error_examples or ''}"
-                             + (f", /metrics failed {run.scrape_failures}x (last: "
-                                f"{run.scrape_last_error})" if run.scrape_failures else ""))
-            if front["frontend_bound"]:
-                context.log.warning(f"{name} @ {load}: frontend-bound, " + FRONTEND_ADVICE.format(
-                    cores=FRONTEND_BOUND_CORES) + f" (it ran at {front['frontend_cpu_cores']:.2f})")
-            if exited:
-                raise _engine_exited(context, outputs, running, rows, f"{name} @ {load}")
-    return rows, points
-
-
-def _engine_exited(context, outputs: OutputDirs, running, rows: list[dict], point: str
-                   ) -> Exception:
+def _keep_partial(context: dg.AssetExecutionContext, outputs: OutputDirs, running
+                  ) -> KeepPartial:
     """Keep what was measured before the engine died where a user finds it (the step fails, so
     nothing is materialized): a CSV under the reports directory and an observation on the
     asset, the dying point marked `engine_exited`. The error names the exit code and log tail."""
-    path = (outputs.reports / context.partition_key
-            / f"serving_benchmark.partial-{context.run.run_id[:8]}.csv")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(path, rows)
-    context.log_event(dg.AssetObservation(
-        asset_key=context.asset_key, partition=context.partition_key, metadata={
-            "engine_exit_code": running.exit_code(),
-            "engine_exited_during": point,
-            "partial_sweep": dg.MetadataValue.md(md_table(rows)),
-            "partial_csv": dg.MetadataValue.path(str(path)),
-            "engine_log": dg.MetadataValue.path(str(running.log_path))}))
-    return running.exited_error(point, f"the {len(rows)} point(s) measured, the last one marked "
-                                f"engine_exited, are in {path}")
+    def keep(rows: list[dict], point: str) -> str:
+        path = (outputs.reports / context.partition_key
+                / f"serving_benchmark.partial-{context.run.run_id[:8]}.csv")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_csv(path, rows)
+        context.log_event(dg.AssetObservation(
+            asset_key=context.asset_key, partition=context.partition_key, metadata={
+                "engine_exit_code": running.exit_code(),
+                "engine_exited_during": point,
+                "partial_sweep": dg.MetadataValue.md(md_table(rows)),
+                "partial_csv": dg.MetadataValue.path(str(path)),
+                "engine_log": dg.MetadataValue.path(str(running.log_path))}))
+        return f"in {path}"
+
+    return keep
 
 
 defs = dg.Definitions(assets=[load_timing, serving_benchmark])

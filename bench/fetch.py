@@ -210,7 +210,7 @@ def main() -> None:
     from resources.seaweedfs import LocalS3Server
 
     work = Path(tempfile.mkdtemp(prefix="bench-fetch-", dir=ROOT / ".cache"))
-    server = LocalS3Server(work / "s3", AK, SK).start()
+    server = LocalS3Server(data_dir=work / "s3", access_key=AK, secret_key=SK).start()
     load: list[subprocess.Popen] = []
     try:
         src = work / "src"

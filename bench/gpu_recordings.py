@@ -274,9 +274,11 @@ def start_samples_from(starts_md: str) -> list[StartSample]:
     def num(text: str) -> float | None:
         return float(text) if text else None
 
-    return [StartSample(r["kind"], float(r["resident_fraction"]), num(r["weights_loaded_s"]),
-                        num(r["engine_weights_load_s"]), num(r["health_ready_s"]),
-                        float(r["first_token_s"]))
+    return [StartSample(kind=r["kind"], resident_fraction=float(r["resident_fraction"]),
+                        weights_loaded_s=num(r["weights_loaded_s"]),
+                        engine_weights_load_s=num(r["engine_weights_load_s"]),
+                        health_ready_s=num(r["health_ready_s"]),
+                        first_token_s=float(r["first_token_s"]))
             for r in read_md_table(starts_md)]
 
 
@@ -359,10 +361,11 @@ def published(call: str = "B") -> dict[str, PublishedVariant]:
     for row in read_md_table(asset_metadata(call, "published_variant")["published"]):
         read_back_bytes = 256 << 20
         out[row["precision"]] = PublishedVariant(
-            MODEL, row["precision"], row["uri"], row["uri"].rstrip("/").rsplit("/", 1)[-1],
-            int(row["bytes"]), int(row["files"]), row["skipped"] == "yes",
-            int(row["uploaded_bytes"]), read_back_bytes,
-            read_back_bytes / (float(row["read_gbps"]) * 1e9))
+            model=MODEL, precision=row["precision"], uri=row["uri"],
+            content_hash=row["uri"].rstrip("/").rsplit("/", 1)[-1], total_bytes=int(row["bytes"]),
+            files=int(row["files"]), skipped=row["skipped"] == "yes",
+            bytes_uploaded=int(row["uploaded_bytes"]), read_back_bytes=read_back_bytes,
+            read_back_s=read_back_bytes / (float(row["read_gbps"]) * 1e9))
     return out
 
 
@@ -372,8 +375,9 @@ def checkpoint(directory: Path) -> CheckpointRef:
     md = asset_metadata("A", "checkpoint")
     directory.mkdir(parents=True, exist_ok=True)
     shutil.copy(H200 / MODEL / "config.json", directory / "config.json")
-    return CheckpointRef(MODEL, md["source"], md["revision"], str(directory), md["content_hash"],
-                         md["total_bytes"])
+    return CheckpointRef(model=MODEL, source=md["source"], revision=md["revision"],
+                         path=str(directory), content_hash=md["content_hash"],
+                         total_bytes=md["total_bytes"])
 
 
 def serving_variant(directory: Path) -> VariantRef:
@@ -386,8 +390,9 @@ def accuracy() -> AccuracyReport:
     """The in-process gates as accuracy decided them there (the tables stay in the metadata)."""
     gates = asset_metadata("A", "accuracy")["gates"]
     return AccuracyReport(MODEL, (), tuple(
-        GateOutcome(g["precision"], g["passed"], g["reason"], g["verdict"], g["source"],
-                    g["items"]) for g in gates.values()))
+        GateOutcome(precision=g["precision"], passed=g["passed"], reason=g["reason"],
+                    verdict=g["verdict"], source=g["source"],
+                    items=g["items"]) for g in gates.values()))
 
 
 def configs_at_run(target: Path) -> Path:

@@ -351,20 +351,12 @@ def onboard(args) -> int:
 
 # ---- twins ----
 
-class BenchContext:
-    """What the serving sweep needs of an asset context, outside Dagster."""
+def sweep_log(name: str):
+    """The sweep's per-point lines on stdout, under the twin's name."""
+    import logging
 
-    def __init__(self, name: str):
-        import logging
-
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
-        self.log = logging.getLogger(name)
-        self.partition_key, self.asset_key = name, None
-        self.run = type("Run", (), {"run_id": f"twin-{int(time.time())}"})()
-        self.events: list = []
-
-    def log_event(self, event) -> None:
-        self.events.append(event)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return logging.getLogger(name)
 
 
 def stored(work: Path, asset: str, partition: str):
@@ -510,12 +502,12 @@ def twins(args) -> int:
     onboard_env(args.work, args.node_type, args.engine_bin)
     rep = Report(args.out, args.name or "twins")
     requests_path = args.out / f"{args.name or 'twins'}-requests.jsonl"
-    from assets.serving import run_sweep
     from onboarding.serving.frontend import FrontendSampler
     from onboarding.serving.profiles import resolve_slo
     from pipelines.resources import config_files
     from resources.engine import Engine
     from resources.loadgen import LoadGenerator
+    from resources.sweep import run_sweep
     from resources.telemetry import GpuTelemetry
 
     cf = config_files()
@@ -581,9 +573,9 @@ def twins(args) -> int:
                 entry["engine_log"] = running.log_path.name
                 say(f"{item}: ready in {entry['ready_s']} s ({config.hash}, {note})")
                 loadgen = PointRecorder(LoadGenerator(), requests_path, item)
-                rows, _ = run_sweep(BenchContext(twin_id), None, loadgen, running,
-                                    engine.template(), spec.served_name, scenarios, sweep, slo,
-                                    tokenizer, sampler, frontend)
+                rows, _ = run_sweep(sweep_log(twin_id), loadgen, running, engine.template(),
+                                    spec.served_name, scenarios, sweep, slo, tokenizer, sampler,
+                                    frontend)
                 entry["requests_file"] = requests_path.name
                 entry["rows"] = rows
                 rep.step(item, **entry)
@@ -682,7 +674,7 @@ def crosscheck(running, served: str, tok_dir: Path, concurrency: int, work: Path
                                      request_timeout_s=120, warmup_bodies=bodies[:concurrency],
                                      scrape_interval_s=1.0)
     s = summarize(run_.records, run_.duration_s)
-    from assets.serving import server_side
+    from resources.sweep import server_side
 
     out["ours"] = {"completed": s.completed, "request_throughput": s.request_throughput_rps,
                    "output_throughput": s.output_tokens_per_s,

@@ -66,7 +66,7 @@ from aiohttp import web
 THIS_FILE = Path(__file__).resolve()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FakeConfig:
     ttft_s: float = 0.0
     itl_s: float = 0.0
@@ -90,7 +90,7 @@ SEPARATORS = {"crlf": b"\r\n\r\n", "cr": b"\r\r"}
 BODIES_KEPT = 16  # what a client sends, for a test comparing two clients' requests
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Truth:
     requests: int = 0
     ttft_s: list[float] = field(default_factory=list)

@@ -97,7 +97,8 @@ def main() -> None:
         check_s = time.perf_counter() - t0
         print(f"export check alone: {check_s:.2f} s = {check_s / peer_med:.2f}x the peer's "
               f"quantize+export (passed: {check.passed})", flush=True)
-        v = QuantizedVariant(args.precision, str(last), str(state), export_valid=True)
+        v = QuantizedVariant(precision=args.precision, path=str(last), state_path=str(state),
+                             export_valid=True)
         if args.eval_items_per_task == 0:
             return
         ev = LmEvalEvaluator(limit=args.eval_items_per_task)

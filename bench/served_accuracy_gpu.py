@@ -219,7 +219,8 @@ def main() -> None:
         try:
             v = quantizer.quantize(args.name, ckpt, p, variant_dir(ckpt, p), "r0", log=log)
         except Exception as exc:  # noqa: BLE001 - recorded, the run goes on with the others
-            v = QuantizedVariant(p, None, None, error=f"{type(exc).__name__}: {exc}")
+            v = QuantizedVariant(precision=p, path=None, state_path=None,
+                                 error=f"{type(exc).__name__}: {exc}")
         variants.append(v)
         report.setdefault("quantize", {})[p] = {
             **{k: val for k, val in v.stats.items() if k != "hf_quant_config"},
@@ -238,7 +239,8 @@ def main() -> None:
     records, outcomes, rows = [], [], []
     for v in variants:
         if not v.usable:
-            outcomes.append(GateOutcome(v.precision, False, f"not evaluated: {v.error}"))
+            outcomes.append(GateOutcome(precision=v.precision, passed=False,
+                                        reason=f"not evaluated: {v.error}"))
             continue
         model, tok = quantizer.load_for_eval(ckpt, v)
         book = ScoreBook.first(in_process_scorer(evaluator, gates, eval_s, v.precision, model,
@@ -263,7 +265,8 @@ def main() -> None:
     save("in_process", t)
 
     t = time.perf_counter()
-    checkpoint = CheckpointRef(args.name, str(source), "r0", str(ckpt), "r0", qset.baseline_bytes)
+    checkpoint = CheckpointRef(model=args.name, source=str(source), revision="r0", path=str(ckpt),
+                               content_hash="r0", total_bytes=qset.baseline_bytes)
     served = serve_all(engine, evaluator, spec, checkpoint, qset, accuracy, gates, report)
     report["served"] = {r.precision: {"seconds": r.seconds, "tasks": scores_to_json(r.scores)}
                         for r in served.records}

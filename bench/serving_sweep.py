@@ -84,8 +84,9 @@ def main() -> None:
 
         @dg.asset(name="checkpoint", partitions_def=models_partitions)
         def checkpoint() -> CheckpointRef:
-            return CheckpointRef(KEY, "s3://models/smollm2-135m-instruct/", "bench",
-                                 str(model), "bench", size)
+            return CheckpointRef(model=KEY, source="s3://models/smollm2-135m-instruct/",
+                                 revision="bench", path=str(model), content_hash="bench",
+                                 total_bytes=size)
 
         @dg.asset(name="serving_variant", partitions_def=models_partitions)
         def serving_variant() -> VariantRef:

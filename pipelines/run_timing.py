@@ -46,7 +46,7 @@ class ChildProcess:
         return self.last_seen - self.first_seen
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepTiming:
     step: str
     status: str  # "success", "failure", or "running" (no end record)
@@ -73,7 +73,7 @@ def _command(pid: int) -> str:
     return " ".join(" ".join(words).split())[:60] or "?"  # one line: `python -c <code>`
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TreeSampler:
     """Samples this process tree's cumulative CPU seconds and its direct children every
     `interval_s` on a background thread, on `time.time()`'s clock (the event records')."""
@@ -170,8 +170,9 @@ def step_timings(records: Iterable[dg.EventLogEntry], samples: Sequence[tuple[fl
                         and c.pid in owner)
         owner.update((c.pid, step) for c in mine)
         cpu = None if end is None else cpu_between(samples, start, end)
-        rows.append(StepTiming(step, status, start, end, cpu, mine, carried,
-                               tuple(owner[c.pid] for c in carried)))
+        rows.append(StepTiming(step=step, status=status, start=start, end=end, cpu_s=cpu,
+                               children=mine, carried=carried,
+                               carried_from=tuple(owner[c.pid] for c in carried)))
     return rows
 
 

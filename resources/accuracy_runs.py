@@ -171,8 +171,10 @@ def served_report(engine: Engine, evaluator: Evaluator, spec: ModelSpec,
             why = v.error or "export check failed"
             not_served[v.precision] = f"not evaluated in process ({why})"
     return ServedAccuracyReport(
-        spec.id,
-        tuple(AccuracyRecord(p, SERVED, refs[p].content_hash, b.scores, round(eval_s[p], 2))
-              for p, b in books.items()),
-        tuple(agreement(p, accuracy.record(p).scores, b.scores, gates) for p, b in books.items()),
-        tuple(outcomes), tuple(rows), not_served, {p: round(s, 2) for p, s in eval_s.items()})
+        model=spec.id,
+        records=tuple(AccuracyRecord(p, SERVED, refs[p].content_hash, b.scores, round(eval_s[p], 2))
+                      for p, b in books.items()),
+        agreements=tuple(agreement(p, accuracy.record(p).scores, b.scores, gates)
+                         for p, b in books.items()),
+        gates=tuple(outcomes), rows=tuple(rows), not_served=not_served,
+        eval_s={p: round(s, 2) for p, s in eval_s.items()})

@@ -95,7 +95,7 @@ def describe_exit(code: int) -> str:
     return f"was killed by {name} (exit code {code})"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunningEngine:
     base_url: str
     port: int

@@ -36,7 +36,7 @@ _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-strea
 _DETAIL_CHARS = 300
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PointRun:
     """Raw outcome of one load point: per-request records and the /metrics texts scraped.
 

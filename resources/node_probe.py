@@ -48,7 +48,7 @@ TOOL_TIMEOUT_S = 120.0
 Log = Callable[[str], Any]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RawInventory:
     smi_xml: str | None
     smi_error: str  # "no GPU: ..." when the node has none, the tool's error when it failed
@@ -257,12 +257,15 @@ class NodeProbe(dg.ConfigurableResource):
         tools = self.host_tools(keep, stress_s, log)
         if smi is None or not Path(smi).exists():
             why = f"{NO_GPU}: nvidia-smi not found ({smi or 'not on PATH'})"
-            return RawInventory(None, why, None, why, {}, why, system, nvidia_facts(None),
-                                tools)
+            return RawInventory(smi_xml=None, smi_error=why, topo_text=None, topo_error=why,
+                                nvlinks={}, nvlink_error=why, system=system,
+                                stack_facts=nvidia_facts(None), tools=tools)
         code, xml, err = _run([smi, "-q", "-x"])
         if code != 0:
-            return RawInventory(None, f"`nvidia-smi -q -x` exited {code}: {(err or xml)[-500:]}",
-                                None, "", {}, "", system, {}, tools)
+            return RawInventory(
+                smi_xml=None, smi_error=f"`nvidia-smi -q -x` exited {code}: {(err or xml)[-500:]}",
+                topo_text=None, topo_error="", nvlinks={}, nvlink_error="", system=system,
+                stack_facts={}, tools=tools)
         _write(keep, acc.RAW_SMI_XML, xml)
         code, topo, err = _run([smi, "topo", "-m"])
         topo_error = "" if code == 0 else f"`nvidia-smi topo -m` exited {code}: {err[-300:]}"
@@ -270,8 +273,9 @@ class NodeProbe(dg.ConfigurableResource):
             _write(keep, acc.RAW_TOPO, topo)
         nvlinks, nvlink_error = _nvlinks()
         _write(keep, acc.RAW_NVML, {"nvlinks_active": nvlinks, "error": nvlink_error})
-        return RawInventory(xml, "", topo if code == 0 else None, topo_error, nvlinks,
-                            nvlink_error, system, nvidia_facts(smi), tools)
+        return RawInventory(smi_xml=xml, smi_error="", topo_text=topo if code == 0 else None,
+                            topo_error=topo_error, nvlinks=nvlinks, nvlink_error=nvlink_error,
+                            system=system, stack_facts=nvidia_facts(smi), tools=tools)
 
     # ---- gpu_health ----
 

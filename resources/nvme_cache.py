@@ -48,7 +48,7 @@ GIB = 1 << 30
 FAILURES_NAME = "failures.json"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FetchResult:
     path: Path
     manifest: CheckpointManifest
@@ -164,7 +164,8 @@ class NvmeCache(dg.ConfigurableResource):
             warm = self._verified(entry, remote)
             if warm is not None:
                 log(f"warm cache: {entry} already holds {len(warm.files)} verified files")
-                return FetchResult(entry, warm, True, time.monotonic() - t0, 0,
+                return FetchResult(path=entry, manifest=warm, warm=True,
+                                   seconds=time.monotonic() - t0, bytes_fetched=0,
                                    pinned_by=_pinned_by(remote))
             self._refuse_size_only(remote)
             self._refuse_known_broken(model, remote)
@@ -182,8 +183,9 @@ class NvmeCache(dg.ConfigurableResource):
             dir_fsync(entry.parent)
             self._drop_stale_staging(entry.parent, keep=staging.name)
             seconds = time.monotonic() - t0
-            return FetchResult(entry, manifest, False, seconds, remote.total_bytes - resumed,
-                               resumed, evidence, _pinned_by(remote))
+            return FetchResult(path=entry, manifest=manifest, warm=False, seconds=seconds,
+                               bytes_fetched=remote.total_bytes - resumed, bytes_resumed=resumed,
+                               evidence=evidence, pinned_by=_pinned_by(remote))
 
     def _refuse_size_only(self, remote: RemoteCheckpoint) -> None:
         """With `refuse_size_only`, a file nothing but its size could verify stops the fetch
@@ -342,7 +344,8 @@ class NvmeCache(dg.ConfigurableResource):
             kind, expected = obj.evidence()
 
             def problem(what: str, cause: str, obj=obj, sha=sha, kind=kind) -> None:
-                problems.append(_Problem(obj, what, cause, sha, kind))
+                problems.append(_Problem(obj=obj, kind=what, cause=cause, sha256=sha,
+                                         evidence=kind))
 
             if size != obj.size:
                 problem("size", f"{size} bytes received, {obj.size} at the source")
@@ -465,7 +468,7 @@ class NvmeCache(dg.ConfigurableResource):
         return f"the entry was moved to {target}; the next run fetches it again"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Problem:
     """One file that failed verification: what kind of failure, on which bytes."""
 

@@ -19,7 +19,7 @@ from onboarding.fetch import checksums
 from onboarding.fetch.catalog import SourceRef
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RemoteObject:
     path: str  # relative to the checkpoint root, POSIX, already checked for traversal
     size: int

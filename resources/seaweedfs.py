@@ -38,7 +38,7 @@ def weed_binary() -> str:
     return found
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LocalS3Server:
     """A running `weed mini`; stop() always reaps it."""
 

@@ -64,7 +64,8 @@ def start_s3():
     from resources.seaweedfs import LocalS3Server
 
     access, secret = credentials()
-    server = LocalS3Server(DATA / "seaweedfs", access, secret).start()
+    server = LocalS3Server(data_dir=DATA / "seaweedfs", access_key=access,
+                           secret_key=secret).start()
     os.environ.update(server.env())
     env_file = write_env_file([*server.env(), *PATHS])
     print(f"local S3 (SeaweedFS) at {server.endpoint_url}, data in {server.data_dir}; "

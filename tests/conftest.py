@@ -159,7 +159,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> LocalS3Server:
-    server = LocalS3Server(tmp_path_factory.mktemp("seaweedfs"), ACCESS_KEY, SECRET_KEY)
+    server = LocalS3Server(data_dir=tmp_path_factory.mktemp("seaweedfs"), access_key=ACCESS_KEY,
+                           secret_key=SECRET_KEY)
     server.start()
     yield server
     server.stop()

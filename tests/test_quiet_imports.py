@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from onboarding.common.paths import PROJECT_ROOT
 
 
@@ -16,6 +18,7 @@ def _stderr(code: str) -> str:
     return proc.stderr
 
 
+@pytest.mark.slow
 def test_dagsters_beta_warnings_for_the_two_beta_apis_we_use_are_silenced_and_no_other():
     err = _stderr("import pipelines.definitions, dagster as dg\n"
                   "dg.Output(1, data_version=dg.DataVersion('x'))\n"
@@ -25,6 +28,7 @@ def test_dagsters_beta_warnings_for_the_two_beta_apis_we_use_are_silenced_and_no
     assert "BetaWarning: Function `other` is currently in beta" in err  # any other still shows
 
 
+@pytest.mark.slow
 def test_model_optimizers_transformers_version_warning_is_silenced():
     err = _stderr("import resources.quantizer, modelopt.torch.quantization")
     assert "is not tested with current version of modelopt" not in err

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckpointRef:
     """A verified checkpoint in the NVMe cache (output of `checkpoint`)."""
 
@@ -34,7 +34,7 @@ class VariantRef:
     weight_bytes: int = 0  # bytes of *.safetensors: what the GPU holds, for the plan
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PublishedVariant:
     """One precision of a model published to the serving bucket and verified there."""
 

@@ -64,7 +64,7 @@ class Measurement:
     source: str  # the recording it came from (file and step, or asset materialization)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineChoice:
     """The engine a node type is served by, and why."""
 
@@ -152,9 +152,10 @@ def choose_engine(node_type: str, candidates: Mapping[str, EngineConfig],
                if len(candidates) > 1 else
                f"{default_engine}, the stack's default engine: the only engine with kernels "
                f"for this precision on {node_type}")
-        return EngineChoice(node_type, default_engine, DEFAULT, why, default_hash,
-                            {e: m.goodput_rps_per_gpu for e, m in found.items()},
-                            {e: m.source for e, m in found.items()})
+        return EngineChoice(node_type=node_type, engine=default_engine, basis=DEFAULT, reason=why,
+                            config_hash=default_hash,
+                            goodput={e: m.goodput_rps_per_gpu for e, m in found.items()},
+                            sources={e: m.source for e, m in found.items()})
     top = max(m.goodput_rps_per_gpu for m in found.values())
     best = sorted(e for e, m in found.items() if m.goodput_rps_per_gpu == top)
     winner = default_engine if default_engine in best else best[0]
@@ -164,9 +165,10 @@ def choose_engine(node_type: str, candidates: Mapping[str, EngineConfig],
         for e, m in sorted(found.items(), key=lambda kv: -kv[1].goodput_rps_per_gpu))
     tie = " (a tie: the default engine kept)" if len(best) > 1 else ""
     why = f"{winner}: the higher goodput at the SLO on {node_type}{tie}: {numbers}"
-    return EngineChoice(node_type, winner, MEASURED, why, candidates[winner].hash,
-                        {e: m.goodput_rps_per_gpu for e, m in found.items()},
-                        {e: m.source for e, m in found.items()})
+    return EngineChoice(node_type=node_type, engine=winner, basis=MEASURED, reason=why,
+                        config_hash=candidates[winner].hash,
+                        goodput={e: m.goodput_rps_per_gpu for e, m in found.items()},
+                        sources={e: m.source for e, m in found.items()})
 
 
 def engine_images(stack_data: Mapping[str, Any], engine: str, version: str) -> dict[str, str]:

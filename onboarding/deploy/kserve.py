@@ -375,12 +375,6 @@ def agent_model_dir(cache_root: str, source_uri: str) -> str:
     return f"{cache_root.rstrip('/')}/models/{storage_key(source_uri)}"
 
 
-def match_storage_uri(cached_uri: str, storage_uri: str) -> bool:
-    """KServe's MatchStorageURI: equal, or storage_uri is a path below cached_uri."""
-    cached, storage = cached_uri.rstrip("/"), storage_uri.rstrip("/")
-    return storage == cached or (storage.startswith(cached) and storage[len(cached)] == "/")
-
-
 def node_group_name(node_type: str) -> str:
     return to_dns1123_label(f"{node_type}-nvme-cache", 30)
 
@@ -513,7 +507,7 @@ def pod_qos_class(pod: dict[str, Any]) -> tuple[str, str]:
 # ---- the documents --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RenderInputs:
     """Everything one model x node type manifest is rendered from."""
 
@@ -534,7 +528,7 @@ class RenderInputs:
     priority_class: str = ""  # empty: deploy.yaml lifecycle.priority_class
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Route:
     served_name: str
     service: str
@@ -596,7 +590,7 @@ def route_timeouts(r: Route, gw: GatewayConfig) -> tuple[int, int, str]:
         f"{floor} (configuration {r.config_hash})")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Rendered:
     node_type: str
     service: str
@@ -876,9 +870,11 @@ def render(ri: RenderInputs) -> Rendered:
     switches = stack.switches_for(node.precision, ri.plan.inputs.shape.moe, node_t.arch)
     ev = ri.evidence
     via_router = ri.node_type in cfg.llm_inference_service_node_types
-    route = Route(spec.served_name, name, cfg.namespace, ri.node_type, node.precision,
-                  node.tensor_parallel, ri.storage.published, ev.measured, c.hash,
-                  ev.e2e_p99_s, ev.ttft_p99_s, ev.judged_at, via_router)
+    route = Route(served_name=spec.served_name, service=name, namespace=cfg.namespace,
+                  node_type=ri.node_type, precision=node.precision,
+                  tensor_parallel=node.tensor_parallel, published=ri.storage.published,
+                  measured=ev.measured, config_hash=c.hash, e2e_p99_s=ev.e2e_p99_s,
+                  ttft_p99_s=ev.ttft_p99_s, judged_at=ev.judged_at, via_router=via_router)
     grace, grace_why = termination_grace(ri, route)
     priority = ri.priority_class or cfg.lifecycle.priority_class
     predictor: dict[str, Any] = {
@@ -967,10 +963,10 @@ def render(ri: RenderInputs) -> Rendered:
         docs = [render_servingruntime(c, stack, cfg), *cache_docs, isvc, render_pdb(
             name, cfg.namespace, {ISVC_POD_LABEL: name, "component": "predictor"}, pdb_labels,
             cfg.lifecycle.max_unavailable)]
-    return Rendered(ri.node_type, name, runtime_name(c), tuple(docs),
-                    startup, route,
-                    tuple(s.why for s in switches), qos[0], c.hash, ri.evidence.measured,
-                    ri.storage.published)
+    return Rendered(node_type=ri.node_type, service=name, runtime=runtime_name(c), docs=tuple(docs),
+                    startup=startup, route=route, switches=tuple(s.why for s in switches),
+                    qos_class=qos[0], config_hash=c.hash, measured=ri.evidence.measured,
+                    published=ri.storage.published)
 
 
 # KServe's LLMInferenceService at v0.20.0: its workload Service, InferencePool and HTTPRoute use

@@ -143,7 +143,7 @@ class NodeLimits:
                    thresholds.gpu_temperature_alarm_c)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Target:
     """One deployment as its manifest names it."""
 

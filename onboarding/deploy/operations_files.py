@@ -38,10 +38,11 @@ class Rendered:
 def target_of(spec: ModelSpec, node_type: str, manifests: ManifestSet, splan: ServingPlan,
               nodes: NodesConfig, stack: Stack, deploy: DeployConfig) -> Target:
     c = splan.configs[node_type]
-    return Target(spec.id, spec.served_name, node_type, deploy.namespace,
-                  manifests.services[node_type], c.precision, c.tensor_parallel, c.hash,
-                  deploy.container_port, metrics_path(c, stack, deploy),
-                  nodes.node_types[node_type].gpu_product,
+    return Target(model=spec.id, served_name=spec.served_name, node_type=node_type,
+                  namespace=deploy.namespace, service=manifests.services[node_type],
+                  precision=c.precision, tensor_parallel=c.tensor_parallel, config_hash=c.hash,
+                  port=deploy.container_port, metrics_path=metrics_path(c, stack, deploy),
+                  gpu_product=nodes.node_types[node_type].gpu_product,
                   llm_inference_service=node_type in deploy.llm_inference_service_node_types)
 
 

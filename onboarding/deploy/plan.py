@@ -154,7 +154,7 @@ def load_nodes(path: Path) -> NodesConfig:
     return load_config_file(NodesConfig, path, "Fix nodes.yaml.")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelShape:
     """What KV-cache arithmetic, TP divisibility and the weight estimate need from a model.
 
@@ -204,7 +204,8 @@ def shape_from_config(config: dict[str, Any], origin: str) -> ModelShape:
     kept = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2) \
         + moe_layers * experts * hidden
     mla = cfg.get("kv_lora_rank")
-    return ModelShape(layers, kv_heads, head_dim, heads, experts > 1, origin,
+    return ModelShape(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim,
+                      num_attention_heads=heads, moe=experts > 1, origin=origin,
                       kv_lora_rank=int(mla) if mla else None,
                       qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0) if mla else None,
                       kept_bf16_params=kept, num_experts=experts if experts > 1 else 0)
@@ -225,8 +226,9 @@ def shape_from_hint(hint: ArchitectureHint, origin: str) -> ModelShape:
     moe_layers = hint.num_layers - hint.first_dense_layers if hint.num_experts else 0
     kept = (hint.vocab_size or 0) * hidden * (1 if hint.tie_word_embeddings else 2) \
         + moe_layers * (hint.num_experts or 0) * hidden
-    return ModelShape(hint.num_layers, hint.num_kv_heads, hint.head_dim,
-                      hint.num_attention_heads, hint.moe or bool(hint.num_experts), origin,
+    return ModelShape(num_layers=hint.num_layers, num_kv_heads=hint.num_kv_heads,
+                      head_dim=hint.head_dim, num_attention_heads=hint.num_attention_heads,
+                      moe=hint.moe or bool(hint.num_experts), origin=origin,
                       kv_lora_rank=hint.kv_lora_rank, qk_rope_head_dim=hint.qk_rope_head_dim,
                       kept_bf16_params=kept, num_experts=hint.num_experts or 0)
 
@@ -257,7 +259,7 @@ def kv_bytes_per_token_per_gpu(shape: ModelShape, tp: int, dtype_bytes: int) -> 
     return shape.num_layers * 2 * heads_per_gpu * shape.head_dim * dtype_bytes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Measured:
     """What upstream assets recorded for this model; None where nothing was materialized."""
 
@@ -275,7 +277,7 @@ class Measured:
     warm_start_p50_s: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlanInputs:
     model: str
     served_name: str
@@ -293,7 +295,7 @@ class PlanInputs:
     source_precision: str = "bf16"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodePlan:
     node_type: str
     feasible: bool

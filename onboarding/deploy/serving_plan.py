@@ -227,10 +227,10 @@ def render_targets(spec: ModelSpec, splan: ServingPlan, nodes: NodesConfig, stac
         if storage.published and nt in deploy.local_model_cache.node_types:
             cached.setdefault(storage.uri, []).append(nt)
     for nt, config, ev, storage in todo:
-        rendered.append(render(RenderInputs(spec, splan.plan, nt, nodes.node_types[nt],
-                                            _stack_of(stack, config, nodes.node_types[nt].arch),
-                                            deploy, config, ev, storage,
-                                            tuple(cached.get(storage.uri, ())))))
+        rendered.append(render(RenderInputs(
+            spec=spec, plan=splan.plan, node_type=nt, node=nodes.node_types[nt],
+            stack=_stack_of(stack, config, nodes.node_types[nt].arch), deploy=deploy, config=config,
+            evidence=ev, storage=storage, cache_node_types=tuple(cached.get(storage.uri, ())))))
     return rendered, skipped
 
 
@@ -245,7 +245,7 @@ def _stack_of(stack: Stack, config: EngineConfig, arch: str) -> Stack:
                                images={arch: config.image}, switches=())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ManifestSet:
     """What `kserve_manifest` stores: the rendered files of one model, one per target node type
     `render_targets` rendered, with the verdict of the one schema validation they went through."""

@@ -210,15 +210,17 @@ def unusable_marker(model: str, precision: str, quantized: QuantizedSet) -> Onbo
 def accuracy_report(model: str, ladder: list[str]) -> AccuracyReport:
     """What `accuracy` stores for a twin: nothing scored, every precision not applicable."""
     return AccuracyReport(model, rows=(), gates=tuple(
-        GateOutcome(p, False, NOT_APPLICABLE, NOT_APPLICABLE_VERDICT) for p in ladder))
+        GateOutcome(precision=p, passed=False, reason=NOT_APPLICABLE,
+                    verdict=NOT_APPLICABLE_VERDICT) for p in ladder))
 
 
 def served_report(model: str, ladder: list[str], precisions: Iterable[str]
                   ) -> ServedAccuracyReport:
     """What `served_accuracy` stores for a twin: nothing served for scoring."""
     return ServedAccuracyReport(
-        model, records=(),
-        gates=tuple(GateOutcome(p, False, NOT_APPLICABLE, NOT_APPLICABLE_VERDICT, "served")
+        model=model, records=(),
+        gates=tuple(GateOutcome(precision=p, passed=False, reason=NOT_APPLICABLE,
+                                verdict=NOT_APPLICABLE_VERDICT, source="served")
                     for p in ladder if p != "bf16"),
         not_served={p: NOT_APPLICABLE for p in precisions})
 

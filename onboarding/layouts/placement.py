@@ -197,7 +197,7 @@ def no_prediction(model: str, node_type: str, precision: str, tp: int) -> None:
     return
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LayoutEntry:
     """One model of a layout with everything its options are computed from."""
 
@@ -215,14 +215,14 @@ def layout_entries(layout: Layout, specs: dict[str, ModelSpec], inputs: dict[str
                    ) -> list[LayoutEntry]:
     """The layout's models in its order, each with its plan inputs, SLO on the node type
     (gates.yaml < the model's own overrides) and its latest benchmark (or None)."""
-    return [LayoutEntry(specs[m.model], inputs[m.model], m.traffic_share, m.qos,
-                        resolve_slo(slos, layout.node_type, specs[m.model]),
-                        benchmarks.get(m.model),
-                        tuple(m.tensor_parallel) if m.tensor_parallel else None)
+    return [LayoutEntry(spec=specs[m.model], inputs=inputs[m.model], traffic_share=m.traffic_share,
+                        qos=m.qos, slo=resolve_slo(slos, layout.node_type, specs[m.model]),
+                        benchmark=benchmarks.get(m.model),
+                        tensor_parallel=tuple(m.tensor_parallel) if m.tensor_parallel else None)
             for m in layout.models]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Option:
     """One model at one TP on the node type: its memory per GPU, throughput, and SLO verdict."""
 
@@ -305,7 +305,8 @@ def option(entry: LayoutEntry, tp: int, node_type: str, node: NodeType, nodes: N
                                  gpu_memory_utilization=cfg.engine.gpu_memory_utilization)
     np_ = plan_node(inputs, node_type, node, _one_tp(nodes, tp))
     if np_.tensor_parallel is None or np_.precision is None or np_.weight_bytes_per_gpu is None:
-        return Option(name, tp, False, np_.rejected[-1] if np_.rejected else np_.reason,
+        return Option(model=name, tensor_parallel=tp, ok=False,
+                      reason=np_.rejected[-1] if np_.rejected else np_.reason,
                       precision=np_.precision)
     pooling = entry.spec.task != "generate"
     kv = 0 if pooling else int(np_.kv_bytes_per_gpu or 0)
@@ -319,9 +320,10 @@ def option(entry: LayoutEntry, tp: int, node_type: str, node: NodeType, nodes: N
                     f"{_gib(np_.reserve_bytes_per_gpu)} within {_gib(np_.budget_bytes_per_gpu)} "
                     "per GPU"))
     ep = tp if entry.inputs.shape.moe and tp >= cfg.engine.expert_parallel_min_tp else 1
-    opt = Option(name, tp, False, "", precision=np_.precision, expert_parallel=ep,
-                 weight_bytes_per_gpu=np_.weight_bytes_per_gpu, kv_bytes_per_gpu=kv,
-                 reserve_bytes_per_gpu=np_.reserve_bytes_per_gpu, node_plan=np_)
+    opt = Option(model=name, tensor_parallel=tp, ok=False, reason="", precision=np_.precision,
+                 expert_parallel=ep, weight_bytes_per_gpu=np_.weight_bytes_per_gpu,
+                 kv_bytes_per_gpu=kv, reserve_bytes_per_gpu=np_.reserve_bytes_per_gpu,
+                 node_plan=np_)
     if headroom < 0:
         return dataclasses.replace(opt, reason=(
             f"TP {tp}: needs {_gib(opt.need_bytes_per_gpu)} per GPU (weights "
@@ -431,7 +433,7 @@ def _set_partitions(items: list[str]) -> Iterator[list[list[str]]]:
 # ---- the plan -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Placement:
     model: str
     served_name: str
@@ -463,7 +465,7 @@ class Placement:
         return self.weight_bytes_per_gpu + self.kv_bytes_per_gpu + self.reserve_bytes_per_gpu
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LayoutPlan:
     name: str
     node_type: str

@@ -58,7 +58,7 @@ class ModelSource:
     published: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RenderedLayout:
     """Every file of one layout (path relative to its directory -> text) and the objects."""
 
@@ -189,11 +189,12 @@ def render_inference_service(plan: LayoutPlan, p: Placement, spec: ModelSpec,
     config = layout_config(plan, p, spec, inputs, nodes, stack)
     served = layout_spec(spec, p)
     src_prec = source_precision(source.config_dtype, spec.source_precision)  # as kserve_manifest
-    r = render(RenderInputs(served, layout_deployment_plan(inputs, p), plan.node_type,
-                            nodes.node_types[plan.node_type], stack, deploy, config,
-                            evidence(config, None, None),
-                            storage_for(served, config.precision, src_prec, deploy,
-                                        source.published),
+    r = render(RenderInputs(spec=served, plan=layout_deployment_plan(inputs, p),
+                            node_type=plan.node_type, node=nodes.node_types[plan.node_type],
+                            stack=stack, deploy=deploy, config=config,
+                            evidence=evidence(config, None, None),
+                            storage=storage_for(served, config.precision, src_prec, deploy,
+                                                source.published),
                             packed=True, priority_class=priority_class_name(p.qos)))
     by_kind = {d["kind"]: copy.deepcopy(d) for d in r.docs}
     runtime, isvc = by_kind["ServingRuntime"], by_kind["InferenceService"]
@@ -380,11 +381,12 @@ def render_layout(plan: LayoutPlan, specs: dict[str, ModelSpec], inputs: dict[st
                                                   nodes, cfg, stack)
                  for p in plan.placements}
     launchers["gateway.sh"] = gateway_script(plan, cfg)
-    return RenderedLayout(plan.name, manifests,
-                          render_priority_classes(cfg, {p.qos for p in plan.placements}),
-                          gateway_config(plan, cfg, deploy), prometheus_config(plan, cfg, stack),
-                          launchers, gpu_sharing_objects(plan, cfg, nodes),
-                          tuple(grant_problems(plan, manifests, cfg, nodes)))
+    return RenderedLayout(
+        name=plan.name, manifests=manifests,
+        priority_classes=render_priority_classes(cfg, {p.qos for p in plan.placements}),
+        gateway=gateway_config(plan, cfg, deploy), prometheus=prometheus_config(plan, cfg, stack),
+        launchers=launchers, gpu_sharing=gpu_sharing_objects(plan, cfg, nodes),
+        grant_problems=tuple(grant_problems(plan, manifests, cfg, nodes)))
 
 
 def gpu_sharing_objects(plan: LayoutPlan, cfg: LayoutsConfig, nodes: NodesConfig

@@ -65,7 +65,7 @@ def _first(*values):
     return next((v for v in values if v is not None), None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuFacts:
     """One GPU of `nvidia-smi -q -x`; None where the tool reported nothing."""
 

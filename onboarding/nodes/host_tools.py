@@ -95,7 +95,7 @@ _LNKSTA = re.compile(r"^\s*LnkSta:\s*Speed ([^,]+?)(?: \(([^)]*)\))?, Width x(\d
                      r"(?: \(([^)]*)\))?")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PciLink:
     address: str
     kind: str  # lspci's class name: "3D controller", "Ethernet controller", ...
@@ -144,8 +144,8 @@ def parse_lspci_links(text: str) -> list[PciLink]:
         if (c := _LNKCAP.match(line)):
             cap = (c.group(1), int(c.group(2)))
         elif (s := _LNKSTA.match(line)) and cap is not None:
-            out.append(PciLink(dev[0], dev[1], dev[2], cap[0], cap[1], s.group(1),
-                               int(s.group(3))))
+            out.append(PciLink(address=dev[0], kind=dev[1], name=dev[2], cap_speed=cap[0],
+                               cap_width=cap[1], sta_speed=s.group(1), sta_width=int(s.group(3))))
             cap = None
     return out
 
@@ -172,10 +172,12 @@ def parse_pci_sysfs_links(text: str) -> list[PciLink]:
                 "Network controller", f"NIC {vendor}"
         else:
             continue
-        out.append(PciLink(m.group(1), kind, name, m.group(6).replace(" PCIe", "").replace(
-            ".0 GT/s", "GT/s").replace(" GT/s", "GT/s"), int(m.group(7)),
-            m.group(4).replace(" PCIe", "").replace(".0 GT/s", "GT/s").replace(" GT/s", "GT/s"),
-            int(m.group(5))))
+        out.append(PciLink(
+            address=m.group(1), kind=kind, name=name,
+            cap_speed=m.group(6).replace(" PCIe", "").replace(".0 GT/s", "GT/s").replace(
+                " GT/s", "GT/s"), cap_width=int(m.group(7)),
+            sta_speed=m.group(4).replace(" PCIe", "").replace(".0 GT/s", "GT/s").replace(
+                " GT/s", "GT/s"), sta_width=int(m.group(5))))
     return out
 
 
@@ -187,7 +189,7 @@ _EDAC = re.compile(r"EDAC (MC\d+): (\d+) (CE|UE)")
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KernelLog:
     mce: tuple[str, ...]
     aer_corrected: dict[str, int]  # device -> corrected AER lines
@@ -219,8 +221,8 @@ def parse_kernel_log(text: str) -> KernelLog:
                 ue += int(e.group(2))
         if (x := _XID.search(line)):
             xids.append(f"Xid {x.group(2)} on {x.group(1)}")
-    return KernelLog(tuple(mce), corrected, tuple(unc), ce, ue, tuple(xids),
-                     len(text.splitlines()))
+    return KernelLog(mce=tuple(mce), aer_corrected=corrected, aer_uncorrected=tuple(unc),
+                     edac_ce=ce, edac_ue=ue, xids=tuple(xids), lines=len(text.splitlines()))
 
 
 # ---- BMC (ipmitool) ----

@@ -92,7 +92,7 @@ def energy_j(samples: Sequence[Mapping[str, Any]], gpu: int) -> float | None:
     return sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in itertools.pairwise(power))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuWindow:
     """What one GPU did over a window of samples; None where the field was never read."""
 

@@ -152,7 +152,7 @@ def is_moe(model_config: dict[str, Any]) -> bool:
                ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PredictionRequest:
     """One configuration to predict; `model_config` is the config.json the library reads."""
 
@@ -207,7 +207,7 @@ def make_request(cfg: PredictConfig, model: str, model_config: dict[str, Any], n
 
 # ---- what came back ----
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Prediction:
     """AIConfigurator's answer for one request; numbers are None unless covered."""
 
@@ -431,7 +431,7 @@ def pair_points(points: Sequence[MeasuredPoint], predictions: Sequence[Predictio
     return pairs, skipped
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MetricCalibration:
     """measured/predicted over n points: k is their geometric mean; `spread` the geometric
     standard deviation minus one (0.2: a typical point lies within x/÷1.2 of k)."""
@@ -457,15 +457,16 @@ def calibrate_metric(metric: str, pairs: Iterable[CalibrationPair]) -> MetricCal
     ratios = [p.ratio for p in pairs if p.metric == metric]
     stats = tuple(sorted({p.stat for p in pairs if p.metric == metric}))
     if not ratios:
-        return MetricCalibration(metric, 0, None, None, None, None, stats)
+        return MetricCalibration(metric=metric, n=0, k=None, spread=None, ratio_min=None,
+                                 ratio_max=None, stats=stats)
     logs = [math.log(r) for r in ratios]
     mean = sum(logs) / len(logs)
     spread = None
     if len(logs) >= 2:
         var = sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)
         spread = math.exp(math.sqrt(var)) - 1
-    return MetricCalibration(metric, len(ratios), math.exp(mean), spread, min(ratios),
-                             max(ratios), stats)
+    return MetricCalibration(metric=metric, n=len(ratios), k=math.exp(mean), spread=spread,
+                             ratio_min=min(ratios), ratio_max=max(ratios), stats=stats)
 
 
 @dataclass(frozen=True)
@@ -484,7 +485,9 @@ class Calibration:
         return len({p.point for p in self.pairs})
 
     def of(self, metric: str) -> MetricCalibration:
-        return self.metrics.get(metric) or MetricCalibration(metric, 0, None, None, None, None)
+        return self.metrics.get(metric) or MetricCalibration(metric=metric, n=0, k=None,
+                                                             spread=None, ratio_min=None,
+                                                             ratio_max=None)
 
     def rows(self) -> list[dict[str, Any]]:
         return [{"metric": m.metric, "n": m.n, "k_measured_over_predicted": m.k,
@@ -587,7 +590,7 @@ def slo_verdict(p: CorrectedPrediction, slo: Slo) -> tuple[bool | None, str]:
 PredictFn = Callable[[int, int], Prediction]  # (tensor_parallel, batch_size) -> prediction
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SlaChoice:
     """TP and --max-num-seqs for one node type, chosen by the predicted SLOs within memory."""
 
@@ -641,8 +644,9 @@ def choose_by_sla(inputs: PlanInputs, node_type: str, nodes: NodesConfig, slo: S
     base = plan_node(inputs, node_type, nodes.node_types[node_type], nodes)
     target = inputs.target_concurrency
     if not base.feasible:
-        return SlaChoice(node_type, base.precision, None, None, "memory", None, base.reason,
-                         base, None)
+        return SlaChoice(node_type=node_type, precision=base.precision, tensor_parallel=None,
+                         max_num_seqs=None, basis="memory", sla_pass=None, reason=base.reason,
+                         node_plan=base, prediction=None)
     considered: list[str] = []
     passing: list[tuple[int, NodePlan, CorrectedPrediction]] = []
     covered_any = False
@@ -664,9 +668,11 @@ def choose_by_sla(inputs: PlanInputs, node_type: str, nodes: NodesConfig, slo: S
         why = ("no TP meets the SLO by prediction; the smallest that fits memory stands"
                if covered_any else "SLO not checked: no covered prediction; the smallest TP "
                "that fits memory stands")
-        return SlaChoice(node_type, base.precision, base.tensor_parallel, target,
-                         "sla" if covered_any else "memory", False if covered_any else None,
-                         why, base, None, tuple(considered))
+        return SlaChoice(node_type=node_type, precision=base.precision,
+                         tensor_parallel=base.tensor_parallel, max_num_seqs=target,
+                         basis="sla" if covered_any else "memory",
+                         sla_pass=False if covered_any else None, reason=why, node_plan=base,
+                         prediction=None, considered=tuple(considered))
     tp, at_tp, best = max(passing, key=lambda x: (x[2].tokens_per_s_per_gpu or 0.0, -x[0]))
     seqs, seq_notes = target, []
     limit = at_tp.max_sequences_at_context or target
@@ -685,8 +691,9 @@ def choose_by_sla(inputs: PlanInputs, node_type: str, nodes: NodesConfig, slo: S
               + (f" ({seq_notes[0]})" if seq_notes else ""))
     if tp != base.tensor_parallel:
         reason += f"; memory alone would take TP {base.tensor_parallel}"
-    return SlaChoice(node_type, base.precision, tp, seqs, "sla", True, reason, at_tp, best,
-                     tuple(considered + seq_notes))
+    return SlaChoice(node_type=node_type, precision=base.precision, tensor_parallel=tp,
+                     max_num_seqs=seqs, basis="sla", sla_pass=True, reason=reason, node_plan=at_tp,
+                     prediction=best, considered=tuple(considered + seq_notes))
 
 
 # ---- the predicted table of one model ----
@@ -775,7 +782,8 @@ POOLING_NOT_COVERED = ("not predicted: a pooling model (embed/rerank) has no dec
 
 
 def _pooling_not_predicted(req: PredictionRequest) -> Prediction:
-    return Prediction(req, "not_covered", "", "", notes=(POOLING_NOT_COVERED,))
+    return Prediction(request=req, status="not_covered", aic_version="", data_set="",
+                      notes=(POOLING_NOT_COVERED,))
 
 
 def model_config_for(spec: ModelSpec, checkpoint_config: dict[str, Any] | None
@@ -852,7 +860,8 @@ def predict_model(cfg: PredictConfig, spec: ModelSpec, model_config: dict[str, A
                     req = make_request(cfg, spec.id, model_config, node_type, precision, tp,
                                        inputs.target_concurrency, kv_cache_dtype=kv,
                                        expert_parallel=ep)
-                    predictions.append(Prediction(req, "not_applicable", "", "",
+                    predictions.append(Prediction(request=req, status="not_applicable",
+                                                  aic_version="", data_set="",
                                                   notes=(at.rejected[-1] if at.rejected
                                                          else at.reason,)))
                     continue

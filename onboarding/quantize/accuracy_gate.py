@@ -203,7 +203,7 @@ def scores_from_lm_eval(results: dict, samples: dict | None, gates: AccuracyGate
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PairedDifference:
     """b − a over the items both answered (paired), or from the two stderrs (unpaired).
 
@@ -242,13 +242,16 @@ def paired_difference(a: TaskScore, b: TaskScore, adjusted: bool = True) -> Pair
             p_lost, p_gained = (lost + 1) / (n + 2), (gained + 1) / (n + 2)
             center = p_gained - p_lost
             se = math.sqrt((p_lost + p_gained - center ** 2) / (n + 2))
-            return PairedDifference(mean_a, mean_b, (gained - lost) / n, se, True, n, center)
+            return PairedDifference(mean_a=mean_a, mean_b=mean_b, diff=(gained - lost) / n, se=se,
+                                    paired=True, n=n, center=center)
         diffs = [b.per_item[i] - a.per_item[i] for i in common]
         mean = sum(diffs) / n
         var_d = sum((d - mean) ** 2 for d in diffs) / (n - 1)
-        return PairedDifference(mean_a, mean_b, mean, math.sqrt(var_d / n), True, n)
+        return PairedDifference(mean_a=mean_a, mean_b=mean_b, diff=mean, se=math.sqrt(var_d / n),
+                                paired=True, n=n)
     se = math.sqrt((a.stderr or 0.0) ** 2 + (b.stderr or 0.0) ** 2)
-    return PairedDifference(a.value, b.value, b.value - a.value, se, False, min(a.n, b.n))
+    return PairedDifference(mean_a=a.value, mean_b=b.value, diff=b.value - a.value, se=se,
+                            paired=False, n=min(a.n, b.n))
 
 
 @dataclass(frozen=True, kw_only=True)

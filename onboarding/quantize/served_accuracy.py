@@ -20,7 +20,7 @@ from onboarding.quantize.accuracy_gate import AccuracyGates, TaskScore, paired_d
 AgreementVerdict = Literal["agree", "disagree", "unclear"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TaskAgreement:
     task: str
     metric: str
@@ -63,8 +63,9 @@ def task_agreement(in_process: TaskScore, served: TaskScore, gates: AccuracyGate
         verdict, reason = "agree", f"{numbers} within ±{tol:g}"
     else:
         verdict, reason = "unclear", f"{numbers} reaches beyond ±{tol:g}"
-    return TaskAgreement(in_process.task, in_process.metric, d.mean_a, d.mean_b, d.diff, low,
-                         high, d.se, d.paired, d.n, verdict, reason)
+    return TaskAgreement(task=in_process.task, metric=in_process.metric, in_process=d.mean_a,
+                         served=d.mean_b, diff=d.diff, diff_low=low, diff_high=high, se=d.se,
+                         paired=d.paired, n=d.n, verdict=verdict, reason=reason)
 
 
 def agreement(precision: str, in_process: dict[str, TaskScore], served: dict[str, TaskScore],

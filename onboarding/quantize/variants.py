@@ -27,7 +27,7 @@ class QuantizationError(OnboardingError):
     """A precision could not be produced for this checkpoint; the ladder moves on."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuantizedVariant:
     precision: str
     path: str | None  # exported HF checkpoint (None when quantization failed)
@@ -54,7 +54,7 @@ class QuantizedSet:
         return next((v for v in self.variants if v.precision == precision), None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GateOutcome:
     """One precision's accuracy decision, and the evidence's own verdict beside it: an
     inconclusive verdict is `passed` only under the `pass` policy (configs/gates.yaml)."""
@@ -74,8 +74,9 @@ class GateOutcome:
 
     @classmethod
     def of(cls, gate: GateResult, source: str) -> GateOutcome:
-        return cls(gate.precision, gate.passed, gate.reason, gate.verdict, source, gate.items,
-                   {t: list(f) for t, f in gate.looks.items()})
+        return cls(precision=gate.precision, passed=gate.passed, reason=gate.reason,
+                   verdict=gate.verdict, source=source, items=gate.items,
+                   looks={t: list(f) for t, f in gate.looks.items()})
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class AccuracyReport:
         return next((r for r in self.records if r.precision == precision), None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServedAccuracyReport:
     """The same tasks scored through the engine that serves each variant (`served_accuracy`)."""
 

@@ -270,7 +270,7 @@ class NodeVerdict:
     since: float  # the readiness materialization that first had this ready/not-ready state
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelReport:
     """What `readiness_report` stores: the verdict the page shows, since when, and where the
     page is. `fleet_report` reads these, the next report carries `since` over from them."""
@@ -302,16 +302,17 @@ def carry_since(previous: ModelReport | None, readiness: Readiness, readiness_at
         nodes.append(NodeVerdict(n.node_type, n.ready, n.reasons, n.config_hash,
                                  held(before.ready if before else None,
                                       before.since if before else None, n.ready)))
-    return ModelReport(readiness.model, readiness.ready, readiness.summary(), readiness.reasons,
-                       held(previous.ready if previous else None,
-                            previous.since if previous else None, readiness.ready),
-                       tuple(nodes), readiness_at)
+    return ModelReport(model=readiness.model, ready=readiness.ready,
+                       summary=readiness.summary(), reasons=readiness.reasons,
+                       since=held(previous.ready if previous else None,
+                                  previous.since if previous else None, readiness.ready),
+                       nodes=tuple(nodes), readiness_at=readiness_at)
 
 
 # ---- what the model page is made of ----
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ManifestRow:
     """One rendered manifest file, with what its InferenceService says about its numbers."""
 
@@ -339,8 +340,9 @@ def manifest_row(node_type: str, path: str, service: str, config_hash: str, meas
     notes = {k.removeprefix(ANNOTATION): str(v) for k, v in
              (isvc.get("metadata", {}).get("annotations") or {}).items()
              if k.startswith(ANNOTATION)}
-    return ManifestRow(node_type, path, service, config_hash, measured, published, valid,
-                       str(model.get("storageUri", "")), notes)
+    return ManifestRow(node_type=node_type, path=path, service=service, config_hash=config_hash,
+                       measured=measured, published=published, valid=valid,
+                       storage_uri=str(model.get("storageUri", "")), notes=notes)
 
 
 def read_sweep_csv(path: Path) -> tuple[dict[str, Any], ...]:
@@ -362,7 +364,7 @@ def read_sweep_csv(path: Path) -> tuple[dict[str, Any], ...]:
         return tuple({k: value(v) for k, v in row.items()} for row in csv.DictReader(f))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelFacts:
     """Everything the model page shows; None where that stage never ran for the model."""
 
@@ -453,8 +455,10 @@ def drop_points(report: AccuracyReport, gates: AccuracyGates | None
             low, high, basis = drop - z * se, drop + z * se, f"drop ± {z:g} x paired SE"
         allowed = _allowed_drop(r, gates)
         verdict = str(r.get("verdict") or ("pass" if r["passed"] else "fail"))
-        points.append(DropPoint(r["task"], r["precision"], 100 * drop, 100 * low, 100 * high,
-                                100 * allowed if allowed is not None else math.nan, verdict))
+        points.append(DropPoint(task=r["task"], precision=r["precision"], drop_pts=100 * drop,
+                                low_pts=100 * low, high_pts=100 * high,
+                                allowed_pts=100 * allowed if allowed is not None else math.nan,
+                                verdict=verdict))
         rows.append({"task": r["task"], "metric": r.get("metric"), "precision": r["precision"],
                      "n": r.get("n"), "baseline": r.get("baseline"), "variant": r.get("variant"),
                      "drop_pts": 100 * drop, "low_pts": 100 * low, "high_pts": 100 * high,
@@ -844,7 +848,7 @@ class FleetEntry:
     href: str = ""  # the model page, relative to the fleet page
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FleetRow:
     model: str
     node_type: str
@@ -877,14 +881,17 @@ def fleet_rows(entries: Iterable[FleetEntry], targets: Sequence[str]) -> tuple[F
             if r is None:
                 why = ("never judged: a plan-only catalog entry is never fetched, so it has no "
                        "readiness" if e.plan_only else "never judged: no readiness_report yet")
-                rows.append(FleetRow(e.model, nt, False, why, None, "", e.href, e.plan_only))
+                rows.append(FleetRow(model=e.model, node_type=nt, ready=False, why=why, since=None,
+                                     config_hash="", href=e.href, plan_only=e.plan_only))
             elif n is None:
                 why = "; ".join(r.reasons) or "no verdict for this node type"
-                rows.append(FleetRow(e.model, nt, False, why, r.since, "", e.href))
+                rows.append(FleetRow(model=e.model, node_type=nt, ready=False, why=why,
+                                     since=r.since, config_hash="", href=e.href))
             else:
                 why = ("every gate holds at the deployed configuration" if n.ready
                        else "; ".join(n.reasons))
-                rows.append(FleetRow(e.model, nt, n.ready, why, n.since, n.config_hash, e.href))
+                rows.append(FleetRow(model=e.model, node_type=nt, ready=n.ready, why=why,
+                                     since=n.since, config_hash=n.config_hash, href=e.href))
     return tuple(rows)
 
 

@@ -16,7 +16,7 @@ from onboarding.serving.plots import mark_frontend_bound
 VERDICT_COLOURS = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:orange"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DropPoint:
     """One task of one variant: the drop from the baseline and its interval, in metric points
     (percentage points of accuracy/exact match), against the allowed drop."""

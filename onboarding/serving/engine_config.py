@@ -33,7 +33,7 @@ PLAN_OWNED = ("tensor_parallel_size",)
 LAUNCH_OWNED = ("model", "served_model_name", "port", "host")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """The engine configuration of one model on one node type, with its content hash."""
 
@@ -153,7 +153,7 @@ def render_params(template: EngineTemplate, params: dict[str, Any]) -> list[str]
     return argv
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ConfigInputs:
     """What one configuration is built from (the plan's numbers for a GPU node type, nothing
     planned for the local CPU engine)."""
@@ -231,7 +231,7 @@ def _check_twin_template(template: EngineTemplate, ci: ConfigInputs) -> None:
             f"engines.{ci.engine}.args if the engine takes random weights.")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Evidence:
     """What a manifest for one node type can claim: measurements taken at exactly its
     configuration (same hash, same node type), or why there are none."""
@@ -259,7 +259,7 @@ def evidence(config: EngineConfig, timing: LoadTimingResult | None,
     never measured here, whatever a result claims."""
     h = config.hash
     if config.never_measured:
-        return Evidence(h, False, f"unmeasured: {config.never_measured}")
+        return Evidence(config_hash=h, measured=False, basis=f"unmeasured: {config.never_measured}")
 
     def at_this(r) -> bool:
         return r is not None and r.config_hash == h and r.node_type == config.node_type
@@ -268,13 +268,15 @@ def evidence(config: EngineConfig, timing: LoadTimingResult | None,
         seen = [f"{r.node_type} at {r.config_hash or 'no hash'}" for r in (timing, bench)
                 if r is not None and r.servable]
         where = f" (measured: {', '.join(sorted(set(seen)))})" if seen else ""
-        return Evidence(h, False, f"unmeasured: configuration {h} was never measured on "
+        return Evidence(config_hash=h, measured=False,
+                        basis=f"unmeasured: configuration {h} was never measured on "
                         f"{config.node_type}{where}")
     timed, benched = at_this(timing), at_this(bench)
     facts = summarize_facts(getattr(timing, "kernels", ())) if timed else {}
     verdict = getattr(timing, "kernel_verdict", None) if timed else None
     return Evidence(
-        h, True, f"measured on {config.node_type} at configuration {h} ({config.engine} "
+        config_hash=h, measured=True,
+        basis=f"measured on {config.node_type} at configuration {h} ({config.engine} "
         f"{config.engine_version})",
         cold_start_p95_s=timing.cold_start_p95_s if timed else None,
         cold_start_samples=(getattr(timing, "cold_start_samples", 0) or None) if timed else None,

@@ -430,7 +430,7 @@ class StackFile(BaseModel):
         return self
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Stack:
     """The serving stack, typed: the engine the manifests run and its images, the switches, and
     every engine's template and images (`templates`, `images_by_engine`)."""

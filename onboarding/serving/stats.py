@@ -46,7 +46,7 @@ def is_documented_cause(cause: str | None) -> bool:
     return cause is not None and (cause in ERROR_CAUSES or bool(_HTTP_CAUSE.fullmatch(cause)))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RequestRecord:
     """One request as the client saw it; times are seconds from the request's send."""
 
@@ -116,7 +116,7 @@ def parse_error_causes(text: object) -> dict[str, int]:
             if k.strip()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PointStats:
     """One load point (a concurrency or a request rate) of one scenario."""
 
@@ -342,7 +342,7 @@ node that never ran this configuration); cold_weights: weights evicted, caches w
 after the page cache was dropped); warm: weights in the page cache."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoadTimingResult:
     model: str
     precision: str  # the precision measured (the baseline's when it stood in)
@@ -367,7 +367,7 @@ class LoadTimingResult:
     kernel_verdict: KernelVerdict | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServingBenchmarkResult:
     model: str
     precision: str
@@ -443,7 +443,7 @@ def headline(model: str, precision: str, node_type: str, gpus: int, slo: Slo,
     return result, basis, violations
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StartSample:
     """One engine start of a kind in START_KINDS."""
 

@@ -62,6 +62,7 @@ def rotten_shard(instance, resources, config_dir, s3_store, tiny_checkpoint, uni
     return shard
 
 
+@pytest.mark.slow
 def test_materializes_with_metadata_checks_and_content_version(
         instance, resources, config_dir, s3_store, tiny_checkpoint, unique_prefix):
     s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
@@ -90,6 +91,7 @@ def test_unknown_model_names_the_catalog(instance, resources, config_dir):
     assert "'ghost': not in the catalog" in _error(result)
 
 
+@pytest.mark.slow
 def test_corrupt_object_fails_integrity_and_keeps_the_earlier_entry(
         instance, resources, config_dir, s3_store, tiny_checkpoint, unique_prefix):
     s3_store.upload_dir(tiny_checkpoint, "models", unique_prefix)
@@ -119,6 +121,7 @@ def test_missing_shard_fails_completeness(instance, resources, config_dir, s3_st
     assert not result.success and _checks(result) == {COMPLETE: False}
 
 
+@pytest.mark.slow
 def test_bytes_rotted_on_disk_fail_integrity_and_the_next_run_fetches_again(
         instance, resources, tiny_checkpoint, rotten_shard):
     rotten = _run(instance, resources)  # the warm path's size check cannot see the rot

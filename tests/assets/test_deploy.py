@@ -75,6 +75,7 @@ def checks(result: dg.ExecuteInJobResult) -> dict[str, dg.AssetCheckEvaluation]:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
 
 
+@pytest.mark.slow
 def test_plan_only_models_render_valid_manifests_marked_as_estimates(
         env: Path, instance, configs, outputs):
     instance.add_dynamic_partitions("models", list(PLAN_ONLY))
@@ -120,6 +121,7 @@ def test_plan_only_models_render_valid_manifests_marked_as_estimates(
     assert all("not published" in why for why in not_routed.values())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(),
                     reason="SmolLM2 not built: python scripts/build_smollm2.py "
                     ".cache/smollm2-135m-instruct")
@@ -134,11 +136,13 @@ def test_small_real_model_carries_what_was_measured_at_its_configuration(
     instance.add_dynamic_partitions("models", [key])
     store_upstream(
         instance, key,
-        checkpoint=CheckpointRef(key, "s3://models/smollm2-135m-instruct/", "r", str(SMOLLM2),
-                                 "base", weight_bytes),
+        checkpoint=CheckpointRef(model=key, source="s3://models/smollm2-135m-instruct/",
+                                 revision="r", path=str(SMOLLM2), content_hash="base",
+                                 total_bytes=weight_bytes),
         serving_variant=VariantRef(key, "bf16", str(SMOLLM2), weight_bytes, "base",
                                    weight_bytes),
-        accuracy=AccuracyReport(key, (), (GateOutcome("fp8", False, "drop too large"),)))
+        accuracy=AccuracyReport(key, (), (GateOutcome(precision="fp8", passed=False,
+                                                      reason="drop too large"),)))
     planned = dg.materialize([serving_config, *UPSTREAM], instance=instance, partition_key=key,
                              resources=resources(configs, outputs))
     hashes = metadata(planned, "serving_config")["config_hashes"]
@@ -149,11 +153,13 @@ def test_small_real_model_carries_what_was_measured_at_its_configuration(
     assert plan_rows["b300"]["weight_bytes"] == weight_bytes
     store_upstream(
         instance, key,
-        load_timing=LoadTimingResult(key, "bf16", True, "", cold_start_p50_s=70.0,
-                                     cold_start_p95_s=75.0, warm_start_p50_s=9.0,
-                                     weight_bytes=weight_bytes, node_type="h200",
-                                     config_hash=hashes["h200"]),
-        serving_benchmark=ServingBenchmarkResult(key, "bf16", "h200", 1, True, 321.5, 16, True,
+        load_timing=LoadTimingResult(model=key, precision="bf16", servable=True, reason="",
+                                     cold_start_p50_s=70.0, cold_start_p95_s=75.0,
+                                     warm_start_p50_s=9.0, weight_bytes=weight_bytes,
+                                     node_type="h200", config_hash=hashes["h200"]),
+        serving_benchmark=ServingBenchmarkResult(model=key, precision="bf16", node_type="h200",
+                                                 gpus=1, servable=True, tokens_per_s_per_gpu=321.5,
+                                                 saturation_concurrency=16, slo_pass=True,
                                                  config_hash="ffffffffffff"))
 
     result = materialize(instance, key, configs, outputs)
@@ -188,6 +194,7 @@ def test_small_real_model_carries_what_was_measured_at_its_configuration(
         "model-onboarding.io/configuration"]
 
 
+@pytest.mark.slow
 def test_unmeasured_configurations_can_be_kept_out_of_the_manifests(env: Path, config_dir: Path,
                                                                     instance, configs,
                                                                     outputs):
@@ -224,6 +231,7 @@ def test_infeasible_everywhere_fails_the_plan_gate_with_the_shortfall(env: Path,
     assert not (env / key / "h100.yaml").exists()
 
 
+@pytest.mark.slow
 def test_manifest_invalid_for_the_configured_crd_blocks_the_routes(env: Path, tmp_path: Path,
                                                                    instance, configs, outputs):
     """An older cluster CRD without predictor.maxReplicas: the check names that path."""
@@ -249,6 +257,7 @@ def test_manifest_invalid_for_the_configured_crd_blocks_the_routes(env: Path, tm
     assert "gateway_routes" not in materialized
 
 
+@pytest.mark.slow
 def test_plan_model_job_runs_the_deploy_stage_for_a_plan_only_model(env: Path, instance,
                                                                   configs, outputs):
     from assets.deploy import defs as deploy_defs
@@ -267,6 +276,7 @@ def test_plan_model_job_runs_the_deploy_stage_for_a_plan_only_model(env: Path, i
     assert all(c.passed for c in result.get_asset_check_evaluations())
 
 
+@pytest.mark.slow
 def test_the_gateway_is_one_unpartitioned_table_over_every_model(env: Path, instance, configs,
                                                                  outputs):
     """gateway_routes is not a partition: one table fed by every partition of kserve_manifest,

@@ -33,6 +33,7 @@ def test_three_fully_cold_starts_make_a_p95_and_the_check_is_rejudged(run_config
     assert check["passed"] is (timing.cold_start_p95_s <= budget_s) is False
 
 
+@pytest.mark.slow
 def test_the_h200_manifest_sizes_its_startup_probe_from_the_three_start_p95(
         instance, run_configs, outputs, tmp_path):
     """Fed these starts' load timing (the same configuration as the stages' sweep), the h200

@@ -45,6 +45,7 @@ def measured(model: str):
         rec.recorded("engine_choice", name), name, "h200")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", sorted(STEPS))
 def test_each_engine_ran_the_configuration_the_plan_gives_h200_at_the_runs_pins(plans, model):
     """The hashes the device recorded are the plan's, for both engines: a template or plan

@@ -170,6 +170,7 @@ def test_the_recorded_checkpoint_config_is_the_one_fetched_there():
     assert f"| config.json | 818 | `{digest[:16]}" in table
 
 
+@pytest.mark.slow
 def test_at_the_run_stack_the_h200_manifest_is_the_one_rendered_there(
         instance, run_configs, outputs, tmp_path):
     """The device's B call saw no load_timing (README): replayed the same way, both manifests
@@ -202,6 +203,7 @@ def test_at_the_run_stack_the_h200_manifest_is_the_one_rendered_there(
     assert b300["labels"]["model-onboarding.io/measured"] == "false"  # never on a B300
 
 
+@pytest.mark.slow
 def test_with_the_load_timing_measured_there_only_the_startup_probe_changes(
         instance, run_configs, outputs, tmp_path):
     """load_timing ran at the same configuration on the first machine (call T); fed here, the
@@ -228,6 +230,7 @@ def test_with_the_load_timing_measured_there_only_the_startup_probe_changes(
     assert probe["failureThreshold"] < device_probe["failureThreshold"]  # 1800 s default
 
 
+@pytest.mark.slow
 def test_at_the_repository_stack_the_same_recordings_claim_nothing(
         instance, repo_configs, outputs, tmp_path):
     """configs/stack.yaml pins another vLLM: the h200 configuration hashes differently, so the

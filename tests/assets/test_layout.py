@@ -56,6 +56,7 @@ def metadata(result) -> dict:
     return {k: v.value for k, v in event.materialization.metadata.items()}
 
 
+@pytest.mark.slow
 def test_plan_only_layouts_render_every_output_and_pass_both_checks(env, instance, configs,
                                                                       outputs):
     instance.add_dynamic_partitions("models", list(MODELS))
@@ -83,6 +84,7 @@ def test_plan_only_layouts_render_every_output_and_pass_both_checks(env, instanc
     assert isvc["spec"]["predictor"]["priorityClassName"] == "model-latency-critical"
 
 
+@pytest.mark.slow
 def test_a_measured_benchmark_is_preferred_and_said(env, instance, configs, outputs):
     """serving_benchmark of qwen3-32b on b300 at 2 GPUs in nvfp4 replaces the rule there, and
     only there: the h200 layout (another node type) keeps the rule."""
@@ -100,6 +102,7 @@ def test_a_measured_benchmark_is_preferred_and_said(env, instance, configs, outp
     assert metadata(result)["upstream_present"]["serving_benchmark"] == ["qwen3-32b"]
 
 
+@pytest.mark.slow
 def test_an_infeasible_layout_fails_the_blocking_check_with_its_reason(env, instance, configs,
                                                                        outputs):
     path = env / "layouts.yaml"
@@ -117,6 +120,7 @@ def test_an_infeasible_layout_fails_the_blocking_check_with_its_reason(env, inst
     assert not (outputs.manifests / "layouts" / "too-much").exists()
 
 
+@pytest.mark.slow
 def test_plan_layouts_job_runs_it_and_onboarding_leaves_it_out(env, instance, configs, outputs):
     """Layouts span models: their own job plans them; one model's onboarding run never does
     (an infeasible layout must not fail it)."""

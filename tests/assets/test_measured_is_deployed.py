@@ -71,8 +71,9 @@ def stand_ins(path: Path):
 
     @dg.asset(name="checkpoint", partitions_def=models_partitions)
     def _checkpoint() -> CheckpointRef:
-        return CheckpointRef(KEY, "s3://models/tiny/", "r1", str(path),
-                             manifest["content_hash"], sum(f["size"] for f in manifest["files"]))
+        return CheckpointRef(model=KEY, source="s3://models/tiny/", revision="r1", path=str(path),
+                             content_hash=manifest["content_hash"],
+                             total_bytes=sum(f["size"] for f in manifest["files"]))
 
     @dg.asset(name="serving_variant", partitions_def=models_partitions)
     def _variant() -> VariantRef:
@@ -117,6 +118,7 @@ def _normalized(args: list[str], model_path: str, port: int) -> list[str]:
     return [a.replace(f"--port={port}", "--port=<port>") for a in out]
 
 
+@pytest.mark.slow
 def test_the_benchmarked_engine_command_is_the_rendered_container_args(
         config_dir, configs, outputs, model_dir, h200_engine, s3_store, tmp_path):
     write_spec(config_dir, KEY, "s3://models/tiny/", precision_ladder=["bf16"],
@@ -161,6 +163,7 @@ def test_the_benchmarked_engine_command_is_the_rendered_container_args(
     assert slo.metadata["gate"].value.startswith("blocking (gpu profile")
 
 
+@pytest.mark.slow
 def test_a_missed_slo_in_the_gpu_profile_blocks_the_manifest(
         config_dir, configs, outputs, model_dir, h200_engine, s3_store):
     write_spec(config_dir, KEY, "s3://models/tiny/", precision_ladder=["bf16"],

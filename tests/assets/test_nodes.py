@@ -78,6 +78,7 @@ def checks_of(result, asset: str) -> dict[str, acc.Check]:
     return {c.name: c for c in result.output_for_node(asset).checks}
 
 
+@pytest.mark.slow
 def test_on_this_machine_no_gpu_is_not_checked_and_the_node_not_qualified(
         instance, config_dir, configs, outputs, tmp_path):
     register(config_dir, gpus=8)
@@ -160,6 +161,7 @@ def accept_recorded_node(instance, config_dir, configs, outputs, tmp_path
                           resources=res)
 
 
+@pytest.mark.slow
 def test_a_recorded_healthy_node_is_qualified_with_its_report(
         instance, config_dir, configs, outputs, tmp_path):
     result = accept_recorded_node(instance, config_dir, configs, outputs, tmp_path)
@@ -187,6 +189,7 @@ def test_a_recorded_healthy_node_is_qualified_with_its_report(
     assert check.passed
 
 
+@pytest.mark.slow
 def test_the_serving_gate_reads_the_verdict_and_the_driver(
         instance, config_dir, configs, outputs, tmp_path):
     accept_recorded_node(instance, config_dir, configs, outputs, tmp_path)
@@ -210,9 +213,12 @@ def test_the_serving_gate_reads_the_verdict_and_the_driver(
 
 def _stored_acceptance(qualified: bool, reasons: tuple[str, ...], facts: dict
                        ) -> acc.NodeAcceptance:
-    return acc.NodeAcceptance(NODE, "h200", qualified, reasons, (), (), facts, "fp", 1.0e9)
+    return acc.NodeAcceptance(node=NODE, node_type="h200", qualified=qualified, reasons=reasons,
+                              phases=(), checks=(), stack_facts=facts, stack_fingerprint="fp",
+                              accepted_at=1.0e9)
 
 
+@pytest.mark.slow
 def test_the_serving_gate_reads_the_stored_verdict_not_the_metadata(instance):
     """The gate reads the `NodeAcceptance` value node_acceptance stored. Before, it read the
     `qualified` and markdown `reasons` metadata: a verdict stored without that text was taken

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import dagster as dg
+import pytest
 import yaml
 
 from assets.deploy import kserve_manifest, serving_config
@@ -52,6 +53,7 @@ def _alerts(path: Path) -> dict[str, dict]:
             for r in g["rules"] if "alert" in r}
 
 
+@pytest.mark.slow
 def test_measured_configuration_alerts_and_scales_at_its_saturation_point(
         instance, run_configs, tmp_path):  # noqa: F811
     result, out = replay(instance, run_configs, tmp_path)
@@ -71,6 +73,7 @@ def test_measured_configuration_alerts_and_scales_at_its_saturation_point(
     assert 'modelName=~"NVIDIA[- ]B300[- ]SXM6[- ]AC"' in b300["GPUXidError"]["expr"]
 
 
+@pytest.mark.slow
 def test_unmeasured_configuration_gets_no_measured_threshold_and_says_why(
         instance, repo_configs, tmp_path):  # noqa: F811
     result, out = replay(instance, repo_configs, tmp_path)

@@ -60,6 +60,7 @@ def run(instance, selection, configs: ConfigFiles, outputs: OutputDirs, tmp_path
                    "optional_upstream": optional_upstream})
 
 
+@pytest.mark.slow
 def test_predictions_uncorrected_then_corrected_by_the_calibration(small, configs, outputs,
                                                                    tmp_path):
     with dg.instance_for_test() as instance:
@@ -97,6 +98,7 @@ def test_predictions_uncorrected_then_corrected_by_the_calibration(small, config
         assert "## SLA choice per node type" in report.read_text()
 
 
+@pytest.mark.slow
 def test_a_model_the_data_set_cannot_describe_is_reported_not_guessed(small, configs, outputs,
                                                                       tmp_path):
     _edit(small / "models" / f"{MODEL}.yaml",

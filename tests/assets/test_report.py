@@ -44,6 +44,7 @@ def output(result: dg.ExecuteInJobResult, asset: str):
     return result.output_for_node(asset)
 
 
+@pytest.mark.slow
 def test_model_and_fleet_pages_from_the_stored_values(instance, configs, outputs):
     shutil.copy(PROJECT_ROOT / "configs" / "models" / f"{SMALL}.yaml", configs.models_path)
     store_model(instance, ready_model(), configs, outputs)
@@ -90,6 +91,7 @@ def test_model_and_fleet_pages_from_the_stored_values(instance, configs, outputs
     assert listed.stdout.split() == [fleet.html_path, report.html_path]
 
 
+@pytest.mark.slow
 def test_since_holds_while_the_state_holds_and_moves_when_it_changes(instance, configs,
                                                                      outputs):
     stored = ready_model()
@@ -113,6 +115,7 @@ def test_since_holds_while_the_state_holds_and_moves_when_it_changes(instance, c
         "b300": first.node("b300").since, "h200": changed.readiness_at}
 
 
+@pytest.mark.slow
 def test_a_not_ready_model_shows_each_reason(instance, configs, outputs):
     store_model(instance, stand_in_model(), configs, outputs)
     result = materialize_reports(instance, BIG, configs, outputs)
@@ -139,6 +142,7 @@ class StandInAcceptance:
     accepted_at: float
 
 
+@pytest.mark.slow
 def test_the_fleet_shows_node_acceptance_from_its_stored_values(instance, configs, outputs):
     @dg.asset(name="node_acceptance", partitions_def=nodes_partitions)
     def node_acceptance(context) -> StandInAcceptance:
@@ -160,6 +164,7 @@ def test_the_fleet_shows_node_acceptance_from_its_stored_values(instance, config
     assert "| gpu-node-1 | h200 | no | 1: go, 2: no-go |" in md
 
 
+@pytest.mark.slow
 def test_the_fleet_reads_the_reports_there_are_without_a_warning_per_missing_one(
         instance, configs, outputs):
     """A registered model never reported (a plan-only entry) is listed as never judged, and

@@ -116,6 +116,7 @@ def check_result(result, name: str = SLO_CHECK) -> dg.AssetCheckEvaluation:
                 and e.event_specific_data.check_name == name)
 
 
+@pytest.mark.slow
 def test_timing_and_benchmark_emit_what_the_plan_reads(config_dir, model_dir, fake_engine):
     write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat", "rag"],
                engine_args={"max_model_len": 2048})
@@ -174,14 +175,16 @@ def accept(instance: dg.DagsterInstance, node: str, qualified: bool, facts: dict
     reads)."""
     @dg.asset(name="node_acceptance", partitions_def=nodes_partitions)
     def _acceptance():
-        return NodeAcceptance(node, "h200", qualified,
-                              () if qualified else ("phase 2 burn_xid: XID 79",), (), (), facts,
-                              "fp", 1.7e9)
+        return NodeAcceptance(node=node, node_type="h200", qualified=qualified,
+                              reasons=() if qualified else ("phase 2 burn_xid: XID 79",),
+                              phases=(), checks=(), stack_facts=facts, stack_fingerprint="fp",
+                              accepted_at=1.7e9)
 
     instance.add_dynamic_partitions(nodes_partitions.name, [node])
     assert dg.materialize([_acceptance], instance=instance, partition_key=node).success
 
 
+@pytest.mark.slow
 def test_a_profile_requiring_acceptance_counts_results_only_on_an_accepted_node(
         config_dir, model_dir, fake_engine):
     write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"],
@@ -213,6 +216,7 @@ def test_a_profile_requiring_acceptance_counts_results_only_on_an_accepted_node(
     assert all(c.passed for c in checks.values()) and len(checks) == 2
 
 
+@pytest.mark.slow
 def test_slo_miss_fails_the_check_with_the_numbers(config_dir, model_dir, fake_engine):
     write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"],
                slo={"itl_mean_ms": 0.5})
@@ -228,6 +232,7 @@ def test_slo_miss_fails_the_check_with_the_numbers(config_dir, model_dir, fake_e
     assert any("mean ITL" in v and "> 0.5 ms" in v for v in violations)
 
 
+@pytest.mark.slow
 def test_nvfp4_on_cpu_measures_the_baseline_in_its_place_and_says_so(config_dir, model_dir,
                                                                        fake_engine):
     write_spec(config_dir, KEY, "s3://models/tiny/")
@@ -261,6 +266,7 @@ def test_without_substitution_nvfp4_on_cpu_is_recorded_and_nothing_starts(
     assert not Path(fake_engine.log_dir).exists()  # no engine was started
 
 
+@pytest.mark.slow
 def test_scenario_longer_than_max_model_len_fails_before_the_engine_starts(
         config_dir, model_dir, fake_engine):
     write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["rag"],
@@ -280,11 +286,12 @@ def test_scenario_longer_than_max_model_len_fails_before_the_engine_starts(
 def stub_load_timing():
     @dg.asset(name="load_timing", partitions_def=models_partitions)
     def _load_timing() -> LoadTimingResult:
-        return LoadTimingResult(KEY, "bf16", True, "")
+        return LoadTimingResult(model=KEY, precision="bf16", servable=True, reason="")
 
     return _load_timing
 
 
+@pytest.mark.slow
 def test_an_engine_that_dies_mid_sweep_fails_the_step_with_its_exit_code_and_keeps_the_points(
         config_dir, model_dir, fake_engine, tmp_path, monkeypatch):
     """The fake engine crashes during the 15th completion (the readiness probe is the 1st,
@@ -329,6 +336,7 @@ def test_an_engine_that_dies_mid_sweep_fails_the_step_with_its_exit_code_and_kee
     assert _fake_engine_group_gone(tmp_path / "record.json")
 
 
+@pytest.mark.slow
 def test_the_sweep_runs_where_load_timing_never_materialized(config_dir, model_dir, fake_engine,
                                                              tmp_path):
     """load_timing fails on a node that cannot evict the page cache (a gVisor sandbox: fadvise
@@ -357,6 +365,7 @@ def _starts(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow
 def test_the_quick_pass_makes_one_start_the_cold_start_check_judges_and_benchmarks_on_it(
         config_dir, model_dir, fake_engine, tmp_path, monkeypatch):
     """The shipped quick sweep (configs/automation.yaml): load_timing starts the
@@ -378,6 +387,7 @@ def test_the_quick_pass_makes_one_start_the_cold_start_check_judges_and_benchmar
     assert b["engine_start"].startswith("reused load_timing's fully_cold start")
 
 
+@pytest.mark.slow
 def test_the_benchmark_measures_on_load_timings_last_start_not_a_start_of_its_own(
         config_dir, model_dir, fake_engine, tmp_path, monkeypatch):
     """One run, one configuration: load_timing's starts (2 fully cold, 1 cold weights, 1 warm)
@@ -399,6 +409,7 @@ def test_the_benchmark_measures_on_load_timings_last_start_not_a_start_of_its_ow
     assert [group_members(s["pid"]) for s in seen] == [[], [], [], []]
 
 
+@pytest.mark.slow
 def test_a_handed_off_engine_is_reaped_at_the_end_of_a_run_without_the_benchmark(
         config_dir, model_dir, fake_engine, tmp_path, monkeypatch):
     from tests.resources.test_engine import group_members
@@ -456,6 +467,7 @@ def _recorded_sweep(config_dir, model_dir, fake_engine, tmp_path, concurrency: l
     return [json.loads(line) for line in record.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_each_scenario_is_warmed_once_before_its_first_point_with_its_warmups_together(
         config_dir, model_dir, fake_engine, tmp_path):
     """Warm-up requests exist to take the engine past its first requests of a scenario's
@@ -473,6 +485,7 @@ def test_each_scenario_is_warmed_once_before_its_first_point_with_its_warmups_to
     assert len({w for p in points for w in p["warmup"]}) == 2 * warmups  # each scenario its own
 
 
+@pytest.mark.slow
 def test_no_point_of_the_sweep_resends_a_prompt_an_earlier_point_sent(config_dir, model_dir,
                                                                         fake_engine, tmp_path):
     """Every load point measures prompts the engine has not seen: a prompt sent again is served
@@ -501,6 +514,7 @@ def _recorded_nvfp4_start(tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("hardware", "passed"), [("sm90", True), ("sm103", False)])
 def test_the_kernel_check_reads_what_each_start_ran(config_dir, model_dir, tmp_path, monkeypatch,
                                                     configs, hardware, passed):

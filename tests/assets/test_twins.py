@@ -53,6 +53,9 @@ from resources.upstream import optional_upstream
 from tests.conftest import ACCESS_KEY, SECRET_KEY
 from tests.dagster_support import metadata
 
+# the twin through the graph in one instance, end to end
+pytestmark = pytest.mark.slow
+
 KEY = "llama-3-1-8b-instruct-twin"
 ASSETS = [checkpoint, quantized, accuracy, served_accuracy, serving_variant, serving_config,
           load_timing, serving_benchmark, published_variant, kserve_manifest, readiness,

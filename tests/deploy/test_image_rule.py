@@ -82,6 +82,8 @@ def test_a_config_whose_image_the_rule_does_not_produce_is_not_rendered():
     spec, p, config = configured("llama-3-1-70b-instruct", "b300")
     stale = dataclasses.replace(config, image="docker.io/vllm/vllm-openai:v0.32.0-cu130")
     with pytest.raises(ConfigError, match=r"v0\.32\.0-cu130.*not the tag"):
-        render(RenderInputs(spec, p, "b300", NODES.node_types["b300"], configured.__globals__[
-            "STACK"], DEPLOY, stale, evidence(stale, None, None),
-            storage_for(spec, stale.precision, "bf16", DEPLOY, None)))
+        render(RenderInputs(
+            spec=spec, plan=p, node_type="b300", node=NODES.node_types["b300"],
+            stack=configured.__globals__["STACK"], deploy=DEPLOY, config=stale,
+            evidence=evidence(stale, None, None),
+            storage=storage_for(spec, stale.precision, "bf16", DEPLOY, None)))

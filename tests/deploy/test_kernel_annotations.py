@@ -36,13 +36,15 @@ def _annotations(with_timing: bool) -> dict[str, str]:
                                   FP8_START.read_text().splitlines())
         starts = (StartKernels("fully_cold", facts), StartKernels("warm", facts))
         timing = LoadTimingResult(
-            spec.id, config.precision, True, "", cold_start_p50_s=90.0, cold_start_p95_s=99.0,
+            model=spec.id, precision=config.precision, servable=True, reason="",
+            cold_start_p50_s=90.0, cold_start_p95_s=99.0,
             node_type="h200", config_hash=config.hash, kernels=starts,
             kernel_verdict=judge(nodes.kernel_gate, config.engine, config.precision,
                                  nodes.node_types["h200"].arch, starts))
-    r = render(RenderInputs(spec, p, "h200", nodes.node_types["h200"], stack, deploy, config,
-                            evidence(config, timing, None),
-                            storage_for(spec, config.precision, "bf16", deploy, None)))
+    r = render(RenderInputs(spec=spec, plan=p, node_type="h200", node=nodes.node_types["h200"],
+                            stack=stack, deploy=deploy, config=config,
+                            evidence=evidence(config, timing, None),
+                            storage=storage_for(spec, config.precision, "bf16", deploy, None)))
     isvc = next(d for d in r.docs if d["kind"] == "InferenceService")
     return isvc["metadata"]["annotations"]
 

@@ -68,6 +68,7 @@ def _kserve_add_model_mount(pod_spec: dict, pvc: str) -> dict:
     return spec
 
 
+@pytest.mark.slow
 def test_a_cached_pod_waits_for_the_node_folder_kserve_mounts():
     r, pub, config = _cached_manifest()
     isvc = next(d for d in r.docs if d["kind"] == "InferenceService")
@@ -109,6 +110,7 @@ def _gate_script(folder: Path) -> list[str]:
     return [cmd[0], cmd[1], cmd[2].replace(CACHE_WAIT_MOUNT, str(folder))]
 
 
+@pytest.mark.slow
 def test_the_gate_holds_until_the_filler_completes_the_folder(s3_store, published, tmp_path):
     """The init container's own command, run against the node folder: it keeps waiting on an
     empty one and on the files without the filler's last step, and ends once `fill` (the

@@ -64,8 +64,10 @@ def limits(configs: ConfigFiles, node_type: str) -> NodeLimits:
 
 
 def target(config_hash: str, node_type: str = rec.NODE_TYPE) -> Target:
-    return Target(rec.MODEL, rec.MODEL, node_type, "models", f"{rec.MODEL}-{node_type}", "bf16",
-                  1, config_hash, 8080, "/metrics", "NVIDIA-H200")
+    return Target(model=rec.MODEL, served_name=rec.MODEL, node_type=node_type, namespace="models",
+                  service=f"{rec.MODEL}-{node_type}", precision="bf16", tensor_parallel=1,
+                  config_hash=config_hash, port=8080, metrics_path="/metrics",
+                  gpu_product="NVIDIA-H200")
 
 
 def rendered(h200, config_hash: str | None = None) -> Operations:
@@ -286,6 +288,7 @@ def _run_unit_tests(tmp_path: Path, ops: Operations, tests: dict) -> subprocess.
     return _promtool("test", "rules", str(tmp_path / "tests.yml"))
 
 
+@pytest.mark.slow
 @needs_promtool
 def test_alerts_fire_on_recorded_breaches_and_stay_quiet_at_the_operating_point(h200, tmp_path):
     _, _, bench, _ = h200
@@ -296,6 +299,7 @@ def test_alerts_fire_on_recorded_breaches_and_stay_quiet_at_the_operating_point(
     assert "SUCCESS" in proc.stdout
 
 
+@pytest.mark.slow
 @needs_promtool
 def test_the_unit_tests_can_fail(h200, tmp_path):
     """Expecting the queue alert at the operating point, or the saturation threshold moved
@@ -375,6 +379,7 @@ def test_an_llm_inference_service_is_scraped_and_scaled_as_kserve_runs_it(h200):
     assert all(validator.validate(d) == [] for d in ops.docs)
 
 
+@pytest.mark.slow
 def test_the_llm_inference_service_scaling_field_is_kserves():
     """deploy.yaml's replicas as KServe v0.20.0's LLMInferenceService takes them: a fixed count
     is `replicas`, a range `scaling` (min/max, WVA with the KEDA actuator); valid against the

@@ -51,7 +51,7 @@ def stand_ins(ckpt: Path) -> list[dg.AssetsDefinition]:
     @dg.asset(name="quantized", partitions_def=models_partitions)
     def _quantized() -> QuantizedSet:
         return QuantizedSet(KEY, str(ckpt), 1, (QuantizedVariant(
-            "fp8", None, None, error="not quantized in this test"),))
+            precision="fp8", path=None, state_path=None, error="not quantized in this test"),))
 
     return [_checkpoint, _quantized]
 

@@ -103,8 +103,8 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, o
     @dg.asset(name="checkpoint", partitions_def=models_partitions)
     def stub_checkpoint() -> CheckpointRef:
         v = smol(model_dir)
-        return CheckpointRef(KEY, "s3://models/smollm2-135m-instruct/", "e2e", v.path,
-                             v.content_hash, v.total_bytes)
+        return CheckpointRef(model=KEY, source="s3://models/smollm2-135m-instruct/", revision="e2e",
+                             path=v.path, content_hash=v.content_hash, total_bytes=v.total_bytes)
 
     @dg.asset(name="serving_variant", partitions_def=models_partitions)
     def stub_variant() -> VariantRef:
@@ -202,8 +202,8 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
     @dg.asset(name="checkpoint", partitions_def=models_partitions)
     def stub_checkpoint() -> CheckpointRef:
         v = smol(model_dir)
-        return CheckpointRef(KEY, "s3://models/smollm2-135m-instruct/", "e2e", v.path,
-                             v.content_hash, v.total_bytes)
+        return CheckpointRef(model=KEY, source="s3://models/smollm2-135m-instruct/", revision="e2e",
+                             path=v.path, content_hash=v.content_hash, total_bytes=v.total_bytes)
 
     @dg.asset(name="serving_variant", partitions_def=models_partitions)
     def stub_variant() -> VariantRef:
@@ -211,7 +211,7 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
 
     @dg.asset(name="load_timing", partitions_def=models_partitions)
     def stub_load_timing() -> LoadTimingResult:
-        return LoadTimingResult(KEY, "bf16", True, "")
+        return LoadTimingResult(model=KEY, precision="bf16", servable=True, reason="")
 
     port = free_port()
     killed: dict[str, int] = {}
@@ -469,8 +469,9 @@ def test_a_real_prometheus_evaluates_the_rendered_rules_on_the_real_engine(runni
     assert bench.saturation_concurrency == 1, f"the engine missed the cpu SLO: {violations}"
     ops = configs.operations().model_copy(update={"evaluation": Evaluation.model_validate(
         {"window": "20s", "for": "2s", "engine_down_for": "5s", "scrape_interval": "1s"})})
-    t = Target(KEY, "smol", "cpu", "models", f"{KEY}-cpu", "bf16", 1, "cpu-e2e", r.port,
-               m.path, "cpu")
+    t = Target(model=KEY, served_name="smol", node_type="cpu", namespace="models",
+               service=f"{KEY}-cpu", precision="bf16", tensor_parallel=1, config_hash="cpu-e2e",
+               port=r.port, metrics_path=m.path, gpu_product="cpu")
     rendered = render_operations(t, m, slo, bench, None, ops)
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rendered.rule_file(), sort_keys=False))
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(local_scrape_config(

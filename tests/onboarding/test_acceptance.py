@@ -83,7 +83,8 @@ def test_a_check_not_made_blocks_unless_the_node_type_waives_it(configs):
     assert not driver.required and "(waived: the procedure names a minimum driver only " \
         "for SM103" in driver.reason
     assert not nvlink.required and "waived" not in nvlink.reason
-    qualified, reasons, _ = acc.verdict([acc.Check(2, "ecc", acc.PASS), *c.checks])
+    qualified, reasons, _ = acc.verdict([acc.Check(phase=2, name="ecc",
+                                                   status=acc.PASS), *c.checks])
     assert not qualified and reasons == ["phase 2 dcgm_diag: not checked: DCGM is not installed"]
     c.add(2, "driver", False, "570.1", ">= 580", "too old")  # a waiver does not excuse a fail
     assert c.checks[-1].status == acc.FAIL and c.checks[-1].required
@@ -114,14 +115,17 @@ def test_the_production_alarm_is_not_below_the_burn_limit(config_dir, configs):
 
 
 def test_verdict_required_unread_and_any_fail_block():
-    ok = acc.Check(2, "ecc", acc.PASS)
-    waived = acc.Check(1, "nvme_smart", acc.NOT_CHECKED, reason="not checked: no nvme tool "
-                       "(waived: a diskless node)", required=False)
+    ok = acc.Check(phase=2, name="ecc", status=acc.PASS)
+    waived = acc.Check(phase=1, name="nvme_smart", status=acc.NOT_CHECKED,
+                       reason="not checked: no nvme tool (waived: a diskless node)",
+                       required=False)
     assert acc.verdict([ok, waived])[0]
-    required = acc.Check(2, "burn_xid", acc.NOT_CHECKED, reason="not checked: no NVML events")
+    required = acc.Check(phase=2, name="burn_xid", status=acc.NOT_CHECKED,
+                         reason="not checked: no NVML events")
     qualified, reasons, _ = acc.verdict([ok, waived, required])
     assert not qualified and reasons == ["phase 2 burn_xid: not checked: no NVML events"]
-    failed = acc.Check(1, "aer", acc.FAIL, "0000:19:00.0 3", reason="fatal AER")
+    failed = acc.Check(phase=1, name="aer", status=acc.FAIL, measured="0000:19:00.0 3",
+                       reason="fatal AER")
     assert not acc.verdict([ok, failed])[0]
 
 

@@ -107,13 +107,14 @@ def test_the_engine_at_hand_runs_the_plans_configuration_only_when_it_is_that_on
 
 def test_evidence_counts_only_measurements_at_exactly_this_configuration():
     c = cpu(spec())
-    other = LoadTimingResult("m", "bf16", True, "", cold_start_p95_s=30.0, node_type="cpu",
-                             config_hash="000000000000")
+    other = LoadTimingResult(model="m", precision="bf16", servable=True, reason="",
+                             cold_start_p95_s=30.0, node_type="cpu", config_hash="000000000000")
     assert not evidence(c, other, None).measured
     assert "measured: cpu at 000000000000" in evidence(c, other, None).basis
     here = dataclasses.replace(other, config_hash=c.hash)
-    bench = ServingBenchmarkResult("m", "bf16", "cpu", 0, True, 80.0, 4, True,
-                                   config_hash=c.hash)
+    bench = ServingBenchmarkResult(model="m", precision="bf16", node_type="cpu", gpus=0,
+                                   servable=True, tokens_per_s_per_gpu=80.0,
+                                   saturation_concurrency=4, slo_pass=True, config_hash=c.hash)
     ev = evidence(c, here, bench)
     assert ev.measured and ev.cold_start_p95_s == 30.0 and ev.tokens_per_s_per_gpu == 80.0
     elsewhere = dataclasses.replace(here, node_type="h200")
@@ -132,8 +133,9 @@ def test_node_types_not_at_hand_take_tp_and_max_num_seqs_from_the_sla_choice():
     p = plan(inputs, NODES)
     assert p.node("b300").tensor_parallel == 1  # memory alone
     at_tp2 = plan_node(inputs, "b300", NODES.node_types["b300"], _with_tp(NODES, 2))
-    choice = SlaChoice("b300", "bf16", 2, 64, "sla", True, "TP 2: TPOT 21 ms within 30 ms",
-                       at_tp2, None)
+    choice = SlaChoice(node_type="b300", precision="bf16", tensor_parallel=2, max_num_seqs=64,
+                       basis="sla", sla_pass=True, reason="TP 2: TPOT 21 ms within 30 ms",
+                       node_plan=at_tp2, prediction=None)
     chosen = with_sla_choices(p, [choice], ["b300"])
     splan = serving_plan(llama, chosen, NODES, STACK)
     b300 = splan.config("b300")

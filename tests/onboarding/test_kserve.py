@@ -68,12 +68,17 @@ def rendered(model_id: str, node_type: str, measured: Measured = NOTHING_MEASURE
     """The manifest of one model on one node type; `cold_p95_s`: a load timing measured at
     exactly this configuration (its hash, this node type)."""
     spec, p, config = configured(model_id, node_type, spec, stack, measured)
-    timing = None if cold_p95_s is None else LoadTimingResult(
-        spec.id, config.precision, True, "", cold_start_p50_s=cold_p95_s,
-        cold_start_p95_s=cold_p95_s, node_type=node_type, config_hash=config.hash)
-    return render(RenderInputs(spec, p, node_type, NODES.node_types[node_type], stack, deploy,
-                               config, evidence(config, timing, None),
-                               storage_for(spec, config.precision, "bf16", deploy, published)))
+    timing = None if cold_p95_s is None else LoadTimingResult(model=spec.id,
+                                                              precision=config.precision,
+                                                              servable=True, reason="",
+                                                              cold_start_p50_s=cold_p95_s,
+                                                              cold_start_p95_s=cold_p95_s,
+                                                              node_type=node_type,
+                                                              config_hash=config.hash)
+    return render(RenderInputs(
+        spec=spec, plan=p, node_type=node_type, node=NODES.node_types[node_type], stack=stack,
+        deploy=deploy, config=config, evidence=evidence(config, timing, None),
+        storage=storage_for(spec, config.precision, "bf16", deploy, published)))
 
 
 def isvc(r):
@@ -302,9 +307,10 @@ def test_storage_is_the_published_variant_or_says_unpublished():
     nvfp4 = storage_for(spec, "nvfp4", "bf16", DEPLOY, None)
     assert nvfp4.uri == DEPLOY.storage.variants_uri.format(model=spec.id, precision="nvfp4")
     assert not nvfp4.published and "unpublished" in nvfp4.why
-    pub = PublishedVariant(spec.id, "nvfp4", "s3://model-serving/m/nvfp4/0123456789abcdef/",
-                           "0123456789abcdef" * 4, 40 * 10**9, 12, False,
-                           read_back_bytes=2 * 10**9, read_back_s=1.0)
+    pub = PublishedVariant(model=spec.id, precision="nvfp4",
+                           uri="s3://model-serving/m/nvfp4/0123456789abcdef/",
+                           content_hash="0123456789abcdef" * 4, total_bytes=40 * 10**9, files=12,
+                           skipped=False, read_back_bytes=2 * 10**9, read_back_s=1.0)
     chosen = storage_for(spec, "nvfp4", "bf16", DEPLOY, {"nvfp4": pub})
     assert chosen.uri == pub.uri and chosen.published
     assert chosen.pull_s == pytest.approx(20.0)  # 40 GB at the 2 GB/s measured reading back
@@ -314,8 +320,10 @@ def test_storage_is_the_published_variant_or_says_unpublished():
 
 def test_the_startup_probe_counts_the_derived_pull_of_the_published_variant():
     spec, _, config = configured("llama-3-1-70b-instruct", "h200")
-    pub = PublishedVariant(spec.id, config.precision, "s3://model-serving/x/fp8/0123/", "0123",
-                           70 * 10**9, 20, False, read_back_bytes=10**9, read_back_s=1.0)
+    pub = PublishedVariant(model=spec.id, precision=config.precision,
+                           uri="s3://model-serving/x/fp8/0123/", content_hash="0123",
+                           total_bytes=70 * 10**9, files=20, skipped=False, read_back_bytes=10**9,
+                           read_back_s=1.0)
     no_cache = DEPLOY.model_copy(update={"local_model_cache": DEPLOY.local_model_cache.model_copy(
         update={"node_types": {}})})
     r = rendered("llama-3-1-70b-instruct", "h200", cold_p95_s=100.0,
@@ -438,8 +446,10 @@ def test_a_start_p95_from_fewer_than_three_starts_is_labelled_and_the_probe_uses
     maximum x margin, and the annotation says n."""
     from onboarding.serving.stats import StartSample, summarize_load_timing
 
-    starts = [StartSample("fully_cold", 0.0, 10.0, 9.0, 50.0, 100.0),
-              StartSample("fully_cold", 0.0, 10.0, 9.0, 50.0, 140.0)]
+    starts = [StartSample(kind="fully_cold", resident_fraction=0.0, weights_loaded_s=10.0,
+                          engine_weights_load_s=9.0, health_ready_s=50.0, first_token_s=100.0),
+              StartSample(kind="fully_cold", resident_fraction=0.0, weights_loaded_s=10.0,
+                          engine_weights_load_s=9.0, health_ready_s=50.0, first_token_s=140.0)]
     timing = summarize_load_timing("m", "bf16", starts, 10**9, None)
     assert (timing.cold_start_samples, timing.cold_start_max_s) == (2, 140.0)
     cfg = DEPLOY.probes
@@ -451,8 +461,10 @@ def test_a_start_p95_from_fewer_than_three_starts_is_labelled_and_the_probe_uses
 
 
 def _published(model: str, precision: str) -> PublishedVariant:
-    return PublishedVariant(model, precision, f"s3://model-serving/{model}/{precision}/abc/",
-                            "abc", 10**9, 3, False, 0, 10**8, 0.1)
+    return PublishedVariant(model=model, precision=precision,
+                            uri=f"s3://model-serving/{model}/{precision}/abc/", content_hash="abc",
+                            total_bytes=10**9, files=3, skipped=False, bytes_uploaded=0,
+                            read_back_bytes=10**8, read_back_s=0.1)
 
 
 def _benched(model_id: str, node_type: str, e2e_p99_s: float, ttft_p99_s: float,
@@ -461,13 +473,17 @@ def _benched(model_id: str, node_type: str, e2e_p99_s: float, ttft_p99_s: float,
     from onboarding.serving.stats import ServingBenchmarkResult
 
     spec, p, config = configured(model_id, node_type)
-    bench = ServingBenchmarkResult(spec.id, config.precision, node_type, config.tensor_parallel,
-                                   True, 900.0, 32, True, (), config.hash, True)
+    bench = ServingBenchmarkResult(model=spec.id, precision=config.precision, node_type=node_type,
+                                   gpus=config.tensor_parallel, servable=True,
+                                   tokens_per_s_per_gpu=900.0, saturation_concurrency=32,
+                                   slo_pass=True, slo_violations=(), config_hash=config.hash,
+                                   slo_blocking=True)
     bench = dataclasses.replace(bench, e2e_p99_s=e2e_p99_s, ttft_p99_s=ttft_p99_s)
     pub = {config.precision: _published(spec.id, config.precision)} if published else None
-    return render(RenderInputs(spec, p, node_type, NODES.node_types[node_type], STACK, DEPLOY,
-                               config, evidence(config, None, bench),
-                               storage_for(spec, config.precision, "bf16", DEPLOY, pub)))
+    return render(RenderInputs(spec=spec, plan=p, node_type=node_type,
+                               node=NODES.node_types[node_type], stack=STACK, deploy=DEPLOY,
+                               config=config, evidence=evidence(config, None, bench),
+                               storage=storage_for(spec, config.precision, "bf16", DEPLOY, pub)))
 
 
 def test_route_timeouts_come_from_the_measured_e2e_and_ttft_not_a_constant():

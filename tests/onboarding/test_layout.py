@@ -262,8 +262,9 @@ def test_tensor_parallel_pin_restricts_the_search():
 
 
 def test_option_reports_the_memory_shortfall_in_plan_py_terms():
-    e = LayoutEntry(CATALOG["qwen3-235b-a22b-instruct"], INPUTS["qwen3-235b-a22b-instruct"], 1.0,
-                    "latency-critical", entries(CFG.layouts["h200-mixed"])[0].slo)
+    e = LayoutEntry(spec=CATALOG["qwen3-235b-a22b-instruct"],
+                    inputs=INPUTS["qwen3-235b-a22b-instruct"], traffic_share=1.0,
+                    qos="latency-critical", slo=entries(CFG.layouts["h200-mixed"])[0].slo)
     o = option(e, 2, "h200", NODES.node_types["h200"], NODES, CFG)
     assert not o.ok
     assert o.reason == ("TP 2: needs 161.1 GiB per GPU (weights 110.1 GiB + KV 47.0 GiB + "

@@ -214,6 +214,7 @@ def _litellm(path: Path) -> subprocess.CompletedProcess:
                           env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not LITELLM_PY.is_file(), reason="LiteLLM's venv is absent: `bash "
                     "scripts/setup_litellm.sh` makes .cache/litellm-venv; the structural check "
                     "of the gateway config ran above")
@@ -376,8 +377,9 @@ def test_layout_manifests_deploy_the_published_variant_or_the_real_source():
         "deepseek-r1": ModelSource(checkpoint_dtype(r1_config), None)})
     isvc = next(d for d in src.manifests["deepseek-r1"] if d["kind"] == "InferenceService")
     assert isvc["spec"]["predictor"]["model"]["storageUri"] == CATALOG["deepseek-r1"].source
-    pub = PublishedVariant("deepseek-r1", "fp8", "s3://model-serving/deepseek-r1/fp8/abc/",
-                           "abc", 700 * 10**9, 163, False)
+    pub = PublishedVariant(model="deepseek-r1", precision="fp8",
+                           uri="s3://model-serving/deepseek-r1/fp8/abc/", content_hash="abc",
+                           total_bytes=700 * 10**9, files=163, skipped=False)
     published = render_layout(plan, CATALOG, INPUTS, CFG, NODES, STACK, DEPLOY, {
         "deepseek-r1": ModelSource(None, {"fp8": pub})})
     isvc = next(d for d in published.manifests["deepseek-r1"]

@@ -218,18 +218,21 @@ def test_moe_config_is_detected():
 
 
 def test_typed_results_leave_absent_values_absent():
-    m = measured_from_results(None, LoadTimingResult("m", "bf16", True, "",
-                                                     cold_start_p95_s=41.5), None)
+    m = measured_from_results(None, LoadTimingResult(model="m", precision="bf16", servable=True,
+                                                     reason="", cold_start_p95_s=41.5), None)
     assert m.cold_start_p95_s == 41.5
     assert m.tokens_per_s_per_gpu is None and m.variant_precision is None and m.slo_pass is None
     full = measured_from_results(
         VariantRef("m", "fp8", "/x", 200, "h", weight_bytes=123), None,
-        ServingBenchmarkResult("m", "fp8", "h200", 1, True, 9.5, 16, True))
+        ServingBenchmarkResult(model="m", precision="fp8", node_type="h200", gpus=1, servable=True,
+                               tokens_per_s_per_gpu=9.5, saturation_concurrency=16, slo_pass=True))
     assert (full.variant_precision, full.variant_weight_bytes) == ("fp8", 123)
     assert full.benchmark_node_type == "h200" and full.slo_pass is True
     assert full.tokens_per_s_per_gpu == 9.5
     unmeasured = measured_from_results(
-        None, None, ServingBenchmarkResult("m", "nvfp4", "cpu", 0, False, 0.0, 0, False))
+        None, None, ServingBenchmarkResult(model="m", precision="nvfp4", node_type="cpu", gpus=0,
+                                           servable=False, tokens_per_s_per_gpu=0.0,
+                                           saturation_concurrency=0, slo_pass=False))
     assert unmeasured.tokens_per_s_per_gpu is None  # nothing was measured: no throughput
 
 

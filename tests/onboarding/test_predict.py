@@ -65,9 +65,10 @@ def crafted(req: PredictionRequest, ttft_ms=100.0, tpot_ms=10.0, tput=1000.0,
             status="covered", notes=()) -> Prediction:
     """A made-up prediction (not the library's)."""
     covered = status in ("covered", "fallback")
-    return Prediction(req, status, "0.12.0", f"{req.system}/vllm/0.24.0",
-                      ttft_ms if covered else None, tpot_ms if covered else None,
-                      tput if covered else None, notes=tuple(notes))
+    return Prediction(request=req, status=status, aic_version="0.12.0",
+                      data_set=f"{req.system}/vllm/0.24.0", ttft_ms=ttft_ms if covered else None,
+                      tpot_ms=tpot_ms if covered else None,
+                      tokens_per_s_per_gpu=tput if covered else None, notes=tuple(notes))
 
 
 def point(**kw) -> MeasuredPoint:
@@ -466,6 +467,7 @@ def test_client_accounting_errors_keep_latency_not_throughput_and_queued_loads_a
     assert kept[1].measured("tokens_per_s_per_gpu")[0] == pytest.approx(4000.0)
 
 
+@pytest.mark.slow
 def test_the_add_points_script_writes_a_file_the_loader_reads(tmp_path, config_dir):
     import subprocess
     import sys
@@ -503,6 +505,7 @@ def add_points_script(tmp_path: Path, config_dir: Path, *source: str, precision=
         capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.slow
 def test_a_twins_recording_becomes_the_points_of_its_rows_at_one_precision(tmp_path, config_dir):
     """`--twins-json`: the rows of a `bench/gpu_serving.py twins` step at --precision go
     through points_from_sweep_rows as a CSV's do (the same points, number for number); the c64
@@ -549,6 +552,7 @@ def test_a_twins_recording_becomes_the_points_of_its_rows_at_one_precision(tmp_p
         assert a.model_dump(include=nums) == pytest.approx(b.model_dump(include=nums))
 
 
+@pytest.mark.slow
 def test_a_twins_recording_without_that_precision_or_malformed_is_refused(tmp_path, config_dir):
     shipped = (config_dir / "predict" / "h200_points.json").read_text()
     proc = add_points_script(tmp_path, config_dir, "--twins-json", str(ENGINE_CHOICE_TWINS),

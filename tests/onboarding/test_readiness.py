@@ -14,7 +14,8 @@ from resources.config_files import ConfigFiles
 VARIANT = VariantRef("m", "fp8", "/c/fp8", 10, "h", 8)
 GOOD = ManifestFacts(True, {"h200": "aaaaaaaaaaaa", "b300": "bbbbbbbbbbbb"},
                      {"h200": True, "b300": True})
-BENCH = ServingBenchmarkResult("m", "fp8", "h200", 1, True, 900.0, 32, True,
+BENCH = ServingBenchmarkResult(model="m", precision="fp8", node_type="h200", gpus=1, servable=True,
+                               tokens_per_s_per_gpu=900.0, saturation_concurrency=32, slo_pass=True,
                                config_hash="aaaaaaaaaaaa", slo_blocking=True)
 
 
@@ -46,8 +47,9 @@ def test_each_missing_gate_is_named():
 
 # ---- the cold start at the deployed configuration ----
 
-TIMING = LoadTimingResult("m", "fp8", True, "", 41.0, 55.2, 12.3, node_type="h200",
-                          config_hash="aaaaaaaaaaaa", cold_start_samples=3)
+TIMING = LoadTimingResult(model="m", precision="fp8", servable=True, reason="",
+                          cold_start_p50_s=41.0, cold_start_p95_s=55.2, warm_start_p50_s=12.3,
+                          node_type="h200", config_hash="aaaaaaaaaaaa", cold_start_samples=3)
 BUDGETS = {"h200": 120.0, "b300": 120.0}
 
 

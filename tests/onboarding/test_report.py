@@ -66,6 +66,7 @@ def ready_page(ready):
     return model_page(facts_of(ready))
 
 
+@pytest.mark.slow
 def test_a_ready_model_has_every_section_and_plot(ready_page):
     anchors = [s.anchor for s in ready_page.sections]
     assert anchors == ["verdict-section", "fetched", "accuracy", "precision", "node-b300",
@@ -140,6 +141,7 @@ def test_estimates_name_their_rule():
     assert rows["KV cache per GPU (GiB)"]["source"].startswith("rule: 32 sequences x 8192")
 
 
+@pytest.mark.slow
 def test_a_not_ready_model_shows_every_reason_in_both_renderings():
     stored = stand_in_model()
     verdict: Readiness = stored.values["readiness"]
@@ -257,6 +259,7 @@ def test_the_sweep_csv_reads_back_as_numbers(tmp_path):
     assert read_sweep_csv(tmp_path / "absent.csv") == ()
 
 
+@pytest.mark.slow
 def test_a_cold_start_p95_of_fewer_than_three_starts_says_its_n(ready):
     """One start's p95 is that start; the report says n where n < 3."""
     facts = facts_of(ready)
@@ -270,6 +273,7 @@ def test_a_cold_start_p95_of_fewer_than_three_starts_says_its_n(ready):
     assert fully_cold["n"] == 1 and "(p95 of n=1" in fully_cold["source"]
 
 
+@pytest.mark.slow
 def test_a_frontend_bound_point_is_marked_with_what_to_do(ready):
     rows = [{**r, "frontend_cpu_cores": 0.97 if r["load"] == 64 else 0.3,
              "frontend_bound": r["load"] == 64} for r in sweep_rows()]
@@ -290,6 +294,7 @@ def _recorded_kernels(log: Path, precision: str, arch: str):
     return starts, judge(NODES.kernel_gate, "vllm", precision, arch, starts)
 
 
+@pytest.mark.slow
 def test_the_measured_section_shows_the_kernels_each_start_ran(ready):
     facts = facts_of(ready)
     starts, verdict = _recorded_kernels(
@@ -303,6 +308,7 @@ def test_the_measured_section_shows_the_kernels_each_start_ran(ready):
     assert "Kernels: not read" in to_markdown(model_page(facts))  # a result from before
 
 
+@pytest.mark.slow
 def test_hopper_nvfp4_says_it_ran_weight_only(ready):
     facts = facts_of(ready)
     starts, verdict = _recorded_kernels(

@@ -131,10 +131,14 @@ def test_histogram_delta_from_prometheus_text():
 
 
 def test_load_timing_summary_prefers_the_engines_own_load_time():
-    s = [StartSample("fully_cold", 0.0, 10.0, 2.0, 20.0, 21.0),
-         StartSample("fully_cold", 0.0, 12.0, 4.0, 22.0, 25.0),
-         StartSample("cold_weights", 0.0, 9.0, 3.0, 17.0, 18.0),
-         StartSample("warm", 1.0, 8.0, 1.0, 15.0, 16.0)]
+    s = [StartSample(kind="fully_cold", resident_fraction=0.0, weights_loaded_s=10.0,
+                     engine_weights_load_s=2.0, health_ready_s=20.0, first_token_s=21.0),
+         StartSample(kind="fully_cold", resident_fraction=0.0, weights_loaded_s=12.0,
+                     engine_weights_load_s=4.0, health_ready_s=22.0, first_token_s=25.0),
+         StartSample(kind="cold_weights", resident_fraction=0.0, weights_loaded_s=9.0,
+                     engine_weights_load_s=3.0, health_ready_s=17.0, first_token_s=18.0),
+         StartSample(kind="warm", resident_fraction=1.0, weights_loaded_s=8.0,
+                     engine_weights_load_s=1.0, health_ready_s=15.0, first_token_s=16.0)]
     r = summarize_load_timing("m", "bf16", s, weight_bytes=3_000_000_000, raw_read_gbps=2.0)
     assert r.cold_start_p50_s == pytest.approx(23.0)  # fully cold: what a new pod waits
     assert 23.0 < r.cold_start_p95_s <= 25.0
@@ -150,7 +154,9 @@ def _point(ttft_p95_s: float, itl_mean_ms: float = 10.0):
 
     d = Dist(ttft_p95_s, ttft_p95_s, ttft_p95_s, ttft_p95_s, ttft_p95_s)
     itl = Dist(itl_mean_ms, itl_mean_ms, itl_mean_ms, itl_mean_ms, itl_mean_ms)
-    return PointStats(100, 100, 0, {}, 10.0, 10.0, 100.0, 1000.0, d, itl, itl, d)
+    return PointStats(requests=100, completed=100, failed=0, errors_by_cause={}, duration_s=10.0,
+                      request_throughput_rps=10.0, input_tokens_per_s=100.0,
+                      output_tokens_per_s=1000.0, ttft_s=d, itl_ms=itl, tpot_ms=itl, e2e_s=d)
 
 
 def _judge(points, target=32):
@@ -216,6 +222,7 @@ def test_a_start_reads_as_rounded_phases_not_a_repr():
     assert sample.describe() == (
         "weights loaded 38.5 s (the engine says 12.0 s), healthy 51.2 s, first token 52.0 s; "
         "0% of the weights in the page cache before it; kernels: attention_backend FLASH_ATTN")
-    cold = StartSample("warm", 1.0, None, None, None, 3.25)
+    cold = StartSample(kind="warm", resident_fraction=1.0, weights_loaded_s=None,
+                       engine_weights_load_s=None, health_ready_s=None, first_token_s=3.25)
     assert cold.describe() == ("weights loaded -, healthy -, first token 3.2 s; 100% of the "
                                "weights in the page cache before it")

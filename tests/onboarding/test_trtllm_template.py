@@ -119,10 +119,13 @@ def test_the_plan_configures_it_from_the_template_and_never_claims_a_measurement
         assert c.image == f"nvcr.io/nvidia/tensorrt-llm/release:{stack.engine_version}"
         assert c.never_measured.startswith(NEVER) and NEVER not in json.dumps(c.content())
         # a result at exactly this configuration still is not evidence of a measurement here
-        timing = LoadTimingResult(spec.id, c.precision, True, "", cold_start_p50_s=60.0,
-                                  cold_start_p95_s=60.0, node_type=nt, config_hash=c.hash)
-        bench = ServingBenchmarkResult(spec.id, c.precision, nt, c.tensor_parallel, True,
-                                       1000.0, 32, True, config_hash=c.hash)
+        timing = LoadTimingResult(model=spec.id, precision=c.precision, servable=True, reason="",
+                                  cold_start_p50_s=60.0, cold_start_p95_s=60.0, node_type=nt,
+                                  config_hash=c.hash)
+        bench = ServingBenchmarkResult(model=spec.id, precision=c.precision, node_type=nt,
+                                       gpus=c.tensor_parallel, servable=True,
+                                       tokens_per_s_per_gpu=1000.0, saturation_concurrency=32,
+                                       slo_pass=True, config_hash=c.hash)
         ev = evidence(c, timing, bench)
         assert not ev.measured and ev.cold_start_p95_s is None and ev.slo_pass is None
         assert NEVER in ev.basis
@@ -135,6 +138,7 @@ def test_a_moe_flag_it_does_not_take_is_dropped_and_reported(tmp_path):
     assert "--enable-expert-parallel" not in c.args("/mnt/models", 8080)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (DEFAULT_CRD_DIR / "serving.kserve.io_inferenceservices.yaml").is_file(),
                     reason=f"KServe CRDs not found in {DEFAULT_CRD_DIR}")
 @pytest.mark.parametrize("node_type", ["h200", "b300"])
@@ -142,9 +146,10 @@ def test_its_manifests_are_crd_valid_and_say_never_measured(tmp_path, node_type)
     stack = trtllm_stack(tmp_path)
     spec, p, splan = planned("llama-3-1-70b-instruct", stack)
     c = splan.config(node_type)
-    r = render(RenderInputs(spec, p, node_type, NODES.node_types[node_type], stack, DEPLOY, c,
-                            evidence(c, None, None),
-                            storage_for(spec, c.precision, "bf16", DEPLOY, None)))
+    r = render(RenderInputs(spec=spec, plan=p, node_type=node_type,
+                            node=NODES.node_types[node_type], stack=stack, deploy=DEPLOY, config=c,
+                            evidence=evidence(c, None, None),
+                            storage=storage_for(spec, c.precision, "bf16", DEPLOY, None)))
     validator = ManifestValidator()
     for doc in r.docs:
         assert validator.validate(doc) == [], doc["kind"]
@@ -170,8 +175,9 @@ def test_render_targets_never_mark_it_measured(tmp_path):
     stack = trtllm_stack(tmp_path)
     spec, _, splan = planned("llama-3-1-70b-instruct", stack)
     c = splan.config("h200")
-    timing = LoadTimingResult(spec.id, c.precision, True, "", cold_start_p50_s=60.0,
-                              cold_start_p95_s=60.0, node_type="h200", config_hash=c.hash)
+    timing = LoadTimingResult(model=spec.id, precision=c.precision, servable=True, reason="",
+                              cold_start_p50_s=60.0, cold_start_p95_s=60.0, node_type="h200",
+                              config_hash=c.hash)
     rendered, _ = render_targets(spec, splan, NODES, stack, DEPLOY, None, timing, None, None)
     assert rendered and not any(r.measured for r in rendered)
 
@@ -262,6 +268,7 @@ def test_the_stack_refuses_an_engine_without_a_template(tmp_path):
         load_stack(path)
 
 
+@pytest.mark.slow
 def test_the_plan_table_and_the_report_page_say_never_measured(tmp_path):
     from onboarding.reports.pages import model_page, to_markdown
     from tests.report_facts import BIG, facts_of, ready_model

@@ -196,8 +196,10 @@ def test_a_twin_the_plan_cannot_fit_on_the_node_at_hand_is_refused():
 def test_a_twin_is_not_measured_at_a_precision_whose_marker_is_unusable():
     from onboarding.quantize.variants import QuantizedSet, QuantizedVariant
 
-    good = QuantizedVariant("fp8", "/v/fp8", None, 1, "h", export_valid=True)
-    bad = QuantizedVariant("nvfp4", None, None, error="preset NVFP4_MLP_ONLY_CFG is not one")
+    good = QuantizedVariant(precision="fp8", path="/v/fp8", state_path=None, total_bytes=1,
+                            content_hash="h", export_valid=True)
+    bad = QuantizedVariant(precision="nvfp4", path=None, state_path=None,
+                           error="preset NVFP4_MLP_ONLY_CFG is not one")
     quantized = QuantizedSet("t", "/c", 1, (good, bad))
     assert unusable_marker("t", "fp8", quantized) is None
     assert unusable_marker("t", "bf16", QuantizedSet("t", "/c", 1, ())) is None
@@ -240,8 +242,10 @@ def test_no_manifest_is_rendered_for_a_twin_and_it_is_never_ready():
     assert rendered == [] and set(skipped) == set(deploy.target_node_types)
     assert all(why.startswith(NOT_READY) for why in skipped.values())
     h = splan.config("h200").hash
-    measured = ServingBenchmarkResult(spec.id, "fp8", "h200", 1, True, 5000.0, 32, True,
-                                      config_hash=h, slo_blocking=True)
+    measured = ServingBenchmarkResult(model=spec.id, precision="fp8", node_type="h200", gpus=1,
+                                      servable=True, tokens_per_s_per_gpu=5000.0,
+                                      saturation_concurrency=32, slo_pass=True, config_hash=h,
+                                      slo_blocking=True)
     facts = ManifestFacts(True, {"h200": h}, {"h200": True})
     variant = VariantRef(spec.id, "fp8", "/c/fp8", 1, "x")
     assert judge(spec.id, ["h200"], variant, measured, facts).ready  # the same facts, real
@@ -260,8 +264,10 @@ def test_accuracy_is_not_applicable_for_every_precision_and_never_passes():
 
 
 def test_a_start_that_reads_no_weights_reports_no_weight_read_rate():
-    samples = [StartSample("fully_cold", math.nan, 2.0, 1.5, 3.0, 4.0),
-               StartSample("warm", math.nan, 1.0, 0.5, 2.0, 2.5)]
+    samples = [StartSample(kind="fully_cold", resident_fraction=math.nan, weights_loaded_s=2.0,
+                           engine_weights_load_s=1.5, health_ready_s=3.0, first_token_s=4.0),
+               StartSample(kind="warm", resident_fraction=math.nan, weights_loaded_s=1.0,
+                           engine_weights_load_s=0.5, health_ready_s=2.0, first_token_s=2.5)]
     result = summarize_load_timing("t", "bf16", samples, 0, None)
     assert result.weights_load_gbps is None and result.raw_read_gbps is None
     assert result.cold_start_p95_s == 4.0 and result.warm_start_p50_s == 2.5

@@ -26,11 +26,12 @@ def qset(*variants):
 
 
 def ok(p):
-    return QuantizedVariant(p, f"/v/{p}", f"/v/{p}.pt", 5, "h", export_valid=True)
+    return QuantizedVariant(precision=p, path=f"/v/{p}", state_path=f"/v/{p}.pt", total_bytes=5,
+                            content_hash="h", export_valid=True)
 
 
 def report(**passed):
-    return AccuracyReport("m", (), tuple(GateOutcome(p, v, f"{p} reason")
+    return AccuracyReport("m", (), tuple(GateOutcome(precision=p, passed=v, reason=f"{p} reason")
                                          for p, v in passed.items()))
 
 
@@ -49,8 +50,8 @@ def test_nvfp4_failing_its_gate_falls_back_to_fp8_with_the_reason():
 def served(**passed):
     """A served_accuracy report that served and gated the given precisions (hash "h")."""
     return ServedAccuracyReport(
-        "m", tuple(AccuracyRecord(p, "served", "h") for p in passed),
-        gates=tuple(GateOutcome(p, v, f"{p} served reason", source="served")
+        model="m", records=tuple(AccuracyRecord(p, "served", "h") for p in passed),
+        gates=tuple(GateOutcome(precision=p, passed=v, reason=f"{p} served reason", source="served")
                     for p, v in passed.items()),
         not_served={"nvfp4": "the CPU build serves bf16 only"})
 
@@ -73,21 +74,25 @@ def test_the_in_process_gate_decides_when_nothing_was_served_and_says_why():
     assert why == "in process: not served here (the CPU build serves bf16 only)"
     gate, why = deciding_gate("fp8", ok("fp8"), in_process, None)
     assert gate.passed and "served_accuracy was not materialized" in why
-    stale = QuantizedVariant("fp8", "/v/fp8", "/v/fp8.pt", 5, "new-bytes", export_valid=True)
+    stale = QuantizedVariant(precision="fp8", path="/v/fp8", state_path="/v/fp8.pt", total_bytes=5,
+                             content_hash="new-bytes", export_valid=True)
     gate, why = deciding_gate("fp8", stale, in_process, served(fp8=False))
     assert gate.source == "in_process" and gate.passed and "other bytes" in why
 
 
 def test_gate_outcome_carries_the_verdict():
-    assert GateOutcome("fp8", False, "r").verdict == "fail"
-    assert GateOutcome("fp8", True, "r").verdict == "pass"
-    open_policy = GateOutcome("fp8", True, "inconclusive after 280 items", "inconclusive")
+    assert GateOutcome(precision="fp8", passed=False, reason="r").verdict == "fail"
+    assert GateOutcome(precision="fp8", passed=True, reason="r").verdict == "pass"
+    open_policy = GateOutcome(precision="fp8", passed=True, reason="inconclusive after 280 items",
+                              verdict="inconclusive")
     assert open_policy.passed and open_policy.verdict == "inconclusive"
 
 
 def test_invalid_export_and_failed_quantization_are_skipped_before_the_gate():
-    bad_export = QuantizedVariant("nvfp4", "/v", "/s", export_valid=False, error="scales off")
-    failed = QuantizedVariant("fp8", None, None, error="modelopt cannot quantize Bloom")
+    bad_export = QuantizedVariant(precision="nvfp4", path="/v", state_path="/s", export_valid=False,
+                                  error="scales off")
+    failed = QuantizedVariant(precision="fp8", path=None, state_path=None,
+                              error="modelopt cannot quantize Bloom")
     chosen, skipped = choose_precision(["nvfp4", "fp8", "bf16"], qset(bad_export, failed),
                                        report(nvfp4=True, fp8=True))
     assert chosen == "bf16"

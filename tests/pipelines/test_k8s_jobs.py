@@ -145,6 +145,7 @@ def test_checkpoint_pod_has_the_cache_on_the_gpu_node_type_but_no_gpu(stand_in, 
     assert container["image"] == CPU_IMAGE
 
 
+@pytest.mark.slow
 def test_node_pin_reaches_every_cache_step_and_no_other(stand_in, k8s_instance):
     executor_config = step_run_config(node_name="gpu-node-3")["execution"]["config"]
     for stage in CACHE_ASSETS:
@@ -227,6 +228,7 @@ def onboard_model():
     return repo.get_reconstructable_job("onboard_model")
 
 
+@pytest.mark.slow
 def test_real_onboarding_job_renders_the_same_step_pods(onboard_model, k8s_instance,
                                                          resource_env):
     """The real code location: every step renders and validates; the GPU-bound assets carry

@@ -45,6 +45,7 @@ def _follow_up(defs, instance, result) -> dg.RunRequest:
     return onboard_registered_model(ctx)
 
 
+@pytest.mark.slow
 def test_register_then_onboard_with_the_quick_sweep(defs, instance, configs):
     result = _register(defs, instance, id="my-model", source="s3://models/my-model/",
                        precision_ladder=["fp8", "bf16"], sweep="quick")

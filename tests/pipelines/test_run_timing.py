@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from pipelines.run_timing import (
     EXITED,
@@ -33,6 +34,7 @@ def waits_on_a_child() -> None:
     subprocess.run(["sleep", "1.5"], check=True)
 
 
+@pytest.mark.slow
 def test_each_step_gets_its_wall_time_cpu_time_and_child_processes():
     with dg.instance_for_test() as instance:
         with TreeSampler(interval_s=0.1) as sampler:

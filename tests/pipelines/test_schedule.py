@@ -124,6 +124,7 @@ def test_stack_dependent_assets_depend_on_serving_stack(defs, STACK_DEPENDENT):
     assert "serving_config" in defs.resolve_assets_def("kserve_manifest").op.ins
 
 
+@pytest.mark.slow
 def test_stack_edit_marks_dependents_stale_and_revalidates_exactly_the_ready_models(
         instance, defs, config_dir, STACK_DEPENDENT):
     first = _observe(instance, defs)
@@ -173,6 +174,7 @@ def test_stack_edit_marks_dependents_stale_and_revalidates_exactly_the_ready_mod
     assert after_one.run_requests[0].run_key == tick.run_requests[1].run_key
 
 
+@pytest.mark.slow
 def test_an_onboarded_model_is_revalidated_whatever_its_readiness_verdict(
         instance, defs, config_dir):
     """The schedule takes every model with each `revalidation.ready_assets`
@@ -196,6 +198,7 @@ def test_an_onboarded_model_is_revalidated_whatever_its_readiness_verdict(
     assert "onboarded models" in said and "whatever their readiness verdict" in said
 
 
+@pytest.mark.slow
 def test_a_revalidation_that_flips_the_gate_is_visible_in_metadata(instance, defs, config_dir):
     _observe(instance, defs)
     _onboard(instance, defs, "ready-a")
@@ -230,6 +233,7 @@ ALL_STAGES = ["checkpoint", "quantized", "accuracy", "serving_variant", "load_ti
               "serving_benchmark", "serving_config", "kserve_manifest"]
 
 
+@pytest.mark.slow
 def test_every_onboarding_run_observes_the_stack_first(instance, defs, configs):
     """onboard_model selects serving_stack: its results record a fingerprint as their stack
     input version even when nothing observed the stack before."""
@@ -239,6 +243,7 @@ def test_every_onboarding_run_observes_the_stack_first(instance, defs, configs):
     assert mat.asset_materialization.tags[STACK_INPUT_TAG] == current_stack(configs)[0]
 
 
+@pytest.mark.slow
 def test_a_model_onboarded_before_any_stack_observation_is_current_until_the_stack_changes(
         instance, defs, config_dir, configs, STACK_DEPENDENT):
     """An ad-hoc materialization of the stages (as from the UI, without the job's observation)
@@ -263,6 +268,7 @@ def test_a_model_onboarded_before_any_stack_observation_is_current_until_the_sta
         "ready-a"] == {a: fp for a in STACK_DEPENDENT}
 
 
+@pytest.mark.slow
 def test_a_model_whose_stack_is_unknown_is_revalidated(instance, defs, STACK_DEPENDENT):
     """Neither an observation nor the asset's own record: nothing says what it was measured
     on, so it is re-validated rather than assumed current."""
@@ -323,6 +329,7 @@ def test_the_real_stages_that_read_the_spec_depend_on_model_spec():
         assert MODEL_SPEC in real.resolve_job_def(job).asset_layer.asset_graph.get_all_asset_keys()
 
 
+@pytest.mark.slow
 def test_editing_one_catalog_entry_marks_that_model_stale_and_revalidates_it_alone(
         instance, defs, configs):
     """The spec is a versioned per-partition input. Editing ready-a's eval tasks,

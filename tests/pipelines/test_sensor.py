@@ -105,6 +105,7 @@ def _files(ckpt: Path) -> list[str]:
     return sorted(p.name for p in ckpt.iterdir() if p.is_file())
 
 
+@pytest.mark.slow
 def test_in_progress_upload_waits_then_onboards_exactly_once(
         instance, watched, s3_store, tiny_checkpoint, sensor_configs, model_spec):
     tick = Ticker(instance, s3_store, sensor_configs)
@@ -228,6 +229,7 @@ def test_a_dropped_checkpoint_gets_what_a_catalogued_one_gets(
     assert dropped.engine_args["max_model_len"] == context["max_position_embeddings"] == 256
 
 
+@pytest.mark.slow
 def test_an_edited_spec_beside_the_weights_is_a_new_revision(
         instance, watched, s3_store, tiny_checkpoint, sensor_configs, model_spec):
     tick = Ticker(instance, s3_store, sensor_configs)
@@ -270,6 +272,7 @@ def test_deleted_checkpoint_is_reported_on_the_checkpoint_asset(
     assert "gone" not in tick.known()
 
 
+@pytest.mark.slow
 def test_thousands_of_keys_are_listed_in_bounded_pages(
         instance, watched, s3_store, tiny_checkpoint, config_dir, sensor_configs):
     page_size, max_pages, junk = 250, 2, 3000
@@ -339,6 +342,7 @@ def test_a_broken_catalog_file_is_reported_once_and_blocks_no_one(
     assert logged.count("field 'srved_name': unknown key") == 1  # reported once, not per tick
 
 
+@pytest.mark.slow
 def test_a_new_checkpoint_of_a_judged_model_says_what_it_was_before(
         instance, watched, s3_store, tiny_checkpoint, sensor_configs):
     """A new upload of a model already judged: the run request carries that verdict, from the

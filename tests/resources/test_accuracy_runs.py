@@ -189,16 +189,19 @@ def world(cpu, tmp_path, config_dir):
     for p in ("nvfp4", "fp8"):
         d = tmp_path / "m" / "rev.variants" / p
         d.mkdir(parents=True)
-        variants.append(QuantizedVariant(p, str(d), str(d) + ".pt", 1, f"hash-{p}",
+        variants.append(QuantizedVariant(precision=p, path=str(d), state_path=str(d) + ".pt",
+                                         total_bytes=1, content_hash=f"hash-{p}",
                                          export_valid=True))
     ckpt.mkdir(parents=True)
     qset = QuantizedSet("m", str(ckpt), 1, tuple(variants))
-    checkpoint = CheckpointRef("m", "s3://models/m/", "rev", str(ckpt), "hash-bf16", 1)
+    checkpoint = CheckpointRef(model="m", source="s3://models/m/", revision="rev", path=str(ckpt),
+                               content_hash="hash-bf16", total_bytes=1)
     n = min(s.n for s in in_process.values())
     gates = gates_for(cpu).model_copy(update={"min_items": n})
     records = tuple(AccuracyRecord(p, "in_process", f"hash-{p}", in_process)
                     for p in ("bf16", "nvfp4", "fp8"))
-    accuracy = AccuracyReport("m", (), tuple(GateOutcome(p, True, "in process: pass")
+    accuracy = AccuracyReport("m", (), tuple(GateOutcome(precision=p, passed=True,
+                                                         reason="in process: pass")
                                              for p in ("nvfp4", "fp8")), {}, records)
     by_path = {str(ckpt): served, variants[0].path: lose(served, "onb_arith_gen", every=2),
                variants[1].path: served}

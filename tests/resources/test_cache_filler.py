@@ -69,6 +69,7 @@ def test_only_published_s3_variants_are_filled(store, tmp_path):
         fill(store, "hf://org/model", tmp_path / "m", log=print)
 
 
+@pytest.mark.slow
 def test_the_download_container_command_fills_an_empty_folder_then_fetches_nothing(
         s3_server, published, tmp_path):
     """What KServe's download Job runs, with its two arguments and the S3 environment its

@@ -51,6 +51,7 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.waits
 def test_ready_phases_env_and_the_whole_group_is_reaped(fake_bin, tmp_path, variant,
                                                         monkeypatch):
@@ -82,6 +83,7 @@ def test_missing_binary_says_how_to_build_it(tmp_path, variant):
         start_once(e, variant)
 
 
+@pytest.mark.slow
 @pytest.mark.waits
 def test_exit_during_start_carries_the_log_tail(fake_bin, tmp_path, variant, monkeypatch):
     monkeypatch.setenv("FAKE_ENGINE_EXIT_CODE", "3")
@@ -119,6 +121,7 @@ def test_a_model_path_that_cannot_be_served_is_refused_before_the_engine_starts(
     assert not record.exists()  # the engine was never started
 
 
+@pytest.mark.slow
 @pytest.mark.waits
 def test_never_ready_times_out_and_is_reaped(fake_bin, tmp_path, variant, monkeypatch):
     monkeypatch.setenv("FAKE_ENGINE_NEVER_READY", "1")
@@ -129,6 +132,7 @@ def test_never_ready_times_out_and_is_reaped(fake_bin, tmp_path, variant, monkey
     assert _fake_engine_group_gone(tmp_path / "record.json")
 
 
+@pytest.mark.slow
 @pytest.mark.waits
 def test_a_start_whose_completions_hang_fails_within_its_timeout(fake_bin, tmp_path, variant,
                                                                  monkeypatch):
@@ -182,6 +186,7 @@ def test_unservable_precision_is_refused_with_the_reason(fake_bin, tmp_path, var
         start_once(e, fp4)
 
 
+@pytest.mark.slow
 def test_three_kinds_of_start_weights_and_caches(fake_bin, tmp_path, variant, monkeypatch):
     """fully_cold: weights evicted and an empty compile cache each time; cold_weights: weights
     evicted, the last fully cold start's cache; warm: weights resident, same cache."""
@@ -208,6 +213,7 @@ def _fake_engine_group_gone(record: Path) -> bool:
     return group_members(pid) == []
 
 
+@pytest.mark.slow
 def test_engine_dies_with_a_killed_step_process(fake_bin, tmp_path, tiny_checkpoint):
     """SIGKILL of the step process runs no `finally`; the parent-death signal still stops the
     engine, so a killed run worker leaves no engine holding the machine."""
@@ -252,6 +258,7 @@ def test_gpu_count_from_config_else_visible_devices(monkeypatch):
     assert Engine(hardware="sm100").gpu_count() == 2  # a step pod given two GPUs
 
 
+@pytest.mark.slow
 def test_a_twins_starts_read_no_weights_and_say_so(fake_bin, tmp_path, monkeypatch):
     """A performance twin's configuration (load_format dummy): the engine is started with
     `--load-format=dummy` on a directory without weights; nothing is evicted or read."""
@@ -282,6 +289,7 @@ def _starts(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow
 def test_the_last_start_handed_off_serves_a_later_step_of_the_same_configuration(
         fake_bin, tmp_path, variant, monkeypatch):
     """load_timing's last start, once measured, is the engine the benchmark would start (same
@@ -306,6 +314,7 @@ def test_the_last_start_handed_off_serves_a_later_step_of_the_same_configuration
     assert not Path(seen[-1]["cache_root"]).exists()  # its scratch caches went with it
 
 
+@pytest.mark.slow
 def test_a_handed_off_engine_never_outlives_the_run_nor_meets_another_engine(
         fake_bin, tmp_path, variant, monkeypatch):
     """Another configuration starts its own engine after the parked one is reaped (one engine
@@ -330,6 +339,7 @@ def test_a_handed_off_engine_never_outlives_the_run_nor_meets_another_engine(
         assert running.reused_from == "" and running.pid != parked
 
 
+@pytest.mark.slow
 def test_each_start_records_the_kernels_its_log_names(fake_bin, tmp_path, variant, monkeypatch):
     """The fake prints a real CPU engine's recorded start (tests/data/cpu-engine): every start
     carries the facts the template's kernel_facts read there; a log naming none, none."""

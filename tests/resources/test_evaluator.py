@@ -20,12 +20,14 @@ def test_project_tasks_resolve_to_absolute_data_paths(tmp_path, monkeypatch):
             assert Path(f).is_absolute() and Path(f).is_file()
 
 
+@pytest.mark.slow
 def test_unknown_task_name_fails_before_any_model_is_loaded():
     with pytest.raises(ConfigError) as err:
         LmEvalEvaluator().resolve_tasks(["onb_facts_mc", "no_such_task_xyz"])
     assert "no_such_task_xyz" in str(err.value) and "eval_tasks" in err.value.fix
 
 
+@pytest.mark.slow
 def test_evaluate_a_model_object_and_a_directory_agree(tmp_path, caplog):
     ckpt = build_tiny_causal_lm(tmp_path / "m")
     ev = LmEvalEvaluator(limit=6, batch_size=4)
@@ -44,6 +46,7 @@ def test_evaluate_a_model_object_and_a_directory_agree(tmp_path, caplog):
         "onb_facts_mc"]["acc,none"]
 
 
+@pytest.mark.slow
 def test_named_items_are_scored_under_their_own_ids_as_the_prefix_scores_them(tmp_path):
     """The gate's later look asks for the items after the first look's (lm-eval's `samples`):
     they come back under their indices in the task, with the results the longer prefix gives

@@ -141,6 +141,7 @@ def test_resets_are_counted_under_documented_causes(fault, causes):
     assert all(rec.detail for rec in r.records if not rec.ok)  # the exception, for the logs
 
 
+@pytest.mark.slow
 @pytest.mark.waits
 def test_a_stalled_stream_is_a_timeout():
     with running_fake_server(itl_ms=1, fault="stall", fault_every=2) as url:
@@ -205,6 +206,7 @@ def test_an_undocumented_cause_is_refused_by_the_statistics():
     assert summarize([RequestRecord(error="http_429")], 1.0).errors_by_cause == {"http_429": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metrics_fault,said", [("404", "HTTP 404"), ("stall", "timed out"),
                                                 ("garbage", "not Prometheus text")])
 @pytest.mark.waits
@@ -221,6 +223,7 @@ def test_a_broken_metrics_endpoint_never_costs_the_point(metrics_fault, said):
                                   "scrape_last_error": r.scrape_last_error}
 
 
+@pytest.mark.slow
 @pytest.mark.waits
 def test_a_stalled_metrics_endpoint_costs_a_point_one_scrape_timeout_not_one_per_scrape():
     """The scrape before the point times out; nothing more is asked of that

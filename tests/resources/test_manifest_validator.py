@@ -32,6 +32,7 @@ def golden_isvc() -> dict:
     return copy.deepcopy(next(d for d in docs if d["kind"] == "InferenceService"))
 
 
+@pytest.mark.slow
 def test_goldens_exist_and_validate(validator: ManifestValidator):
     assert len(GOLDEN) >= 4
     for path in GOLDEN:
@@ -47,6 +48,7 @@ def test_goldens_exist_and_validate(validator: ManifestValidator):
     assert {"LocalModelCache", "LocalModelNodeGroup", "LLMInferenceService"} <= every
 
 
+@pytest.mark.slow
 def test_the_default_crds_are_the_pinned_release_shipped_with_the_project():
     """A plain clone validates: the default set lives in the repository, from the KServe release
     configs/stack.yaml pins (SOURCE names that tag), under its license, and is the release's
@@ -67,6 +69,7 @@ def test_the_default_crds_are_the_pinned_release_shipped_with_the_project():
     assert {"LocalModelCache", "LocalModelNodeGroup", "ServingRuntime"} <= set(served)
 
 
+@pytest.mark.slow
 def test_wrong_type_is_reported_with_its_path(validator: ManifestValidator):
     doc = golden_isvc()
     doc["spec"]["predictor"]["minReplicas"] = "one"

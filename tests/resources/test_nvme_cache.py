@@ -111,6 +111,7 @@ NvmeCache(root=root, reserve_gb=0).fetch("big", store, parse_source("s3://models
 """
 
 
+@pytest.mark.slow
 def test_killed_fetch_resumes_and_finishes_with_the_same_checksums(
         cache, s3_store, s3_server, tmp_path, unique_prefix):
     from tests.conftest import ACCESS_KEY, SECRET_KEY

@@ -58,6 +58,7 @@ def packaged_config(name: str) -> dict:
     return json.loads((root / f"{name}_config.json").read_text())
 
 
+@pytest.mark.slow
 def test_catalog_70b_on_b300_nvfp4_is_covered_and_faster_than_bf16(predictor):
     nvfp4 = ask(predictor, "llama-3-1-70b-instruct", "b300", "nvfp4", 4)
     bf16 = ask(predictor, "llama-3-1-70b-instruct", "b300", "bf16", 4)
@@ -69,6 +70,7 @@ def test_catalog_70b_on_b300_nvfp4_is_covered_and_faster_than_bf16(predictor):
     assert nvfp4.silicon_share > 0.5  # most of the step time comes from measured tables
 
 
+@pytest.mark.slow
 def test_catalog_moe_with_expert_parallel_is_covered(predictor):
     p = ask(predictor, "qwen3-235b-a22b-instruct", "b300", "nvfp4", 8)
     assert p.status == "covered", p.notes
@@ -88,6 +90,7 @@ def test_the_catalog_hint_predicts_as_the_published_config_does(predictor, model
                                                            rel=1e-6)
 
 
+@pytest.mark.slow
 def test_h200_has_no_nvfp4_gemm_data_and_says_so(predictor):
     p = ask(predictor, "llama-3-1-70b-instruct", "h200", "nvfp4", 8)
     assert p.status == "not_covered" and not p.covered
@@ -96,6 +99,7 @@ def test_h200_has_no_nvfp4_gemm_data_and_says_so(predictor):
     assert p.data_set.startswith("h200_sxm/vllm/") and "current" not in p.data_set
 
 
+@pytest.mark.slow
 def test_a_shape_without_measured_attention_is_not_covered(predictor):
     """SmolLM2's 64-wide heads with 3 KV heads have no attention table in the data set."""
     p = ask(predictor, "smollm2-135m", "h200", "bf16", 1, batch=4, config=SMOLLM2)

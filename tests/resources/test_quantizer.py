@@ -21,6 +21,8 @@ from resources.quantizer import CPU_NVFP4_BACKEND, ModelOptQuantizer, attach_cpu
 from tests.engine_python import ENGINE_PY, engine_python
 from tests.quantize_support import build_tiny_causal_lm, save_byte_tokenizer
 
+# real Model Optimizer quantization and exports, seconds a test (the quick lane leaves them out)
+pytestmark = pytest.mark.slow
 
 def small_config(tmp_path: Path, **calibration) -> ConfigFiles:
     """A config dir whose quantization.yaml has a short calibration and held-out set."""
@@ -246,6 +248,7 @@ def test_a_twins_variant_is_model_optimizers_marker_without_weights(twin_variant
         "quantization"]["kv_cache_quant_algo"] == "FP8"  # as FP8_KV_CFG makes the real export
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not ENGINE_PY.is_file(), reason=f"needs the engine venv "
                     f"({ENGINE_PY}, scripts/setup.sh)")
 def test_vllm_reads_a_twins_marker_as_model_optimizers_export(twin_variants):

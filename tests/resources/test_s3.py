@@ -140,6 +140,7 @@ def _safetensors(path: Path, n_bytes: int) -> bytes:
     return path.read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.waits
 def test_a_failed_run_never_journals_chunks_it_did_not_receive(
         s3_server, s3_store, s3_proxy, tmp_path, unique_prefix):
@@ -232,6 +233,7 @@ def test_a_transient_fault_that_recovers_is_logged(
         assert "connection" in recovered[0]
 
 
+@pytest.mark.slow
 @pytest.mark.waits
 def test_a_hung_endpoint_fails_within_its_timeouts_and_says_it_timed_out():
     """The endpoint accepts the TCP connection and never answers (a blackhole port)."""
@@ -252,6 +254,7 @@ def test_a_hung_endpoint_fails_within_its_timeouts_and_says_it_timed_out():
     assert len([line for line in logs if line.startswith("retry ")]) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.waits
 def test_the_listing_deadline_bounds_every_attempt_together():
     with Blackhole() as hole:
@@ -271,6 +274,7 @@ def test_the_listing_deadline_bounds_every_attempt_together():
     assert elapsed_s < 4 + 10  # the deadline (no attempt runs past it), slack
 
 
+@pytest.mark.slow
 @pytest.mark.waits
 def test_no_attempt_starts_that_a_timeout_like_the_last_would_carry_past_the_deadline():
     """Attempts that time out after 2 s, a deadline of 5.5 s. Two fit; a
@@ -287,6 +291,7 @@ def test_no_attempt_starts_that_a_timeout_like_the_last_would_carry_past_the_dea
     assert "2 attempts" in str(info.value) and "list_read_timeout_s" in str(info.value)
 
 
+@pytest.mark.slow
 @pytest.mark.waits
 def test_a_hung_endpoint_fails_within_30_s_at_the_defaults():
     """At the defaults a hung endpoint failed a listing after 54 s (five
@@ -305,6 +310,7 @@ def test_a_hung_endpoint_fails_within_30_s_at_the_defaults():
     assert "timed out" in message and "list_read_timeout_s" in message
     assert "list_deadline_s" in message  # which limit to raise if the endpoint is only slow
 
+@pytest.mark.slow
 def test_a_stalled_range_times_out_and_says_so(s3_store, s3_proxy, tiny_checkpoint,
                                                unique_prefix, tmp_path):
     from tests.tiny_models import shard_names
@@ -382,6 +388,7 @@ def test_each_file_says_which_evidence_verified_it(s3_server, s3_store, tmp_path
     assert "model-00003-of-00003.safetensors: size_only" in result.checked_by["per_file"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "at_byte"), [
     ("config.json", 3), ("tokenizer.json", 3), ("generation_config.json", 3),
     ("special_tokens_map.json", 3),

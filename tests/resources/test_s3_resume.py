@@ -251,6 +251,7 @@ KILL_POINTS = [("mid", BIG)] + [
 ] + [("manifest_written", None), ("entry_renamed", None)]
 
 
+@pytest.mark.slow
 def test_a_fetch_killed_at_any_point_ends_byte_exact_on_the_next_run(
         s3_server, s3_store, five_files, unique_prefix, tmp_path):
     """The fetch is SIGKILLed before, during and after each file's last journal
@@ -296,6 +297,7 @@ def _via(proxy) -> S3ObjectStore:
                          max_attempts=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hidden", ["etag", "etag and last-modified"])
 def test_a_resume_never_joins_two_versions_of_one_file(
         hidden, s3_store, s3_proxy, five_files, unique_prefix, tmp_path):
@@ -325,6 +327,7 @@ def test_a_resume_never_joins_two_versions_of_one_file(
                    for line in logged)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hidden", ["nothing", "etag"])
 def test_an_object_replaced_during_the_fetch_fails_it_and_the_next_run_gets_the_new_one(
         hidden, s3_store, s3_proxy, five_files, unique_prefix, tmp_path):
@@ -379,6 +382,7 @@ def _broken_copy(tiny_checkpoint: Path, tmp_path: Path, name: str) -> tuple[Path
     return broken, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["config.json", "shard"])
 def test_a_file_broken_at_the_source_is_named_and_not_downloaded_again(
         what, s3_store, s3_proxy, tiny_checkpoint, unique_prefix, tmp_path):

@@ -121,7 +121,9 @@ def test_a_benchmark_without_a_gpu_says_tokens_per_s_not_per_gpu():
     from onboarding.serving.stats import ServingBenchmarkResult
     from scripts.demo import _benchmark
 
-    bench = ServingBenchmarkResult("m", "bf16", "cpu", 0, True, 36.2, 4, False, (),
+    bench = ServingBenchmarkResult(model="m", precision="bf16", node_type="cpu", gpus=0,
+                                   servable=True, tokens_per_s_per_gpu=36.2,
+                                   saturation_concurrency=4, slo_pass=False, slo_violations=(),
                                    config_hash="abc", slo_blocking=False)
     [line] = _benchmark(bench)
     assert "36 tokens/s (no GPU)" in line and "GPU," not in line

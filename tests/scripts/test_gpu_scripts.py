@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 import yaml
 
 from bench.gpu_h200_doc import regenerated
@@ -226,6 +227,7 @@ echo '{{"completed": 4, "duration": 1.0, "request_throughput": 4.0}}' > $dir/vll
     assert all(r["req_s"] == 4.0 and r["completed"] == 4 for r in rows)
 
 
+@pytest.mark.slow
 def test_the_frontend_warm_up_round_completes_on_prompts_no_measured_run_sends():
     """The discarded round after the engine start (bench/gpu_serving.py frontend, H200 only):
     one request per stream, all answered, on prompts drawn from a seed no measured run uses
@@ -276,14 +278,14 @@ def test_the_twins_sweep_sends_each_point_prompts_no_earlier_point_sent(tmp_path
     import pytest
     from transformers import AutoTokenizer
 
-    from assets.serving import run_sweep
     from bench.gpu_recordings import itl_mean_ms_of, stats_of_point
-    from bench.gpu_serving import REQUEST_FIELDS, BenchContext, PointRecorder
+    from bench.gpu_serving import REQUEST_FIELDS, PointRecorder, sweep_log
     from bench.openai_stream_server import running_fake_server
     from onboarding.serving.frontend import FrontendSampler
     from onboarding.serving.profiles import resolve_slo
     from resources.config_files import ConfigFiles
     from resources.loadgen import LoadGenerator
+    from resources.sweep import run_sweep
     from resources.telemetry import GpuTelemetry
 
     smol = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
@@ -303,9 +305,8 @@ def test_the_twins_sweep_sends_each_point_prompts_no_earlier_point_sent(tmp_path
     with running_fake_server(ttft_ms=5, itl_ms=1) as url, \
             GpuTelemetry().sampler([0]) as sampler, FrontendSampler(os.getpid()) as frontend:
         running = SimpleNamespace(base_url=url, pid=os.getpid(), exited=lambda _=None: False)
-        rows, _ = run_sweep(BenchContext(twin), None,
-                            PointRecorder(LoadGenerator(), path, f"{twin}:fp8"), running, vllm,
-                            "m", scenarios, sweep, slo, tok, sampler, frontend)
+        rows, _ = run_sweep(sweep_log(twin), PointRecorder(LoadGenerator(), path, f"{twin}:fp8"),
+                            running, vllm, "m", scenarios, sweep, slo, tok, sampler, frontend)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [x["load"] for x in lines] == [1, 2, 4] == [r["load"] for r in rows]
     assert [len(x["sent"]) for x in lines] == [6, 6, 8] == [r["requests"] for r in rows]

@@ -127,12 +127,14 @@ def test_gate_looks_prints_the_ratio_against_the_rule_before(tmp_path):
     assert rows["runs"] == 40 and 0 <= rows["at_limit/shipped"]["pass_rate"] <= 1
 
 
+@pytest.mark.slow
 def test_eval_call_prints_the_ratio_against_lm_evals_default(tmp_path):
     needs_model()
     proc = run_script(["bench/eval_call.py", "--repeats", "1", "--limit", "2"], tmp_path)
     assert "x 2 tasks):" in proc.stdout and "per-item results identical" in proc.stdout
 
 
+@pytest.mark.slow
 def test_gate_relook_prints_the_ratio_against_the_prefix(tmp_path):
     needs_model()
     out = tmp_path / "relook.json"
@@ -156,6 +158,7 @@ def test_predictions_record_is_the_committed_recording(tmp_path):
         "the library answers otherwise now: run bench/predictions.py --record and the docs"
 
 
+@pytest.mark.slow
 def test_layout_pictures_draws_every_feasible_layout(tmp_path):
     proc = run_script(["scripts/layout_pictures.py", "--out", str(tmp_path)], tmp_path)
     drawn = sorted(p.name for p in tmp_path.glob("layout-*.png"))
@@ -175,6 +178,7 @@ def test_make_quantize_data_reproduces_the_committed_files(tmp_path):
         assert p.read_bytes() == committed.read_bytes(), f"{committed} differs from its generator"
 
 
+@pytest.mark.slow
 def test_loadgen_against_the_fake_server_reaches_its_summary(tmp_path):
     out = tmp_path / "rows.json"
     proc = run_script(["bench/loadgen.py", "--quick", "--repeats", "1", "--tools",
@@ -215,6 +219,7 @@ def test_gpu_device_steps_refuse_to_run_before_the_payload_is_installed(tmp_path
     assert "bash bench/gpu_device.sh install" in done.stderr
 
 
+@pytest.mark.slow
 def test_sglang_steps_parse_and_the_check_stops_where_a_cpu_has_no_build(tmp_path):
     """The SGLang steps run only on the H200 (bench/sglang_payload.sh downloads 431 MiB
     of wheels; docs/gpu.md has the run): the payload script parses, gpu_device.sh's sglang
@@ -339,6 +344,7 @@ def test_demo_fetch_only_reaches_its_summary(tmp_path):
     assert (tmp_path / "data" / "s3-credentials.json").is_file()
 
 
+@pytest.mark.slow
 def test_serving_sweep_dry_run_builds_its_job_with_every_resource(tmp_path):
     """Its real run is four engine starts (the full cpu profile by default); the e2e test of
     the same assets (tests/e2e/test_serving_vllm.py) runs the engine. Here what broke it:
@@ -413,6 +419,7 @@ def test_the_device_steps_name_the_carried_kserve_crds_for_the_manifest_step(tmp
     assert crd_paths(bare).split(":") == kept  # a later call without the carry keeps them
 
 
+@pytest.mark.slow
 def test_gpu_x2_dry_runs_print_the_probe_thresholds_and_the_pairs_launchers(tmp_path):
     """The interconnect and neighbour steps (two H200s) as far as a CPU goes: the probe's
     argv at acceptance.yaml's sizes and the thresholds it is judged by; the pair planned by the
@@ -439,6 +446,7 @@ def test_gpu_x2_dry_runs_print_the_probe_thresholds_and_the_pairs_launchers(tmp_
     assert "--tensor-parallel-size=1" in body["launchers"]["twin-a"]
 
 
+@pytest.mark.slow
 def test_gpu_x2_doc_sections_are_current(tmp_path):
     """docs/gpu.md's issue-26 sections are what plan.json and the recordings say."""
     proc = run_script(["bench/gpu_x2_doc.py", "--check"], tmp_path)
@@ -478,6 +486,7 @@ def test_gpu_x2_twins_dry_run_plans_the_configurations_the_h200_recorded(prepare
         two["engine_argv"]
 
 
+@pytest.mark.slow
 def test_record_engine_metrics_imports_and_says_its_use():
     """Only that it imports and parses its arguments: a real recording starts the CPU engine
     (about a minute); what it wrote is replayed by tests/deploy/test_observability.py."""
@@ -487,6 +496,7 @@ def test_record_engine_metrics_imports_and_says_its_use():
     assert "--out" in out.stdout
 
 
+@pytest.mark.slow
 def test_record_node_tools_writes_one_framed_file_per_command(tmp_path):
     """Run for real on this machine (no GPU tools here): every file names its command and ends
     with its exit status; a tool that is absent records 127, which acceptance reads as not

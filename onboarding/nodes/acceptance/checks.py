@@ -15,7 +15,7 @@ from typing import Any
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Check:
     phase: int
     name: str
@@ -53,9 +53,10 @@ class Checker:
 
     def add(self, phase: int, name: str, ok: bool, measured: Any, expected: Any,
             reason: str = "") -> None:
-        self.checks.append(Check(phase, name, PASS if ok else FAIL, _fmt(measured),
-                                 _fmt(expected), "" if ok else reason, True,
-                                 self._source(name)))
+        self.checks.append(Check(phase=phase, name=name, status=PASS if ok else FAIL,
+                                 measured=_fmt(measured), expected=_fmt(expected),
+                                 reason="" if ok else reason, required=True,
+                                 source=self._source(name)))
 
     def skip(self, phase: int, name: str, why: str, expected: Any = "",
              required: bool = True) -> None:
@@ -64,9 +65,9 @@ class Checker:
         waiver = self._waiver(name) if required else None
         if waiver:
             why = f"{why} (waived: {waiver})"
-        self.checks.append(Check(phase, name, NOT_CHECKED, "", _fmt(expected),
-                                 f"not checked: {why}", required and not waiver,
-                                 self._source(name)))
+        self.checks.append(Check(phase=phase, name=name, status=NOT_CHECKED, measured="",
+                                 expected=_fmt(expected), reason=f"not checked: {why}",
+                                 required=required and not waiver, source=self._source(name)))
 
 
 def _fmt(value: Any) -> str:

@@ -16,7 +16,7 @@ from onboarding.nodes.acceptance.tools import Runs
 from onboarding.nodes.facts import DcgmDiag, GpuFacts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuHealth:
     node: str
     burn: dict[str, Any]  # the worker's result, `duration_s`, per-GPU iterations and errors
@@ -238,15 +238,17 @@ def build_health(s: NodeSetting, inv: NodeInventory, *, diag: DcgmDiag | None, d
         for name in HEALTH_CHECKS:
             c.skip(2, name, inv.no_gpu)
         c.skip(1, "pcie_lnksta_load", inv.no_gpu)
-        return GpuHealth(s.name, {}, (), (), (), None, tuple(c.checks))
+        return GpuHealth(node=s.name, burn={}, samples=(), windows=(), xids=(), dcgm=None,
+                         checks=tuple(c.checks))
     dcgm_check(c, diag, diag_why, level, s.thresholds.dcgm_diag_level_min)
     pcie_under_load_check(c, links or {}, (burn or {}).get("links_read_s"),
                           (burn or {}).get("window_s"))
     if burn is None:
         for name in HEALTH_CHECKS[1:]:
             c.skip(2, name, "the burn did not run")
-        return GpuHealth(s.name, {}, (), (), (), diag, tuple(c.checks))
+        return GpuHealth(node=s.name, burn={}, samples=(), windows=(), xids=(), dcgm=diag,
+                         checks=tuple(c.checks))
     gpus = inv.smi.gpus if inv.smi else ()
     windows = burn_checks(s, gpus, burn, samples, xids, telemetry_why, xid_why, c)
-    return GpuHealth(s.name, dict(burn), tuple(samples), tuple(windows), tuple(xids), diag,
-                     tuple(c.checks))
+    return GpuHealth(node=s.name, burn=dict(burn), samples=tuple(samples), windows=tuple(windows),
+                     xids=tuple(xids), dcgm=diag, checks=tuple(c.checks))

@@ -46,7 +46,7 @@ def _per_gpu(gpus: Sequence[GpuFacts], bad: Iterable[str]) -> str:
     return "; ".join(bad) if bad else f"all {len(gpus)} GPU(s)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeInventory:
     node: str
     node_type: str
@@ -321,5 +321,7 @@ def build_inventory(s: NodeSetting, *, smi_xml: str | None, smi_error: str,
     checks = inventory_checks(s, smi, smi_error, topo, topo_error, nvlinks, nvlink_error,
                               system, tools)
     no_gpu = smi_error if smi is None else "" if smi.gpus else "nvidia-smi lists no GPU"
-    return NodeInventory(s.name, s.node_type, s.gpus_expected, no_gpu, smi, topo, nvlinks,
-                         system, stack_facts, tuple(checks), dict(tools or {}))
+    return NodeInventory(node=s.name, node_type=s.node_type, gpus_expected=s.gpus_expected,
+                         no_gpu=no_gpu, smi=smi, topology=topo, nvlinks_active=nvlinks,
+                         system=system, stack_facts=stack_facts, checks=tuple(checks),
+                         tools=dict(tools or {}))

@@ -280,7 +280,7 @@ def load_acceptance(path: Path, nodes: NodesConfig) -> AcceptanceConfig:
     return cfg
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeSetting:
     """Everything a node asset needs about the node it runs for."""
 
@@ -297,6 +297,7 @@ def node_setting(cfg: AcceptanceConfig, nodes: NodesConfig, name: str, origin: s
                  ) -> NodeSetting:
     reg = cfg.registration(name, origin)
     planned = nodes.node_types[reg.node_type]
-    return NodeSetting(name, reg.node_type, reg.gpus or planned.gpus_per_node, planned,
-                       cfg.thresholds(reg.node_type, origin), cfg.probe,
-                       tuple(nodes.planning.tensor_parallel_candidates))
+    return NodeSetting(name=name, node_type=reg.node_type,
+                       gpus_expected=reg.gpus or planned.gpus_per_node, planned=planned,
+                       thresholds=cfg.thresholds(reg.node_type, origin), probe=cfg.probe,
+                       tp_candidates=tuple(nodes.planning.tensor_parallel_candidates))

@@ -14,16 +14,16 @@ from onboarding.nodes.acceptance.schema import PHASES, NodeSetting
 from onboarding.serving.stack import diff
 
 OUTSIDE_NODE_ACCEPTANCE = (
-    Check(3, "serving_smoke", NOT_CHECKED, required=False,
+    Check(phase=3, name="serving_smoke", status=NOT_CHECKED, required=False,
           reason="not checked: outside node acceptance; load_timing starts the engine (TP from "
           "the model's plan) on this node for every model"),
-    Check(5, "performance_slos", NOT_CHECKED, required=False,
+    Check(phase=5, name="performance_slos", status=NOT_CHECKED, required=False,
           reason="not checked: outside node acceptance; serving_benchmark judges each model's "
           "SLOs on this node"),
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeAcceptance:
     node: str
     node_type: str
@@ -75,8 +75,9 @@ def build_acceptance(s: NodeSetting, parts: Mapping[str, Any], now: float) -> No
     for name, phase in UPSTREAM.items():
         part = parts.get(name)
         if part is None:
-            checks.append(Check(phase, name, NOT_CHECKED, reason=f"not checked: {name} was "
-                                "never materialized for this node"))
+            checks.append(Check(phase=phase, name=name, status=NOT_CHECKED,
+                                reason=f"not checked: {name} was never materialized for this "
+                                "node"))
         else:
             checks.extend(part.checks)
     checks.extend(OUTSIDE_NODE_ACCEPTANCE)
@@ -84,8 +85,10 @@ def build_acceptance(s: NodeSetting, parts: Mapping[str, Any], now: float) -> No
     qualified, reasons, phases = verdict(checks)
     inv = parts.get("node_inventory")
     facts = dict(inv.stack_facts) if inv is not None else {}
-    return NodeAcceptance(s.name, s.node_type, qualified, tuple(reasons), tuple(phases),
-                          tuple(checks), facts, stack_fingerprint(facts), now)
+    return NodeAcceptance(node=s.name, node_type=s.node_type, qualified=qualified,
+                          reasons=tuple(reasons), phases=tuple(phases), checks=tuple(checks),
+                          stack_facts=facts, stack_fingerprint=stack_fingerprint(facts),
+                          accepted_at=now)
 
 
 def stale_reasons(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
