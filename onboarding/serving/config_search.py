@@ -108,7 +108,7 @@ class SearchRow:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SearchResult:
     node_type: str
     winner: EngineConfig
@@ -254,8 +254,9 @@ def search(node_type: str, cands: Sequence[Candidate],
                     key=lambda r: r.measured.headroom())
     runner = others[0] if others else None
     margin = _margin(winner_c, winner_m, runner, base_row) + (f"; {kept}" if kept else "")
-    return SearchResult(node_type, winner_c.config, cands[0].config, tuple(rows), basis, margin,
-                        crashed, elapsed, tuple(notes))
+    return SearchResult(node_type=node_type, winner=winner_c.config, baseline=cands[0].config,
+                        rows=tuple(rows), basis=basis, margin=margin, crashed=crashed,
+                        seconds=elapsed, notes=tuple(notes))
 
 
 def _margin(wc: Candidate, wm: Measured, runner: SearchRow | None, base: SearchRow | None

@@ -39,7 +39,7 @@ from onboarding.serving.stats import RequestRecord, Slo
 MET, NOT_MET, UNDECIDED = "met", "not met", "undecided"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RateSlo:
     """What the rate verdict judges at one node type (configs/search.yaml `rate_verdict`)."""
 
@@ -100,7 +100,7 @@ def _value(rec: RequestRecord, metric: str) -> float | None:
     return None if t is None else t * 1e3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BoundVerdict:
     bound: Bound
     outcome: str
@@ -142,16 +142,18 @@ def judge_bound(bound: Bound, records: Sequence[RequestRecord], alpha: float) ->
         outcome = (UNDECIDED if n == 0 else MET if high <= allowed
                    else NOT_MET if low > allowed else UNDECIDED)
         est = float(np.percentile(values, q * 100)) if values else math.nan
-        return BoundVerdict(bound, outcome, n, est, low, high, over)
+        return BoundVerdict(bound=bound, outcome=outcome, n=n, estimate=est, low=low, high=high,
+                            over=over)
     n = len(values)
     if n < 2:
-        return BoundVerdict(bound, UNDECIDED, n, values[0] if values else math.nan,
-                            -math.inf, math.inf)
+        return BoundVerdict(bound=bound, outcome=UNDECIDED, n=n,
+                            estimate=values[0] if values else math.nan,
+                            low=-math.inf, high=math.inf)
     mean = float(np.mean(values))
     half = float(sps.t.ppf(1 - alpha, n - 1)) * float(np.std(values, ddof=1)) / math.sqrt(n)
     low, high = mean - half, mean + half
     outcome = MET if high <= bound.limit else NOT_MET if low > bound.limit else UNDECIDED
-    return BoundVerdict(bound, outcome, n, mean, low, high)
+    return BoundVerdict(bound=bound, outcome=outcome, n=n, estimate=mean, low=low, high=high)
 
 
 @dataclass(frozen=True)

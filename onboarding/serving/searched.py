@@ -23,7 +23,7 @@ from onboarding.serving.engine_config import EngineConfig
 from onboarding.serving.stack import EngineTemplate
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SearchRecord:
     model: str
     node_type: str
@@ -40,10 +40,11 @@ class SearchRecord:
     @classmethod
     def of(cls, model: str, result: SearchResult) -> SearchRecord:
         w = result.winner
-        return cls(model, result.node_type, result.baseline.hash, w.hash,
-                   int(w.param("max_num_seqs")), w.param("max_num_batched_tokens"),
-                   result.basis, result.margin, result.measured, result.crashed,
-                   tuple(result.table()))
+        return cls(model=model, node_type=result.node_type, base_hash=result.baseline.hash,
+                   winner_hash=w.hash, max_num_seqs=int(w.param("max_num_seqs")),
+                   max_num_batched_tokens=w.param("max_num_batched_tokens"),
+                   basis=result.basis, margin=result.margin, candidates=result.measured,
+                   crashed=result.crashed, table=tuple(result.table()))
 
 
 def load_records(path: Path) -> list[SearchRecord]:

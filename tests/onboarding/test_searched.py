@@ -39,7 +39,8 @@ def planned():
 
 def record(base, seqs=128, tokens=8192, **kw):
     won = with_batching(VLLM, base, seqs, tokens)
-    return SearchRecord(LLAMA.id, base.node_type, base.hash, won.hash, seqs, tokens,
+    return SearchRecord(model=LLAMA.id, node_type=base.node_type, base_hash=base.hash,
+                        winner_hash=won.hash, max_num_seqs=seqs, max_num_batched_tokens=tokens,
                         basis="rule", margin="winner ... (n=300)", candidates=4,
                         table=({"hash": won.hash, "chosen": True, "n": 300},), **kw)
 
@@ -55,8 +56,10 @@ def test_the_manifest_renders_the_searched_winner_with_its_measurements(tmp_path
     assert won.hash == rec.winner_hash != base.hash
     assert searched.config("b300") == splan.config("b300")  # no record there
     assert dict(searched.search_notes) == {"h200": f"searched: {base.hash} -> {won.hash}"}
-    bench = ServingBenchmarkResult(LLAMA.id, won.precision, "h200", won.tensor_parallel, True,
-                                   1000.0, 64, True, config_hash=won.hash)
+    bench = ServingBenchmarkResult(model=LLAMA.id, precision=won.precision, node_type="h200",
+                                   gpus=won.tensor_parallel, servable=True,
+                                   tokens_per_s_per_gpu=1000.0, saturation_concurrency=64,
+                                   slo_pass=True, config_hash=won.hash)
     rendered, _ = render_targets(LLAMA, searched, NODES, STACK, DEPLOY, None, None, bench)
     h200 = next(r for r in rendered if r.node_type == "h200")
     assert h200.config_hash == won.hash and h200.measured
