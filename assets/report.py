@@ -88,7 +88,8 @@ def model_facts(configs: ConfigFiles, outputs: OutputDirs, verdict: ModelReport,
         sweep_rows=read_sweep_csv(sweep), sweep_source=str(sweep),
         published=up["published_variant"], manifests=_manifest_rows(manifests),
         manifest_skipped=dict(manifests.skipped) if manifests else {},
-        predictions=up["predictions"])
+        predictions=up["predictions"],
+        min_p95_samples=configs.deploy().probes.min_p95_samples)
 
 
 @dg.asset(

@@ -30,6 +30,7 @@ import yaml
 
 from onboarding.common.refs import CheckpointRef, PublishedVariant, VariantRef
 from onboarding.common.tables import md_table
+from onboarding.deploy.kserve import ProbeConfig
 from onboarding.deploy.plan import GIB, NodePlan, plan_rows
 from onboarding.deploy.readiness import Readiness
 from onboarding.deploy.serving_plan import ServingPlan
@@ -389,6 +390,8 @@ class ModelFacts:
     manifests: tuple[ManifestRow, ...] | None = None
     manifest_skipped: dict[str, str] = field(default_factory=dict)
     predictions: PredictionTable | None = None
+    # fewer fully cold starts than this claim no p95 (configs/deploy.yaml probes.min_p95_samples)
+    min_p95_samples: int = ProbeConfig.model_fields["min_p95_samples"].default
 
 
 # ---- sections of the model page ----
@@ -563,8 +566,10 @@ def _measured_blocks(f: ModelFacts) -> list[Block]:
             blocks.append(Table(tuple({"start": k, "p50_s": p50, "p95_s": p95,
                                        "n": n_cold if k == "fully_cold" and n_cold else "",
                                        "source": where + (
-                                           f" (p95 of n={n_cold}: fewer than 3 starts)"
-                                           if k == "fully_cold" and 0 < n_cold < 3 else "")}
+                                           f" (p95 of n={n_cold}: fewer than "
+                                           f"{f.min_p95_samples} starts)"
+                                           if k == "fully_cold"
+                                           and 0 < n_cold < f.min_p95_samples else "")}
                                       for k, p50, p95 in phases)))
             def gbps(v: float | None) -> str:
                 return "(not measured)" if v is None else f"{v:.3g} GB/s"
@@ -664,8 +669,9 @@ def node_numbers(f: ModelFacts, node_type: str, config: EngineConfig) -> list[di
                      f"{inputs.context_tokens} tokens x KV bytes per token (plan.py)"})
     n = ev.cold_start_samples
     rows.append({"quantity": "cold start p95 (s)", "value": ev.cold_start_p95_s,
-                 "source": ev.basis + (f" (n={n}: fewer than 3 starts, so the startup probe "
-                                       "is sized from their maximum)" if n and n < 3 else "")
+                 "source": ev.basis + (f" (n={n}: fewer than {f.min_p95_samples} starts, so "
+                                       "the startup probe is sized from their maximum)"
+                                       if n and n < f.min_p95_samples else "")
                  if ev.cold_start_p95_s is not None else
                  f"{ev.basis}: the startup probe uses configs/deploy.yaml's default"})
     pred = _predicted(f, node_type, config.precision, config.tensor_parallel)

@@ -271,6 +271,11 @@ def test_a_cold_start_p95_of_fewer_than_three_starts_says_its_n(ready):
     blocks = [b for b in _measured_blocks(few) if isinstance(b, Table)]
     fully_cold = next(r for r in blocks[0].rows if r["start"] == "fully_cold")
     assert fully_cold["n"] == 1 and "(p95 of n=1" in fully_cold["source"]
+    # the threshold is deploy.yaml's probes.min_p95_samples, as the manifest's probe uses
+    five = dataclasses.replace(few, min_p95_samples=5, load_timing=dataclasses.replace(
+        few.load_timing, cold_start_samples=4))
+    row = {r["quantity"]: r for r in node_numbers(five, "h200", h200)}["cold start p95 (s)"]
+    assert "(n=4: fewer than 5 starts" in row["source"]
 
 
 @pytest.mark.slow
