@@ -72,18 +72,18 @@ def run_search(engine, loadgen: LoadGenerator, variant: VariantRef, cands: list[
                         seed=i, request_timeout_s=traffic.request_timeout_s,
                         warmup_bodies=warm)
                     runs.append(v)
-                    log(f"  run {i + 1}/{rate.repeats}: {v.says()} (stopped: {run.stopped})")
+                    log(f"  repetition {i + 1}/{rate.repeats}: {v.says()} (stopped: {run.stopped})")
                     errors = {r.error: 1 for r in run.records if r.error}
                     if running.exited(errors):
                         return Measured(combine(runs), crashed=(
-                            f"engine exited (code {running.exit_code()}) during run {i + 1}"),
+                            f"engine exited (code {running.exit_code()}) during repetition {i + 1}"),
                             seconds=clock() - t0)
                     if v.outcome == NOT_MET:
-                        stopped = f"run {i + 1} not met (n={v.n}): not repeated"
+                        stopped = f"repetition {i + 1} not met (n={v.n}): not repeated"
                         break
                     if best is not None and i + 1 < rate.repeats and \
                             Measured(combine(runs)).headroom() > best.headroom():
-                        stopped = (f"after run {i + 1}: {Measured(combine(runs)).headroom():.3f}"
+                        stopped = (f"after repetition {i + 1}: {Measured(combine(runs)).headroom():.3f}"
                                    f" of its bounds vs the best's {best.headroom():.3f}: cannot "
                                    "beat it, not repeated")
                         break

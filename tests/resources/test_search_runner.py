@@ -5,13 +5,11 @@ start), judged by the real load generator at a Poisson rate."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 import pytest
 
 from bench.openai_stream_server import install_as_vllm
-from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import VariantRef
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.serving.config_search import Candidate, SearchFailed, candidates
@@ -20,8 +18,8 @@ from onboarding.serving.stats import Slo
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator
 from resources.search_runner import Traffic, run_search
+from tests.conftest import tiny_with_smol_tokenizer
 
-SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 SLO = Slo(ttft_p95_s=0.2, itl_mean_ms=100, error_rate_max=0.0, target_concurrency=4)
 RATE = RateSlo(target_rate_rps=20, ttft_p_s=0.2, tpot_p_ms=100, percentile=90, confidence=0.9,
                min_requests=20, max_seconds=10, look_every=20, repeats=2)
@@ -29,13 +27,7 @@ RATE = RateSlo(target_rate_rps=20, ttft_p_s=0.2, tpot_p_ms=100, percentile=90, c
 
 @pytest.fixture
 def model_dir(tiny_checkpoint, tmp_path) -> Path:
-    if not (SMOL / "tokenizer.json").is_file():
-        pytest.skip(f"{SMOL} not built; scripts/build_smollm2.py builds it offline")
-    d = tmp_path / "variant"
-    shutil.copytree(tiny_checkpoint, d)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(SMOL / name, d / name)
-    return d
+    return tiny_with_smol_tokenizer(tiny_checkpoint, tmp_path / "variant")
 
 
 def setup(tmp_path, model_dir, monkeypatch, slow_ms: dict[int, str]):
@@ -69,7 +61,7 @@ def test_a_crashed_candidate_is_counted_and_the_met_one_wins(tmp_path, model_dir
     assert [row["verdict"] for row in table] == [MET, "crashed", NOT_MET]
     assert result.crashed == 1 and result.measured == 3
     assert "exited" in table[1]["note"] or "code 3" in table[1]["note"]
-    assert table[2]["note"].startswith("run 1 not met") and table[2]["runs"] == 1
+    assert table[2]["note"].startswith("repetition 1 not met") and table[2]["runs"] == 1
     assert table[0]["runs"] == 2 and table[0]["n"] >= 2 * 20 and table[0]["chosen"]
     assert result.winner.hash == cands[0].config.hash
     assert "the plan's configuration was already the best" in result.margin
