@@ -226,6 +226,20 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", shards=2)
 
 
+SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
+
+
+def tiny_with_smol_tokenizer(tiny_checkpoint: Path, dest: Path) -> Path:
+    """A copy of the tiny random Llama at `dest` with SmolLM2's tokenizer beside it, so token-
+    exact prompts can be built for it; skips where SmolLM2 was not built."""
+    if not (SMOL / "tokenizer.json").is_file():
+        pytest.skip(f"{SMOL} not built; scripts/build_smollm2.py builds it offline")
+    shutil.copytree(tiny_checkpoint, dest)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(SMOL / name, dest / name)
+    return dest
+
+
 @pytest.fixture
 def config_dir(tmp_path) -> Path:
     """A copy of configs/ without model specs; tests add the specs they need."""

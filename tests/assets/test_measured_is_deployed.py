@@ -8,7 +8,6 @@ benchmark that start the planned configuration, and the manifest that renders it
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import dagster as dg
@@ -19,7 +18,6 @@ from assets.deploy import kserve_manifest, published_variant, serving_config
 from assets.partitions import models_partitions
 from assets.serving import SLO_CHECK, load_timing, serving_benchmark
 from bench.openai_stream_server import install_as_vllm
-from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.quantize.variants import AccuracyReport, QuantizedSet, write_manifest
 from resources.engine import Engine
@@ -28,10 +26,9 @@ from resources.loadgen import LoadGenerator
 from resources.manifest_validator import ManifestValidator
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
-from tests.conftest import write_spec
+from tests.conftest import tiny_with_smol_tokenizer, write_spec
 from tests.dagster_support import metadata
 
-SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 KEY = "tiny-model"
 RUN = {"ops": {
     "load_timing": {"config": {"cold_repeats": 1, "cold_weights_repeats": 0,
@@ -44,12 +41,7 @@ RUN = {"ops": {
 def model_dir(tiny_checkpoint, tmp_path) -> Path:
     """The tiny random Llama with SmolLM2's tokenizer and a cache manifest, as `checkpoint`
     leaves a verified entry."""
-    if not (SMOL / "tokenizer.json").is_file():
-        pytest.skip(f"{SMOL} not built; scripts/build_smollm2.py builds it offline")
-    d = tmp_path / "cache" / KEY / "r1"
-    shutil.copytree(tiny_checkpoint, d)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(SMOL / name, d / name)
+    d = tiny_with_smol_tokenizer(tiny_checkpoint, tmp_path / "cache" / KEY / "r1")
     write_manifest(d, "s3://models/tiny/", "r1")
     return d
 

@@ -2,7 +2,6 @@
 fixture (fast); the real vLLM CPU engine is exercised in tests/e2e/test_serving_vllm.py."""
 
 import json
-import shutil
 from pathlib import Path
 
 import dagster as dg
@@ -22,7 +21,6 @@ from assets.serving import (
 from assets.stack import current_stack
 from bench.gpu_recordings import folder
 from bench.openai_stream_server import install_as_vllm
-from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.deploy.serving_plan import ServingPlan
 from onboarding.nodes.acceptance import NodeAcceptance
@@ -34,23 +32,16 @@ from resources.loadgen import LoadGenerator
 from resources.stack_facts import nvidia_facts
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
-from tests.conftest import write_spec
+from tests.conftest import tiny_with_smol_tokenizer, write_spec
 from tests.dagster_support import metadata
 
-SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 KEY = "tiny-model"
 
 
 @pytest.fixture
 def model_dir(tiny_checkpoint, tmp_path) -> Path:
     """The tiny random Llama plus SmolLM2's tokenizer (the benchmark builds token-exact prompts)."""
-    if not (SMOL / "tokenizer.json").is_file():
-        pytest.skip(f"{SMOL} not built; scripts/build_smollm2.py builds it offline")
-    d = tmp_path / "variant"
-    shutil.copytree(tiny_checkpoint, d)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(SMOL / name, d / name)
-    return d
+    return tiny_with_smol_tokenizer(tiny_checkpoint, tmp_path / "variant")
 
 
 @pytest.fixture
