@@ -166,7 +166,7 @@ def config_at_hand(splan: ServingPlan, spec: ModelSpec, template: EngineTemplate
                    local: dict[str, str]) -> EngineConfig:
     """The configuration at hand (`_config_at_hand`), or its recorded search winner."""
     config = _config_at_hand(splan, spec, template, local)
-    if config.node_type not in splan.configs and getattr(splan, "searched", ()):
+    if config.node_type not in splan.configs and splan.searched:
         config, _ = apply(config, template, list(splan.searched))
     return config
 

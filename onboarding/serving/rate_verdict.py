@@ -121,6 +121,12 @@ class BoundVerdict:
                 f"(in [{self.low:.4g}, {self.high:.4g}], n={self.n})")
 
 
+def _t_half_width(values: Sequence[float], quantile: float) -> float:
+    """Student's t half-width of the mean of `values` (two or more) at `quantile`."""
+    n = len(values)
+    return float(sps.t.ppf(quantile, n - 1)) * float(np.std(values, ddof=1)) / math.sqrt(n)
+
+
 def clopper_pearson(k: int, n: int, alpha: float) -> tuple[float, float]:
     """One-sided bounds at `alpha` each side on a binomial share, k of n."""
     if n == 0:
@@ -149,8 +155,7 @@ def judge_bound(bound: Bound, records: Sequence[RequestRecord], alpha: float) ->
         return BoundVerdict(bound=bound, outcome=UNDECIDED, n=n,
                             estimate=values[0] if values else math.nan,
                             low=-math.inf, high=math.inf)
-    mean = float(np.mean(values))
-    half = float(sps.t.ppf(1 - alpha, n - 1)) * float(np.std(values, ddof=1)) / math.sqrt(n)
+    mean, half = float(np.mean(values)), _t_half_width(values, 1 - alpha)
     low, high = mean - half, mean + half
     outcome = MET if high <= bound.limit else NOT_MET if low > bound.limit else UNDECIDED
     return BoundVerdict(bound=bound, outcome=outcome, n=n, estimate=mean, low=low, high=high)
@@ -251,8 +256,7 @@ def repeat_interval(name: str, runs: Sequence[RateVerdict], confidence: float = 
     mean = float(np.mean(finite))
     if len(finite) < 2:
         return Interval(name, tuple(values), ns, mean, -math.inf, math.inf)
-    half = float(sps.t.ppf(0.5 + confidence / 2, len(finite) - 1)) * float(
-        np.std(finite, ddof=1)) / math.sqrt(len(finite))
+    half = _t_half_width(finite, 0.5 + confidence / 2)
     return Interval(name, tuple(values), ns, mean, mean - half, mean + half)
 
 
