@@ -9,10 +9,17 @@ format of configs/searched_configs.json; docs/serving.md "Measured configuration
     .venv/bin/python bench/config_search.py --model smollm2-135m \\
         --model-dir .cache/smollm2-135m-instruct [--node-type cpu] [--scenario chat] \\
         [--tokens IN OUT] [--rate RPS] [--percentile P] [--ttft-s S] [--tpot-ms MS] \\
-        [--repeats N] [--max-seconds S] [--min-requests N] [--look-every N] \\
+        [--repeats N] [--max-seconds S] [--min-requests N] [--min-seconds S] [--look-every N] \\
         [--max-num-seqs 2 4 8] [--max-num-batched-tokens 512 2048] [--max-candidates N] \\
-        [--budget-min M] [--start-s S] [--out record.json] [--dry-run]
+        [--budget-min M] [--start-s S] [--out record.json] [--dry-run] \\
+        [--plan] [--config-dir DIR] [--engine-bin DIR] [--gpus 0] [--log-dir DIR] \\
+        [--samples requests.jsonl] [--table-out search.json]
 
+`--plan`: start from the configuration serving_config plans for the node type (the rule's:
+`--max-num-seqs` = the SLO's target concurrency), as on a GPU node type, instead of the engine
+at hand's local one. `--samples`: every run's requests (one JSON line each: candidate hash,
+repetition, bodies, the fields the verdict reads), which tests/serving judge again;
+`--table-out`: the search table, margin, settings and each candidate's engine argv.
 `--dry-run`: resolve everything and print the candidates, start nothing. Exit 2 when no
 candidate met the SLO (the search fails closed), 1 on a configuration error.
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shutil
 import sys
@@ -46,6 +54,27 @@ from resources.engine import Engine
 from resources.loadgen import LoadGenerator
 from resources.search_runner import Traffic, candidate_cost_s, run_search
 
+# what a sample line keeps of a request: what the rate verdict reads (rate_verdict._value)
+SAMPLE_FIELDS = ("ok", "error", "start_s", "ttft_s", "e2e_s", "output_tokens", "stream_tokens")
+
+
+def planned_base(configs: ConfigFiles, spec, node_type: str):
+    """What serving_config plans for `node_type` (assets/deploy.py, the search records left
+    out: the search starts from the rule's configuration)."""
+    from onboarding.deploy.plan import build_plan
+    from onboarding.deploy.serving_plan import serving_plan, with_engine_choices
+
+    nodes, stack = configs.nodes(), configs.stack()
+    splan = with_engine_choices(serving_plan(spec, build_plan(spec, nodes, None, None), nodes,
+                                             stack), spec, stack.templates,
+                                configs.stack_config(), configs.engine_measurements(),
+                                stack.engine)
+    config = splan.config(node_type)
+    if config is None:
+        raise SystemExit(f"serving_config plans nothing for {spec.id} on {node_type}: "
+                         f"{splan.skipped.get(node_type, '?')}")
+    return config
+
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -64,6 +93,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int)
     p.add_argument("--max-seconds", type=float)
     p.add_argument("--min-requests", type=int)
+    p.add_argument("--min-seconds", type=float)
     p.add_argument("--look-every", type=int)
     p.add_argument("--slo-ttft-p95-s", type=float)
     p.add_argument("--slo-itl-mean-ms", type=float)
@@ -75,18 +105,28 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="estimated seconds of one engine start (budget arithmetic)")
     p.add_argument("--out", type=Path)
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--plan", action="store_true",
+                   help="start from serving_config's plan for the node type")
+    p.add_argument("--config-dir", default="")
+    p.add_argument("--engine-bin", default="")
+    p.add_argument("--gpus", default="")
+    p.add_argument("--log-dir", type=Path)
+    p.add_argument("--samples", type=Path)
+    p.add_argument("--table-out", type=Path)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
-    configs = ConfigFiles()
+    configs = ConfigFiles(config_dir=a.config_dir)
     spec = configs.spec(a.model)
-    logs = Path(tempfile.mkdtemp(prefix="config-search-logs-"))
+    logs = a.log_dir or Path(tempfile.mkdtemp(prefix="config-search-logs-"))
     engine = Engine(hardware=a.hardware, node_type=a.node_type, log_dir=str(logs),
-                    start_timeout_s=600)
+                    start_timeout_s=600, configs=configs,
+                    **{k: v for k, v in (("bin_dir", a.engine_bin), ("gpus", a.gpus)) if v})
     template = engine.template()
-    base = engine.local_config(spec, a.precision)
+    base = planned_base(configs, spec, a.node_type) if a.plan else \
+        engine.local_config(spec, a.precision)
     slo = resolve_slo(configs.slo_section(), a.node_type, spec)
     slo = dataclasses.replace(slo, **{k: v for k, v in (
         ("ttft_p95_s", a.slo_ttft_p95_s), ("itl_mean_ms", a.slo_itl_mean_ms)) if v is not None})
@@ -96,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         ("target_rate_rps", a.rate), ("percentile", a.percentile), ("ttft_p_s", a.ttft_s),
         ("tpot_p_ms", a.tpot_ms), ("repeats", a.repeats), ("max_seconds", a.max_seconds),
         ("min_requests", a.min_requests), ("look_every", a.look_every),
+        ("min_seconds", a.min_seconds),
         ("confidence", a.confidence)) if v is not None})
     settings = search_settings(f, a.node_type)
     _, profile = configs.profile(None, a.hardware)
@@ -112,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{spec.id} on {a.node_type}: {len(cands)} candidates (order: {basis}); left out: "
           f"{'; '.join(left_out) or 'none'}")
     print(f"rate verdict: {rate}\nSLO: {slo}\ntraffic: {traffic}")
+    if base.precision != a.precision:
+        print(f"error: the plan serves {base.precision} on {a.node_type}, not {a.precision}")
+        return 1
     print(f"budget {budget_s / 60:.1f} min, one candidate at most "
           f"{candidate_cost_s(rate, a.start_s) / 60:.1f} min")
     for c in cands:
@@ -127,14 +171,42 @@ def main(argv: list[str] | None = None) -> int:
     size = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
     variant = VariantRef(spec.id, a.precision, str(model_dir), size, "bench")
     t0 = time.monotonic()
+    if a.samples:
+        a.samples.write_text("")
+
+    def on_run(c, i, run, n_bodies):
+        if a.samples:
+            with a.samples.open("a") as fh:
+                for r in run.records:
+                    fh.write(json.dumps({"hash": c.config.hash, "repetition": i,
+                                         "bodies": n_bodies, "stopped": run.stopped,
+                                         **{k: getattr(r, k) for k in SAMPLE_FIELDS}}) + "\n")
+
+    def write_table(result=None, failed: str = "") -> None:
+        if a.table_out:
+            a.table_out.write_text(json.dumps({
+                "model": spec.id, "node_type": a.node_type, "basis": basis,
+                "left_out": left_out, "rate": dataclasses.asdict(rate),
+                "slo": dataclasses.asdict(slo), "traffic": dataclasses.asdict(traffic),
+                "min_margin": settings.min_margin, "budget_s": budget_s,
+                "candidates": [{"hash": c.config.hash, "label": c.label, "baseline": c.baseline,
+                                "argv": c.config.args(str(model_dir), 0, "127.0.0.1")}
+                               for c in cands],
+                "table": result.table() if result else [],
+                "winner": result.winner.hash if result else None,
+                "baseline": result.baseline.hash if result else cands[0].config.hash,
+                "margin": result.margin if result else "", "failed_closed": failed,
+                "search_s": round(time.monotonic() - t0, 1)}, indent=1, default=str) + "\n")
+
     try:
         result = run_search(engine, LoadGenerator(), variant, cands, basis, slo, rate, traffic,
                             AutoTokenizer.from_pretrained(model_dir, local_files_only=True),
                             budget_s=budget_s, start_s=a.start_s,
                             min_margin=settings.min_margin,
-                            log=lambda s: print(s, flush=True))
+                            log=lambda s: print(s, flush=True), on_run=on_run)
     except SearchFailed as exc:
         print(f"FAILED CLOSED: {exc}")
+        write_table(failed=str(exc))
         return 2
     except OnboardingError as exc:
         print(f"error: {exc}")
@@ -144,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(md_table(result.table()))
     print(f"\nwinner {result.winner.hash}: {result.margin}")
+    write_table(result)
     print(f"search: {result.measured} measured, {result.crashed} crashed, "
           f"{time.monotonic() - t0:.0f} s in all; engine logs in {logs}")
     if a.out:

@@ -8,6 +8,9 @@ candidate cannot beat the best so far: a run decided "not met" is not repeated, 
 one whose worst percentile is already further from its bound than the best's. An engine that
 fails to start, or exits while measured, is a crashed candidate (its reason kept), never the
 end of the search.
+`on_run(candidate, repetition, run, bodies)` sees each run's requests as they came back (and
+how many bodies it had: the verdict's looks follow from it), for a record that the verdict can
+be judged again from.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from onboarding.serving.config_search import Candidate, Measured, SearchResult, 
 from onboarding.serving.prompts import synthetic_prompts
 from onboarding.serving.rate_verdict import NOT_MET, RateSlo, combine, requests_for
 from onboarding.serving.stats import Slo
-from resources.loadgen import LoadGenerator, completion_bodies, measure_at_rate
+from resources.loadgen import LoadGenerator, PointRun, completion_bodies, measure_at_rate
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,8 @@ def run_search(engine, loadgen: LoadGenerator, variant: VariantRef, cands: list[
                basis: str, slo: Slo, rate: RateSlo, traffic: Traffic, tokenizer,
                budget_s: float, start_s: float, notes: tuple[str, ...] = (),
                min_margin: float = 0.0,
-               log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic
+               log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
+               on_run: Callable[[Candidate, int, PointRun, int], None] | None = None
                ) -> SearchResult:
     node_type = cands[0].config.node_type if cands else "?"
     per_run = requests_for(rate)
@@ -72,6 +76,8 @@ def run_search(engine, loadgen: LoadGenerator, variant: VariantRef, cands: list[
                         seed=i, request_timeout_s=traffic.request_timeout_s,
                         warmup_bodies=warm)
                     runs.append(v)
+                    if on_run is not None:  # the run's requests, for a record of the search
+                        on_run(c, i, run, per_run)
                     log(f"  repetition {i + 1}/{rate.repeats}: {v.says()} (stopped: {run.stopped})")
                     errors = {r.error: 1 for r in run.records if r.error}
                     if running.exited(errors):

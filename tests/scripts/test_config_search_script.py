@@ -1,8 +1,12 @@
 """bench/config_search.py resolves a search without starting anything (--dry-run); the real
-search it runs is tests/e2e/test_config_search_vllm.py's."""
+search it runs is tests/e2e/test_config_search_vllm.py's (CPU) and the recording in
+tests/data/gpu/config-search (GPU, made by bench/gpu_search.sh). bench/search_vs_auto_tune.py
+reports that recording against vLLM's auto_tune."""
 
 import subprocess
 import sys
+
+import pytest
 
 from onboarding.common.paths import PROJECT_ROOT
 
@@ -17,3 +21,57 @@ def test_config_search_dry_run_lists_the_candidates_and_the_budget():
     assert "smollm2-135m on cpu: 3 candidates" in out
     assert "(the plan)" in out and "max_num_seqs=4, max_num_batched_tokens=2048" in out
     assert "budget 15.0 min" in out and "percentile=90.0" in out
+
+
+def test_config_search_plan_dry_run_starts_from_the_h100_plan():
+    """--plan: the rule's configuration serving_config gives the 8B twin on h100 comes first."""
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "llama-3-1-8b-instruct-twin", "--model-dir",
+         "/nonexistent", "--precision", "fp8", "--node-type", "h100", "--hardware", "sm90",
+         "--plan", "--max-num-seqs", "64", "128", "--max-num-batched-tokens", "8192", "2048",
+         "--max-candidates", "4", "--dry-run"],
+        capture_output=True, text=True, timeout=300, cwd=PROJECT_ROOT, check=True).stdout
+    assert "llama-3-1-8b-instruct-twin on h100: 4 candidates" in out
+    assert "max_num_seqs=32, max_num_batched_tokens=engine default (the plan)" in out
+
+
+BENCH = PROJECT_ROOT / "bench"
+
+
+def test_search_vs_auto_tune_report_prints_the_ratio_from_the_recording():
+    rec = PROJECT_ROOT / "tests" / "data" / "gpu" / "config-search"
+    out = subprocess.run([sys.executable, str(BENCH / "search_vs_auto_tune.py"), "report",
+                          str(rec)], capture_output=True, text=True, timeout=120,
+                         cwd=PROJECT_ROOT, check=True).stdout
+    assert "search: 4 candidates" in out and "ratio auto_tune/search" in out
+
+
+def test_search_vs_auto_tune_sets_the_variables_and_refuses_a_changed_script():
+    """The peer's edits apply to the script's lines as they stand (a stand-in text holding
+    them here: the upstream script is not part of this repository), and a script without
+    one of them is refused, not run half-edited."""
+    import argparse
+
+    sys.path.insert(0, str(BENCH))
+    import search_vs_auto_tune as peer
+
+    names = ("MODEL", "SYSTEM", "TP", "INPUT_LEN", "OUTPUT_LEN", "MAX_MODEL_LEN",
+             "MIN_CACHE_HIT_PCT", "MAX_LATENCY_ALLOWED_MS", "NUM_SEQS_LIST",
+             "NUM_BATCHED_TOKENS_LIST")
+    text = "".join(f"{n}=x\n" for n in names) + "\nbest_throughput=0\n" + \
+        "".join(old for old, _ in peer.EDITS)
+    a = argparse.Namespace(model="/m", in_len=512, out_len=256, max_model_len=8192,
+                           max_e2el_ms=9680, seqs="32 64", tokens="2048 8192")
+    done = peer.configured(text, a)
+    assert 'NUM_SEQS_LIST="32 64"' in done and "pkill" not in done
+    assert "--disable-log-requests" not in done and "stop_server() {" in done
+    with pytest.raises(SystemExit, match="changed"):
+        peer.configured(text.replace("    pkill -if vllm\n", ""), a)
+
+
+def test_gpu_search_steps_parse_and_refuse_an_unknown_step():
+    sh = BENCH / "gpu_search.sh"
+    subprocess.run(["bash", "-n", str(sh)], check=True)
+    p = subprocess.run(["bash", str(sh), "nope"], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin"}, check=False)
+    assert p.returncode == 2 and "unknown step nope" in p.stderr

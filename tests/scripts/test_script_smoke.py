@@ -32,6 +32,8 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
 # Scripts run to their end by a test elsewhere: the test file must name the script.
 ELSEWHERE = {
     "bench/config_search.py": "tests/scripts/test_config_search_script.py",  # --dry-run
+    "bench/gpu_search.sh": "tests/scripts/test_config_search_script.py",
+    "bench/search_vs_auto_tune.py": "tests/scripts/test_config_search_script.py",
     "bench/engine_measurements.py": "tests/onboarding/test_engine_choice.py",
     "bench/gpu_h200_doc.py": "tests/scripts/test_gpu_scripts.py",  # --check
     "scripts/add_measured_points.py": "tests/onboarding/test_predict.py",

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The device side of the measured configuration search on one GPU (tests/data/gpu/config-search
+# has what it recorded and the exact calls). Each step is one device call, back to back on one
+# machine; the pieces and the code travel as carried folders under build/gpu-search/:
+#
+#   bash bench/gpu_search.sh piece K       keep pK's part of the vLLM payload under /tmp/asm
+#   bash bench/gpu_search.sh install       with the last piece and code/: assemble, check,
+#                                          install into /tmp/site, then start `drive` in its own
+#                                          session (it outlives the call; `watch` follows it)
+#   bash bench/gpu_search.sh watch S       wait up to S seconds for `drive`, then return what it
+#                                          wrote so far under $OUT (called until it is done)
+#
+# `drive`: the stack pinned to the installed engine (bench/gpu_serving.py pinned_configs, so the
+# plan's hash is the one the engine runs), the search (bench/config_search.py --plan on the 8B
+# twin in FP8 at the node type of this card), then vLLM's auto_tune as the peer
+# (bench/search_vs_auto_tune.py peer) on the same variant, until DRIVE_DEADLINE_S.
+#
+# The payload: vLLM 0.22.0 and its wheels (../shared/gpu/wheels.txt without nvidia-modelopt,
+# whose only use here, the twin's FP8 marker, is written beforehand into code/variant/), plus
+# dagster's import closure from wheels-pipeline.txt; tarred and split in pieces p0-pN.
+set -euo pipefail
+W=${W:-/tmp/gsearch}
+CARRY=build/gpu-search
+export PYTHONPATH=/tmp/site:/tmp/code PATH=/tmp/site/bin:$PATH
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export DAGSTER_DISABLE_TELEMETRY=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+TWIN=llama-3-1-8b-instruct-twin
+
+case "$1" in
+  piece)
+    mkdir -p /tmp/asm && cp "$CARRY/p$2"/part.* /tmp/asm/ && ls -l /tmp/asm
+    if [ "$2" = 0 ]; then
+      nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv
+      python3 -c 'import torch, sys; print("torch", torch.__version__, sys.version)'
+      for t in curl bc setsid; do printf '%s: %s\n' "$t" "$(command -v $t || echo missing)"; done
+      pwd; df -h /tmp | tail -1
+    fi ;;
+  install)
+    rm -rf /tmp/code && cp -r "$CARRY/code" /tmp/code
+    n=$(ls -d "$CARRY"/p[0-9]* | sort -V | tail -1)
+    cp "$n"/part.* /tmp/asm/
+    cd /tmp/asm && cat $(ls part.* | sort -V) > payload.tar
+    echo "$(cat /tmp/code/payload.sha256)  payload.tar" | sha256sum -c -
+    tar xf payload.tar && rm -f part.* payload.tar
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site whl/*.whl
+    for s in whl/*.tar.gz; do
+      python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site "$s"
+    done
+    rm -rf whl
+    python3 -c "import vllm, torch, dagster; print('vllm', vllm.__version__, 'torch', torch.__version__, 'dagster', dagster.__version__)"
+    mkdir -p "$W/res"
+    cd /tmp/code && setsid nohup bash bench/gpu_search.sh drive > "$W/res/drive.log" 2>&1 < /dev/null &
+    sleep 2; echo "drive started" ;;
+  drive)
+    set -x
+    T0=$(date +%s)
+    cd /tmp/code
+    mkdir -p "$W/res"
+    python3 - "$W" <<'EOF'
+import json, sys
+from pathlib import Path
+from bench.gpu_serving import engine_bin, installed, pinned_configs
+w = Path(sys.argv[1])
+versions = installed()
+bin_dir = engine_bin(w)
+cfg, changed = pinned_configs(w, versions)
+(w / "res" / "versions.json").write_text(json.dumps({"versions": versions, "configs_changed": changed,
+                                                      "engine_bin": str(bin_dir)}, indent=1))
+print(versions)
+EOF
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    case "$gpu" in
+      *H200*) NT=h200; RATE=${RATE:-18} ;;
+      *) NT=h100; RATE=${RATE:-13} ;;
+    esac
+    echo "card: $gpu, node type $NT, rate $RATE" | tee "$W/res/card.txt"
+    rm -rf "$W/variant" && cp -r /tmp/code/variant "$W/variant"
+    V="$W/variant/$TWIN-fp8"
+    set +e
+    timeout "${SEARCH_DEADLINE_S:-1000}" python3 bench/config_search.py --model "$TWIN" \
+        --model-dir "$V" --precision fp8 --node-type "$NT" --hardware sm90 --plan \
+        --config-dir "$W/configs" --engine-bin "$W/bin" --gpus 0 --log-dir "$W/res/engine-logs" \
+        --max-num-seqs 64 128 --max-num-batched-tokens 8192 2048 --max-candidates 4 \
+        --rate "$RATE" --repeats 2 --max-seconds 90 --min-seconds 20 --min-requests 300 \
+        --look-every 100 --budget-min 30 --start-s 150 \
+        --out "$W/res/searched_configs.json" --samples "$W/res/samples.jsonl" \
+        --table-out "$W/res/search.json" > "$W/res/search.log" 2>&1
+    echo "search rc $? after $(( $(date +%s) - T0 )) s" | tee -a "$W/res/card.txt"
+    export PATH=$W/bin:/tmp/code/peer/bin:$PATH  # `vllm` (python3 -m vllm.entrypoints.cli.main), `bc`
+    left=$(( ${DRIVE_DEADLINE_S:-1500} - ($(date +%s) - T0) ))
+    if [ "$left" -gt 240 ]; then
+      python3 bench/search_vs_auto_tune.py peer --script /tmp/code/peer/auto_tune.sh \
+          --script-source "${PEER_SOURCE:-vllm-project/vllm benchmarks/auto_tune/auto_tune.sh}" \
+          --model "$V" --out "$W/res" --work /tmp/peer --seqs "32 64" --tokens "2048 8192" \
+          --deadline-s "$left" > "$W/res/peer.out" 2>&1
+      echo "peer rc $? after $(( $(date +%s) - T0 )) s" | tee -a "$W/res/card.txt"
+    else
+      echo "peer not run: $left s left of the drive's deadline" | tee -a "$W/res/card.txt"
+    fi
+    touch "$W/res/DONE" ;;
+  watch)
+    end=$(( $(date +%s) + ${2:-500} ))
+    while [ ! -f "$W/res/DONE" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+    cd "$W/res"
+    # the engines' key lines: version, kernels, KV cache, graphs, readiness
+    grep -h -E "vLLM API server version|non-default args|Using .*(backend|kernel)|KV cache|Maximum concurrency|CUDA graph|Graph capturing|torch.compile|Application startup complete|ERROR|Error" \
+        engine-logs/*.log 2>/dev/null | cut -c1-400 > engine-key-lines.txt || true
+    if [ -d /tmp/peer/auto-benchmark ]; then
+      grep -h -E "vLLM API server version|non-default args|KV cache|Maximum concurrency|ERROR|Error|unrecognized" \
+          /tmp/peer/auto-benchmark/*/vllm_log_* 2>/dev/null | cut -c1-400 > peer-engine-key-lines.txt || true
+      cp /tmp/peer/auto-benchmark/*/result.txt peer-result.txt 2>/dev/null || true
+    fi
+    tar czf "$OUT/res.tar.gz" --exclude='*.tar.gz' --exclude=profile . /tmp/peer/auto-benchmark 2>/dev/null || true
+    for f in search.json card.txt searched_configs.json peer.json versions.json; do
+      [ -f "$f" ] && cp "$f" "$OUT/"
+    done
+    ls -la; tail -5 card.txt 2>/dev/null; tail -25 search.log 2>/dev/null
+    tail -8 peer-log.txt 2>/dev/null; [ -f DONE ] && echo DRIVE-DONE || echo DRIVE-RUNNING ;;
+  *) echo "unknown step $1" >&2; exit 2 ;;
+esac
