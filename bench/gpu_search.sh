@@ -15,7 +15,7 @@
 # twin in FP8 at the node type of this card), then vLLM's auto_tune as the peer
 # (bench/search_vs_auto_tune.py peer) on the same variant, until DRIVE_DEADLINE_S.
 #
-# The payload: vLLM 0.22.0 and its wheels (../shared/gpu/wheels.txt without nvidia-modelopt,
+# The payload: vLLM 0.22.0 and its wheels (bench/gpu_device.sh's list without nvidia-modelopt,
 # whose only use here, the twin's FP8 marker, is written beforehand into code/variant/), plus
 # dagster's import closure from wheels-pipeline.txt; tarred and split in pieces p0-pN.
 set -euo pipefail
