@@ -62,6 +62,7 @@ class ManifestFacts:
     valid: bool
     config_hashes: dict[str, str] = field(default_factory=dict)
     published: dict[str, bool] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # node type -> why no manifest
 
 
 def cold_start_budgets(section: SloSection, spec: Any, node_types: list[str]
@@ -111,7 +112,9 @@ def judge(model: str, targets: list[str], variant: VariantRef | None,
     for nt in targets:
         h = manifests.config_hashes.get(nt)
         if h is None:
-            nodes.append(NodeReadiness(nt, False, ("no manifest for this node type",)))
+            why = manifests.skipped.get(nt)
+            nodes.append(NodeReadiness(nt, False, (f"no manifest: {why}" if why
+                                                   else "no manifest for this node type",)))
             continue
         why = []
         if not manifests.valid:
