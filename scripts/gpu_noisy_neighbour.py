@@ -11,8 +11,8 @@ performance twins: a config.json and tokenizer (`--model-dir`), weights random
 `litellm` is importable; otherwise the engines are loaded on their own ports and the JSON says
 so.
 
-On the GPU machine, from the repository root (vLLM 0.22 under /tmp/site, see
-../shared/gpu/README.md):
+On the GPU machine, from the repository root (vLLM 0.22 under /tmp/site, as docs/gpu.md,
+"Making a recording", installs it):
 
     PYTHONPATH=/tmp/site:. python3 scripts/gpu_noisy_neighbour.py --model-dir /tmp/twin \\
         --params-billion 1.07 --out $OUT

@@ -314,7 +314,7 @@ def storage_for(spec: ModelSpec, precision: str, source_prec: str, cfg: DeployCo
 
 
 # ---- weights on the node: KServe LocalModelCache ----------------------------------------------
-# How KServe (the commit of ../shared/kserve/SOURCE) serves a cached model:
+# How KServe (kserve/kserve at commit aaac4e294dae) serves a cached model:
 # - the ISVC defaulter (pkg/apis/serving/v1beta1/inference_service_defaults.go setLocalModelLabel)
 #   matches the predictor's storageUri to a LocalModelCache's sourceModelUri (equal, or a "/"
 #   below it: pkg/apis/serving/v1alpha1/storage_uri_utils.go MatchStorageURI) whose nodeGroups

@@ -98,7 +98,8 @@ def test_the_slow_runs_requests_piled_on_the_server_that_burned_the_cpu():
 
 def test_a_crowded_api_server_alone_did_not_slow_a_run():
     """The page's caveat: other runs with one API server at 0.8 cores or more kept their req/s,
-    and the client's run 0 at 256 was evenly spread in every call, its later ones there not."""
+    and the client's first repetition at 256 was evenly spread in every call, its later ones
+    there not."""
     rows = frontend_rows("client_targets")
     crowded = [r for r in rows if api_server_spread(r)[1] >= 0.8 and r["itl_vs_engine"] < 0.02]
     assert len(crowded) >= 2

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from bench import gpu_recordings as rec
-from tests.assets import test_h200_replay as stages
-from tests.assets.test_h200_replay import GOLDEN, isvc, rendered, replay
+from tests.assets import test_h200_stages_replay as stages
+from tests.assets.test_h200_stages_replay import GOLDEN, isvc, rendered, replay
 from tests.conftest import assert_golden
 
 # the stages' replay fixtures: its instance, and configs/ as it ran (the same pins and

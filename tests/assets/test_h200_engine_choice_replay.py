@@ -1,9 +1,9 @@
 """vLLM and SGLang measured on one H200 at the same points by the same sweep code
-(tests/data/gpu/h200-engine-choice/: the 8B FP8 twin and SmolLM2 bf16; -run5/: the 8B twin in
-bf16), replayed on a CPU: the plan's configurations at the recordings' pins, the goodput each
-engine is judged by, the engine the plan chooses from them, and the load generator's accounting
-against each engine's own histograms. What the GPU measured is data here; nothing here starts an
-engine."""
+(tests/data/gpu/h200-engine-choice/: the 8B FP8 twin and SmolLM2 bf16; h200-cold-start/: the
+8B twin in bf16), replayed on a CPU: the plan's configurations at the recordings' pins, the
+goodput each engine is judged by, the engine the plan chooses from them, and the load
+generator's accounting against each engine's own histograms. What the GPU measured is data
+here; nothing here starts an engine."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from resources.huggingface import HuggingFaceStore
 from resources.manifest_validator import ManifestValidator
 from resources.s3 import S3ObjectStore
 from resources.upstream import optional_upstream
-from tests.assets.test_h200_replay import UPSTREAM, instance, repo_configs, run_configs  # noqa: F401
+from tests.assets.test_h200_stages_replay import UPSTREAM, instance, repo_configs, run_configs  # noqa: F401
 from tests.dagster_support import metadata, store_upstream
 
 

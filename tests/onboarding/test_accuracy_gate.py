@@ -375,7 +375,9 @@ def test_both_tolerance_forms_at_once_are_refused_naming_the_field(tmp_path):
     assert "'inconclusive.policy'" in str(err.value)
 
 
-def test_a_gates_file_from_before_issue_17_still_loads_with_the_new_defaults(tmp_path):
+def test_a_gates_file_without_an_inconclusive_section_loads_with_the_defaults(tmp_path):
+    """A gates file that sets no `inconclusive` policy and no confidence keeps loading: it
+    fails closed, no item cap, and z 1.645 reads as 90 % confidence."""
     p = tmp_path / "gates.yaml"
     p.write_text("accuracy:\n  tolerance: {max_abs_drop: 0.03, max_rel_drop: 0.05}\n"
                  "  z: 1.645\n  min_items: 100\n  metric_preference: [acc, exact_match]\n"

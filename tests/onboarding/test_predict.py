@@ -342,10 +342,31 @@ def replay(recorded: list[dict]):
     return predict
 
 
-def test_recorded_points_give_the_documented_calibration():
-    """The three twin points of ../shared/gpu/README.md (points added later leave this as is)."""
+TWINS_RECORDING = PROJECT_ROOT / "tests" / "data" / "gpu" / "h200-performance-twins"
+
+
+def test_the_performance_twin_points_are_their_recordings_table():
+    """configs/predict/h200_points.json's points from the performance-twins recording are that
+    README's table, row for row (TTFT p50, TPOT, tokens/s; one H200, concurrency 32)."""
+    from onboarding.common.tables import read_md_table
+
+    table = read_md_table((TWINS_RECORDING / "README.md").read_text())
     shipped = load_points(CONFIGS / "predict" / "h200_points.json")
-    twins = [p for p in shipped.points if "shared/gpu/README.md" in p.source]
+    twins = [p for p in shipped.points if "h200-performance-twins/" in p.source]
+    assert len(twins) == len(table) == 3
+    for p, row in zip(twins, table, strict=True):
+        assert p.config == row["shape"].lower() and row["precision"].lower().startswith(
+            p.precision), (p.config, row)
+        assert (p.concurrency, p.input_tokens, p.output_tokens) == (32, 512, 256)
+        assert p.ttft_p50_ms == float(row["TTFT p50 ms"].replace(",", ""))
+        assert p.tpot_mean_ms == float(row["TPOT mean ms"])
+        assert p.output_tokens_per_s == float(row["output tok/s"].replace(",", ""))
+
+
+def test_recorded_points_give_the_documented_calibration():
+    """The three performance-twin points (points added later leave this as is)."""
+    shipped = load_points(CONFIGS / "predict" / "h200_points.json")
+    twins = [p for p in shipped.points if "h200-performance-twins/" in p.source]
     points = shipped.model_copy(update={"points": twins})
     cal, preds = calibrate_points(CFG, points, replay(RECORDED["points"]))
     assert [p.status for p in preds] == ["covered"] * 3

@@ -177,7 +177,7 @@ def test_a_frontend_round_against_a_fake_server_times_each_client_and_its_own_cp
         with pytest.raises(SystemExit, match="unknown"):
             frontend_point(running, engine, "m", tok, smol, tmp_path, 2, 0, 16, 8,
                            only=("ours", "no such client"))
-    assert [r["client"] for r in rows] == [clients[1], clients[0]]  # run 1 starts at the second
+    assert [r["client"] for r in rows] == [clients[1], clients[0]]  # repetition 1 starts at the second
     for r in rows:
         assert r["completed"] == 4 and r["concurrency"] == 2 and r["run"] == 1
         assert r["client_cpu_s"] > 0 and r["client_itl_ms"] > 0
@@ -270,8 +270,8 @@ def test_the_twins_sweep_sends_each_point_prompts_no_earlier_point_sent(tmp_path
     """bench/gpu_serving.py twins (H200 only) sweeps through the serving benchmark's own
     `run_sweep` with PointRecorder in place of the load generator, as the device runs it, here
     against the fake streaming server: one line per point, and no prompt digest in two points
-    (before c5b0991 every point took the first N prompts of one list, so the points at
-    2 and 4 re-sent the first point's, which vLLM's prefix cache then served without prefill);
+    (were every point to take the first N prompts of one list, the points at 2 and 4 would
+    re-send the first point's, and vLLM's prefix cache would serve them without prefill);
     the warm-up prompts are none of them. Each line's records summarize to its sweep row."""
     from types import SimpleNamespace
 

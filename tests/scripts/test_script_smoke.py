@@ -392,8 +392,8 @@ def _device_step(step: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_device_steps_name_the_carried_kserve_crds_for_the_manifest_step(tmp_path):
-    """`onboard B` on the H200 failed at kserve_manifest when ../shared/kserve was not on the
-    device. A carried `.kserve-crds/` is kept (CRD_DIR, /tmp there) and named in
+    """The manifest step validates against deploy/kserve-crds/ unless KSERVE_CRD_PATHS names
+    other CRDs. A carried `.kserve-crds/` is kept (CRD_DIR, /tmp there) and named in
     KSERVE_CRD_PATHS for that call and the later ones; without it nothing is set."""
     import shutil
 
@@ -448,7 +448,7 @@ def test_gpu_x2_dry_runs_print_the_probe_thresholds_and_the_pairs_launchers(tmp_
 
 @pytest.mark.slow
 def test_gpu_x2_doc_sections_are_current(tmp_path):
-    """docs/gpu.md's issue-26 sections are what plan.json and the recordings say."""
+    """docs/gpu.md's two-H200 sections are what plan.json and the recordings say."""
     proc = run_script(["bench/gpu_x2_doc.py", "--check"], tmp_path)
     assert "current" in proc.stdout
 

@@ -22,7 +22,7 @@ ethtool -i, dkms, numactl); real recordings go beside them (`h100-node-tools/`).
 The layouts follow the tools' real output: `nvidia-smi -q -x` of driver 580 (DTD v12, the
 `gpu_power_readings` / `clocks_event_reasons` / `sram_*`,`dram_*` layout), tab-separated
 `nvidia-smi topo -m`, `dcgmi diag -j` of DCGM 3.x and 4.x, and the JSON the project's own
-probe writes (burn, interconnect, memory bandwidth, system). Real recordings from the lent H200
+probe writes (burn, interconnect, memory bandwidth, system). Real recordings from an H200
 go beside these, in `h200/`, and are read by the same tests.
 """
 

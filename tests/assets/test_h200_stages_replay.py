@@ -9,7 +9,7 @@ repository's stack (another vLLM) the same measurements describe another configu
 manifest says "unmeasured".
 
 Regenerate the goldens after an intended change with
-`UPDATE_GOLDEN=1 pytest tests/assets/test_h200_replay.py` and review the diff.
+`UPDATE_GOLDEN=1 pytest tests/assets/test_h200_stages_replay.py` and review the diff.
 """
 
 from __future__ import annotations
@@ -107,9 +107,9 @@ def device_manifest_now(result: dg.ExecuteInJobResult, node_type: str, old_hash:
             .replace("-cu130", ""))
 
 
-ISSUE23_KINDS = ("LocalModelNodeGroup", "LocalModelCache")
+NODE_CACHE_KINDS = ("LocalModelNodeGroup", "LocalModelCache")
 LLM_D = "LLMInferenceService"  # the device's b300 file carried one beside the InferenceService
-ISSUE23_NOTES = ("model-onboarding.io/weights-on-node", "serving.kserve.io/nodegroup")
+NODE_CACHE_NOTES = ("model-onboarding.io/weights-on-node", "serving.kserve.io/nodegroup")
 # what the pod lifecycle added since the device run (docs/deploy.md, "Pod lifecycle")
 LIFECYCLE_NOTES = ("serving.kserve.io/autoscalerClass", "model-onboarding.io/lifecycle",
                    # and the kernel facts load_timing records now (the device run had none)
@@ -128,10 +128,10 @@ def before_the_node_cache(text: str) -> tuple[list[str], list[dict]]:
     preStop drain, rollout strategy and autoscaler class)."""
     header, docs = without_startup_probe(text)
     docs = [d for d in docs
-            if d["kind"] not in (*ISSUE23_KINDS, LLM_D, "PodDisruptionBudget")]
+            if d["kind"] not in (*NODE_CACHE_KINDS, LLM_D, "PodDisruptionBudget")]
     for d in docs:
         if d["kind"] == "InferenceService":
-            for k in (*ISSUE23_NOTES, *LIFECYCLE_NOTES, "model-onboarding.io/qos-class"):
+            for k in (*NODE_CACHE_NOTES, *LIFECYCLE_NOTES, "model-onboarding.io/qos-class"):
                 d["metadata"]["annotations"].pop(k, None)
             for k in LIFECYCLE_PREDICTOR:
                 d["spec"]["predictor"].pop(k, None)
@@ -193,7 +193,7 @@ def test_at_the_run_stack_the_h200_manifest_is_the_one_rendered_there(
         text = rendered(result, node_type)
         kinds = [d["kind"] for d in yaml.safe_load_all(text)]
         # one serving object per file (deploy.yaml chooses the InferenceService everywhere)
-        assert kinds == ["ServingRuntime", *ISSUE23_KINDS, "InferenceService",
+        assert kinds == ["ServingRuntime", *NODE_CACHE_KINDS, "InferenceService",
                          "PodDisruptionBudget"], node_type
         assert isvc(text)["metadata"]["labels"]["model-onboarding.io/qos-class"] == "Guaranteed"
     notes = isvc(rendered(result, "h200"))["metadata"]["annotations"]
