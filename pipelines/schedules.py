@@ -258,6 +258,8 @@ def revalidation_requests(context: dg.ScheduleEvaluationContext, configs: Config
                                      if key in spec_stale else None),
             run_config=cfg.launch.run_config(cfg.launch.automatic_sweep, stages),
             tags={"onboarding/trigger": "revalidation",
+                  # the cells after a model's run take the sweep from it (pipelines/cells.py)
+                  "onboarding/sweep": cfg.launch.automatic_sweep,
                   "onboarding/stack_fingerprint": fp,
                   **({"onboarding/spec_version": versions[model]} if key in spec_stale else {}),
                   "onboarding/ready_before": verdicts[key],

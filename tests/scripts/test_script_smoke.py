@@ -35,6 +35,7 @@ ELSEWHERE = {
     "bench/engine_measurements.py": "tests/onboarding/test_engine_choice.py",
     "bench/gpu_h200_doc.py": "tests/scripts/test_gpu_scripts.py",  # --check
     "scripts/add_measured_points.py": "tests/onboarding/test_predict.py",
+    "scripts/rekey_cells.py": "tests/scripts/test_rekey_cells.py",
     "scripts/check_gateway_config.py": "tests/onboarding/test_layout_render.py",
     "scripts/check_stack_matrix.py": "tests/scripts/test_check_stack_matrix.py",
     "scripts/gpu_node_probe.py": "tests/e2e/test_gpu_node_probe.py",
