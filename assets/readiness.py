@@ -13,6 +13,7 @@ from onboarding.common.refs import VariantRef
 from onboarding.common.tables import md_table
 from onboarding.deploy.readiness import ManifestFacts, Readiness, cold_start_budgets, judge
 from onboarding.deploy.serving_plan import ManifestSet
+from onboarding.quantize.variants import ServedAccuracyReport
 from onboarding.reports.verdict import sentence
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 from resources.config_files import ConfigFiles
@@ -24,7 +25,8 @@ OPTIONAL = "optional_upstream"
     tags=CELL_DERIVED,
     partitions_def=cells_partitions,
     ins={n: dg.AssetIn(input_manager_key=OPTIONAL)
-         for n in ("serving_variant", "load_timing", "serving_benchmark", "kserve_manifest")},
+         for n in ("serving_variant", "load_timing", "serving_benchmark", "kserve_manifest",
+                   "served_accuracy")},
     deps=[MODEL_SPEC],
     group_name="report",
     description="Ready / not ready (why) of one (model, node type) cell: accuracy gate passed, SLOs met "
@@ -34,7 +36,8 @@ OPTIONAL = "optional_upstream"
 def readiness(context: dg.AssetExecutionContext, configs: ConfigFiles,
               serving_variant: VariantRef | None, load_timing: LoadTimingResult | None,
               serving_benchmark: ServingBenchmarkResult | None,
-              kserve_manifest: ManifestSet | None) -> dg.Output[Readiness]:
+              kserve_manifest: ManifestSet | None,
+              served_accuracy: ServedAccuracyReport | None) -> dg.Output[Readiness]:
     facts = None if kserve_manifest is None else ManifestFacts(
         kserve_manifest.valid, kserve_manifest.config_hashes, kserve_manifest.published,
         dict(kserve_manifest.skipped))
@@ -42,7 +45,7 @@ def readiness(context: dg.AssetExecutionContext, configs: ConfigFiles,
     spec = configs.spec(model)
     targets = [node_type]  # this cell's; another cell's verdict is its own
     verdict = judge(model, targets, serving_variant, serving_benchmark, facts,
-                    twin=spec.is_twin, timing=load_timing,
+                    twin=spec.is_twin, timing=load_timing, served=served_accuracy,
                     cold_start_budgets_s=cold_start_budgets(configs.slo_section(), spec, targets))
     said, next_step = sentence(verdict.ready, verdict.reasons,
                                [(n.node_type, n.ready, n.reasons) for n in verdict.nodes])

@@ -11,6 +11,8 @@ re-validation run succeeds, it requests that model's cells.
   step pods on that pool), locally only the engine's own node type (ONBOARDING_NODE_TYPE). The
   others are planned (`plan_cell`): rendered and judged from whatever was measured there, so
   the grid shows every cell and says why it is not ready.
+- Only after a run that planned the model (the whole job, or a selection with serving_config):
+  a fetch alone gives the cells nothing to render from.
 - After a re-validation of the model's own stages, the cells already onboarded are re-validated
   (`revalidate_cell`); the schedule re-runs stale cells by themselves (pipelines/schedules.py).
 """
@@ -22,13 +24,16 @@ import os
 import dagster as dg
 
 from assets.partitions import LOCAL_NODE_TYPE, cell_key, node_types_partitions, split_cell
+from onboarding.common.config import deep_merge
 from onboarding.runs.cluster import EXECUTOR_ENV, NODE_TYPE_ENV, executor_kind
+from pipelines.executors import cell_run_config
 from pipelines.jobs import onboard_cell, onboard_model, plan_cell
 from pipelines.launch import job_stages
 from pipelines.schedules import REVALIDATE_CELL_JOB, revalidate_cell_job, revalidate_model
 from resources.config_files import ConfigFiles
 
 CELL_TRIGGER_TAG = "onboarding/after_run"
+SERVING_CONFIG = dg.AssetKey("serving_config")
 
 
 def fleet_node_types(configs: ConfigFiles) -> list[str]:
@@ -79,6 +84,10 @@ def cells_after_model(context: dg.RunStatusSensorContext, configs: ConfigFiles):
     model = run.tags.get("dagster/partition", "")
     if not model:
         return dg.SkipReason(f"run {run.run_id} has no model partition")
+    if run.asset_selection is not None and SERVING_CONFIG not in run.asset_selection:
+        # a subset that did not plan (a fetch alone): the cells would render from nothing new
+        return dg.SkipReason(f"run {run.run_id} of {model} did not plan it (no "
+                             "serving_config in its selection): no cell follows")
     passed = {k: v for k, v in run.tags.items()
               if k.startswith("onboarding/") and k != CELL_TRIGGER_TAG}
     registered = set(context.instance.get_dynamic_partitions(node_types_partitions.name))
@@ -100,7 +109,11 @@ def cells_after_model(context: dg.RunStatusSensorContext, configs: ConfigFiles):
         requests.append(dg.RunRequest(
             job_name=job, partition_key=str(cell_key(model, nt)),
             run_key=f"{run.run_id}:{nt}",
-            run_config=launch.run_config(sweep, stages) if job != plan_cell.name else {},
+            # the sweep's config over the cell's placement: a run request's own run config
+            # replaces the job's partitioned config, so it carries both
+            run_config=deep_merge(cell_run_config(str(cell_key(model, nt)), configs),
+                                  launch.run_config(sweep, stages)
+                                  if job != plan_cell.name else {}),
             tags={**passed, CELL_TRIGGER_TAG: run.run_id}))
     if not requests:
         return dg.SkipReason(f"{model}: no cell to run")

@@ -31,6 +31,7 @@ from assets.partitions import (
     split_cell,
 )
 from assets.stack import SERVING_STACK, STACK_FINGERPRINT_KEY, current_stack
+from onboarding.common.config import deep_merge
 from onboarding.common.tables import md_table
 from pipelines.automation import AT_LOAD
 from pipelines.executors import cell_run_config, cell_run_tags, onboarding_executor
@@ -256,7 +257,10 @@ def revalidation_requests(context: dg.ScheduleEvaluationContext, configs: Config
             partition_key=key,
             run_key=revalidation_key(key.replace("|", "@"), fp, versions[model]
                                      if key in spec_stale else None),
-            run_config=cfg.launch.run_config(cfg.launch.automatic_sweep, stages),
+            # a cell's placement beside the sweep (the request's run config replaces the job's
+            # partitioned config)
+            run_config=deep_merge(cell_run_config(key, configs) if level == "cell" else {},
+                                  cfg.launch.run_config(cfg.launch.automatic_sweep, stages)),
             tags={"onboarding/trigger": "revalidation",
                   # the cells after a model's run take the sweep from it (pipelines/cells.py)
                   "onboarding/sweep": cfg.launch.automatic_sweep,
