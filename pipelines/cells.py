@@ -84,7 +84,7 @@ def cells_after_model(context: dg.RunStatusSensorContext, configs: ConfigFiles):
     model = run.tags.get("dagster/partition", "")
     if not model:
         return dg.SkipReason(f"run {run.run_id} has no model partition")
-    if run.asset_selection is not None and SERVING_CONFIG not in run.asset_selection:
+    if run.asset_selection and SERVING_CONFIG not in run.asset_selection:  # empty: the job
         # a subset that did not plan (a fetch alone): the cells would render from nothing new
         return dg.SkipReason(f"run {run.run_id} of {model} did not plan it (no "
                              "serving_config in its selection): no cell follows")

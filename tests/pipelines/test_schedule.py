@@ -463,6 +463,22 @@ def test_a_models_success_requests_one_run_per_cell_measured_here_or_planned(
     assert (again.job_name, again.partition_key) == ("revalidate_cell", "ready-a|cpu")
 
 
+@pytest.mark.slow
+def test_a_model_run_that_did_not_plan_starts_no_cell(instance, defs, monkeypatch):
+    """A fetch alone (an asset selection without serving_config) gives the cells nothing new
+    to render from: no cell run follows it; one that re-planned does."""
+    monkeypatch.delenv(EXECUTOR_ENV, raising=False)
+    _observe(instance, defs)
+    fetched = _run(instance, defs, "onboard_model", "ready-a",
+                   asset_selection=[dg.AssetKey("checkpoint")])
+    skipped = _after_success(instance, defs, fetched.run_id)
+    assert isinstance(skipped, dg.SkipReason) and "did not plan it" in skipped.skip_message
+    planned = _run(instance, defs, "onboard_model", "ready-a",
+                   asset_selection=[dg.AssetKey("serving_config")])
+    assert {r.partition_key for r in _after_success(instance, defs, planned.run_id)} == {
+        "ready-a|b300", "ready-a|h200", "ready-a|cpu"}
+
+
 MODEL_STAGES = ["checkpoint", "quantized", "accuracy", "serving_variant", "serving_config"]
 CELL_STAGES = ["load_timing", "serving_benchmark", "kserve_manifest"]
 
