@@ -25,6 +25,7 @@ def graph():
     return defs.resolve_asset_graph()
 
 
+@pytest.mark.slow
 def test_every_cell_partitioned_asset_is_tagged_a_cell_and_named_in_cell_assets(graph):
     cells, tagged, fleet = set(), set(), set()
     for key in graph.get_all_asset_keys():
@@ -42,6 +43,7 @@ def test_every_cell_partitioned_asset_is_tagged_a_cell_and_named_in_cell_assets(
         assert graph.get(dg.AssetKey(name)).partitions_def is None
 
 
+@pytest.mark.slow
 def test_a_cell_depends_on_its_own_model_only(graph):
     """A cell's per-model inputs map by the model dimension: (m, h200) reads m's plan, never
     another model's, and every node type's cell reads the same one."""
@@ -62,6 +64,7 @@ def test_a_cell_depends_on_its_own_model_only(graph):
         assert set(upstream.partitions_subset.get_partition_keys()) == {"a"}
 
 
+@pytest.mark.slow
 def test_the_jobs_split_by_level(graph):
     model_job = defs.resolve_job_def("onboard_model")
     cell_job = defs.resolve_job_def("onboard_cell")

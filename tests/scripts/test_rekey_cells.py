@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import dagster as dg
+import pytest
 
 from assets.partitions import cells_partitions, models_partitions
 from onboarding.common.paths import PROJECT_ROOT
@@ -87,6 +88,7 @@ def test_measured_values_move_to_their_cell_and_read_back_equal():
         assert again == []  # their files moved already: nothing is moved twice
 
 
+@pytest.mark.slow
 def test_the_dry_run_moves_nothing(tmp_path):
     home = tmp_path / "dagster-home"
     home.mkdir()
