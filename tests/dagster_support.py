@@ -142,8 +142,13 @@ def materialize_levels(assets: Iterable, instance: dg.DagsterInstance, model: st
     for level in ("model", "cell", "none"):
         if not levels[level]:
             continue
+        run_config = dict(kwargs.get("run_config") or {})
+        if "ops" in run_config:  # each level's run takes its own stages' config only
+            names = {k.to_user_string() for k in levels[level]}
+            run_config["ops"] = {k: v for k, v in run_config["ops"].items() if k in names}
         result = dg.materialize(assets, instance=instance, partition_key=keys[level],
-                                selection=levels[level], **kwargs)
+                                selection=levels[level],
+                                **{**kwargs, "run_config": run_config})
         results.append(result)
         if not result.success:
             break
