@@ -49,6 +49,7 @@ ELSEWHERE = {
 # Scripts this module runs, each by the test named.
 HERE = {
     "bench/fetch.py": "test_fetch_bench_reaches_its_warm_path",
+    "bench/definitions_load.py": "test_definitions_load_compares_with_its_peer",
     "bench/record_engine_metrics.py": "test_record_engine_metrics_imports_and_says_its_use",
     "scripts/record_node_tools.sh": "test_record_node_tools_writes_one_framed_file_per_command",
     "bench/write_block.py": "test_write_block_prints_both_write_lengths_and_the_ratio",
@@ -512,3 +513,12 @@ def test_record_node_tools_writes_one_framed_file_per_command(tmp_path):
         assert lines[0].startswith("$ ") and re.fullmatch(r"# exit \d+", lines[-1]), f.name
     tools = (tmp_path / "which-tools.txt").read_text()
     assert "nvidia-smi:" in tools and "dcgmi:" in tools
+
+
+@pytest.mark.slow
+def test_definitions_load_compares_with_its_peer(tmp_path):
+    """One pair against this checkout's own HEAD: both load, and the ratio is printed with n."""
+    proc = run_script(["bench/definitions_load.py", "--peer-ref", "HEAD", "--repeats", "1"],
+                      tmp_path)
+    assert "pair 1: peer " in proc.stdout
+    assert "(n=1 each); ratio here/peer " in proc.stdout
