@@ -4,10 +4,13 @@
 SmolLM2-135M-Instruct and the performance twins' config and tokenizer (twins/) into the bucket
 (once), registers every catalogued model as a partition, observes `serving_stack` (so the
 run's results record the stack fingerprint they were measured on, and the re-validation
-schedule sees them as current), materializes the onboarding job for the model and prints what
-its deployment rests on: the serving configuration (hash) per node type, the published
-variant, the three kinds of start, the benchmark, each manifest (measured at its configuration
-or not) and the readiness verdict with its reasons, read from the values the assets stored.
+schedule sees them as current), materializes the model's own stages (onboard_model), then its
+cells: the `cpu` one measured on the embedded engine (onboard_cell), the fleet's other node
+types planned (plan_cell). It prints what the deployment rests on, read from the values the
+assets stored: the serving configuration (hash) per node type, the published variant, and the
+measured cell's three kinds of start, benchmark, manifest (none: `cpu` is not a deployment
+target) and readiness verdict with its reasons; then the readiness grid (fleet_report), with
+why each of the model's cells is or is not ready.
 `--ui` instead keeps the S3 server up and runs `dagster dev` on 127.0.0.1; with
 S3_ENDPOINT_URL and its credentials set, `--ui` runs on that endpoint and starts no server.
 """
@@ -246,11 +249,12 @@ def grid_lines(fleet, model: str) -> list[str]:
     node_types = list(dict.fromkeys(r.node_type for r in fleet.rows))
     width = max([len(r.model) for r in fleet.rows] + [5])
     out = [f"readiness grid ({fleet.html_path}):",
-           "  " + "model".ljust(width) + "".join(f"  {nt:<12}" for nt in node_types)]
+           ("  " + "model".ljust(width) + "".join(f"  {nt:<12}" for nt in node_types)).rstrip()]
     by = {(r.model, r.node_type): r for r in fleet.rows}
     for m in sorted({r.model for r in fleet.rows}):
-        out.append("  " + m.ljust(width) + "".join(
-            f"  {cell_mark(by[(m, nt)]) if (m, nt) in by else '':<12}" for nt in node_types))
+        out.append(("  " + m.ljust(width) + "".join(
+            f"  {cell_mark(by[(m, nt)]) if (m, nt) in by else '':<12}" for nt in node_types)
+        ).rstrip())
     out.append(f"  {model}, why:")
     out += [f"    {r.node_type:<6} {'ready' if r.ready else r.why}"
             for r in fleet.rows if r.model == model]
