@@ -19,8 +19,16 @@ from typing import Any
 import dagster as dg
 import yaml
 
+from assets.checks import not_applicable_check
 from assets.model_spec import MODEL_SPEC, spec_metadata
-from assets.partitions import models_partitions
+from assets.partitions import (
+    CELL_DERIVED,
+    FLEET,
+    cells_partitions,
+    model_of,
+    models_partitions,
+    node_type_of,
+)
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import cache_step_tags
 from onboarding.common.errors import OnboardingError
@@ -63,7 +71,7 @@ from resources.huggingface import HuggingFaceStore
 from resources.manifest_validator import ManifestValidator
 from resources.publisher import publish_variant
 from resources.s3 import S3ObjectStore
-from resources.upstream import by_model
+from resources.upstream import by_cell
 
 GROUP = "deploy"
 OPTIONAL = "optional_upstream"
@@ -234,23 +242,24 @@ def published_variant(context: dg.AssetExecutionContext, configs: ConfigFiles,
 
 
 @dg.asset(
-    partitions_def=models_partitions,
+    tags=CELL_DERIVED,
+    partitions_def=cells_partitions,
     ins=_optional("checkpoint", "load_timing", "serving_benchmark", "published_variant"),
     deps=[SERVING_STACK, MODEL_SPEC],
     group_name=GROUP,
     check_specs=[
         dg.AssetCheckSpec(VALID_CHECK, asset="kserve_manifest", blocking=True,
-                          partitions_def=models_partitions,
+                          partitions_def=cells_partitions,
                           description="Every rendered document validates against the "
                           "configured KServe CRD schemas (and `kubectl apply "
                           "--dry-run=server` when a context is set)."),
         dg.AssetCheckSpec(SECRETS_CHECK, asset="kserve_manifest", blocking=True,
-                          partitions_def=models_partitions,
+                          partitions_def=cells_partitions,
                           description="No credential appears inline in a rendered file: only "
                           "service accounts and secretKeyRefs."),
     ],
-    description="InferenceService (+ ServingRuntime) per target node type: exactly its "
-    "serving configuration, with what was measured at that configuration's hash, the "
+    description="InferenceService (+ ServingRuntime) of one (model, node type) cell: exactly "
+    "the node type's serving configuration, with what was measured at that configuration's hash, the "
     "published storageUri, validated against the configured KServe CRDs.",
 )
 def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
@@ -260,7 +269,7 @@ def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, out
                     published_variant: dict[str, PublishedVariant] | None,
                     manifest_validator: ManifestValidator, s3: S3ObjectStore,
                     hf: HuggingFaceStore):
-    spec = configs.spec(context.partition_key)
+    spec, node_type = configs.spec(model_of(context)), node_type_of(context)
     if spec.is_twin:
         raise twins.refusal(spec.id, "kserve_manifest", "no deployable manifest is rendered: "
                             "a deployment would serve random weights, and its measurements "
@@ -270,10 +279,13 @@ def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, out
     rendered, skipped = render_targets(
         spec, serving_config, configs.nodes(), stack, configs.deploy(),
         checkpoint_dtype(json.loads((ckpt / "config.json").read_text())) if ckpt else None,
-        load_timing, serving_benchmark, published_variant)
+        load_timing, serving_benchmark, published_variant, only=node_type)
+    if not rendered and node_type not in configs.deploy().target_node_types:
+        yield from _nothing_to_render(spec.id, skipped, configs)
+        return
     if not rendered:
         raise OnboardingError(
-            f"kserve_manifest for {spec.id!r}", "no target node type has a manifest: "
+            f"kserve_manifest for {spec.id!r} on {node_type}", "no manifest: "
             + "; ".join(f"{k}: {v}" for k, v in skipped.items()),
             "Add a node type that fits to deploy.yaml target_node_types, lower the model's "
             "context/concurrency or precision, or measure the configuration.")
@@ -299,6 +311,20 @@ def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, out
         "crd_paths": dg.MetadataValue.json(manifest_validator.resolved_crd_paths()),
         "server_dry_run": dg.MetadataValue.json(dry_runs)})
     yield _secrets_check(rendered, texts, (s3.access_key_id, s3.secret_access_key, hf.token))
+
+
+def _nothing_to_render(model: str, skipped: dict[str, str], configs: ConfigFiles):
+    """A cell whose node type is no deployment target (the embedded `cpu`): its measurements
+    stand, its manifest is empty with the reason, and the checks say they had nothing to
+    judge."""
+    why = "; ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
+    yield dg.Output(ManifestSet(model=model, files={}, services={}, routes=(),
+                                skipped=skipped),
+                    data_version=_version(skipped), metadata={
+                        "rendered": "nothing", "skipped": dg.MetadataValue.json(skipped),
+                        **stack_metadata(configs)})
+    yield not_applicable_check(VALID_CHECK, why)
+    yield not_applicable_check(SECRETS_CHECK, why)
 
 
 def _validate(validator: ManifestValidator, rendered: list[Rendered], files: dict[str, str]
@@ -355,6 +381,7 @@ def _manifest_metadata(value: ManifestSet, rendered: list[Rendered], texts: dict
 
 
 @dg.asset(
+    tags=FLEET,
     ins={"kserve_manifest": dg.AssetIn(partition_mapping=dg.AllPartitionMapping(),
                                        metadata={"allow_missing_partitions": True})},
     group_name=GROUP,
@@ -363,7 +390,7 @@ def _manifest_metadata(value: ManifestSet, rendered: list[Rendered], texts: dict
 )
 def gateway_routes(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                    manifest_validator: ManifestValidator, kserve_manifest) -> dg.MaterializeResult:
-    manifests: dict[str, ManifestSet] = by_model(kserve_manifest)
+    manifests: dict[str, ManifestSet] = by_cell(kserve_manifest)
     valid = [r for _, m in sorted(manifests.items()) if m.valid for r in m.routes]
     invalid = sorted(k for k, m in manifests.items() if not m.valid)
     # the serving profile the GPU node types are measured in: a blocking one (gpu) routes only

@@ -24,6 +24,7 @@ from typing import Any
 
 import dagster as dg
 
+from assets.partitions import split_cell
 from assets.stack import stack_metadata
 from onboarding.common.files import write_atomic
 from onboarding.common.refs import PublishedVariant
@@ -46,7 +47,7 @@ from onboarding.layouts.render import (
 )
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.manifest_validator import ManifestValidator
-from resources.upstream import by_model
+from resources.upstream import by_cell, by_model
 
 GROUP = "layout"  # its own group: the jobs select it (or leave it out) by group
 FITS_CHECK = "every_model_fits_its_slo"
@@ -93,6 +94,20 @@ def model_sources(upstream: dict[str, dict[str, Any]]) -> dict[str, ModelSource]
     return out
 
 
+def on_node_type(cells: dict[str, Any], node_type: str) -> dict[str, Any]:
+    """model -> the value of its (model, `node_type`) cell, from a fan-in over every cell; a
+    single cell's bare value is kept when it says it was measured on `node_type`."""
+    out = {}
+    for key, value in cells.items():
+        if "|" in key:
+            model, nt = split_cell(key)
+        else:
+            model, nt = key, getattr(value, "node_type", "")
+        if nt == node_type:
+            out[model] = value
+    return out
+
+
 def plan_and_render(configs: ConfigFiles, upstream: dict[str, dict[str, Any]]
                  ) -> tuple[dict[str, LayoutPlan], dict[str, RenderedLayout]]:
     """Plan every layout from each model's plan inputs, and render the feasible ones."""
@@ -103,7 +118,8 @@ def plan_and_render(configs: ConfigFiles, upstream: dict[str, dict[str, Any]]
                             upstream["serving_variant"].get(m)).inputs for m in ids}
     slos, stack, deploy = configs.slo_section(), configs.stack(), configs.deploy()
     plans = {name: plan_layout(name, layout, layout_entries(
-        layout, specs, inputs, slos, upstream["serving_benchmark"]), cfg, nodes)
+        layout, specs, inputs, slos, on_node_type(upstream["serving_benchmark"],
+                                                  layout.node_type)), cfg, nodes)
         for name, layout in cfg.layouts.items()}
     sources = model_sources(upstream)
     rendered = {name: render_layout(p, specs, inputs, cfg, nodes, stack, deploy, sources)
@@ -194,7 +210,7 @@ def node_layout(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs
                 manifest_validator: ManifestValidator, checkpoint, serving_variant,
                 serving_benchmark, published_variant):
     upstream = {"checkpoint": by_model(checkpoint), "serving_variant": by_model(serving_variant),
-                "serving_benchmark": by_model(serving_benchmark),
+                "serving_benchmark": by_cell(serving_benchmark),
                 "published_variant": published_by_model(published_variant)}
     plans, rendered = plan_and_render(configs, upstream)
     pngs = {name: layout_png(plans[name]) for name in rendered}

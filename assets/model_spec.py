@@ -34,7 +34,10 @@ SPEC_VERSION_KEY = "model_spec_version"
 
 def spec_version(spec: ModelSpec) -> str:
     """sha256 over the resolved spec: what the stages read, not how the file is written."""
-    body = json.dumps(spec.model_dump(mode="json"), sort_keys=True, default=str)
+    data = spec.model_dump(mode="json")
+    if data.get("node_types") is None:  # unset: the version a spec had before the field
+        data.pop("node_types", None)
+    body = json.dumps(data, sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import dagster as dg
 
-from assets.partitions import models_partitions, nodes_partitions
+from assets.partitions import cells_partitions, nodes_partitions
 from onboarding.nodes.acceptance import NodeAcceptance, stale_reasons
 from resources.stack_facts import nvidia_facts
 from resources.upstream import stored_value
@@ -29,7 +29,7 @@ NODE_CHECK = "measured_on_qualified_node"
 
 def node_check_spec(asset: str, blocking: bool = False) -> dg.AssetCheckSpec:
     return dg.AssetCheckSpec(NODE_CHECK, asset=asset, blocking=blocking,
-                             partitions_def=models_partitions,
+                             partitions_def=cells_partitions,
                              description="the node it ran on passed node_acceptance on its "
                              "current driver (when the profile's require_node_acceptance)")
 

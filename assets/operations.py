@@ -10,8 +10,9 @@ import json
 
 import dagster as dg
 
+from assets.checks import not_applicable_check
 from assets.model_spec import MODEL_SPEC
-from assets.partitions import models_partitions
+from assets.partitions import CELL_DERIVED, cells_partitions, model_of
 from assets.stack import SERVING_STACK
 from onboarding.common.files import write_atomic
 from onboarding.common.paths import PROJECT_ROOT
@@ -34,12 +35,13 @@ def operations_validator() -> ManifestValidator:
 
 
 @dg.asset(
-    partitions_def=models_partitions,
+    tags=CELL_DERIVED,
+    partitions_def=cells_partitions,
     ins={"serving_benchmark": dg.AssetIn(input_manager_key="optional_upstream")},
     deps=[SERVING_STACK, MODEL_SPEC],
     group_name="deploy",
     check_specs=[dg.AssetCheckSpec(VALID_CHECK, asset="operations", blocking=True,
-                                   partitions_def=models_partitions,
+                                   partitions_def=cells_partitions,
                                    description="Every PrometheusRule, PodMonitor and "
                                    "ScaledObject validates against the pinned CRDs.")],
     description="Per manifest: PrometheusRule (alerts at the SLO, the measured saturation "
@@ -49,7 +51,7 @@ def operations_validator() -> ManifestValidator:
 def operations(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                kserve_manifest: ManifestSet, serving_config: ServingPlan,
                serving_benchmark: ServingBenchmarkResult | None):
-    spec = configs.spec(context.partition_key)
+    spec = configs.spec(model_of(context))
     node_types = sorted(kserve_manifest.files)
     acceptance = configs.acceptance()
     limits = {nt: NodeLimits.of(acceptance.node_types[nt]) if nt in acceptance.node_types
@@ -73,6 +75,12 @@ def operations(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs:
         "not_rendered": dg.MetadataValue.json({r.target.node_type: r.ops.skipped
                                                for r in rendered}),
         "files": dg.MetadataValue.json(paths)})
+    if not rendered:
+        yield not_applicable_check(VALID_CHECK, "nothing rendered: "
+                                   + ("; ".join(f"{k}: {v}" for k, v in
+                                                sorted(kserve_manifest.skipped.items()))
+                                      or "no manifest"))
+        return
     yield dg.AssetCheckResult(check_name=VALID_CHECK, passed=not errors, metadata={
         "errors": dg.MetadataValue.json(errors),
         "crd_paths": dg.MetadataValue.json(validator.resolved_crd_paths())})

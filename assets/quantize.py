@@ -19,7 +19,7 @@ import dagster as dg
 
 from assets.checks import QUANTIZED_PRECISIONS, gate_check, not_applicable_check
 from assets.model_spec import MODEL_SPEC, spec_metadata
-from assets.partitions import models_partitions
+from assets.partitions import cells_partitions, models_partitions, split_cell
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding.common.errors import OnboardingError
@@ -46,7 +46,7 @@ from onboarding.quantize.variants import (
     QuantizedSet,
     QuantizedVariant,
     ServedAccuracyReport,
-    choose_precision,
+    choose_across,
     deciding_gate,
     dir_manifest,
     variant_dir,
@@ -58,6 +58,7 @@ from resources.config_files import ConfigFiles
 from resources.engine import Engine
 from resources.evaluator import Evaluator
 from resources.quantizer import Quantizer
+from resources.upstream import stored_value
 
 
 def export_check_name(precision: str) -> str:
@@ -254,8 +255,9 @@ def _judge(context, v: QuantizedVariant, ckpt: Path, baseline: ScoreBook, gates:
 @dg.asset(
     partitions_def=models_partitions,
     group_name="quantize",
-    ins={"served_accuracy": dg.AssetIn(input_manager_key="optional_upstream")},
-    deps=[MODEL_SPEC],
+    # served accuracy is a cell's (kernels differ per GPU architecture): read per node type
+    # that has one (`served_reports`), not as an input of one partition
+    deps=[MODEL_SPEC, "served_accuracy"],
     check_specs=[dg.AssetCheckSpec(
         SERVING_CHECK, asset="serving_variant", partitions_def=models_partitions, blocking=True,
         description="the chosen variant passed its gates and its bytes on disk match the hash "
@@ -263,16 +265,18 @@ def _judge(context, v: QuantizedVariant, ckpt: Path, baseline: ScoreBook, gates:
 )
 def serving_variant(context: dg.AssetExecutionContext, configs: ConfigFiles, engine: Engine,
                     checkpoint: CheckpointRef, quantized: QuantizedSet, accuracy: AccuracyReport,
-                    served_accuracy: ServedAccuracyReport | None):
+                    io_manager: dg.ResourceParam[dg.IOManager]):
     """The first precision of the ladder whose export is valid and whose accuracy gate passed:
-    the served gate where the variant was served here, else the in-process one. A performance
-    twin has no gate to climb: the precision the plan serves on the node type at hand."""
+    the served gate on every node type where the variant was served (the strictest wins), else
+    the in-process one. A performance twin has no gate to climb: the precision the plan serves
+    on the node type at hand."""
     spec = configs.spec(context.partition_key)
     if spec.is_twin:
         yield from _twin_serving_variant(configs, engine, spec, checkpoint, quantized)
         return
-    precision, skipped = choose_precision(spec.precision_ladder, quantized, accuracy,
-                                          served_accuracy)
+    served = served_reports(io_manager, context.instance, spec.id)
+    served_accuracy = next(iter(served.values()), None)  # for the metadata's deciding gate
+    precision, skipped = choose_across(spec.precision_ladder, quantized, accuracy, served)
     if precision is None:
         raise OnboardingError(
             f"model {spec.id!r}", "no precision of the ladder "
@@ -287,6 +291,7 @@ def serving_variant(context: dg.AssetExecutionContext, configs: ConfigFiles, eng
             **spec_metadata(spec)}
     for p, why in skipped.items():
         meta[f"skipped_{p}"] = why
+    meta["served_on"] = dg.MetadataValue.json(sorted(served))
     for v in quantized.variants:
         gate, source = deciding_gate(v.precision, v, accuracy, served_accuracy)
         if gate is not None:
@@ -323,3 +328,18 @@ def _verify_serving(ref: VariantRef, checkpoint: CheckpointRef) -> dg.AssetCheck
 
 
 defs = dg.Definitions(assets=[quantized, accuracy, serving_variant])
+
+
+def served_reports(io_manager: dg.IOManager, instance: dg.DagsterInstance, model: str
+                   ) -> dict[str, ServedAccuracyReport]:
+    """node type -> the model's stored served_accuracy of that cell, where one exists."""
+    out = {}
+    for key in instance.get_materialized_partitions(dg.AssetKey("served_accuracy")):
+        if "|" not in str(key):
+            continue  # stored under the per-model partitioning (docs/upgrading.md)
+        m, node_type = split_cell(key)
+        if m == model:
+            value = stored_value(io_manager, instance, "served_accuracy", key, cells_partitions)
+            if value is not None:
+                out[node_type] = value
+    return out

@@ -19,7 +19,17 @@ from typing import Any
 import dagster as dg
 
 from assets.model_spec import MODEL_SPEC, spec_metadata
-from assets.partitions import models_partitions, nodes_partitions
+from assets.partitions import (
+    CELL_DERIVED,
+    FLEET,
+    LOCAL_NODE_TYPE,
+    cells_partitions,
+    model_of,
+    node_type_of,
+    node_types_partitions,
+    nodes_partitions,
+    split_cell,
+)
 from onboarding.common.errors import OnboardingError
 from onboarding.common.files import write_atomic
 from onboarding.deploy.readiness import Readiness
@@ -43,7 +53,7 @@ from onboarding.reports.pages import (
 )
 from onboarding.serving.profiles import resolve_slo
 from resources.config_files import ConfigFiles, OutputDirs
-from resources.upstream import by_model, materialized_at, stored_value
+from resources.upstream import materialized_at, stored_value
 
 GROUP = "report"
 OPTIONAL = "optional_upstream"
@@ -69,13 +79,13 @@ def _manifest_rows(m: ManifestSet | None) -> tuple[ManifestRow, ...] | None:
 
 
 def model_facts(configs: ConfigFiles, outputs: OutputDirs, verdict: ModelReport,
-                up: dict[str, Any]) -> ModelFacts:
-    """The typed upstream values and the config the page needs, for one model."""
+                up: dict[str, Any], node_type: str) -> ModelFacts:
+    """The typed upstream values and the config the page needs, for one cell."""
     spec, section = configs.spec(verdict.model), configs.slo_section()
-    targets = tuple(configs.deploy().target_node_types)
+    targets = (node_type,)
     measured_on = {r.node_type for r in (up["load_timing"], up["serving_benchmark"]) if r}
     _, skipped = choose_precision(spec.precision_ladder, up["quantized"], up["accuracy"])
-    sweep = outputs.reports / spec.id / "serving_benchmark.csv"
+    sweep = outputs.reports / spec.id / node_type / "serving_benchmark.csv"
     manifests: ManifestSet | None = up["kserve_manifest"]
     return ModelFacts(
         model=spec.id, description=spec.description, verdict=verdict, targets=targets,
@@ -93,11 +103,13 @@ def model_facts(configs: ConfigFiles, outputs: OutputDirs, verdict: ModelReport,
 
 
 @dg.asset(
-    partitions_def=models_partitions,
+    tags=CELL_DERIVED,
+    partitions_def=cells_partitions,
     ins={n: dg.AssetIn(input_manager_key=OPTIONAL) for n in UPSTREAM},
     deps=[MODEL_SPEC],
     group_name=GROUP,
-    description="One self-contained HTML page per model (reports/<model>/readiness.html; its "
+    description="One self-contained HTML page per (model, node type) cell "
+    "(reports/<model>/<node type>/readiness.html; its "
     "latest materialization links it as `report_link`): "
     "what was fetched, the variants and the accuracy each lost, which precision serves and "
     "why, per node type its configuration, numbers and where they came from, start times, "
@@ -106,20 +118,21 @@ def model_facts(configs: ConfigFiles, outputs: OutputDirs, verdict: ModelReport,
 def readiness_report(context: dg.AssetExecutionContext, configs: ConfigFiles,
                      outputs: OutputDirs, io_manager: dg.ResourceParam[dg.IOManager],
                      **upstream: Any) -> dg.Output[ModelReport]:
-    model = context.partition_key
+    model, node_type, cell = model_of(context), node_type_of(context), context.partition_key
     readiness: Readiness | None = upstream["readiness"]
     if readiness is None:
-        raise OnboardingError(f"readiness_report of {model!r}", "`readiness` was never "
-                              "materialized for this model, so there is no verdict to report",
-                              "Materialize readiness (onboard_model runs it) first.")
-    previous = stored_value(io_manager, context.instance, context.asset_key, model,
-                            models_partitions)
+        raise OnboardingError(f"readiness_report of {model!r} on {node_type}", "`readiness` "
+                              "was never materialized for this cell, so there is no verdict "
+                              "to report", "Materialize readiness (onboard_cell runs it) first.")
+    previous = stored_value(io_manager, context.instance, context.asset_key, cell,
+                            cells_partitions)
     verdict = carry_since(previous, readiness,
-                          materialized_at(context.instance, "readiness", model) or 0.0)
-    page = model_page(model_facts(configs, outputs, verdict, upstream))
-    path = write_atomic(outputs.reports / model / MODEL_PAGE, to_html(page))
+                          materialized_at(context.instance, "readiness", cell) or 0.0)
+    page = model_page(model_facts(configs, outputs, verdict, upstream, node_type))
+    path = write_atomic(outputs.reports / model / node_type / MODEL_PAGE, to_html(page))
     value = dataclasses.replace(verdict, html_path=str(path))
-    context.log.info(f"{model}: {verdict.summary} (since {verdict.since:.0f}); report {path}")
+    context.log.info(f"{model} on {node_type}: {verdict.summary} (since {verdict.since:.0f}); "
+                     f"report {path}")
     return dg.Output(value, metadata={
         "ready": verdict.ready, "verdict": verdict.summary,
         "since": dg.MetadataValue.timestamp(verdict.since),
@@ -152,40 +165,61 @@ def node_acceptances(io_manager: dg.IOManager, instance: dg.DagsterInstance
     return tuple(rows)
 
 
-def model_reports(io_manager: dg.IOManager, instance: dg.DagsterInstance
-                  ) -> dict[str, ModelReport]:
-    """Every registered model's stored `readiness_report`, those never reported left out.
-    Read per partition that has a materialization, not through a fan-in input that allows
-    missing partitions: that input logs a warning for each model without a report (every
+def cell_reports(io_manager: dg.IOManager, instance: dg.DagsterInstance
+                 ) -> dict[tuple[str, str], ModelReport]:
+    """(model, node type) -> the cell's stored `readiness_report`, cells never reported left
+    out. Read per cell that has a materialization, not through a fan-in input that allows
+    missing partitions: that input logs a warning for each cell without a report (every
     plan-only entry, on every run)."""
-    models = instance.get_dynamic_partitions(models_partitions.name)
-    values = (stored_value(io_manager, instance, "readiness_report", m, models_partitions)
-              for m in sorted(models))
-    return by_model({i: v for i, v in enumerate(values)})
+    out = {}
+    for key in instance.get_materialized_partitions(dg.AssetKey("readiness_report")):
+        try:
+            cell = split_cell(key)
+        except ValueError:  # stored under the per-model partitioning (docs/upgrading.md)
+            continue
+        value = stored_value(io_manager, instance, "readiness_report", key, cells_partitions)
+        if value is not None:
+            out[cell] = value
+    return out
+
+
+def fleet_node_types(targets: list[str], registered: list[str]) -> list[str]:
+    """The grid's columns: the deployment targets in deploy.yaml's order, then every other
+    registered node type (the embedded `cpu` last)."""
+    rest = sorted(n for n in registered if n not in targets)
+    return [*targets, *[n for n in rest if n != LOCAL_NODE_TYPE],
+            *[n for n in rest if n == LOCAL_NODE_TYPE]]
 
 
 @dg.asset(
+    tags=FLEET,
     deps=[dg.AssetDep("readiness_report", partition_mapping=dg.AllPartitionMapping())],
     group_name=GROUP,
-    description="One HTML page over the fleet (reports/fleet.html): every catalogued model x "
-    "target node type, ready or not, why, since when, linked to each model's page; the GPU "
+    description="The readiness grid (reports/fleet.html): every catalogued model x node type "
+    "of the fleet, each cell's verdict, why and since when, linked to the cell's page; the GPU "
     "nodes' acceptance where node_acceptance exists.",
 )
 def fleet_report(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                  io_manager: dg.ResourceParam[dg.IOManager]) -> dg.Output[FleetReport]:
-    reports = model_reports(io_manager, context.instance)
+    reports = cell_reports(io_manager, context.instance)
     specs = configs.catalog().specs
-    targets = configs.deploy().target_node_types
-    entries = [FleetEntry(m, bool(specs[m].plan_only) if m in specs else False, reports.get(m),
-                          f"{m}/{MODEL_PAGE}" if m in reports else "")
-               for m in sorted({*specs, *reports})]
+    columns = fleet_node_types(list(configs.deploy().target_node_types),
+                               context.instance.get_dynamic_partitions(
+                                   node_types_partitions.name))
+    models = sorted({*specs, *(m for m, _ in reports)})
+    entries = [FleetEntry(m, bool(specs[m].plan_only) if m in specs else False,
+                          {nt: r for (mm, nt), r in reports.items() if mm == m},
+                          {nt: f"{m}/{nt}/{MODEL_PAGE}" for (mm, nt) in reports if mm == m})
+               for m in models]
     path = outputs.reports / FLEET_PAGE
-    value = FleetReport(fleet_rows(entries, targets), str(path),
+    value = FleetReport(fleet_rows(entries, columns), str(path),
                         node_acceptances(io_manager, context.instance))
-    page = fleet_page(value, targets)
+    page = fleet_page(value, columns)
     write_atomic(path, to_html(page))
     return dg.Output(value, metadata={
-        "models": len(entries), "ready_models": dg.MetadataValue.json(value.ready_models()),
+        "models": len(entries), "node_types": dg.MetadataValue.json(columns),
+        "cells_judged": len(reports),
+        "ready_models": dg.MetadataValue.json(value.ready_models()),
         "page": dg.MetadataValue.path(str(path)),
         "node_section": "absent (no node partitions)" if value.nodes is None
         else f"{len(value.nodes)} nodes",

@@ -32,7 +32,7 @@ import dagster as dg
 
 from assets.checks import QUANTIZED_PRECISIONS, gate_check, not_applicable_check
 from assets.model_spec import MODEL_SPEC, spec_metadata
-from assets.partitions import models_partitions
+from assets.partitions import CELL_MEASURED, cells_partitions, model_of, node_type_of
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding.common.refs import CheckpointRef
@@ -57,20 +57,21 @@ def served_gate_check_name(precision: str) -> str:
 
 
 @dg.asset(
-    partitions_def=models_partitions,
+    tags=CELL_MEASURED,
+    partitions_def=cells_partitions,
     group_name="quantize",
     deps=[SERVING_STACK, MODEL_SPEC],
     op_tags=gpu_step_tags("served_accuracy"),
     pool="gpu",
     check_specs=[
         *(dg.AssetCheckSpec(agreement_check_name(p), asset="served_accuracy", blocking=False,
-                            partitions_def=models_partitions,
+                            partitions_def=cells_partitions,
                             description=f"{p} scores the same served as in process: the paired "
                                         "difference's interval lies within "
                                         "served_agreement.max_abs_diff")
           for p in PRECISIONS),
         *(dg.AssetCheckSpec(served_gate_check_name(p), asset="served_accuracy", blocking=False,
-                            partitions_def=models_partitions,
+                            partitions_def=cells_partitions,
                             description=f"{p} served keeps every eval task within the "
                                         "tolerances of configs/gates.yaml against bf16 served")
           for p in QUANTIZED_PRECISIONS),
@@ -81,7 +82,9 @@ def served_accuracy(context: dg.AssetExecutionContext, configs: ConfigFiles,
                     engine: Engine, evaluator: Evaluator):
     """Each servable precision scored through the engine; agreement with the in-process score;
     the served gates."""
-    spec = configs.spec(context.partition_key)
+    spec = configs.spec(model_of(context))
+    engine.require_node_type(node_type_of(context), configs.nodes(),
+                             f"served_accuracy[{context.partition_key}]")
     gates = configs.accuracy_gates()
     report = twins.served_report(spec.id, spec.precision_ladder, PRECISIONS) if spec.is_twin \
         else served_report(engine, evaluator, spec, checkpoint, quantized, accuracy, gates,

@@ -22,7 +22,7 @@ import dagster as dg
 from assets.checks import not_applicable_check
 from assets.model_spec import MODEL_SPEC, spec_metadata
 from assets.node_gate import node_acceptance_check, node_check_spec
-from assets.partitions import models_partitions
+from assets.partitions import CELL_MEASURED, cells_partitions, model_of, node_type_of
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding.common.errors import ConfigError
@@ -118,7 +118,9 @@ def _planned_variant(precision: str, serving: VariantRef, checkpoint: Checkpoint
 def _setup(context: dg.AssetExecutionContext, configs: ConfigFiles, engine: Engine,
            run: LoadTimingConfig | ServingBenchmarkConfig, serving: VariantRef,
            checkpoint: CheckpointRef, quantized: QuantizedSet, splan: ServingPlan) -> Setup:
-    spec = configs.spec(context.partition_key)
+    spec = configs.spec(model_of(context))
+    engine.require_node_type(node_type_of(context), configs.nodes(),
+                             f"{context.asset_key.to_user_string()}[{context.partition_key}]")
     name, prof = configs.profile(run.profile, engine.resolved_hardware())
     substitute = prof.substitute_baseline if run.substitute_baseline is None \
         else run.substitute_baseline
@@ -204,17 +206,18 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
 
 
 @dg.asset(
-    partitions_def=models_partitions,
+    tags=CELL_MEASURED,
+    partitions_def=cells_partitions,
     group_name=GROUP,
     deps=[SERVING_STACK, MODEL_SPEC],
     op_tags=gpu_step_tags("load_timing"),
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(COLD_START_CHECK, asset="load_timing",
-                                   partitions_def=models_partitions,
+                                   partitions_def=cells_partitions,
                                    description="cold start p95 within configs/gates.yaml "
                                    "`slo.cold_start_p95_max_s` for this node type"),
                  dg.AssetCheckSpec(KERNEL_CHECK, asset="load_timing",
-                                   partitions_def=models_partitions,
+                                   partitions_def=cells_partitions,
                                    description="every start ran the kernels configs/nodes.yaml "
                                    "`kernel_gate` requires of its precision on this GPU "
                                    "architecture, as the engine's own log names them"),
@@ -364,7 +367,8 @@ def _load_tokenizer(path: str):
 
 
 @dg.asset(
-    partitions_def=models_partitions,
+    tags=CELL_MEASURED,
+    partitions_def=cells_partitions,
     group_name=GROUP,
     deps=[SERVING_STACK, MODEL_SPEC],
     # After load_timing in the graph (one engine on the GPU at a time), but not on its numbers:
@@ -373,7 +377,7 @@ def _load_tokenizer(path: str):
     op_tags=gpu_step_tags("serving_benchmark"),
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(SLO_CHECK, asset="serving_benchmark", blocking=True,
-                                   partitions_def=models_partitions,
+                                   partitions_def=cells_partitions,
                                    description="TTFT p95, mean ITL and error rate within "
                                    "configs/gates.yaml `slo` at the target concurrency"),
                  node_check_spec("serving_benchmark", blocking=True)],
@@ -431,7 +435,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     yield dg.Output(result, metadata={
         **_measured_metadata(engine, setup, serving_variant),
         **_sweep_report(outputs, f"{spec.id} ({variant.precision}) on {engine.node_type}",
-                        spec.id, rows, setup.slo),
+                        f"{spec.id}/{engine.node_type}", rows, setup.slo),
         **_frontend_metadata(rows, frontend.unavailable),
         "gpus": gpus,
         "tokens_per_s_per_gpu": result.tokens_per_s_per_gpu,
@@ -480,11 +484,12 @@ def _slo_check(setup: Setup, result: ServingBenchmarkResult, violations: list[st
                   "slo_severity warn; it measures on a stand-in, not a deployed configuration)"})
 
 
-def _sweep_report(outputs: OutputDirs, title: str, model: str, rows: list[dict], slo: Slo
+def _sweep_report(outputs: OutputDirs, title: str, cell: str, rows: list[dict], slo: Slo
                   ) -> dict:
-    """The sweep as a table, a plot and a CSV under the reports directory."""
+    """The sweep as a table, a plot and a CSV under the reports directory, in the cell's
+    folder (`<model>/<node type>/`)."""
     png = sweep_png(rows, title, slo.ttft_p95_s, slo.itl_mean_ms)
-    out_dir = outputs.reports / model
+    out_dir = outputs.reports / cell
     out_dir.mkdir(parents=True, exist_ok=True)
     png_path = out_dir / "serving_benchmark.png"
     png_path.write_bytes(png)
@@ -514,7 +519,7 @@ def _keep_partial(context: dg.AssetExecutionContext, outputs: OutputDirs, runnin
     nothing is materialized): a CSV under the reports directory and an observation on the
     asset, the dying point marked `engine_exited`. The error names the exit code and log tail."""
     def keep(rows: list[dict], point: str) -> str:
-        path = (outputs.reports / context.partition_key
+        path = (outputs.reports / model_of(context) / node_type_of(context)
                 / f"serving_benchmark.partial-{context.run.run_id[:8]}.csv")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_csv(path, rows)

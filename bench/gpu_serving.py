@@ -6,13 +6,14 @@ Three phases, one device call each, back to back on one machine (state under --w
             copy of configs/ whose stack is pinned to what is installed here (so the measured
             configuration hash is the one the plan renders), the `vllm` wrapper the Engine
             resource starts, and whether this kernel can evict the page cache (cold starts).
-  onboard   the onboard_model job for smollm2-135m (and the twins' CPU part: fetch of their
-            config.json, export markers, serving_config) in the `gpu` profile on node type
-            h200, through Dagster in a throwaway instance with SeaweedFS on 127.0.0.1: fetch,
-            quantize (Model Optimizer on the GPU), in-process accuracy gate, serving variant,
-            serving_config, published variant, load_timing (three kinds of start),
-            serving_benchmark (chat/rag/codegen, concurrency sweep, GPU telemetry), manifests,
-            readiness. `--select` runs part of it; a later call continues in the same instance.
+  onboard   the onboard_model job for smollm2-135m, then onboard_cell for its h200 cell (and
+            the twins' CPU part: fetch of their config.json, export markers, serving_config) in
+            the `gpu` profile on node type h200, through Dagster in a throwaway instance with
+            SeaweedFS on 127.0.0.1: fetch, quantize (Model Optimizer on the GPU), in-process
+            accuracy gate, serving variant, serving_config, published variant, load_timing
+            (three kinds of start), serving_benchmark (chat/rag/codegen, concurrency sweep, GPU
+            telemetry), manifests, readiness. `--select` runs part of it; a later call
+            continues in the same instance.
   twins     performance twins (catalog entries with `weights: random`, docs/twins.md) at the
             configuration their serving_config planned for h200 (`--load-format dummy`),
             started by the Engine resource, swept by serving_benchmark's own sweep code with
@@ -246,9 +247,12 @@ def onboard_env(work: Path, node_type: str, engine_bin_dir: str) -> None:
     (work / "dagster_home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
 
 
-def asset_outputs(instance, model: str) -> dict:
-    """Each asset's latest materialization metadata for the partition (what the UI shows)."""
+def asset_outputs(instance, model: str, node_type: str) -> dict:
+    """Each asset's latest materialization metadata for the model's partition, or for its
+    (model, `node_type`) cell where the asset is kept per cell (what the UI shows)."""
     import dagster as dg
+
+    from assets.partitions import cell_key, cells_partitions
 
     out = {}
     for rec in instance.fetch_materializations(
@@ -256,9 +260,12 @@ def asset_outputs(instance, model: str) -> dict:
         out["serving_stack"] = _meta(rec)
     from pipelines.definitions import defs
 
-    for key in defs.resolve_asset_graph().get_all_asset_keys():
+    graph = defs.resolve_asset_graph()
+    for key in graph.get_all_asset_keys():
+        partition = str(cell_key(model, node_type)) \
+            if graph.get(key).partitions_def == cells_partitions else model
         recs = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[model]), limit=1).records
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1).records
         if recs:
             out[key.to_user_string()] = _meta(recs[0])
     return out
@@ -274,9 +281,25 @@ def _plain(v):
     return v if v is None or isinstance(v, str | int | float | bool | list | dict) else str(v)
 
 
+def by_level(stages: set[str], level: dict[str, set[str]]) -> list[tuple[str, set[str]]]:
+    """`stages` as one run per job (a run cannot mix per-model and per-cell stages), the
+    model's first (its cells read it); serving_stack, in both, goes with the first that has
+    other stages."""
+    runs, left = [], set(stages)
+    for name, keys in level.items():
+        if (picked := left & keys) - {"serving_stack"} or picked == left:
+            runs.append((name, picked))
+            left -= picked
+    return [(name, picked) for name, picked in runs if picked]
+
+
 def onboard(args) -> int:
-    """The onboard_model job for each of `--models`, one after another, in one instance."""
+    """For each of `--models`, one after another, in one instance: the onboard_model job (the
+    model's own stages), then the onboard_cell job of its (model, `--node-type`) cell (what is
+    measured on this node, and the fleet stages)."""
     import dagster as dg
+
+    from assets.partitions import cell_key
 
     onboard_env(args.work, args.node_type, args.engine_bin)
     rep = Report(args.out, f"onboard-{args.tag}")
@@ -298,8 +321,10 @@ def onboard(args) -> int:
         instance = dg.DagsterInstance.get()
         demo.register_partitions(instance)
         observe_stack(instance, cf)
-        job = defs.resolve_job_def("onboard_model")
-        every = {k.to_user_string() for k in job.asset_layer.selected_asset_keys}
+        jobs = {name: defs.resolve_job_def(name) for name in ("onboard_model", "onboard_cell")}
+        level = {name: {k.to_user_string() for k in job.asset_layer.selected_asset_keys}
+                 for name, job in jobs.items()}
+        every = set().union(*level.values())
         runs = []
         for model in models:
             stages = set(args.select.split(",")) if args.select else set(every)
@@ -309,10 +334,11 @@ def onboard(args) -> int:
             # `--first` runs as a job of its own: its failure (load_timing where the page
             # cache cannot be evicted) must not skip what follows in the graph
             first = stages & set(args.first.split(",")) if args.first else set()
-            if first:
-                runs.append((model, first | {"serving_stack"}))
-            runs.append((model, stages - first))
-        for model, stages in runs:
+            for part in ([first | {"serving_stack"}] if first else []) + [stages - first]:
+                runs += [(model, name, picked) for name, picked in by_level(part, level)]
+        for model, name, stages in runs:
+            job = jobs[name]
+            key = model if name == "onboard_model" else str(cell_key(model, args.node_type))
             run_config = cf.automation().launch.run_config("device_budget", stages)
             if args.load_timing_repeats and "load_timing" in stages:
                 cold, cold_weights, warm = args.load_timing_repeats
@@ -320,9 +346,9 @@ def onboard(args) -> int:
                 lt.setdefault("config", {}).update(
                     cold_repeats=cold, cold_weights_repeats=cold_weights, warm_repeats=warm)
             t = time.monotonic()
-            say(f"onboard_model[{model}] selection {sorted(stages)}")
+            say(f"{name}[{key}] selection {sorted(stages)}")
             result = job.execute_in_process(
-                partition_key=model, instance=instance, run_config=run_config,
+                partition_key=key, instance=instance, run_config=run_config,
                 asset_selection=[dg.AssetKey(s) for s in stages], raise_on_error=False)
             failures = [{"step": e.step_key,
                          "error": e.step_failure_data.error.message[-3000:]}
@@ -331,12 +357,14 @@ def onboard(args) -> int:
                        "passed": ev.passed, "severity": str(ev.severity),
                        "metadata": {k: _plain(v.value) for k, v in ev.metadata.items()}}
                       for ev in result.get_asset_check_evaluations()]
-            rep.step(f"job {model} {'+'.join(sorted(stages))}", success=result.success,
+            cell = "" if name == "onboard_model" else f" {args.node_type}"
+            rep.step(f"job {model}{cell} {'+'.join(sorted(stages))}", success=result.success,
                      seconds=round(time.monotonic() - t, 1), run_config=run_config,
                      failures=failures, checks=checks)
-            say(f"{model}: {'SUCCESS' if result.success else 'FAILED'} in "
+            say(f"{key}: {'SUCCESS' if result.success else 'FAILED'} in "
                 f"{time.monotonic() - t:.0f} s; failures: {[f['step'] for f in failures]}")
-            rep.data.setdefault("assets", {})[model] = asset_outputs(instance, model)
+            rep.data.setdefault("assets", {})[model] = asset_outputs(instance, model,
+                                                                     args.node_type)
             rep.save()
     except Exception:  # noqa: BLE001 - a one-off run records everything and packs what it has
         rep.step("error", traceback=traceback.format_exc()[-4000:])

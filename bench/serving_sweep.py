@@ -1,10 +1,10 @@
 """The serving stage on the real vLLM CPU engine with the full `cpu` profile, in Dagster.
 
 Materializes `load_timing` and `serving_benchmark` for SmolLM2-135M (bf16, a private copy so
-no other process pins its pages) in an ephemeral instance, with stand-ins for `checkpoint` and
-`serving_variant`, then prints the load timing, the sweep table, and our client's TTFT/ITL
-against the engine's own /metrics histograms over the same requests (the named peer: vLLM's
-server-side measurement).
+no other process pins its pages) in an ephemeral instance, in the model's `cpu` cell, with
+stand-ins for `checkpoint` and `serving_variant` stored under the model, then prints the load
+timing, the sweep table, and our client's TTFT/ITL against the engine's own /metrics
+histograms over the same requests (the named peer: vLLM's server-side measurement).
 
     .venv/bin/python bench/serving_sweep.py [--scenarios chat rag codegen] [--cold 3 --warm 2]
         [--concurrency 1 4 ...] [--requests-per-point N]   (default: the cpu profile's sweep)
@@ -30,7 +30,7 @@ import dagster as dg
 import pandas as pd
 import yaml
 
-from assets.partitions import models_partitions
+from assets.partitions import cell_key, models_partitions
 from assets.serving import load_timing, serving_benchmark
 from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.deploy.serving_plan import ServingPlan
@@ -92,16 +92,18 @@ def main() -> None:
         def serving_variant() -> VariantRef:
             return VariantRef(KEY, "bf16", str(model), size, "bench")
 
-        instance = dg.DagsterInstance.ephemeral()
-        instance.add_dynamic_partitions("models", [KEY])
         # Nothing quantized (the bf16 checkpoint is served) and no planned node type: the CPU
         # engine runs its own configuration, as in the demo.
         upstream = [checkpoint, serving_variant,
                     stand_in("quantized", QuantizedSet(KEY, "", 1, ())),
                     stand_in("serving_config", ServingPlan(plan=None, configs={}))]
-        assets = [*upstream, load_timing, serving_benchmark]
-        resources = {"engine": Engine(hardware="cpu", log_dir=str(work / "logs"),
-                                      configs=config_files),
+        engine = Engine(hardware="cpu", log_dir=str(work / "logs"), configs=config_files)
+        # The measurements are kept per (model, node type) cell, the stand-ins per model: one
+        # run each (a run cannot mix the two), the cell's reading the stored stand-ins.
+        cell = str(cell_key(KEY, engine.node_type))
+        assets = [*(dg.AssetSpec(a.key, partitions_def=models_partitions) for a in upstream),
+                  load_timing, serving_benchmark]
+        resources = {"engine": engine,
                      "loadgen": LoadGenerator(), "telemetry": GpuTelemetry(),
                      "optional_upstream": optional_upstream, "configs": config_files,
                      "outputs": outputs}
@@ -116,7 +118,11 @@ def main() -> None:
             print(f"dry run: {len(assets)} assets, resources {sorted(resources)}, run config "
                   f"{checked['ops']['serving_benchmark']['config']} valid")
             return
-        result = dg.materialize(assets, partition_key=KEY, instance=instance,
+        instance = dg.DagsterInstance.ephemeral()
+        instance.add_dynamic_partitions("models", [KEY])
+        instance.add_dynamic_partitions("node_types", [engine.node_type])
+        dg.materialize(upstream, partition_key=KEY, instance=instance)
+        result = dg.materialize(assets, partition_key=cell, instance=instance,
                                 resources=resources, run_config=run_config)
         t = {k: getattr(v, "value", v) for k, v in next(
             iter(result.asset_materializations_for_node("load_timing"))).metadata.items()}
@@ -127,7 +133,8 @@ def main() -> None:
         print(t["starts"])
         b = result.output_for_node("serving_benchmark")
         print(f"\n## serving_benchmark\n\n{b}\n")
-        table = pd.read_csv(work / "reports" / KEY / "serving_benchmark.csv")
+        table = pd.read_csv(work / "reports" / KEY / engine.node_type /
+                            "serving_benchmark.csv")
         table["client_vs_server_itl"] = table.itl_mean_ms / table.server_itl_mean_ms
         table["client_vs_server_ttft"] = table.ttft_mean_s / table.server_ttft_mean_s
         cols = ["scenario", "load", "request_throughput_rps", "output_tokens_per_s",

@@ -12,10 +12,17 @@ import pkgutil
 import dagster as dg
 
 import assets as _assets_pkg
+from pipelines.cells import cells_after_model, fleet_partitions_sensor
 from pipelines.jobs import jobs
 from pipelines.launch import onboard_registered_model, register_model
 from pipelines.resources import build_resources
-from pipelines.schedules import revalidate_job, revalidation_schedule, revalidation_sensors
+from pipelines.schedules import (
+    cell_revalidation_schedule,
+    revalidate_cell_job,
+    revalidate_job,
+    revalidation_schedule,
+    revalidation_sensors,
+)
 from pipelines.sensors import sensors
 
 
@@ -32,8 +39,9 @@ defs = dg.Definitions.merge(
     *_stage_definitions(),
     dg.Definitions(
         resources=build_resources(),
-        jobs=[*jobs, revalidate_job, register_model],
-        schedules=[revalidation_schedule],
-        sensors=[*sensors, onboard_registered_model, *revalidation_sensors],
+        jobs=[*jobs, revalidate_job, revalidate_cell_job, register_model],
+        schedules=[revalidation_schedule, cell_revalidation_schedule],
+        sensors=[*sensors, onboard_registered_model, *revalidation_sensors, cells_after_model,
+                 fleet_partitions_sensor],
     ),
 )

@@ -23,6 +23,7 @@ from typing import Any
 
 import dagster as dg
 
+from assets.partitions import split_cell
 from assets.step_tags import GPU_SLOT_TAG
 from onboarding.common.config import deep_merge
 from onboarding.common.errors import ConfigError
@@ -46,6 +47,8 @@ from pipelines.resources import config_files
 from resources.config_files import ConfigFiles
 
 K8S_CONFIG_TAG = "dagster-k8s/config"
+# the GPU-bound steps of a cell run (pipelines/jobs.py CELL_ASSETS)
+CELL_STEPS = ("served_accuracy", "load_timing", "serving_benchmark")
 
 
 def _with_defaults(base: dg.ExecutorDefinition, name: str,
@@ -88,11 +91,13 @@ def _multiprocess_defaults() -> dict[str, Any]:
             "tag_concurrency_limits": local_gpu_limits(cfg.executor.local_gpu_slots)}
 
 
-def step_placements(configs: ConfigFiles | None = None) -> dict[str, dict[str, Any]]:
-    """Step key -> `dagster-k8s/config` of every step that touches the NVMe cache or a GPU."""
+def step_placements(configs: ConfigFiles | None = None, node_type: str | None = None
+                    ) -> dict[str, dict[str, Any]]:
+    """Step key -> `dagster-k8s/config` of every step that touches the NVMe cache or a GPU, on
+    `node_type`'s pool (default: ONBOARDING_NODE_TYPE, else cluster.yaml `step_pods`)."""
     configs = configs or config_files()
     cfg = configs.cluster()
-    node = configs.node_type(node_type_name(cfg, os.environ.get(NODE_TYPE_ENV)))
+    node = configs.node_type(node_type or node_type_name(cfg, os.environ.get(NODE_TYPE_ENV)))
     image = gpu_image(cfg, os.environ.get(GPU_IMAGE_ENV))
     out = {s: cache_step_pod_config(s, cfg, node) for s in CACHE_STAGES
            if s not in GPU_BOUND_STAGES}
@@ -172,3 +177,25 @@ def node_run_tags(node_name: str, configs: ConfigFiles | None = None) -> dict[st
                                      configs.node_type(setting.node_type),
                                      gpu_image(cfg, os.environ.get(GPU_IMAGE_ENV)))
     return {K8S_CONFIG_TAG: json.dumps(pod, sort_keys=True)}
+
+
+def cell_run_config(key: str, configs: ConfigFiles | None = None) -> dict[str, Any]:
+    """Run config of one (model, node type) cell's run. On the k8s executor its GPU steps are
+    placed on the partition's node type: that pool's GPU product selector, tolerations and GPU
+    count, and ONBOARDING_NODE_TYPE in the pod, which the engine checks against the hardware
+    it finds before measuring. Local runs measure where they run: none."""
+    configs = configs or config_files()
+    if executor_kind(configs.cluster, os.environ.get(EXECUTOR_ENV)) != "k8s":
+        return {}
+    _, node_type = split_cell(key)
+    if node_type not in configs.nodes().node_types:
+        return {}  # the embedded engine's `cpu`: no pool; the engine refuses a GPU pod
+    placements = step_placements(configs, node_type)
+    return {"execution": {"config": {"per_step_k8s_config": {
+        s: placements[s] for s in CELL_STEPS if s in placements}}}}
+
+
+def cell_run_tags(key: str) -> dict[str, str]:
+    """The cell's model and node type as tags, to filter runs by either in the UI."""
+    model, node_type = split_cell(key)
+    return {"onboarding/model": model, "onboarding/node_type": node_type}

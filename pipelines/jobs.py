@@ -1,4 +1,5 @@
-"""Jobs: onboarding a model end to end, partitioned by model, and planning one without weights."""
+"""Jobs: a model's own stages (per model), its cells (per model x node type), planning without
+weights, layouts, predictions and node acceptance."""
 
 from __future__ import annotations
 
@@ -6,11 +7,32 @@ import dagster as dg
 
 from assets.model_spec import MODEL_SPEC
 from assets.nodes import GROUP as NODES_GROUP
-from assets.partitions import nodes_partitions
+from assets.partitions import (
+    CELL_DERIVED,
+    CELL_MEASURED,
+    FLEET,
+    cells_partitions,
+    level_selection,
+    nodes_partitions,
+)
 from assets.stack import SERVING_STACK
-from pipelines.executors import node_run_tags, onboarding_executor
+from pipelines.executors import (
+    cell_run_config,
+    cell_run_tags,
+    node_run_tags,
+    onboarding_executor,
+)
 
-PLAN_ASSETS = ("serving_config", "kserve_manifest", "gateway_routes")
+# The (model, node type) cells: every asset measured on a GPU or judged from such a measurement
+# (assets/partitions.py `cells_partitions`), selected by their level tag. A run has one
+# partition key, so a model's stages and its cells are two jobs: the cells follow the model's
+# run (pipelines/cells.py). The names, for what reads the graph by name (the schedule);
+# tests/pipelines/test_cells.py holds them to the tags.
+CELL_ASSETS = ("served_accuracy", "load_timing", "serving_benchmark", "kserve_manifest",
+               "operations", "readiness", "readiness_report")
+# Over every cell: run after a cell's run, from whatever the other cells stored.
+FLEET_ASSETS = ("gateway_routes", "fleet_report")
+CELLS = level_selection(CELL_MEASURED, CELL_DERIVED)
 # Layouts span models: planned by their own job, never inside one model's onboarding or
 # revalidation run (one infeasible layout must not fail a model's run).
 LAYOUT_ASSETS = dg.AssetSelection.groups("layout")  # node_layout (assets/layout.py)
@@ -19,22 +41,46 @@ PREDICT_GROUP = "predict"  # assets/predict.py: AIConfigurator predictions and t
 # serving_stack is observed and model_spec recorded first in every onboarding run, so each
 # result records the stack it was measured on and the spec it read (its input data versions),
 # never Dagster's INITIAL marker.
-MODEL_ASSETS = dg.AssetSelection.all() - dg.AssetSelection.groups(NODES_GROUP)
+MODEL_ASSETS = (dg.AssetSelection.all() - dg.AssetSelection.groups(NODES_GROUP) - LAYOUT_ASSETS
+                - dg.AssetSelection.groups(PREDICT_GROUP)
+                - level_selection(CELL_MEASURED, CELL_DERIVED, FLEET))
 
 onboard_model = dg.define_asset_job(
     "onboard_model",
-    selection=(MODEL_ASSETS - LAYOUT_ASSETS - dg.AssetSelection.groups(PREDICT_GROUP))
-    | dg.AssetSelection.assets(SERVING_STACK, MODEL_SPEC),
+    selection=MODEL_ASSETS | dg.AssetSelection.assets(SERVING_STACK, MODEL_SPEC),
     description="Observe the serving stack, record the model's spec, then fetch, quantize, "
-    "evaluate, time, benchmark, plan and render one model.",
+    "evaluate in process, plan and publish one model: the stages that do not depend on the GPU "
+    "they run on. Its cells (onboard_cell, one per node type) follow when it succeeds.",
     executor_def=onboarding_executor(),
+)
+
+onboard_cell = dg.define_asset_job(
+    "onboard_cell",
+    selection=level_selection(CELL_MEASURED, CELL_DERIVED, FLEET)
+    | dg.AssetSelection.assets(SERVING_STACK),
+    description="One (model, node type) cell on that node type: served accuracy, load timing, "
+    "serving benchmark, manifest, operations, readiness and its report; then the gateway "
+    "routes and the fleet's readiness grid. Needs the model's onboard_model run first.",
+    executor_def=onboarding_executor(),
+    config=dg.PartitionedConfig(partitions_def=cells_partitions,
+                                run_config_for_partition_key_fn=cell_run_config,
+                                tags_for_partition_key_fn=cell_run_tags),
 )
 
 plan_model = dg.define_asset_job(
     "plan_model",
-    selection=dg.AssetSelection.assets(*PLAN_ASSETS),
-    description="Plan and render one model without fetching it: plan-only catalog entries, or "
-    "re-rendering after a config change. Uses whatever upstream measurements exist.",
+    selection=dg.AssetSelection.assets("serving_config"),
+    description="Plan one model without fetching it: plan-only catalog entries, or re-planning "
+    "after a config change. Uses whatever upstream measurements exist; plan_cell renders.",
+    executor_def=onboarding_executor(),
+)
+
+plan_cell = dg.define_asset_job(
+    "plan_cell",
+    selection=level_selection(CELL_DERIVED, FLEET),
+    description="Render and judge one (model, node type) cell from whatever its measurements "
+    "are (none: the manifest says unmeasured and readiness says why not): a node type not "
+    "measured here, a plan-only entry, or re-rendering after a config change.",
     executor_def=onboarding_executor(),
 )
 
@@ -69,4 +115,5 @@ accept_node = dg.define_asset_job(
                                 tags_for_partition_key_fn=node_run_tags),
 )
 
-jobs = [onboard_model, plan_model, plan_layouts, predict_model, accept_node]
+jobs = [onboard_model, onboard_cell, plan_model, plan_cell, plan_layouts, predict_model,
+        accept_node]

@@ -1,9 +1,9 @@
 """The instance's run coordinator: Dagster's run queue, refusing at submission a run that the
 catalog says cannot succeed, before any run worker starts.
 
-A plan-only catalog entry has no weights: its partition exists for `plan_model` and
-`predict_model`, but a run that would fetch it (`onboard_model`, or an asset selection with
-`checkpoint`, e.g. *Materialize* on its partition) fails at once with what to launch instead,
+A plan-only catalog entry has no weights: its partitions exist for `plan_model`, `plan_cell`
+and `predict_model`, but a run that would fetch or serve it (`onboard_model`, `onboard_cell`,
+or an asset selection with `checkpoint` or an engine step, e.g. *Materialize* on its partition) fails at once with what to launch instead,
 instead of starting a worker whose first step fails. configs/dagster.yaml names this class; an
 instance without it (Dagster's default queue) still fails such a run in its `checkpoint` step.
 """
@@ -15,25 +15,29 @@ import dagster as dg
 from onboarding.common.errors import ConfigError
 from onboarding.fetch.catalog import Catalog
 
-ONBOARD_JOB = "onboard_model"  # pipelines/jobs.py; not imported, so the webserver loads no assets
-FETCHING_ASSET = dg.AssetKey("checkpoint")
+# pipelines/jobs.py and schedules.py; not imported, so the webserver loads no assets
+ONBOARD_JOBS = ("onboard_model", "onboard_cell", "revalidate_cell")
+# what needs the weights: the fetch, and every step that starts the engine on them
+FETCHING_ASSETS = (dg.AssetKey("checkpoint"), dg.AssetKey("served_accuracy"),
+                   dg.AssetKey("load_timing"), dg.AssetKey("serving_benchmark"))
 PARTITION_TAG = "dagster/partition"
 
 
 def refusal(run: dg.DagsterRun, catalog: Catalog) -> str | None:
     """Why `run` must not start, or None. Only a catalog that resolves the run's partition
     decides; anything else is left to the run, which reports it in its own steps."""
-    model = run.tags.get(PARTITION_TAG)
+    model = (run.tags.get(PARTITION_TAG) or "").partition("|")[0]  # a model, or its cell
     spec = catalog.specs.get(model) if model else None
     if spec is None or not spec.plan_only:
         return None
-    fetches = (FETCHING_ASSET in run.asset_selection if run.asset_selection is not None
-               else run.job_name == ONBOARD_JOB)
+    fetches = (any(a in run.asset_selection for a in FETCHING_ASSETS)
+               if run.asset_selection is not None else run.job_name in ONBOARD_JOBS)
     if not fetches:
         return None
     return (f"model {model!r} is a plan-only catalog entry: it has no weights to fetch, so "
-            "nothing of onboard_model can run for it. Launch plan_model (serving_config, "
-            "kserve_manifest, gateway_routes) or predict_model for it instead, or give it a "
+            f"nothing of {run.job_name} can run for it. Launch plan_model (serving_config) "
+            "and plan_cell (kserve_manifest, readiness) or predict_model for it instead, or "
+            "give it a "
             "source with weights and remove plan_only (docs/onboard-your-model.md).")
 
 

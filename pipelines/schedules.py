@@ -22,17 +22,26 @@ from typing import Any
 import dagster as dg
 
 from assets.model_spec import MODEL_SPEC, SPEC_VERSION_KEY, spec_version
-from assets.partitions import models_partitions
+from assets.partitions import (
+    CELL_DERIVED,
+    CELL_MEASURED,
+    FLEET,
+    cells_partitions,
+    level_selection,
+    split_cell,
+)
 from assets.stack import SERVING_STACK, STACK_FINGERPRINT_KEY, current_stack
+from onboarding.common.config import deep_merge
 from onboarding.common.tables import md_table
 from pipelines.automation import AT_LOAD
-from pipelines.executors import onboarding_executor
-from pipelines.jobs import LAYOUT_ASSETS
+from pipelines.executors import cell_run_config, cell_run_tags, onboarding_executor
+from pipelines.jobs import CELL_ASSETS, FLEET_ASSETS, LAYOUT_ASSETS
 from pipelines.launch import job_stages
 from resources.config_files import ConfigFiles
 from resources.upstream import latest_materialization, stored_value
 
 REVALIDATE_JOB = "revalidate_model"
+REVALIDATE_CELL_JOB = "revalidate_cell"
 READINESS = dg.AssetKey("readiness")
 STACK_INPUT_TAG = f"dagster/input_data_version/{SERVING_STACK.to_user_string()}"
 STACK_DEPENDENT = dg.AssetSelection.assets(SERVING_STACK).downstream(depth=1) - \
@@ -78,59 +87,96 @@ def measured_on(mat: dg.AssetMaterialization) -> str:
     return str(recorded.value) if recorded is not None else UNKNOWN_STACK
 
 
-def readiness_verdict(io_manager: dg.IOManager, instance: dg.DagsterInstance, model: str
-                      ) -> str:
-    """The latest `readiness` verdict of a model, in words: the `Readiness` value the asset
+def cell_verdict(io_manager: dg.IOManager, instance: dg.DagsterInstance, cell: str) -> str:
+    """The latest `readiness` verdict of one cell, in words: the `Readiness` value the asset
     stored (assets/readiness.py), not its metadata, which is for people."""
-    verdict = stored_value(io_manager, instance, READINESS, model, models_partitions)
+    verdict = stored_value(io_manager, instance, READINESS, cell, cells_partitions)
     return verdict.summary() if verdict is not None else "not judged yet"
 
 
+def model_cells(instance: dg.DagsterInstance, asset: str, model: str) -> list[str]:
+    """Cell keys of `model` that `asset` has materialized, in node type order."""
+    out = []
+    for key in instance.get_materialized_partitions(dg.AssetKey(asset)):
+        try:
+            m, _ = split_cell(key)
+        except ValueError:  # stored under the per-model partitioning (docs/upgrading.md)
+            continue
+        if m == model:
+            out.append(str(key))
+    return sorted(out, key=lambda k: split_cell(k)[1])
+
+
+def readiness_verdict(io_manager: dg.IOManager, instance: dg.DagsterInstance, model: str
+                      ) -> str:
+    """Every judged cell of a model, in words (`<node type>: <verdict>`)."""
+    cells = model_cells(instance, "readiness", model)
+    if not cells:
+        return "not judged yet"
+    return "; ".join(f"{split_cell(c)[1]}: {cell_verdict(io_manager, instance, c)}"
+                     for c in cells)
+
+
+def onboarded_cells(instance: dg.DagsterInstance, ready_assets: list[str]) -> list[str]:
+    """Cells with every `ready_assets` materialized, whatever their readiness verdict."""
+    if not ready_assets:
+        return []
+    keys = [set(map(str, instance.get_materialized_partitions(dg.AssetKey(a))))
+            for a in ready_assets]
+    out = []
+    for key in set.intersection(*keys):
+        try:
+            split_cell(key)
+        except ValueError:
+            continue
+        out.append(key)
+    return sorted(out)
+
+
 def onboarded_models(instance: dg.DagsterInstance, ready_assets: list[str]) -> list[str]:
-    """Models with every `ready_assets` materialized, whatever their readiness verdict."""
-    return [m for m in sorted(instance.get_dynamic_partitions(models_partitions.name))
-            if all(latest_materialization(instance, a, m) is not None for a in ready_assets)]
+    """Models with at least one onboarded cell."""
+    return sorted({split_cell(c)[0] for c in onboarded_cells(instance, ready_assets)})
 
 
-def stale_onboarded_models(instance: dg.DagsterInstance, fingerprint: str,
-                           ready_assets: list[str], dependent: list[str]
-                           ) -> dict[str, dict[str, Any]]:
-    """Onboarded models (every `ready_assets` materialized, whatever their readiness verdict)
-    whose stack-dependent materializations were produced on another stack.
+def stale_partitions(instance: dg.DagsterInstance, fingerprint: str, partitions: list[str],
+                     dependent: list[str]) -> dict[str, dict[str, Any]]:
+    """Of `partitions` (models or cells), those whose stack-dependent materializations were
+    produced on another stack.
 
-    Returns model -> {stale asset: the fingerprint it was measured on, or `unknown`}.
+    Returns partition -> {stale asset: the fingerprint it was measured on, or `unknown`}.
     """
     out: dict[str, dict[str, Any]] = {}
-    for model in onboarded_models(instance, ready_assets):
+    for key in partitions:
         stale = {}
         for asset in dependent:
-            mat = latest_materialization(instance, asset, model)
+            mat = latest_materialization(instance, asset, key)
             if mat is not None and (seen := measured_on(mat)) != fingerprint:
                 stale[asset] = seen
         if stale:
-            out[model] = stale
+            out[key] = stale
     return out
 
 
-def spec_stale_models(instance: dg.DagsterInstance, versions: dict[str, str],
-                      ready_assets: list[str], dependent: list[str]
-                      ) -> dict[str, dict[str, str]]:
-    """Onboarded models whose spec-dependent materializations read another version of the
-    model's spec than `versions[model]` (its catalog entry now).
+def spec_stale_partitions(instance: dg.DagsterInstance, versions: dict[str, str],
+                          partitions: list[str], dependent: list[str]
+                          ) -> dict[str, dict[str, str]]:
+    """Of `partitions` (models or cells), those whose spec-dependent materializations read
+    another version of the model's spec than `versions[model]` (its catalog entry now).
 
-    Returns model -> {stale asset: the spec version it read, or `unknown`}.
+    Returns partition -> {stale asset: the spec version it read, or `unknown`}.
     """
     out: dict[str, dict[str, str]] = {}
-    for model in onboarded_models(instance, ready_assets):
+    for key in partitions:
+        model = split_cell(key)[0] if "|" in key else key
         if model not in versions:  # no resolvable entry: the catalog sensor reports it
             continue
         stale = {}
         for asset in dependent:
-            mat = latest_materialization(instance, asset, model)
+            mat = latest_materialization(instance, asset, key)
             if mat is not None and (read := spec_read(mat)) != versions[model]:
                 stale[asset] = read
         if stale:
-            out[model] = stale
+            out[key] = stale
     return out
 
 
@@ -152,61 +198,132 @@ def _why_stale(fp: str, stack: dict[str, str] | None, version: str,
     return "; ".join(why)
 
 
-@dg.schedule(
-    cron_schedule=AT_LOAD.cron,
-    execution_timezone=AT_LOAD.timezone,
-    job_name=REVALIDATE_JOB,
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Re-validates onboarded models (every revalidation.ready_assets materialized), "
-    "whatever their readiness verdict, whose results were measured on another serving stack "
-    "or read another version of the model's catalog entry (configs/automation.yaml "
-    "`revalidation`).",
-)
-def revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: ConfigFiles,
-                          io_manager: dg.ResourceParam[dg.IOManager]):
+def _model_level(names: list[str]) -> list[str]:
+    return [n for n in names if n not in CELL_ASSETS and n not in FLEET_ASSETS]
+
+
+def _cell_level(names: list[str]) -> list[str]:
+    return [n for n in names if n in CELL_ASSETS]
+
+
+def revalidation_requests(context: dg.ScheduleEvaluationContext, configs: ConfigFiles,
+                          io_manager: dg.IOManager, level: str
+                          ) -> list[dg.RunRequest] | dg.SkipReason:
+    """Runs of `level` ("model": the model's own stages; "cell": one cell's) for every
+    onboarded partition of that level whose results are stale. A cell of a model that is
+    stale at the model level is left to the model's run: its cells follow it
+    (pipelines/cells.py)."""
     cfg = configs.automation()
     if drift := AT_LOAD.drift(cfg):
         context.log.warning(drift)
     fp, _ = current_stack(configs)
     graph = context.repository_def.asset_graph
     ready = cfg.revalidation.ready_assets
-    stale = stale_onboarded_models(context.instance, fp, ready, stack_dependent(graph))
     versions = {m: spec_version(s) for m, s in configs.catalog().specs.items()}
-    spec_stale = spec_stale_models(context.instance, versions, ready, spec_dependent(graph))
+    models = onboarded_models(context.instance, ready)
+    model_stale = {**stale_partitions(context.instance, fp, models,
+                                      _model_level(stack_dependent(graph))),
+                   **spec_stale_partitions(context.instance, versions, models,
+                                           _model_level(spec_dependent(graph)))}
+    if level == "model":
+        keys, job = models, REVALIDATE_JOB
+        stack_deps, spec_deps = (_model_level(stack_dependent(graph)),
+                                 _model_level(spec_dependent(graph)))
+    else:
+        keys = [c for c in onboarded_cells(context.instance, ready)
+                if split_cell(c)[0] not in model_stale]
+        job = REVALIDATE_CELL_JOB
+        stack_deps, spec_deps = (_cell_level(stack_dependent(graph)),
+                                 _cell_level(spec_dependent(graph)))
+    stale = stale_partitions(context.instance, fp, keys, stack_deps)
+    spec_stale = spec_stale_partitions(context.instance, versions, keys, spec_deps)
+    what = "model" if level == "model" else "cell"
     if not stale and not spec_stale:
-        return dg.SkipReason(f"every onboarded model is current with stack {fp[:16]} and "
+        return dg.SkipReason(f"every onboarded {what} is current with stack {fp[:16]} and "
                              "its catalog entry")
-    models = sorted({*stale, *spec_stale})
-    verdicts = {model: readiness_verdict(io_manager, context.instance, model)
-                for model in models}
-    for model in models:
-        context.log.info(f"{model} ({verdicts[model]}): "
-                         + _why_stale(fp, stale.get(model), versions.get(model, ""),
-                                      spec_stale.get(model)))
-    stages = job_stages(context.repository_def, REVALIDATE_JOB)
-    return [
-        dg.RunRequest(partition_key=model,
-                      run_key=revalidation_key(model, fp, versions[model]
-                                               if model in spec_stale else None),
-                      run_config=cfg.launch.run_config(cfg.launch.automatic_sweep, stages),
-                      tags={"onboarding/trigger": "revalidation",
-                            "onboarding/stack_fingerprint": fp,
-                            **({"onboarding/spec_version": versions[model]}
-                               if model in spec_stale else {}),
-                            "onboarding/ready_before": verdicts[model],
-                            "onboarding/stale_assets": ",".join(sorted(
-                                {*stale.get(model, {}), *spec_stale.get(model, {})}))})
-        for model in models
-    ]
+    todo = sorted({*stale, *spec_stale})
+    verdicts = {k: readiness_verdict(io_manager, context.instance, k) if level == "model"
+                else cell_verdict(io_manager, context.instance, k) for k in todo}
+    for key in todo:
+        model = split_cell(key)[0] if level == "cell" else key
+        context.log.info(f"{key} ({verdicts[key]}): "
+                         + _why_stale(fp, stale.get(key), versions.get(model, ""),
+                                      spec_stale.get(key)))
+    stages = job_stages(context.repository_def, job)
+    requests = []
+    for key in todo:
+        model = split_cell(key)[0] if level == "cell" else key
+        requests.append(dg.RunRequest(
+            partition_key=key,
+            run_key=revalidation_key(key.replace("|", "@"), fp, versions[model]
+                                     if key in spec_stale else None),
+            # a cell's placement beside the sweep (the request's run config replaces the job's
+            # partitioned config)
+            run_config=deep_merge(cell_run_config(key, configs) if level == "cell" else {},
+                                  cfg.launch.run_config(cfg.launch.automatic_sweep, stages)),
+            tags={"onboarding/trigger": "revalidation",
+                  # the cells after a model's run take the sweep from it (pipelines/cells.py)
+                  "onboarding/sweep": cfg.launch.automatic_sweep,
+                  "onboarding/stack_fingerprint": fp,
+                  **({"onboarding/spec_version": versions[model]} if key in spec_stale else {}),
+                  "onboarding/ready_before": verdicts[key],
+                  "onboarding/stale_assets": ",".join(sorted(
+                      {*stale.get(key, {}), *spec_stale.get(key, {})}))}))
+    return requests
 
 
+_SCHEDULE_WHY = ("whatever their readiness verdict, whose results were measured on another "
+                 "serving stack or read another version of the model's catalog entry "
+                 "(configs/automation.yaml `revalidation`).")
+
+
+@dg.schedule(
+    cron_schedule=AT_LOAD.cron,
+    execution_timezone=AT_LOAD.timezone,
+    job_name=REVALIDATE_JOB,
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Re-validates the model-level stages (quantized, accuracy, the plan, ...) of "
+    "onboarded models (a cell with every revalidation.ready_assets materialized), "
+    + _SCHEDULE_WHY + " Their cells follow.",
+)
+def revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: ConfigFiles,
+                          io_manager: dg.ResourceParam[dg.IOManager]):
+    return revalidation_requests(context, configs, io_manager, "model")
+
+
+@dg.schedule(
+    cron_schedule=AT_LOAD.cron,
+    execution_timezone=AT_LOAD.timezone,
+    job_name=REVALIDATE_CELL_JOB,
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Re-validates exactly the stale (model, node type) cells of onboarded cells, "
+    + _SCHEDULE_WHY + " A cell whose model is stale waits for the model's run.",
+)
+def cell_revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: ConfigFiles,
+                               io_manager: dg.ResourceParam[dg.IOManager]):
+    return revalidation_requests(context, configs, io_manager, "cell")
+
+
+_REVALIDATED = dg.AssetSelection.assets(SERVING_STACK, MODEL_SPEC).downstream() - LAYOUT_ASSETS
 revalidate_job = dg.define_asset_job(
     REVALIDATE_JOB,
-    selection=dg.AssetSelection.assets(SERVING_STACK, MODEL_SPEC).downstream() - LAYOUT_ASSETS,
+    selection=_REVALIDATED - level_selection(CELL_MEASURED, CELL_DERIVED, FLEET),
     executor_def=onboarding_executor(),
-    description="Observe the serving stack, record the model's spec, then re-run the stages whose "
-    "results depend on either (and what lies downstream of them), for one model; `checkpoint` "
-    "is not re-fetched.")
+    description="Observe the serving stack, record the model's spec, then re-run the model's "
+    "own stages whose results depend on either, for one model; `checkpoint` is not re-fetched. "
+    "Its onboarded cells follow (revalidate_cell).")
+revalidate_model = revalidate_job
+
+revalidate_cell_job = dg.define_asset_job(
+    REVALIDATE_CELL_JOB,
+    selection=(_REVALIDATED & level_selection(CELL_MEASURED, CELL_DERIVED))
+    | level_selection(FLEET) | dg.AssetSelection.assets(SERVING_STACK),
+    executor_def=onboarding_executor(),
+    description="Observe the serving stack, then re-run one (model, node type) cell's stages "
+    "that depend on the stack or the model's spec, on that node type.",
+    config=dg.PartitionedConfig(partitions_def=cells_partitions,
+                                run_config_for_partition_key_fn=cell_run_config,
+                                tags_for_partition_key_fn=cell_run_tags))
 
 
 def _check_verdicts(instance: dg.DagsterInstance, run_id: str) -> dict[dg.AssetCheckKey, bool]:
@@ -248,9 +365,9 @@ def report_revalidation(context: dg.RunStatusSensorContext,
                         io_manager: dg.ResourceParam[dg.IOManager]) -> dg.SkipReason | None:
     """Record on each re-validated asset whether its gates and SLO verdicts changed."""
     run = context.dagster_run
-    if run.job_name != REVALIDATE_JOB:
-        return dg.SkipReason(f"{run.job_name} is not {REVALIDATE_JOB}")
-    model = run.tags.get("dagster/partition")
+    if run.job_name not in (REVALIDATE_JOB, REVALIDATE_CELL_JOB):
+        return dg.SkipReason(f"{run.job_name} is not {REVALIDATE_JOB} or {REVALIDATE_CELL_JOB}")
+    model = run.tags.get("dagster/partition")  # a model, or a cell `<model>|<node type>`
     rows = verdict_changes(context.instance, run.run_id, model)
     by_asset: dict[str, list[dict]] = {}
     for row in rows:
@@ -267,7 +384,8 @@ def report_revalidation(context: dg.RunStatusSensorContext,
                 "stack_fingerprint": run.tags.get("onboarding/stack_fingerprint", "unknown"),
                 "verdict_changed": bool(changed),
                 "verdict_change": summary,
-                "readiness": readiness_verdict(io_manager, context.instance, model),
+                "readiness": cell_verdict(io_manager, context.instance, model) if "|" in model
+                else readiness_verdict(io_manager, context.instance, model),
                 "verdicts": dg.MetadataValue.md(md_table(
                     {"check": c["check"], "before": _verdict(c["before"]),
                      "after": _verdict(c["after"])} for c in checks)),
@@ -280,7 +398,8 @@ def _verdicts_sensor(status: dg.DagsterRunStatus, description: str
     """`report_revalidation` after a re-validation run that ended in `status` (a run-status
     sensor watches one status)."""
     return dg.run_status_sensor(name=f"revalidation_verdicts_on_{status.value.lower()}",
-                                run_status=status, monitored_jobs=[revalidate_job],
+                                run_status=status,
+                                monitored_jobs=[revalidate_job, revalidate_cell_job],
                                 default_status=dg.DefaultSensorStatus.RUNNING,
                                 description=description)(report_revalidation)
 

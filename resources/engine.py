@@ -343,6 +343,30 @@ class Engine(dg.ConfigurableResource):
     def resolved_hardware(self) -> str:
         return detect_hardware() if self.hardware == "auto" else self.hardware
 
+    def off_node_type(self, node_type: str, nodes: Any) -> str:
+        """Why this engine is not on a `node_type` node ("" when it is): the node type it is
+        configured for (ONBOARDING_NODE_TYPE), then the hardware it finds (a pod scheduled on
+        another pool). `nodes`: configs/nodes.yaml; a node type it does not list runs on the
+        CPU build."""
+        if self.node_type != node_type:
+            return (f"this engine is configured for node type {self.node_type!r} "
+                    "(ONBOARDING_NODE_TYPE)")
+        listed = nodes.node_types.get(node_type)
+        want = listed.arch if listed is not None else "cpu"
+        found = self.resolved_hardware()
+        if found != want:
+            return f"the hardware here is {found}, a {node_type} node has {want}"
+        return ""
+
+    def require_node_type(self, node_type: str, nodes: Any, what: str) -> None:
+        """Fail before measuring anything when this step does not run on `node_type`: a
+        measurement of one node type stored under another would be a wrong truth."""
+        if why := self.off_node_type(node_type, nodes):
+            raise EngineError(f"{what}: partition node type {node_type!r}", why,
+                              f"Run this cell on a {node_type} node (in a cluster the run's "
+                              "partition places its GPU steps on that pool), or materialize "
+                              f"the cell of {self.node_type!r} instead.")
+
     def gpu_count(self) -> int:
         """GPUs the engine gets: ENGINE_GPUS, else what the step sees (a k8s step pod gets its
         GPUs from the device plugin and sets no ENGINE_GPUS); 0 on the CPU engine."""

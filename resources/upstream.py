@@ -24,6 +24,17 @@ def by_model(value: Any) -> dict[str, Any]:
     return {v.model: v for v in items if v is not None}
 
 
+def by_cell(value: Any) -> dict[str, Any]:
+    """cell key (`<model>|<node type>`) -> stored value of a fan-in input over every cell: the
+    IO manager hands over the bare value when one partition exists (keyed by its model then,
+    the one thing every stored value names), and None when none was materialized."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return {str(k): v for k, v in value.items() if v is not None}
+    return {str(getattr(value, "model", "")): value}
+
+
 def _latest_record(instance: dg.DagsterInstance, asset: dg.AssetKey | str,
                    partition: str | None) -> dg.EventLogRecord | None:
     records = instance.fetch_materializations(

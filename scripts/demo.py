@@ -4,10 +4,13 @@
 SmolLM2-135M-Instruct and the performance twins' config and tokenizer (twins/) into the bucket
 (once), registers every catalogued model as a partition, observes `serving_stack` (so the
 run's results record the stack fingerprint they were measured on, and the re-validation
-schedule sees them as current), materializes the onboarding job for the model and prints what
-its deployment rests on: the serving configuration (hash) per node type, the published
-variant, the three kinds of start, the benchmark, each manifest (measured at its configuration
-or not) and the readiness verdict with its reasons, read from the values the assets stored.
+schedule sees them as current), materializes the model's own stages (onboard_model), then its
+cells: the `cpu` one measured on the embedded engine (onboard_cell), the fleet's other node
+types planned (plan_cell). It prints what the deployment rests on, read from the values the
+assets stored: the serving configuration (hash) per node type, the published variant, and the
+measured cell's three kinds of start, benchmark, manifest (none: `cpu` is not a deployment
+target) and readiness verdict with its reasons; then the readiness grid (fleet_report), with
+why each of the model's cells is or is not ready.
 `--ui` instead keeps the S3 server up and runs `dagster dev` on 127.0.0.1; with
 S3_ENDPOINT_URL and its credentials set, `--ui` runs on that endpoint and starts no server.
 """
@@ -154,13 +157,17 @@ def upload_twins(server, specs) -> None:
 
 
 def register_partitions(instance) -> list[str]:
+    """Every catalogued model and the fleet's node types (what the sensors register in
+    `dagster dev`)."""
+    from pipelines.cells import fleet_node_types
     from pipelines.resources import config_files
 
     keys = sorted(config_files().catalog().specs)
-    known = set(instance.get_dynamic_partitions("models"))
-    new = [k for k in keys if k not in known]
-    if new:
-        instance.add_dynamic_partitions("models", new)
+    for name, wanted in (("models", keys), ("node_types", fleet_node_types(config_files()))):
+        known = set(instance.get_dynamic_partitions(name))
+        new = [k for k in wanted if k not in known]
+        if new:
+            instance.add_dynamic_partitions(name, new)
     return keys
 
 
@@ -190,34 +197,93 @@ def output_to(path: Path):
 
 
 def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
+    """The model's own stages (onboard_model), then each of its cells: measured here where the
+    engine's node type is the cell's (onboard_cell), planned elsewhere (plan_cell), as the
+    `cells_after_model` sensor does in `dagster dev`; then the readiness grid."""
     import dagster as dg
 
+    from assets.partitions import cell_key
     from assets.stack import observe_stack
+    from pipelines.cells import cells_of
     from pipelines.definitions import defs
     from pipelines.resources import config_files
-    from pipelines.run_console import QUIET_CONSOLE, RunConsole
-    from pipelines.run_timing import TreeSampler, breakdown_lines, run_step_timings
+    from pipelines.run_timing import TreeSampler
 
     instance = dg.DagsterInstance.get()
     register_partitions(instance)
     fp, recorded = observe_stack(instance, config_files())
     print(stack_line(fp, config_files().stack().fingerprint, recorded))
-    job = defs.resolve_job_def("onboard_model")
-    stages = set(selection) if selection else None
+    runs = [("onboard_model", model)] + [
+        (job, str(cell_key(model, nt)))
+        for nt, job in cells_of(config_files().spec(model).node_types, config_files()).items()]
+    values: dict[str, Any] = {}
+    ok, fleet = True, None
+    with TreeSampler() as sampler:
+        for job_name, key in runs:
+            job = defs.resolve_job_def(job_name)
+            stages = {k.to_user_string() for k in job.asset_layer.executable_asset_keys}
+            picked = sorted(stages & set(selection)) if selection else None
+            if selection and not picked:
+                continue
+            result = _run_one(instance, job, key, picked, sweep, sampler)
+            ok = ok and result.success
+            stored = stored_values(result)
+            if job_name != "plan_cell":  # the measured cell's values, not a planned one's
+                values.update({k: v for k, v in stored.items() if v is not None})
+            if "fleet_report" in {e.asset_key.to_user_string()
+                                  for e in result.get_asset_materialization_events()}:
+                fleet = result.asset_value("fleet_report")
+            if job_name == "onboard_model" and not result.success:
+                break  # its cells need its results
+    wanted = set(selection) if selection else set(SUMMARY_ASSETS)
+    print("\n".join(["", *summary(model, values, wanted)]))
+    if fleet is not None:
+        print("\n".join(["", *grid_lines(fleet, model)]))
+    return ok
+
+
+def grid_lines(fleet, model: str) -> list[str]:
+    """The readiness grid (fleet_report), the onboarded model's cells with their reasons."""
+    from onboarding.reports.pages import cell_mark
+
+    node_types = list(dict.fromkeys(r.node_type for r in fleet.rows))
+    width = max([len(r.model) for r in fleet.rows] + [5])
+    out = [f"readiness grid ({fleet.html_path}):",
+           ("  " + "model".ljust(width) + "".join(f"  {nt:<12}" for nt in node_types)).rstrip()]
+    by = {(r.model, r.node_type): r for r in fleet.rows}
+    for m in sorted({r.model for r in fleet.rows}):
+        out.append(("  " + m.ljust(width) + "".join(
+            f"  {cell_mark(by[(m, nt)]) if (m, nt) in by else '':<12}" for nt in node_types)
+        ).rstrip())
+    out.append(f"  {model}, why:")
+    out += [f"    {r.node_type:<6} {'ready' if r.ready else r.why}"
+            for r in fleet.rows if r.model == model]
+    return out
+
+
+def _run_one(instance, job, key: str, selection: list[str] | None, sweep: str, sampler):
+    import dagster as dg
+
+    from pipelines.resources import config_files
+    from pipelines.run_console import QUIET_CONSOLE, RunConsole
+    from pipelines.run_timing import breakdown_lines, run_step_timings
+
+    stages = set(selection) if selection else \
+        {k.to_user_string() for k in job.asset_layer.executable_asset_keys}
     run_config = config_files().automation().launch.run_config(sweep, stages)
-    print(f"  {sweep} sweep, as run config: {json.dumps(run_config.get('ops', run_config))}")
+    print(f"\n{job.name}[{key}]: {sweep} sweep, as run config: "
+          f"{json.dumps(run_config.get('ops', run_config))}")
     run_id = str(uuid.uuid4())
     log_path = DATA / "runs" / f"{run_id}.log"
     print(f"  run {run_id}: one line per step here; every event (DEBUG included) and the "
           f"libraries' own output in {log_path}")
     t0 = time.monotonic()
-    with TreeSampler() as sampler, output_to(log_path) as terminal, \
-            RunConsole(instance, run_id, log_path, out=terminal):
+    with output_to(log_path) as terminal, RunConsole(instance, run_id, log_path, out=terminal):
         result = job.execute_in_process(
-            partition_key=model, instance=instance, run_config={**run_config, **QUIET_CONSOLE},
+            partition_key=key, instance=instance, run_config={**run_config, **QUIET_CONSOLE},
             asset_selection=[dg.AssetKey(s) for s in selection] if selection else None,
             raise_on_error=False, run_id=run_id)
-    print(f"\nonboard_model[{model}]: {'SUCCESS' if result.success else 'FAILED'} "
+    print(f"{job.name}[{key}]: {'SUCCESS' if result.success else 'FAILED'} "
           f"in {time.monotonic() - t0:.0f}s (run {result.run_id})")
     done = [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
     print(f"  materialized: {', '.join(done) or 'nothing'}")
@@ -230,18 +296,16 @@ def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
     for event in result.all_events:
         if event.is_step_failure:
             print(f"  step {event.step_key} FAILED: {event.step_failure_data.error.message}")
-    wanted = set(selection) if selection else set(SUMMARY_ASSETS)
-    print("\n".join(["", *summary(model, stored_values(result), wanted)]))
     pages = {e.asset_key.to_user_string(): e.event_specific_data.materialization.metadata[
         "page"].value for e in result.get_asset_materialization_events()
         if e.asset_key.to_user_string() in ("readiness_report", "fleet_report")}
-    print(f"\nreadiness report of {model}: "
-          f"{pages.get('readiness_report', 'not written by this run')}"
-          + (f"\nfleet report: {pages['fleet_report']}" if "fleet_report" in pages else ""))
-    print(f"\nwhere the time went (run {result.run_id}: step start and end records; CPU "
-          "seconds of this process tree, the engine included):")
-    print("\n".join(breakdown_lines(run_step_timings(instance, result.run_id, sampler))))
-    return result.success
+    if "readiness_report" in pages:
+        print(f"  readiness report of {key}: {pages['readiness_report']}")
+    if job.name != "plan_cell":
+        print(f"  where the time went (run {result.run_id}: step start and end records; CPU "
+              "seconds of this process tree, the engine included):")
+        print("\n".join(breakdown_lines(run_step_timings(instance, result.run_id, sampler))))
+    return result
 
 
 def _interrupt(signum, frame):

@@ -100,7 +100,7 @@ setup() {
 
 report() {  # the HTML pages readiness_report and fleet_report wrote (docs/report.md)
   local dir=${ONBOARDING_REPORTS_DIR:-$ROOT/.data/reports} pages
-  pages=$(ls "$dir"/fleet.html "$dir"/*/readiness.html 2>/dev/null || true)
+  pages=$(ls "$dir"/fleet.html "$dir"/*/*/readiness.html 2>/dev/null || true)
   if [ -z "$pages" ]; then
     echo "no readiness report under $dir yet: run scripts/dev.sh demo" >&2
     return 1

@@ -1,32 +1,155 @@
 """Stand-ins and result readers the asset tests share: upstream stages stored as fixed values,
-and what a materialization recorded."""
+what a materialization recorded, and a graph run over both partition levels (a model's own
+stages, keyed by model; its cells, keyed by (model, node type); assets/partitions.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import dagster as dg
 
-from assets.partitions import models_partitions
+from assets.partitions import cell_key, cells_partitions, models_partitions, split_cell
+
+# The cell-level stages (assets/partitions.py; pipelines/jobs.py CELL_ASSETS holds the same).
+CELL_LEVEL = frozenset({"served_accuracy", "load_timing", "serving_benchmark", "kserve_manifest",
+                        "operations", "readiness", "readiness_report"})
 
 
-def stand_in(name: str, value, partitions_def: dg.PartitionsDefinition = models_partitions
+def level_of(name: str) -> dg.PartitionsDefinition:
+    """The partitions of a stage by name: cells for the GPU-dependent ones, else models."""
+    return cells_partitions if name in CELL_LEVEL else models_partitions
+
+
+def upstream_specs(*names: str) -> list[dg.AssetSpec]:
+    """External specs of upstream stages, each at its level."""
+    return [dg.AssetSpec(n, partitions_def=level_of(n)) for n in names]
+
+
+def stand_in(name: str, value, partitions_def: dg.PartitionsDefinition | None = None
              ) -> dg.AssetsDefinition:
     """An asset named like an upstream stage that stores exactly `value`."""
-    @dg.asset(name=name, partitions_def=partitions_def)
+    @dg.asset(name=name, partitions_def=partitions_def or level_of(name))
     def _stand_in():
         return value
 
     return _stand_in
 
 
-def store_upstream(instance: dg.DagsterInstance, key: str, **values) -> None:
-    """Materialize stand-ins of the upstream stages that store exactly `values`."""
-    assert dg.materialize([stand_in(n, v) for n, v in values.items()], instance=instance,
-                          partition_key=key).success
+def register(instance: dg.DagsterInstance, model: str, node_type: str | None = None) -> None:
+    """The model's partition, and the node type's where given."""
+    if not instance.has_dynamic_partition("models", model):
+        instance.add_dynamic_partitions("models", [model])
+    if node_type and not instance.has_dynamic_partition("node_types", node_type):
+        instance.add_dynamic_partitions("node_types", [node_type])
 
 
-def metadata(result: dg.ExecuteInJobResult, asset: str) -> dict:
+def _model(key: str) -> str:
+    return split_cell(key)[0] if "|" in str(key) else str(key)
+
+
+def store_upstream(instance: dg.DagsterInstance, key: str, node_type: str | None = None,
+                   **values) -> None:
+    """Materialize stand-ins of the upstream stages that store exactly `values`: the per-model
+    ones under the model, the cell-level ones under (model, node type); the node type is
+    `node_type`, else the value's own (`node_type` of a LoadTimingResult or
+    ServingBenchmarkResult), else the one in a cell `key`."""
+    model = _model(key)
+    register(instance, model)
+    per_model = {n: v for n, v in values.items() if n not in CELL_LEVEL}
+    if per_model:
+        assert dg.materialize([stand_in(n, v) for n, v in per_model.items()], instance=instance,
+                              partition_key=model).success
+    for name, value in values.items():
+        if name not in CELL_LEVEL:
+            continue
+        nt = node_type or getattr(value, "node_type", None) or (
+            split_cell(key)[1] if "|" in str(key) else None)
+        if not nt:
+            raise ValueError(f"{name}: say its node type (node_type=...)")
+        register(instance, model, nt)
+        assert dg.materialize([stand_in(name, value)], instance=instance,
+                              partition_key=str(cell_key(model, nt))).success
+
+
+def metadata(result, asset: str) -> dict:
     """The metadata values `asset`'s materialization recorded in this run."""
     for e in result.get_asset_materialization_events():
         if e.asset_key == dg.AssetKey(asset):
             return {k: getattr(v, "value", v) for k, v in e.materialization.metadata.items()}
     raise AssertionError(f"{asset} was not materialized")
+
+
+class Runs:
+    """The runs of one `materialize_levels` call read as one result: the per-model run, then
+    the cell's, then the unpartitioned one (those that had something to run)."""
+
+    def __init__(self, results: list[dg.ExecuteInJobResult]):
+        self.results = results
+
+    @property
+    def success(self) -> bool:
+        return all(r.success for r in self.results)
+
+    def _with(self, name: str) -> dg.ExecuteInJobResult:
+        for r in reversed(self.results):
+            if any(e.asset_key == dg.AssetKey(name)
+                   for e in r.get_asset_materialization_events()):
+                return r
+        raise AssertionError(f"{name} was not materialized")
+
+    def output_for_node(self, name: str, output_name: str = "result") -> Any:
+        return self._with(name).output_for_node(name, output_name)
+
+    def asset_value(self, name: str) -> Any:
+        return self._with(name).asset_value(name)
+
+    def get_asset_materialization_events(self) -> list:
+        return [e for r in self.results for e in r.get_asset_materialization_events()]
+
+    def get_asset_check_evaluations(self) -> list:
+        return [e for r in self.results for e in r.get_asset_check_evaluations()]
+
+    def get_step_failure_events(self) -> list:
+        return [e for r in self.results for e in r.get_step_failure_events()]
+
+    @property
+    def all_events(self) -> list:
+        return [e for r in self.results for e in r.all_events]
+
+    @property
+    def run_id(self) -> str:
+        return self.results[-1].run_id
+
+
+def materialize_levels(assets: Iterable, instance: dg.DagsterInstance, model: str,
+                       node_type: str, **kwargs) -> Runs:
+    """`dg.materialize` of `assets` over both levels: the per-model ones keyed by `model`, the
+    cell-level ones by (model, `node_type`), then the unpartitioned ones, each run seeing every
+    asset (external specs included) and executing its level's. A run that fails stops the
+    rest, as a failed step stops its downstream."""
+    assets = list(assets)
+    register(instance, model, node_type)
+    levels: dict[str, list] = {"model": [], "cell": [], "none": []}
+    for a in assets:
+        if not isinstance(a, dg.AssetsDefinition) or not a.is_executable:
+            continue
+        pdef = a.partitions_def
+        level = "cell" if pdef == cells_partitions else "model" if pdef is not None else "none"
+        levels[level].extend(a.keys)
+    keys = {"model": model, "cell": str(cell_key(model, node_type)), "none": None}
+    results = []
+    for level in ("model", "cell", "none"):
+        if not levels[level]:
+            continue
+        run_config = dict(kwargs.get("run_config") or {})
+        if "ops" in run_config:  # each level's run takes its own stages' config only
+            names = {k.to_user_string() for k in levels[level]}
+            run_config["ops"] = {k: v for k, v in run_config["ops"].items() if k in names}
+        result = dg.materialize(assets, instance=instance, partition_key=keys[level],
+                                selection=levels[level],
+                                **{**kwargs, "run_config": run_config})
+        results.append(result)
+        if not result.success:
+            break
+    return Runs(results)

@@ -243,13 +243,15 @@ def write_manifests(stored: Stored, root: Path) -> dict[str, str]:
 
 # ---- the report assets in a real instance, upstream stages as stand-ins ----
 
+# the per-model stages the report reads, and the cell-level ones (kept per model x node type)
 UPSTREAM = ("checkpoint", "quantized", "accuracy", "serving_variant", "serving_config",
-            "load_timing", "serving_benchmark", "published_variant", "kserve_manifest",
-            "predictions")
+            "published_variant", "predictions")
+CELL_UPSTREAM = ("load_timing", "serving_benchmark", "kserve_manifest", "served_accuracy")
 
 
 def manifest_set(stored: Stored, root: Path):
-    """The ManifestSet kserve_manifest would store for these values (files written)."""
+    """The ManifestSet kserve_manifest would store for these values, every target node type's
+    manifest side by side (files written): what the demo's summary reads."""
     from onboarding.deploy.serving_plan import ManifestSet
 
     files = write_manifests(stored, root)
@@ -262,34 +264,111 @@ def manifest_set(stored: Stored, root: Path):
                                  for nt, h in hashes.items()}, published=dict(stored.published))
 
 
+def cell_manifest_set(stored: Stored, node_type: str, root: Path):
+    """The ManifestSet kserve_manifest stores for one cell: that node type's manifest alone; a
+    node type that is no deployment target (the embedded cpu) has none, and says why."""
+    from onboarding.deploy.serving_plan import ManifestSet
+
+    every = manifest_set(stored, root)
+    if node_type not in every.files:
+        return ManifestSet(model=stored.model, files={}, services={}, routes=(), skipped={
+            node_type: f"{node_type} is not a deployment target (deploy.yaml "
+                       f"target_node_types: {', '.join(TARGETS)}); what was measured there is "
+                       "kept, nothing is rendered"})
+
+    def one(d: dict) -> dict:
+        return {node_type: d[node_type]} if node_type in d else {}
+
+    return dataclasses.replace(every, files=one(every.files), services=one(every.services),
+                               config_hashes=one(every.config_hashes),
+                               measured=one(every.measured), published=one(every.published))
+
+
+def measured_on(stored: Stored) -> set[str]:
+    """The node types the stored load timing and benchmark were measured on."""
+    return {r.node_type for r in (stored.values["load_timing"],
+                                  stored.values["serving_benchmark"]) if r is not None}
+
+
+def cells_of(stored: Stored) -> tuple[str, ...]:
+    """The cells a model's stored values fill: every target node type, then any other node type
+    it was measured on (the embedded cpu of a stand-in run)."""
+    return (*TARGETS, *sorted(measured_on(stored) - set(TARGETS)))
+
+
 def store_model(instance, stored: Stored, configs, outputs) -> None:
-    """Register the partition, copy its catalog entry, store every upstream value and the
-    sweep CSV serving_benchmark writes."""
+    """Register the partitions, copy the catalog entry, store every upstream value at its level
+    (the per-model ones under the model; in each cell of `cells_of` its manifest, and the load
+    timing and benchmark in the cell they were measured on) and the sweep CSV serving_benchmark
+    writes in that cell's folder."""
     import shutil
 
     from onboarding.common.tables import write_csv
-    from tests.dagster_support import store_upstream
+    from tests.dagster_support import register, store_upstream
 
     shutil.copy(CONFIGS / "models" / f"{stored.model}.yaml", configs.models_path)
-    instance.add_dynamic_partitions("models", [stored.model])
-    values = {k: v for k, v in stored.values.items() if k in UPSTREAM and v is not None}
-    values["kserve_manifest"] = manifest_set(stored, outputs.manifests)
-    store_upstream(instance, stored.model, **values)
-    (outputs.reports / stored.model).mkdir(parents=True, exist_ok=True)
-    write_csv(outputs.reports / stored.model / "serving_benchmark.csv", stored.sweep)
+    register(instance, stored.model)
+    per_model = {k: v for k, v in stored.values.items() if k in UPSTREAM and v is not None}
+    store_upstream(instance, stored.model, **per_model)
+    for nt in cells_of(stored):
+        register(instance, stored.model, nt)
+        cell = {k: v for k in ("load_timing", "serving_benchmark")
+                if (v := stored.values[k]) is not None and v.node_type == nt}
+        cell["kserve_manifest"] = cell_manifest_set(stored, nt, outputs.manifests)
+        store_upstream(instance, stored.model, node_type=nt, **cell)
+    bench = stored.values["serving_benchmark"]
+    (outputs.reports / stored.model / bench.node_type).mkdir(parents=True, exist_ok=True)
+    write_csv(outputs.reports / stored.model / bench.node_type / "serving_benchmark.csv",
+              stored.sweep)
 
 
-def materialize_reports(instance, model: str, configs, outputs, extra: tuple = ()):
-    """readiness (the real asset) -> readiness_report -> fleet_report for one partition."""
+@dataclasses.dataclass
+class Reports:
+    """One `materialize_reports` call: each cell's run (readiness -> readiness_report), then
+    the fleet's (fleet_report)."""
+
+    cells: dict[str, Any]  # node type -> its cell's ExecuteInJobResult
+    fleet: Any  # the fleet_report run's ExecuteInJobResult (None when a cell failed)
+
+    @property
+    def success(self) -> bool:
+        return all(r.success for r in self.cells.values()) and bool(self.fleet) \
+            and self.fleet.success
+
+    def verdict(self, node_type: str):
+        """The cell's Readiness, as the real `readiness` asset computed it."""
+        return self.cells[node_type].output_for_node("readiness")
+
+    def report(self, node_type: str):
+        """The cell's ModelReport, as `readiness_report` stored it."""
+        return self.cells[node_type].output_for_node("readiness_report")
+
+    def fleet_report(self):
+        return self.fleet.output_for_node("fleet_report")
+
+
+def materialize_reports(instance, model: str, configs, outputs,
+                        node_types: tuple[str, ...] = TARGETS, extra: tuple = ()) -> Reports:
+    """readiness (the real asset) -> readiness_report of each (model, node type) cell, then
+    fleet_report over every stored report."""
     import dagster as dg
 
-    from assets.partitions import models_partitions
+    from assets.partitions import cell_key
     from assets.readiness import readiness
     from assets.report import fleet_report, readiness_report
     from resources.upstream import optional_upstream
+    from tests.dagster_support import register, upstream_specs
 
-    specs = [dg.AssetSpec(n, partitions_def=models_partitions) for n in UPSTREAM]
-    return dg.materialize([readiness, readiness_report, fleet_report, *specs, *extra],
-                          instance=instance, partition_key=model, raise_on_error=False,
-                          resources={"configs": configs, "outputs": outputs,
-                                     "optional_upstream": optional_upstream})
+    assets = [readiness, readiness_report, fleet_report,
+              *upstream_specs(*UPSTREAM, *CELL_UPSTREAM), *extra]
+    resources = {"configs": configs, "outputs": outputs, "optional_upstream": optional_upstream}
+    cells = {}
+    for nt in node_types:
+        register(instance, model, nt)
+        cells[nt] = dg.materialize(assets, instance=instance,
+                                   partition_key=str(cell_key(model, nt)), raise_on_error=False,
+                                   selection=[readiness, readiness_report], resources=resources)
+        if not cells[nt].success:
+            return Reports(cells, None)
+    return Reports(cells, dg.materialize(assets, instance=instance, raise_on_error=False,
+                                         selection=[fleet_report], resources=resources))

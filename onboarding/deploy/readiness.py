@@ -62,6 +62,7 @@ class ManifestFacts:
     valid: bool
     config_hashes: dict[str, str] = field(default_factory=dict)
     published: dict[str, bool] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # node type -> why no manifest
 
 
 def cold_start_budgets(section: SloSection, spec: Any, node_types: list[str]
@@ -95,10 +96,13 @@ def cold_start_problem(node_type: str, config_hash: str, timing: LoadTimingResul
 def judge(model: str, targets: list[str], variant: VariantRef | None,
           bench: ServingBenchmarkResult | None, manifests: ManifestFacts | None,
           twin: bool = False, *, timing: LoadTimingResult | None = None,
-          cold_start_budgets_s: Mapping[str, float | None] | None = None) -> Readiness:
+          cold_start_budgets_s: Mapping[str, float | None] | None = None,
+          served: Any = None) -> Readiness:
     """The verdict; a performance twin (random weights) is never ready, whatever it measured.
     `cold_start_budgets_s` (node type -> gates.yaml's resolved `cold_start_p95_max_s`) makes the
-    cold start of `timing` a criterion; a node type it does not name has none."""
+    cold start of `timing` a criterion; a node type it does not name has none. `served`: the
+    cell's served accuracy (ServedAccuracyReport), whose gate for the serving precision, where
+    there is one, must hold on this node type's kernels."""
     if twin:
         return Readiness(model, False, reasons=(NOT_READY,))
     if variant is None:
@@ -111,7 +115,9 @@ def judge(model: str, targets: list[str], variant: VariantRef | None,
     for nt in targets:
         h = manifests.config_hashes.get(nt)
         if h is None:
-            nodes.append(NodeReadiness(nt, False, ("no manifest for this node type",)))
+            why = manifests.skipped.get(nt)
+            nodes.append(NodeReadiness(nt, False, (f"no manifest: {why}" if why
+                                                   else "no manifest for this node type",)))
             continue
         why = []
         if not manifests.valid:
@@ -126,6 +132,10 @@ def judge(model: str, targets: list[str], variant: VariantRef | None,
             why.append("SLOs judged as a warning only (a stand-in profile), not as a gate")
         elif not bench.slo_pass:
             why.append("SLOs missed: " + "; ".join(bench.slo_violations[:3]))
+        gate = served.gate(variant.precision) if served is not None else None
+        if gate is not None and not gate.passed:
+            why.append(f"served accuracy gate of {variant.precision} failed on {nt}: "
+                       f"{gate.reason or gate.verdict}")
         cold = cold_start_problem(nt, h, timing, (cold_start_budgets_s or {}).get(nt))
         if cold:
             why.append(cold)

@@ -200,32 +200,45 @@ def render_targets(spec: ModelSpec, splan: ServingPlan, nodes: NodesConfig, stac
                    deploy: DeployConfig, config_dtype: str | None,
                    timing: LoadTimingResult | None = None,
                    bench: ServingBenchmarkResult | None = None,
-                   published: dict[str, Any] | None = None
-                   ) -> tuple[list[Rendered], dict[str, str]]:
-    """Every target node type of deploy.yaml: its configuration rendered with the evidence for
-    exactly that configuration, or why there is no manifest (infeasible; unmeasured when
-    deploy.yaml `render_unmeasured` is false; a performance twin: none at all)."""
+                   published: dict[str, Any] | None = None,
+                   only: str | None = None) -> tuple[list[Rendered], dict[str, str]]:
+    """Every target node type of deploy.yaml (`only`: that one, a cell's): its configuration
+    rendered with the evidence for exactly that configuration, or why there is no manifest
+    (not a target; infeasible; unmeasured when deploy.yaml `render_unmeasured` is false; a
+    performance twin: none at all).
+
+    The LocalModelCache of a variant names every target node type whose plan deploys it, also
+    when one cell is rendered: each cell renders the same object, so applying several cells'
+    manifests leaves one cache over all their node groups."""
+    wanted = [only] if only is not None else list(deploy.target_node_types)
     if spec.is_twin:
         return [], {nt: f"{NOT_READY}: a twin is never deployed (docs/twins.md)"
-                    for nt in deploy.target_node_types}
-    rendered, skipped, todo = [], {}, []
+                    for nt in wanted}
+    rendered, skipped, todo, cached = [], {}, [], {}
+    for nt in wanted:
+        if nt not in deploy.target_node_types or nt not in nodes.node_types:
+            skipped[nt] = (f"{nt} is not a deployment target (deploy.yaml target_node_types: "
+                           f"{', '.join(deploy.target_node_types)}); what was measured there "
+                           "is kept, nothing is rendered")
+    source_prec = source_precision(config_dtype, spec.source_precision)
     for nt in deploy.target_node_types:
         config = splan.config(nt)
         if config is None or not splan.plan.node(nt).feasible:
-            skipped[nt] = splan.skipped.get(nt) or splan.plan.node(nt).reason
+            if nt in wanted:
+                skipped[nt] = splan.skipped.get(nt) or splan.plan.node(nt).reason
+            continue
+        storage = storage_for(spec, config.precision, source_prec, deploy, published)
+        if storage.published and nt in deploy.local_model_cache.node_types:
+            # one LocalModelCache per published variant: every node type with a cache that
+            # deploys it
+            cached.setdefault(storage.uri, []).append(nt)
+        if nt not in wanted:
             continue
         ev = evidence(config, timing, bench)
         if not ev.measured and not deploy.render_unmeasured:
             skipped[nt] = f"{ev.basis} (deploy.yaml render_unmeasured: false)"
             continue
-        source_prec = source_precision(config_dtype, spec.source_precision)
-        storage = storage_for(spec, config.precision, source_prec, deploy, published)
         todo.append((nt, config, ev, storage))
-    # one LocalModelCache per published variant: every node type with a cache that deploys it
-    cached = {}
-    for nt, _, _, storage in todo:
-        if storage.published and nt in deploy.local_model_cache.node_types:
-            cached.setdefault(storage.uri, []).append(nt)
     for nt, config, ev, storage in todo:
         rendered.append(render(RenderInputs(
             spec=spec, plan=splan.plan, node_type=nt, node=nodes.node_types[nt],

@@ -143,6 +143,10 @@ class ModelSpec(StrictConfig):
     plan_only: bool = Field(
         default=False, description="a spec for planning and rendering only: nothing is fetched"
     )
+    node_types: list[str] | None = Field(
+        default=None, description="the node types this model is onboarded on after its own "
+        "stages (one cell each); unset: the fleet's (deploy.yaml target_node_types and the "
+        "embedded cpu)")
     architecture: ArchitectureHint | None = None
     task: Literal["generate", "embed", "rerank"] = Field(
         default="generate", description="what the engine serves: text generation, or a pooling "

@@ -7,6 +7,7 @@ precision of the ladder is served.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,6 +166,29 @@ def write_manifest(root: Path, source: str, revision: str) -> CheckpointManifest
     manifest = dir_manifest(root, source, revision)
     (root / MANIFEST_NAME).write_text(manifest.to_json())
     return manifest
+
+
+def choose_across(ladder: list[str], quantized: QuantizedSet | None,
+                  report: AccuracyReport | None,
+                  served: Mapping[str, ServedAccuracyReport] | None = None
+                  ) -> tuple[str | None, dict[str, str]]:
+    """`choose_precision` over every node type's served report: the precision furthest down
+    the ladder any of them allows (a variant whose served gate fails on one node type's kernels
+    is served on none), and every reason a precision was passed over, with its node type."""
+    if not served:
+        return choose_precision(ladder, quantized, report)
+    chosen: str | None = None
+    skipped: dict[str, str] = {}
+    for node_type, one in sorted(served.items()):
+        precision, why = choose_precision(ladder, quantized, report, one)
+        for p, reason in why.items():
+            skipped[p] = f"{skipped[p]}; {node_type}: {reason}" if p in skipped \
+                else f"{node_type}: {reason}"
+        if precision is None:
+            return None, skipped
+        if chosen is None or ladder.index(precision) > ladder.index(chosen):
+            chosen = precision
+    return chosen, skipped
 
 
 def choose_precision(ladder: list[str], quantized: QuantizedSet | None,

@@ -20,7 +20,7 @@ import csv
 import html
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -850,8 +850,8 @@ class NodeAcceptanceRow:
 class FleetEntry:
     model: str
     plan_only: bool
-    report: ModelReport | None
-    href: str = ""  # the model page, relative to the fleet page
+    reports: Mapping[str, ModelReport] = field(default_factory=dict)  # node type -> its cell's
+    hrefs: Mapping[str, str] = field(default_factory=dict)  # node type -> the cell's page
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -878,26 +878,28 @@ class FleetReport:
         return sorted({r.model for r in self.rows if r.ready})
 
 
-def fleet_rows(entries: Iterable[FleetEntry], targets: Sequence[str]) -> tuple[FleetRow, ...]:
+def fleet_rows(entries: Iterable[FleetEntry], node_types: Sequence[str]) -> tuple[FleetRow, ...]:
+    """One row per model x node type: each cell's own verdict, never another cell's."""
     rows = []
     for e in sorted(entries, key=lambda e: e.model):
-        for nt in targets:
-            r = e.report
+        for nt in node_types:
+            r, href = e.reports.get(nt), e.hrefs.get(nt, "")
             n = r.node(nt) if r else None
             if r is None:
                 why = ("never judged: a plan-only catalog entry is never fetched, so it has no "
-                       "readiness" if e.plan_only else "never judged: no readiness_report yet")
+                       "readiness" if e.plan_only else "never judged: no readiness_report of "
+                       "this cell yet")
                 rows.append(FleetRow(model=e.model, node_type=nt, ready=False, why=why, since=None,
-                                     config_hash="", href=e.href, plan_only=e.plan_only))
+                                     config_hash="", href=href, plan_only=e.plan_only))
             elif n is None:
                 why = "; ".join(r.reasons) or "no verdict for this node type"
                 rows.append(FleetRow(model=e.model, node_type=nt, ready=False, why=why,
-                                     since=r.since, config_hash="", href=e.href))
+                                     since=r.since, config_hash="", href=href))
             else:
                 why = ("every gate holds at the deployed configuration" if n.ready
                        else "; ".join(n.reasons))
                 rows.append(FleetRow(model=e.model, node_type=nt, ready=n.ready, why=why,
-                                     since=n.since, config_hash=n.config_hash, href=e.href))
+                                     since=n.since, config_hash=n.config_hash, href=href))
     return tuple(rows)
 
 
@@ -917,6 +919,23 @@ def _nodes_section(nodes: Sequence[NodeAcceptanceRow] | None) -> Section:
                                       )), "nodes")
 
 
+def cell_mark(r: FleetRow) -> str:
+    """One grid cell in a word: ready, not ready, never judged or plan only."""
+    if r.plan_only:
+        return "plan only"
+    if r.since is None and not r.ready:
+        return "never judged"
+    return "ready" if r.ready else "not ready"
+
+
+def readiness_grid(report: FleetReport, node_types: Sequence[str]) -> tuple[dict, ...]:
+    """Models as rows, node types as columns, each cell's verdict in a word."""
+    by = {(r.model, r.node_type): r for r in report.rows}
+    return tuple({"model": m, **{nt: cell_mark(by[(m, nt)]) if (m, nt) in by else "" for nt
+                                 in node_types}}
+                 for m in sorted({r.model for r in report.rows}))
+
+
 def fleet_page(report: FleetReport, targets: Sequence[str]) -> Page:
     ready = report.ready_models()
     models = sorted({r.model for r in report.rows})
@@ -926,10 +945,14 @@ def fleet_page(report: FleetReport, targets: Sequence[str]) -> Page:
                    "since": when(r.since) if r.since is not None else "",
                    "config_hash": r.config_hash} for r in report.rows)
     intro = (Text(f"{len(ready)} of {len(models)} catalogued models ready on at least one "
-                  f"target node type ({', '.join(targets)}): {', '.join(ready) or 'none'}."),)
+                  f"node type ({', '.join(targets)}): {', '.join(ready) or 'none'}."),)
     return Page("Fleet readiness", intro, (
+        Section("Readiness grid", (Table(readiness_grid(report, targets),
+                                         empty="no model in the catalog"), Text(
+            "One cell per (model, node type): its own measurements and verdict; measuring a "
+            "model on one node type never changes another cell.")), "grid"),
         Section("Models x node types", (Table(table, empty="no model in the catalog"), Text(
-            "Each row from the model's latest `readiness_report` (its verdict comes from "
-            "`readiness`); since: the readiness materialization that first had this "
+            "Each row from the cell's latest `readiness_report` (its verdict comes from the "
+            "cell's `readiness`); since: the readiness materialization that first had this "
             "ready/not-ready state.")), "models"),
         _nodes_section(report.nodes)))

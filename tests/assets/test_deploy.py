@@ -1,5 +1,10 @@
 """serving_config -> kserve_manifest -> gateway_routes in a real Dagster instance.
 
+serving_config is a model's (one plan, a configuration per node type); kserve_manifest is a
+(model, node type) cell's and renders that node type only, so a model is planned in one run
+and each cell rendered in its own run, with the gateway over every cell after it (as the
+plan_model and plan_cell jobs do).
+
 Upstream stages are stand-ins that store the typed results the real stages store
 (`CheckpointRef`, `VariantRef`, `LoadTimingResult`, `ServingBenchmarkResult`); the deploy assets
 load them through the `optional_upstream` input manager, which gives None for a partition that
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -18,7 +24,7 @@ import pytest
 import yaml
 
 from assets.deploy import gateway_routes, kserve_manifest, serving_config
-from assets.partitions import models_partitions
+from assets.partitions import cell_key
 from assets.stack import current_stack
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.refs import CheckpointRef, VariantRef
@@ -30,13 +36,14 @@ from resources.manifest_validator import DEFAULT_CRD_DIR, ManifestValidator
 from resources.s3 import S3ObjectStore
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
-from tests.dagster_support import metadata, store_upstream
+from tests.dagster_support import metadata, register, store_upstream, upstream_specs
 
-# The upstream stages exist in this graph only as what they stored (external asset specs).
-UPSTREAM = [dg.AssetSpec(n, partitions_def=models_partitions)
-            for n in ("checkpoint", "serving_variant", "accuracy", "predictions", "load_timing",
-                      "serving_benchmark", "published_variant")]
+# The upstream stages exist in this graph only as what they stored (external asset specs, each
+# at its level: load_timing and serving_benchmark per cell, the others per model).
+UPSTREAM = upstream_specs("checkpoint", "serving_variant", "accuracy", "predictions",
+                          "load_timing", "serving_benchmark", "published_variant")
 ASSETS = [serving_config, kserve_manifest, gateway_routes, *UPSTREAM]
+TARGETS = ("b300", "h200")  # configs/deploy.yaml target_node_types
 PLAN_ONLY = ("llama-3-1-70b-instruct", "qwen3-235b-a22b-instruct")
 SMOLLM2 = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 SECRET = "plan-only-secret-value-42"
@@ -64,11 +71,38 @@ def resources(configs: ConfigFiles, outputs: OutputDirs, validator: ManifestVali
             "hf": HuggingFaceStore(), "optional_upstream": optional_upstream}
 
 
-def materialize(instance: dg.DagsterInstance, key: str, configs: ConfigFiles,
-                outputs: OutputDirs, validator: ManifestValidator | None = None
-                ) -> dg.ExecuteInJobResult:
-    return dg.materialize(ASSETS, instance=instance, partition_key=key, raise_on_error=False,
-                          resources=resources(configs, outputs, validator))
+@dataclass
+class Deployed:
+    """One model's plan run, then one run per cell: its manifest, and the gateway after it."""
+
+    plan: dg.ExecuteInJobResult
+    cells: dict[str, dg.ExecuteInJobResult]
+
+    @property
+    def success(self) -> bool:
+        return self.plan.success and all(r.success for r in self.cells.values())
+
+    @property
+    def last(self) -> dg.ExecuteInJobResult:
+        """The run that materialized the gateway last (the last cell's)."""
+        return list(self.cells.values())[-1]
+
+
+def materialize(instance: dg.DagsterInstance, model: str, configs: ConfigFiles,
+                outputs: OutputDirs, validator: ManifestValidator | None = None,
+                node_types: tuple[str, ...] = TARGETS) -> Deployed:
+    """Plan `model`, then render each of its cells on `node_types` (only once the plan run
+    succeeded, as the cells follow their model's run)."""
+    for nt in node_types:
+        register(instance, model, nt)
+    res = resources(configs, outputs, validator)
+    plan = dg.materialize(ASSETS, instance=instance, partition_key=model, raise_on_error=False,
+                          selection=["serving_config"], resources=res)
+    cells = {nt: dg.materialize(ASSETS, instance=instance, partition_key=str(cell_key(model, nt)),
+                                raise_on_error=False,
+                                selection=["kserve_manifest", "gateway_routes"], resources=res)
+             for nt in (node_types if plan.success else ())}
+    return Deployed(plan, cells)
 
 
 def checks(result: dg.ExecuteInJobResult) -> dict[str, dg.AssetCheckEvaluation]:
@@ -78,22 +112,25 @@ def checks(result: dg.ExecuteInJobResult) -> dict[str, dg.AssetCheckEvaluation]:
 @pytest.mark.slow
 def test_plan_only_models_render_valid_manifests_marked_as_estimates(
         env: Path, instance, configs, outputs):
-    instance.add_dynamic_partitions("models", list(PLAN_ONLY))
     for model in PLAN_ONLY:
         result = materialize(instance, model, configs, outputs)
         assert result.success
-        assert {n: c.passed for n, c in checks(result).items()} == {
-            "plan_fits_a_target_node_type": True, "manifests_valid": True,
-            "no_inline_secrets": True}
-        # recorded per partition: the UI's check history names the model
-        assert {c.partition for c in checks(result).values()} == {model}
-        plan_md = metadata(result, "serving_config")
+        # recorded per partition: the UI's check history names the model, and the cell
+        assert {n: (c.passed, c.partition) for n, c in checks(result.plan).items()} == {
+            "plan_fits_a_target_node_type": (True, model)}
+        plan_md = metadata(result.plan, "serving_config")
         assert plan_md["weights_basis"].startswith("estimate")
         assert plan_md["upstream_present"] == "none"
-        assert set(plan_md["config_hashes"]) >= {"b300", "h200"}
-        manifest_md = metadata(result, "kserve_manifest")
-        assert manifest_md["schema_valid"] is True
-        for node_type in ("b300", "h200"):
+        assert set(plan_md["config_hashes"]) >= set(TARGETS)
+        for node_type in TARGETS:
+            cell = result.cells[node_type]
+            assert {n: (c.passed, c.partition) for n, c in checks(cell).items()} == {
+                "manifests_valid": (True, str(cell_key(model, node_type))),
+                "no_inline_secrets": (True, str(cell_key(model, node_type)))}
+            manifest_md = metadata(cell, "kserve_manifest")
+            assert manifest_md["schema_valid"] is True
+            # the cell renders its own node type only
+            assert [k for k in manifest_md if k.startswith("path_")] == [f"path_{node_type}"]
             path = Path(manifest_md[f"path_{node_type}"])
             assert path.parent == env / model and path.is_file()
             text = path.read_text()
@@ -116,7 +153,7 @@ def test_plan_only_models_render_valid_manifests_marked_as_estimates(
     # gateway routes none of the four manifests and says why
     gateway = yaml.safe_load((env / "gateway" / "litellm-config.yaml").read_text())
     assert gateway["model_list"] == []
-    not_routed = metadata(result, "gateway_routes")["not_routed"]
+    not_routed = metadata(result.last, "gateway_routes")["not_routed"]
     assert len(not_routed) == 4  # two models x two target node types
     assert all("not published" in why for why in not_routed.values())
 
@@ -133,7 +170,6 @@ def test_small_real_model_carries_what_was_measured_at_its_configuration(
     write_spec(config_dir, key, "s3://models/smollm2-135m-instruct/",
                precision_ladder=["fp8", "bf16"], engine_args={"max_model_len": 2048})
     weight_bytes = sum(f.stat().st_size for f in SMOLLM2.glob("*.safetensors"))
-    instance.add_dynamic_partitions("models", [key])
     store_upstream(
         instance, key,
         checkpoint=CheckpointRef(model=key, source="s3://models/smollm2-135m-instruct/",
@@ -151,6 +187,9 @@ def test_small_real_model_carries_what_was_measured_at_its_configuration(
     # The gate failed fp8, so no node is planned at fp8 even where fp8 is native.
     assert {r["precision"] for r in plan_rows.values()} == {"bf16"}
     assert plan_rows["b300"]["weight_bytes"] == weight_bytes
+    other_hash = "ffffffffffff"
+    assert other_hash not in hashes.values()
+    # h200: timed at its configuration, benchmarked at another one
     store_upstream(
         instance, key,
         load_timing=LoadTimingResult(model=key, precision="bf16", servable=True, reason="",
@@ -160,19 +199,29 @@ def test_small_real_model_carries_what_was_measured_at_its_configuration(
         serving_benchmark=ServingBenchmarkResult(model=key, precision="bf16", node_type="h200",
                                                  gpus=1, servable=True, tokens_per_s_per_gpu=321.5,
                                                  saturation_concurrency=16, slo_pass=True,
-                                                 config_hash="ffffffffffff"))
+                                                 config_hash=other_hash))
+    # b300: timed only at another configuration than the one its manifest runs
+    store_upstream(
+        instance, key,
+        load_timing=LoadTimingResult(model=key, precision="bf16", servable=True, reason="",
+                                     cold_start_p50_s=50.0, cold_start_p95_s=55.0,
+                                     warm_start_p50_s=8.0, weight_bytes=weight_bytes,
+                                     node_type="b300", config_hash=other_hash))
 
     result = materialize(instance, key, configs, outputs)
-    assert result.success, [c.metadata for c in checks(result).values()]
-    plan_md = metadata(result, "serving_config")
+    assert result.success, {nt: [c.metadata for c in checks(r).values()]
+                            for nt, r in result.cells.items()}
+    plan_md = metadata(result.plan, "serving_config")
     assert plan_md["weights_basis"] == "measured"
     assert plan_md["model_config_origin"] == str(SMOLLM2 / "config.json")
     assert plan_md["context_tokens"] == 2048
-    manifest_md = metadata(result, "kserve_manifest")
-    assert plan_md["serving_stack_fingerprint"] == manifest_md["serving_stack_fingerprint"] \
-        == current_stack(configs)[0]  # what the re-validation schedule compares
-    assert manifest_md["config_hashes"] == {nt: hashes[nt] for nt in ("b300", "h200")}
-    assert manifest_md["measured_at_config"] == {"b300": False, "h200": True}
+    for nt in TARGETS:
+        manifest_md = metadata(result.cells[nt], "kserve_manifest")
+        assert plan_md["serving_stack_fingerprint"] == manifest_md["serving_stack_fingerprint"] \
+            == current_stack(configs)[0]  # what the re-validation schedule compares
+        assert manifest_md["config_hashes"] == {nt: hashes[nt]}
+        assert manifest_md["measured_at_config"] == {nt: nt == "h200"}
+    manifest_md = metadata(result.cells["h200"], "kserve_manifest")
     docs = list(yaml.safe_load_all(Path(manifest_md["path_h200"]).read_text()))
     isvc = next(d for d in docs if d["kind"] == "InferenceService")
     model, notes = isvc["spec"]["predictor"]["model"], isvc["metadata"]["annotations"]
@@ -186,12 +235,15 @@ def test_small_real_model_carries_what_was_measured_at_its_configuration(
     assert model["storageUri"] == "s3://models/smollm2-135m-instruct/"  # unpublished: source
     assert notes["model-onboarding.io/storage"].startswith("unpublished")
     assert "--max-model-len=2048" in model["args"]
-    b300 = next(d for d in yaml.safe_load_all(Path(manifest_md["path_b300"]).read_text())
+    b300_md = metadata(result.cells["b300"], "kserve_manifest")
+    b300 = next(d for d in yaml.safe_load_all(Path(b300_md["path_b300"]).read_text())
                 if d["kind"] == "InferenceService")
-    assert "unmeasured: configuration" in b300["metadata"]["annotations"][
-        "model-onboarding.io/configuration"]
-    assert "(measured: h200 at " in b300["metadata"]["annotations"][
-        "model-onboarding.io/configuration"]
+    # b300's cell saw only its own timing, at another configuration: unmeasured, and where
+    # it was measured; h200's measurement (another cell) is not b300's
+    b300_notes = b300["metadata"]["annotations"]["model-onboarding.io/configuration"]
+    assert "unmeasured: configuration" in b300_notes
+    assert f"(measured: b300 at {other_hash})" in b300_notes
+    assert b300["metadata"]["labels"]["model-onboarding.io/probe-basis"] == "default"
 
 
 @pytest.mark.slow
@@ -201,12 +253,16 @@ def test_unmeasured_configurations_can_be_kept_out_of_the_manifests(env: Path, c
     deploy = yaml.safe_load((config_dir / "deploy.yaml").read_text())
     deploy["render_unmeasured"] = False
     (config_dir / "deploy.yaml").write_text(yaml.safe_dump(deploy))
-    instance.add_dynamic_partitions("models", [PLAN_ONLY[0]])
     result = materialize(instance, PLAN_ONLY[0], configs, outputs)
-    assert not result.success
-    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    message = failure.event_specific_data.error.to_string()
-    assert "render_unmeasured: false" in message and "never measured on b300" in message
+    assert result.plan.success and not result.success
+    for nt in TARGETS:  # each cell refuses its own unmeasured configuration
+        cell = result.cells[nt]
+        assert not cell.success
+        failure = next(e for e in cell.all_events if e.event_type_value == "STEP_FAILURE")
+        assert failure.step_key == "kserve_manifest"
+        message = failure.event_specific_data.error.to_string()
+        assert "render_unmeasured: false" in message and f"never measured on {nt}" in message
+        assert not (env / PLAN_ONLY[0] / f"{nt}.yaml").exists()
 
 
 def test_infeasible_everywhere_fails_the_plan_gate_with_the_shortfall(env: Path,
@@ -221,13 +277,24 @@ def test_infeasible_everywhere_fails_the_plan_gate_with_the_shortfall(env: Path,
                precision_ladder=["bf16"],
                architecture={"params_billion": 405, "num_layers": 126, "num_kv_heads": 8,
                              "head_dim": 128, "num_attention_heads": 128})
-    instance.add_dynamic_partitions("models", [key])
-    result = materialize(instance, key, configs, outputs)
-    gate = checks(result)["plan_fits_a_target_node_type"]
+    result = materialize(instance, key, configs, outputs, node_types=("h100",))
+    gate = checks(result.plan)["plan_fits_a_target_node_type"]
     assert not gate.passed
     assert "short by" in gate.metadata["why"].value
-    materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    materialized = {e.asset_key.to_user_string()
+                    for e in result.plan.get_asset_materialization_events()}
     assert materialized == {"serving_config"}
+    # the blocking gate failed the plan run, so its cells never follow
+    assert not result.plan.success and result.cells == {}
+    # and a cell rendered anyway (a plan_cell launched by hand) has no manifest either
+    cell = dg.materialize(ASSETS, instance=instance, partition_key=str(cell_key(key, "h100")),
+                          raise_on_error=False, selection=["kserve_manifest", "gateway_routes"],
+                          resources=resources(configs, outputs))
+    assert not cell.success
+    assert not cell.get_asset_materialization_events()
+    [failure] = cell.get_step_failure_events()
+    message = failure.event_specific_data.error.to_string()
+    assert "on h100" in message and "no manifest" in message, message
     assert not (env / key / "h100.yaml").exists()
 
 
@@ -243,64 +310,83 @@ def test_manifest_invalid_for_the_configured_crd_blocks_the_routes(env: Path, tm
     old.write_text(yaml.safe_dump(crd))
     others = [DEFAULT_CRD_DIR / f"serving.kserve.io_{k}.yaml" for k in (
         "servingruntimes", "llminferenceservices", "localmodelcaches", "localmodelnodegroups")]
-    instance.add_dynamic_partitions("models", [PLAN_ONLY[0]])
     result = materialize(instance, PLAN_ONLY[0], configs, outputs,
                          ManifestValidator(crd_paths=[str(old), *map(str, others)]))
-    gate = checks(result)["manifests_valid"]
-    assert not gate.passed
-    errors = gate.metadata["errors"].value
-    assert errors and all(
-        v == ["$.spec.predictor.maxReplicas: unknown field (not in the CRD schema)"]
-        for v in errors.values())
-    assert metadata(result, "kserve_manifest")["schema_valid"] is False
-    materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
-    assert "gateway_routes" not in materialized
+    assert result.plan.success and set(result.cells) == set(TARGETS)
+    for nt in TARGETS:
+        cell = result.cells[nt]
+        gate = checks(cell)["manifests_valid"]
+        assert not gate.passed
+        errors = gate.metadata["errors"].value
+        assert errors and all(
+            v == ["$.spec.predictor.maxReplicas: unknown field (not in the CRD schema)"]
+            for v in errors.values())
+        assert metadata(cell, "kserve_manifest")["schema_valid"] is False
+        materialized = {e.asset_key.to_user_string()
+                        for e in cell.get_asset_materialization_events()}
+        assert materialized == {"kserve_manifest"}  # the blocking check held the routes back
 
 
 @pytest.mark.slow
 def test_plan_model_job_runs_the_deploy_stage_for_a_plan_only_model(env: Path, instance,
                                                                   configs, outputs):
+    """plan_model plans the model; plan_cell renders each cell and the gateway after it."""
     from assets.deploy import defs as deploy_defs
-    from pipelines.jobs import plan_model
+    from pipelines.jobs import plan_cell, plan_model
 
     upstream = [a for a in UPSTREAM if a.key != dg.AssetKey("published_variant")]
     defs = dg.Definitions.merge(deploy_defs, dg.Definitions(
-        assets=[*upstream, dg.AssetSpec("quantized", partitions_def=models_partitions)],
-        jobs=[plan_model], resources=resources(configs, outputs)))
-    instance.add_dynamic_partitions("models", [PLAN_ONLY[1]])
-    result = defs.resolve_job_def("plan_model").execute_in_process(
-        partition_key=PLAN_ONLY[1], instance=instance)
-    assert result.success
-    assert {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()} == {
-        "serving_config", "kserve_manifest", "gateway_routes"}
-    assert all(c.passed for c in result.get_asset_check_evaluations())
+        assets=[*upstream, *upstream_specs("quantized")],
+        jobs=[plan_model, plan_cell], resources=resources(configs, outputs)))
+    model = PLAN_ONLY[1]
+    for nt in TARGETS:
+        register(instance, model, nt)
+    planned = defs.resolve_job_def("plan_model").execute_in_process(
+        partition_key=model, instance=instance)
+    assert planned.success
+    assert {e.asset_key.to_user_string()
+            for e in planned.get_asset_materialization_events()} == {"serving_config"}
+    assert [c.check_name for c in planned.get_asset_check_evaluations() if c.passed] == [
+        "plan_fits_a_target_node_type"]
+    for nt in TARGETS:
+        result = defs.resolve_job_def("plan_cell").execute_in_process(
+            partition_key=str(cell_key(model, nt)), instance=instance)
+        assert result.success
+        assert {e.asset_key.to_user_string()
+                for e in result.get_asset_materialization_events()} == {
+            "kserve_manifest", "gateway_routes"}
+        evaluations = result.get_asset_check_evaluations()
+        assert {c.check_name for c in evaluations} == {"manifests_valid", "no_inline_secrets"}
+        assert all(c.passed for c in evaluations)
+        assert (env / model / f"{nt}.yaml").is_file()
 
 
 @pytest.mark.slow
 def test_the_gateway_is_one_unpartitioned_table_over_every_model(env: Path, instance, configs,
                                                                  outputs):
-    """gateway_routes is not a partition: one table fed by every partition of kserve_manifest,
-    whichever partition's run materializes it."""
+    """gateway_routes is not a partition: one table fed by every cell of kserve_manifest,
+    whichever cell's run materializes it."""
     assert gateway_routes.partitions_def is None
-    instance.add_dynamic_partitions("models", list(PLAN_ONLY))
     first = materialize(instance, PLAN_ONLY[0], configs, outputs)
-    assert len(metadata(first, "gateway_routes")["not_routed"]) == 2  # one model, unpublished
+    # one model, unpublished: its first cell's run sees one manifest, its last both
+    assert len(metadata(first.cells["b300"], "gateway_routes")["not_routed"]) == 1
+    assert len(metadata(first.last, "gateway_routes")["not_routed"]) == 2
     second = materialize(instance, PLAN_ONLY[1], configs, outputs)
-    md = metadata(second, "gateway_routes")
+    md = metadata(second.last, "gateway_routes")
     assert md["route_count"] == 0 and len(md["not_routed"]) == 4  # both models, unpublished
-    [event] = [e for e in second.get_asset_materialization_events()
+    [event] = [e for e in second.last.get_asset_materialization_events()
                if e.asset_key == dg.AssetKey("gateway_routes")]
     assert event.materialization.partition is None
 
 
 def test_the_gateway_of_a_fleet_of_one_without_a_manifest_is_an_empty_table(env: Path, instance,
                                                                              configs, outputs):
-    """One model in the fleet and its manifest never rendered: Dagster's IO manager hands a bare
+    """One cell in the fleet and its manifest never rendered: Dagster's IO manager hands a bare
     None (not an empty dict) for a single missing partition; the gateway renders no routes
     instead of failing with AttributeError."""
-    instance.add_dynamic_partitions("models", [PLAN_ONLY[0]])
-    manifest = dg.AssetSpec("kserve_manifest", partitions_def=models_partitions)
-    result = dg.materialize([gateway_routes, manifest], instance=instance, raise_on_error=False,
+    register(instance, PLAN_ONLY[0], "h200")
+    result = dg.materialize([gateway_routes, *upstream_specs("kserve_manifest")],
+                            instance=instance, raise_on_error=False,
                             resources=resources(configs, outputs))
     assert result.success
     md = metadata(result, "gateway_routes")

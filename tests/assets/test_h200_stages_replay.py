@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -23,7 +25,7 @@ import pytest
 import yaml
 
 from assets.deploy import kserve_manifest, serving_config
-from assets.partitions import models_partitions
+from assets.partitions import cell_key
 from bench import gpu_recordings as rec
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.tables import read_md_table
@@ -34,12 +36,11 @@ from resources.manifest_validator import ManifestValidator
 from resources.s3 import S3ObjectStore
 from resources.upstream import optional_upstream
 from tests.conftest import assert_golden
-from tests.dagster_support import metadata, store_upstream
+from tests.dagster_support import metadata, register, store_upstream, upstream_specs
 
 GOLDEN = PROJECT_ROOT / "tests" / "golden"
-UPSTREAM = [dg.AssetSpec(n, partitions_def=models_partitions)
-            for n in ("checkpoint", "serving_variant", "accuracy", "predictions", "load_timing",
-                      "serving_benchmark", "published_variant")]
+UPSTREAM = upstream_specs("checkpoint", "serving_variant", "accuracy", "predictions",
+                          "load_timing", "serving_benchmark", "published_variant")
 
 
 @pytest.fixture
@@ -63,12 +64,39 @@ def repo_configs(tmp_path) -> ConfigFiles:
                        discovered_dir=str(tmp_path / "discovered-specs"))
 
 
+TARGETS = ("h200", "b300")  # the node types whose manifests the H200 run recorded
+
+
+@dataclass
+class Replayed:
+    """The model's plan run, then one run per (model, node type) cell rendering its manifest
+    (and whatever else was asked at that level)."""
+
+    plan: dg.ExecuteInJobResult
+    cells: dict[str, dg.ExecuteInJobResult]
+
+    @property
+    def success(self) -> bool:
+        return self.plan.success and all(r.success for r in self.cells.values())
+
+    def get_asset_check_evaluations(self) -> list[dg.AssetCheckEvaluation]:
+        return [e for r in (self.plan, *self.cells.values())
+                for e in r.get_asset_check_evaluations()]
+
+    @property
+    def all_events(self) -> list:
+        return [e for r in (self.plan, *self.cells.values()) for e in r.all_events]
+
+
 def replay(instance: dg.DagsterInstance, configs: ConfigFiles, outputs: OutputDirs,
            tmp_path: Path, with_load_timing: bool,
-           load_timing: LoadTimingResult | None = None) -> dg.ExecuteInJobResult:
-    """Store what the run's assets stored (stand-ins returning the recorded values), then
-    materialize the real serving_config and kserve_manifest on them. The recorded SLO is
-    recomputed from the CSV at the SLO these configs resolve (the same file both ways)."""
+           load_timing: LoadTimingResult | None = None, also: tuple = (),
+           node_types: tuple[str, ...] = TARGETS) -> Replayed:
+    """Store what the run's assets stored (stand-ins returning the recorded values: the
+    benchmark and load timing in the (model, h200) cell, where they were measured), then
+    materialize the real serving_config for the model and kserve_manifest (and `also`) for
+    each cell of `node_types`. The recorded SLO is recomputed from the CSV at the SLO these
+    configs resolve (the same file both ways)."""
     slo = rec.slo(configs)
     result, _, _ = rec.benchmark_result(slo)
     values = {"checkpoint": rec.checkpoint(tmp_path / "checkpoint"),
@@ -78,33 +106,50 @@ def replay(instance: dg.DagsterInstance, configs: ConfigFiles, outputs: OutputDi
     if with_load_timing:  # call T's by default; `load_timing`: another run's at this hash
         values["load_timing"] = load_timing or rec.load_timing_result()
     store_upstream(instance, rec.MODEL, **values)
-    return dg.materialize(
-        [serving_config, kserve_manifest, *UPSTREAM], instance=instance,
-        partition_key=rec.MODEL, raise_on_error=False,
-        resources={"configs": configs, "outputs": outputs,
-                   "manifest_validator": ManifestValidator(),
-                   "s3": S3ObjectStore(endpoint_url="http://127.0.0.1:1",
-                                       access_key_id="unused-id", secret_access_key="unused"),
-                   "hf": HuggingFaceStore(), "optional_upstream": optional_upstream})
+    assets = [serving_config, kserve_manifest, *also, *UPSTREAM]
+    kwargs = {"instance": instance, "raise_on_error": False, "resources": {
+        "configs": configs, "outputs": outputs, "manifest_validator": ManifestValidator(),
+        "s3": S3ObjectStore(endpoint_url="http://127.0.0.1:1", access_key_id="unused-id",
+                            secret_access_key="unused"),
+        "hf": HuggingFaceStore(), "optional_upstream": optional_upstream}}
+    plan = dg.materialize(assets, partition_key=rec.MODEL, selection=["serving_config"],
+                          **kwargs)
+    cells = {}
+    for nt in node_types if plan.success else ():
+        register(instance, rec.MODEL, nt)
+        cells[nt] = dg.materialize(
+            assets, partition_key=str(cell_key(rec.MODEL, nt)),
+            selection=["kserve_manifest", *(a.key.to_user_string() for a in also)], **kwargs)
+    return Replayed(plan, cells)
 
 
-def rendered(result: dg.ExecuteInJobResult, node_type: str) -> str:
-    return Path(metadata(result, "kserve_manifest")[f"path_{node_type}"]).read_text()
+def rendered(result: Replayed, node_type: str) -> str:
+    """The manifest the (model, node type) cell rendered."""
+    md = metadata(result.cells[node_type], "kserve_manifest")
+    assert [k for k in md if k.startswith("path_")] == [f"path_{node_type}"]  # its own only
+    return Path(md[f"path_{node_type}"]).read_text()
 
 
-def device_manifest_now(result: dg.ExecuteInJobResult, node_type: str, old_hash: str,
+def device_manifest_now(result: Replayed, node_type: str, old_hash: str,
                         new_hash: str) -> str:
     """The manifest rendered on the device, with what changed since: the images follow
     the tag rule (no -cu130 suffix; the runtime's name and the configuration hash follow the
-    image), and the stack fingerprint follows the stack.yaml that now says so."""
+    image), and the stack fingerprint follows the stack.yaml that now says so. A manifest is
+    now a (model, node type) cell's and sees that node type's measurements only, so another
+    node type's unmeasured note no longer names where the h200 was measured."""
     text = (rec.H200 / "manifests" / f"{node_type}.yaml").read_text()
     device = [d for d in yaml.safe_load_all(text)]
     now = list(yaml.safe_load_all(rendered(result, node_type)))
     old_fp = device[0]["metadata"]["labels"]["model-onboarding.io/stack-fingerprint"]
-    new_fp = metadata(result, "kserve_manifest")["stack_fingerprint"]
-    return (text.replace(old_fp, new_fp).replace(old_hash, new_hash)
+    new_fp = metadata(result.cells[node_type], "kserve_manifest")["stack_fingerprint"]
+    text = (text.replace(old_fp, new_fp).replace(old_hash, new_hash)
             .replace(device[0]["metadata"]["name"], now[0]["metadata"]["name"])
             .replace("-cu130", ""))
+    if node_type != "h200":  # the device's model-wide rendering said (YAML folds the line)
+        text, n = re.subn(rf"never measured on {node_type}\s+\(measured: h200 at "
+                          rf"{rec.RUN_CONFIG_HASH}\)", f"never measured on {node_type}", text)
+        assert n == 1, node_type
+    return text
 
 
 NODE_CACHE_KINDS = ("LocalModelNodeGroup", "LocalModelCache")
@@ -177,7 +222,7 @@ def test_at_the_run_stack_the_h200_manifest_is_the_one_rendered_there(
     are the device's, byte for byte, and the h200 one claims the measured throughput."""
     result = replay(instance, run_configs, outputs, tmp_path, with_load_timing=False)
     assert result.success, [e.metadata for e in result.get_asset_check_evaluations()]
-    hashes = metadata(result, "serving_config")["config_hashes"]
+    hashes = metadata(result.plan, "serving_config")["config_hashes"]
     recorded = rec.asset_metadata("B", "serving_config")["config_hashes"]
     assert hashes["h200"] == recorded["h200"] == rec.RUN_CONFIG_HASH
     # Blackwell's image is the tag rule's now (no -cu130 since vLLM 0.20), so its
@@ -238,7 +283,7 @@ def test_at_the_repository_stack_the_same_recordings_claim_nothing(
     assert repo_configs.stack().engine_version != run_configs_version()
     result = replay(instance, repo_configs, outputs, tmp_path, with_load_timing=True)
     assert result.success, [e.metadata for e in result.get_asset_check_evaluations()]
-    plan_hash = metadata(result, "serving_config")["config_hashes"]["h200"]
+    plan_hash = metadata(result.plan, "serving_config")["config_hashes"]["h200"]
     assert plan_hash != rec.RUN_CONFIG_HASH
     doc = isvc(rendered(result, "h200"))
     labels, notes = doc["metadata"]["labels"], doc["metadata"]["annotations"]

@@ -16,14 +16,15 @@ import pytest
 import yaml
 
 from assets.layout import node_layout
-from assets.partitions import models_partitions
+from assets.partitions import cell_key
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.serving.stats import ServingBenchmarkResult
 from resources.manifest_validator import ManifestValidator
-from tests.dagster_support import store_upstream
+from tests.dagster_support import store_upstream, upstream_specs
 
-UPSTREAM = [dg.AssetSpec(n, partitions_def=models_partitions)
-            for n in ("checkpoint", "serving_variant", "serving_benchmark", "published_variant")]
+# serving_benchmark is kept per (model, node type) cell, the others per model
+UPSTREAM = upstream_specs("checkpoint", "serving_variant", "serving_benchmark",
+                          "published_variant")
 MODELS = ("qwen3-235b-a22b-instruct", "qwen3-32b", "llama-3-1-8b-instruct", "bge-m3",
           "bge-reranker-v2-m3", "deepseek-r1")
 
@@ -99,7 +100,9 @@ def test_a_measured_benchmark_is_preferred_and_said(env, instance, configs, outp
     b300 = value.plans["b300-mixed"].placement("qwen3-32b")
     assert (b300.throughput_basis, b300.tokens_per_s_per_gpu) == ("measured", 4321.0)
     assert value.plans["h200-mixed"].placement("qwen3-32b").throughput_basis == "rule"
-    assert metadata(result)["upstream_present"]["serving_benchmark"] == ["qwen3-32b"]
+    # the benchmark is the (qwen3-32b, b300) cell's
+    assert metadata(result)["upstream_present"]["serving_benchmark"] == [
+        str(cell_key("qwen3-32b", "b300"))]
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """What is deployed is what was measured, through the real assets in a real instance.
 
 The engine is the fake engine fixture posing as vLLM on an H200 (no GPU here); everything else
-is real: the serving plan, the published variant on the local S3 server, the load timing and
-benchmark that start the planned configuration, and the manifest that renders it.
+is real: the serving plan, the published variant on the local S3 server (the model's run), the
+load timing and benchmark that start the planned configuration, and the manifest that renders
+it (the (model, h200) cell's run).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 import yaml
 
 from assets.deploy import kserve_manifest, published_variant, serving_config
-from assets.partitions import models_partitions
+from assets.partitions import cell_key, models_partitions
 from assets.serving import SLO_CHECK, load_timing, serving_benchmark
 from bench.openai_stream_server import install_as_vllm
 from onboarding.common.refs import CheckpointRef, VariantRef
@@ -27,9 +28,10 @@ from resources.manifest_validator import ManifestValidator
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import tiny_with_smol_tokenizer, write_spec
-from tests.dagster_support import metadata
+from tests.dagster_support import Runs, metadata, register, upstream_specs
 
 KEY = "tiny-model"
+NODE_TYPE = "h200"  # the fake engine's (h200_engine)
 RUN = {"ops": {
     "load_timing": {"config": {"cold_repeats": 1, "cold_weights_repeats": 0,
                                "warm_repeats": 0}},
@@ -90,16 +92,26 @@ def run(instance, model_dir, engine, configs, outputs, s3_store):
     scenarios = yaml.safe_load(path.read_text())
     scenarios["profiles"]["gpu"]["require_node_acceptance"] = False
     path.write_text(yaml.safe_dump(scenarios))
-    return dg.materialize(
-        [*stand_ins(model_dir), serving_config, published_variant, load_timing,
-         serving_benchmark, kserve_manifest,
-         dg.AssetSpec("predictions", partitions_def=models_partitions)],
-        partition_key=KEY, instance=instance, run_config=RUN, raise_on_error=False,
-        resources={"configs": configs, "outputs": outputs, "engine": engine,
-                   "loadgen": LoadGenerator(),
-                   "telemetry": GpuTelemetry(), "s3": s3_store, "hf": HuggingFaceStore(),
-                   "manifest_validator": ManifestValidator(),
-                   "optional_upstream": optional_upstream})
+    assets = [*stand_ins(model_dir), serving_config, published_variant, load_timing,
+              serving_benchmark, kserve_manifest, *upstream_specs("predictions")]
+    resources = {"configs": configs, "outputs": outputs, "engine": engine,
+                 "loadgen": LoadGenerator(), "telemetry": GpuTelemetry(), "s3": s3_store,
+                 "hf": HuggingFaceStore(), "manifest_validator": ManifestValidator(),
+                 "optional_upstream": optional_upstream}
+    # The model's run first (plan, publish), then the (model, h200) cell's (time, benchmark,
+    # render), as onboard_model and onboard_cell; the measuring config is the cell run's.
+    register(instance, KEY, NODE_TYPE)
+    model_run = dg.materialize(assets, instance=instance, partition_key=KEY,
+                               selection=["checkpoint", "serving_variant", "quantized",
+                                          "accuracy", "serving_config", "published_variant"],
+                               raise_on_error=False, resources=resources)
+    if not model_run.success:
+        return Runs([model_run])
+    cell_run = dg.materialize(assets, instance=instance,
+                              partition_key=str(cell_key(KEY, NODE_TYPE)),
+                              selection=["load_timing", "serving_benchmark", "kserve_manifest"],
+                              run_config=RUN, raise_on_error=False, resources=resources)
+    return Runs([model_run, cell_run])
 
 
 def _normalized(args: list[str], model_path: str, port: int) -> list[str]:
@@ -116,7 +128,6 @@ def test_the_benchmarked_engine_command_is_the_rendered_container_args(
     write_spec(config_dir, KEY, "s3://models/tiny/", precision_ladder=["bf16"],
                scenarios=["chat"], engine_args={"max_model_len": 2048})
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("models", [KEY])
     result = run(instance, model_dir, h200_engine, configs, outputs, s3_store)
     assert result.success
     plan_hash = metadata(result, "serving_config")["config_hashes"]["h200"]
@@ -162,7 +173,6 @@ def test_a_missed_slo_in_the_gpu_profile_blocks_the_manifest(
                scenarios=["chat"], engine_args={"max_model_len": 2048},
                slo={"itl_mean_ms": 0.01})
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("models", [KEY])
     result = run(instance, model_dir, h200_engine, configs, outputs, s3_store)
     slo = next(e for e in result.get_asset_check_evaluations() if e.check_name == SLO_CHECK)
     assert not slo.passed and slo.severity == dg.AssetCheckSeverity.ERROR
@@ -193,7 +203,7 @@ def test_publishing_fills_this_nodes_kserve_cache_folder_without_a_download(
     instance.add_dynamic_partitions("models", [KEY])
     result = dg.materialize(
         [*stand_ins(model_dir), serving_config, published_variant,
-         dg.AssetSpec("predictions", partitions_def=models_partitions)],
+         *upstream_specs("predictions")],
         partition_key=KEY, instance=instance, raise_on_error=False,
         resources={"configs": configs, "outputs": outputs, "s3": s3_store,
                    "optional_upstream": optional_upstream})

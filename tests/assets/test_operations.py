@@ -13,39 +13,32 @@ import dagster as dg
 import pytest
 import yaml
 
-from assets.deploy import kserve_manifest, serving_config
 from assets.operations import VALID_CHECK, operations
 from bench import gpu_recordings as rec
 from resources.config_files import ConfigFiles, OutputDirs
-from resources.huggingface import HuggingFaceStore
-from resources.manifest_validator import ManifestValidator
-from resources.s3 import S3ObjectStore
-from resources.upstream import optional_upstream
-from tests.assets.test_h200_stages_replay import UPSTREAM, instance, repo_configs, run_configs  # noqa: F401
-from tests.dagster_support import metadata, store_upstream
+from tests.assets.test_h200_stages_replay import (  # noqa: F401
+    Replayed,
+    instance,
+    repo_configs,
+    run_configs,
+)
+from tests.assets.test_h200_stages_replay import replay as stages_replay
+from tests.dagster_support import metadata
 
 
 def replay(instance, configs: ConfigFiles, tmp_path: Path  # noqa: F811
-           ) -> tuple[dg.ExecuteInJobResult, Path]:
-    bench, _, _ = rec.benchmark_result(rec.slo(configs))
-    store_upstream(instance, rec.MODEL, checkpoint=rec.checkpoint(tmp_path / "checkpoint"),
-                   serving_variant=rec.serving_variant(tmp_path / "checkpoint"),
-                   accuracy=rec.accuracy(), serving_benchmark=bench,
-                   published_variant=rec.published("B"), load_timing=rec.load_timing_result())
+           ) -> tuple[Replayed, Path]:
+    """The stages' replay (with the H200's load timing), each cell rendering its operations
+    beside its manifest."""
     out = tmp_path / "manifests"
-    result = dg.materialize(
-        [serving_config, kserve_manifest, operations, *UPSTREAM], instance=instance,
-        partition_key=rec.MODEL, raise_on_error=False,
-        resources={"configs": configs, "outputs": OutputDirs(manifests_dir=str(out)),
-                   "manifest_validator": ManifestValidator(),
-                   "s3": S3ObjectStore(endpoint_url="http://127.0.0.1:1",
-                                       access_key_id="unused-id", secret_access_key="unused"),
-                   "hf": HuggingFaceStore(), "optional_upstream": optional_upstream})
+    result = stages_replay(instance, configs, OutputDirs(manifests_dir=str(out)), tmp_path,
+                           with_load_timing=True, also=(operations,))
     return result, out / rec.MODEL / "operations"
 
 
-def _check(result: dg.ExecuteInJobResult) -> dg.AssetCheckEvaluation:
-    return next(e for e in result.get_asset_check_evaluations() if e.check_name == VALID_CHECK)
+def _check(result: Replayed, node_type: str) -> dg.AssetCheckEvaluation:
+    return next(e for e in result.cells[node_type].get_asset_check_evaluations()
+                if e.check_name == VALID_CHECK)
 
 
 def _alerts(path: Path) -> dict[str, dict]:
@@ -58,7 +51,12 @@ def test_measured_configuration_alerts_and_scales_at_its_saturation_point(
         instance, run_configs, tmp_path):  # noqa: F811
     result, out = replay(instance, run_configs, tmp_path)
     assert result.success, [e.message for e in result.all_events if e.is_failure]
-    assert _check(result).passed, _check(result).metadata["errors"]
+    assert set(result.cells) == {"h200", "b300"}
+    for nt in result.cells:  # each cell renders and checks its own node type's files
+        assert _check(result, nt).passed, _check(result, nt).metadata["errors"]
+        assert set(metadata(result.cells[nt], "operations")["files"]) >= {
+            f"{nt}-rules.yml", f"{nt}-operations.yaml", f"{nt}-dashboard.json"}
+    h200 = result.cells["h200"]
     bench, _, _ = rec.benchmark_result(rec.slo(run_configs))
     queue = _alerts(out / "h200-rules.yml")["ModelQueueAboveSaturation"]
     assert queue["expr"].endswith(f"> {bench.saturation_concurrency}")
@@ -66,20 +64,22 @@ def test_measured_configuration_alerts_and_scales_at_its_saturation_point(
     assert [d["kind"] for d in docs] == ["PrometheusRule", "PodMonitor", "PodMonitor",
                                          "ScaledObject"]
     assert docs[3]["spec"]["scaleTargetRef"]["name"] == \
-        metadata(result, "kserve_manifest")["services"]["h200"] + "-predictor"
+        metadata(h200, "kserve_manifest")["services"]["h200"] + "-predictor"
     assert (out / "h200-dashboard.json").is_file() and (out / "dcgm-counters.csv").is_file()
-    assert "measured saturation concurrency" in metadata(result, "operations")["thresholds"]
+    assert "measured saturation concurrency" in metadata(h200, "operations")["thresholds"]
     b300 = _alerts(out / "b300-rules.yml")  # every manifest's node type, its own GPU selector
     assert 'modelName=~"NVIDIA[- ]B300[- ]SXM6[- ]AC"' in b300["GPUXidError"]["expr"]
+    # b300 was never measured: its cell has no measured saturation point to alert or scale at
+    assert "ModelQueueAboveSaturation" not in b300
 
 
 @pytest.mark.slow
 def test_unmeasured_configuration_gets_no_measured_threshold_and_says_why(
         instance, repo_configs, tmp_path):  # noqa: F811
     result, out = replay(instance, repo_configs, tmp_path)
-    assert result.success and _check(result).passed
+    assert result.success and _check(result, "h200").passed
     assert "ModelQueueAboveSaturation" not in _alerts(out / "h200-rules.yml")
     kinds = [d["kind"] for d in yaml.safe_load_all((out / "h200-operations.yaml").read_text())]
     assert "ScaledObject" not in kinds
-    why = metadata(result, "operations")["not_rendered"]["h200"]["ScaledObject"]
+    why = metadata(result.cells["h200"], "operations")["not_rendered"]["h200"]["ScaledObject"]
     assert why.startswith("no benchmark at this configuration")

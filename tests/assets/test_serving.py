@@ -1,5 +1,7 @@
 """`load_timing` and `serving_benchmark` in a real Dagster instance, against the fake engine
-fixture (fast); the real vLLM CPU engine is exercised in tests/e2e/test_serving_vllm.py."""
+fixture (fast); the real vLLM CPU engine is exercised in tests/e2e/test_serving_vllm.py. Both are
+cells (model x node type): the upstream stages are stored at their levels (the per-model ones
+under the model), the measurements run in the cell of the engine's node type."""
 
 import json
 from pathlib import Path
@@ -10,7 +12,7 @@ import pytest
 import yaml
 
 from assets.node_gate import NODE_CHECK
-from assets.partitions import models_partitions, nodes_partitions
+from assets.partitions import cell_key, nodes_partitions
 from assets.serving import (
     COLD_START_CHECK,
     KERNEL_CHECK,
@@ -33,9 +35,10 @@ from resources.stack_facts import nvidia_facts
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import tiny_with_smol_tokenizer, write_spec
-from tests.dagster_support import metadata
+from tests.dagster_support import metadata, register, store_upstream, upstream_specs
 
 KEY = "tiny-model"
+CELL = str(cell_key(KEY, "cpu"))  # the fake engine's cell
 
 
 @pytest.fixture
@@ -53,29 +56,17 @@ def fake_engine(tmp_path, monkeypatch, configs: ConfigFiles) -> Engine:
                   log_dir=str(tmp_path / "logs"), configs=configs)
 
 
-def stub_variant(path: Path, precision: str = "bf16"):
-    """Stand-ins for the upstream stages: the baseline checkpoint and the chosen variant."""
-
-    @dg.asset(name="checkpoint", partitions_def=models_partitions)
-    def _checkpoint() -> CheckpointRef:
-        return CheckpointRef(model=KEY, source="s3://models/tiny/", revision="r", path=str(path),
-                             content_hash="base", total_bytes=1)
-
-    @dg.asset(name="serving_variant", partitions_def=models_partitions)
-    def _variant() -> VariantRef:
-        return VariantRef(model=KEY, precision=precision, path=str(path), total_bytes=1,
-                          content_hash="stub")
-
-    @dg.asset(name="quantized", partitions_def=models_partitions)
-    def _quantized() -> QuantizedSet:
-        return QuantizedSet(KEY, str(path), 1, ())
-
-    @dg.asset(name="serving_config", partitions_def=models_partitions)
-    def _serving_config() -> ServingPlan:
+def stub_variant(path: Path, precision: str = "bf16") -> dict:
+    """What the upstream stages store: the baseline checkpoint and the chosen variant."""
+    return {
+        "checkpoint": CheckpointRef(model=KEY, source="s3://models/tiny/", revision="r",
+                                    path=str(path), content_hash="base", total_bytes=1),
+        "serving_variant": VariantRef(model=KEY, precision=precision, path=str(path),
+                                      total_bytes=1, content_hash="stub"),
+        "quantized": QuantizedSet(KEY, str(path), 1, ()),
         # No node type of nodes.yaml is "cpu": the engine at hand runs its own configuration.
-        return ServingPlan(plan=None, configs={})
-
-    return [_checkpoint, _variant, _quantized, _serving_config]
+        "serving_config": ServingPlan(plan=None, configs={}),
+    }
 
 
 RUN_CONFIG = {"ops": {
@@ -84,17 +75,26 @@ RUN_CONFIG = {"ops": {
 }}
 
 
+def run_levels(upstream: dict, assets: list, engine: Engine, run_config, instance=None,
+               **resources):
+    """The `upstream` values stored at their levels (the per-model ones under the model), then
+    `assets` run in the cell of the engine's node type."""
+    instance = instance or dg.DagsterInstance.ephemeral()
+    register(instance, KEY, engine.node_type)
+    store_upstream(instance, KEY, node_type=engine.node_type, **upstream)
+    return dg.materialize(
+        [*upstream_specs(*upstream), *assets], instance=instance,
+        partition_key=str(cell_key(KEY, engine.node_type)),
+        resources={"engine": engine, "configs": engine.configs, **resources},
+        run_config=run_config, raise_on_error=False)
+
+
 def materialize(upstream, engine: Engine, run_config=RUN_CONFIG, instance=None):
     """The engine's configs are the test's; reports go beside its logs."""
-    instance = instance or dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("models", [KEY])
     outputs = OutputDirs(reports_dir=str(Path(engine.log_dir).parent / "reports"))
-    return dg.materialize(
-        [*upstream, load_timing, serving_benchmark], partition_key=KEY, instance=instance,
-        resources={"engine": engine, "loadgen": LoadGenerator(),
-                                     "telemetry": GpuTelemetry(),
-                                     "optional_upstream": optional_upstream, "configs": engine.configs,
-                   "outputs": outputs}, run_config=run_config, raise_on_error=False)
+    return run_levels(upstream, [load_timing, serving_benchmark], engine, run_config,
+                      instance, loadgen=LoadGenerator(), telemetry=GpuTelemetry(),
+                      optional_upstream=optional_upstream, outputs=outputs)
 
 
 def b_hash(result) -> str:
@@ -133,6 +133,8 @@ def test_timing_and_benchmark_emit_what_the_plan_reads(config_dir, model_dir, fa
     assert "| chat" in b["sweep"] and "| rag" in b["sweep"]
     assert b["plot"].startswith("![sweep](data:image/png;base64,")
     assert Path(b["plot_path"]).read_bytes()[:4] == b"\x89PNG"
+    # the cell's folder: a measurement on one node type never overwrites another's
+    assert Path(b["plot_path"]).parent == Path(fake_engine.log_dir).parent / "reports" / KEY / "cpu"
     ev = check_result(result)
     assert ev.check_name == SLO_CHECK and ev.passed
     value = result.output_for_node("serving_benchmark")
@@ -274,12 +276,8 @@ def test_scenario_longer_than_max_model_len_fails_before_the_engine_starts(
     assert len(logs) == 1  # the one load_timing start; none for the refused benchmark
 
 
-def stub_load_timing():
-    @dg.asset(name="load_timing", partitions_def=models_partitions)
-    def _load_timing() -> LoadTimingResult:
-        return LoadTimingResult(model=KEY, precision="bf16", servable=True, reason="")
-
-    return _load_timing
+def stub_load_timing() -> LoadTimingResult:
+    return LoadTimingResult(model=KEY, precision="bf16", servable=True, reason="")
 
 
 @pytest.mark.slow
@@ -293,23 +291,20 @@ def test_an_engine_that_dies_mid_sweep_fails_the_step_with_its_exit_code_and_kee
     monkeypatch.setenv("FAKE_EXIT_CODE", "7")
     monkeypatch.setenv("FAKE_ENGINE_RECORD", str(tmp_path / "record.json"))
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("models", [KEY])
-    result = dg.materialize(
-        [*stub_variant(model_dir), stub_load_timing(), serving_benchmark], partition_key=KEY,
-        instance=instance, resources={
-            "engine": fake_engine, "loadgen": LoadGenerator(),
-                                   "telemetry": GpuTelemetry(),
-                                   "optional_upstream": optional_upstream, "configs": fake_engine.configs,
-            "outputs": OutputDirs(reports_dir=str(tmp_path / "reports"))},
-        run_config={"ops": {"serving_benchmark": {"config": {
-            "concurrency": [1, 2, 4], "requests_per_point": 8}}}}, raise_on_error=False)
+    result = run_levels(
+        {**stub_variant(model_dir), "load_timing": stub_load_timing()}, [serving_benchmark],
+        fake_engine,
+        {"ops": {"serving_benchmark": {"config": {
+            "concurrency": [1, 2, 4], "requests_per_point": 8}}}}, instance,
+        loadgen=LoadGenerator(), telemetry=GpuTelemetry(), optional_upstream=optional_upstream,
+        outputs=OutputDirs(reports_dir=str(tmp_path / "reports")))
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert failure.step_key == "serving_benchmark"
     message = failure.event_specific_data.error.to_string()
     assert "exited with code 7 during point chat @ 2" in message
     assert "injected crash mid-stream" in message  # the engine's log tail
-    [csv] = list((tmp_path / "reports" / KEY).glob("serving_benchmark.partial-*.csv"))
+    [csv] = list((tmp_path / "reports" / KEY / "cpu").glob("serving_benchmark.partial-*.csv"))
     assert str(csv) in message
     rows = pd.read_csv(csv)
     assert list(rows["load"]) == [1, 2]  # the sweep stopped; point 3 was never run
@@ -318,7 +313,7 @@ def test_an_engine_that_dies_mid_sweep_fails_the_step_with_its_exit_code_and_kee
     assert "connect_failed" in rows["errors_by_cause"][1]
     [obs] = instance.fetch_observations(dg.AssetKey("serving_benchmark"), limit=1).records
     md = obs.asset_observation.metadata
-    assert obs.asset_observation.partition == KEY
+    assert obs.asset_observation.partition == CELL
     assert md["engine_exit_code"].value == 7 and md["partial_csv"].value == str(csv)
     assert "| chat" in md["partial_sweep"].value
     assert not instance.fetch_materializations(dg.AssetKey("serving_benchmark"), limit=1).records
@@ -334,17 +329,12 @@ def test_the_sweep_runs_where_load_timing_never_materialized(config_dir, model_d
     is a no-op there); the benchmark does not need its numbers, only its place in the graph,
     so a later run of serving_benchmark alone still measures."""
     write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"])
-    instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("models", [KEY])
-    result = dg.materialize(
-        [*stub_variant(model_dir), dg.AssetSpec("load_timing", partitions_def=models_partitions),
-         serving_benchmark], partition_key=KEY, instance=instance,
-        resources={"engine": fake_engine, "loadgen": LoadGenerator(),
-                   "telemetry": GpuTelemetry(),
-                   "optional_upstream": optional_upstream, "configs": fake_engine.configs,
-                   "outputs": OutputDirs(reports_dir=str(tmp_path / "reports"))},
-        run_config={"ops": {"serving_benchmark": {"config": {
-            "concurrency": [1, 2], "requests_per_point": 4}}}}, raise_on_error=False)
+    result = run_levels(
+        stub_variant(model_dir), [*upstream_specs("load_timing"), serving_benchmark],
+        fake_engine, {"ops": {"serving_benchmark": {"config": {
+            "concurrency": [1, 2], "requests_per_point": 4}}}},
+        loadgen=LoadGenerator(), telemetry=GpuTelemetry(), optional_upstream=optional_upstream,
+        outputs=OutputDirs(reports_dir=str(tmp_path / "reports")))
     assert result.success
     assert result.output_for_node("serving_benchmark").tokens_per_s_per_gpu > 0
     assert metadata(result, "serving_benchmark")["engine_start"].startswith("started for")
@@ -408,13 +398,8 @@ def test_a_handed_off_engine_is_reaped_at_the_end_of_a_run_without_the_benchmark
     starts = tmp_path / "starts.jsonl"
     monkeypatch.setenv("FAKE_ENGINE_STARTS", str(starts))
     write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"])
-    instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("models", [KEY])
-    result = dg.materialize(
-        [*stub_variant(model_dir), load_timing], partition_key=KEY, instance=instance,
-        resources={"engine": fake_engine, "configs": fake_engine.configs},
-        run_config={"ops": {"load_timing": RUN_CONFIG["ops"]["load_timing"]}},
-        raise_on_error=False)
+    result = run_levels(stub_variant(model_dir), [load_timing], fake_engine,
+                        {"ops": {"load_timing": RUN_CONFIG["ops"]["load_timing"]}})
     assert result.success
     seen = _starts(starts)
     assert len(seen) == 4 and [group_members(s["pid"]) for s in seen] == [[], [], [], []]
@@ -443,17 +428,13 @@ def _recorded_sweep(config_dir, model_dir, fake_engine, tmp_path, concurrency: l
     write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat", "rag"],
                engine_args={"max_model_len": 2048})
     record = tmp_path / "prompts.jsonl"
-    instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("models", [KEY])
-    result = dg.materialize(
-        [*stub_variant(model_dir), dg.AssetSpec("load_timing", partitions_def=models_partitions),
-         serving_benchmark], partition_key=KEY, instance=instance,
-        resources={"engine": fake_engine, "loadgen": RecordingLoadGenerator(record_to=str(record)),
-                   "telemetry": GpuTelemetry(), "optional_upstream": optional_upstream,
-                   "configs": fake_engine.configs,
-                   "outputs": OutputDirs(reports_dir=str(tmp_path / "reports"))},
-        run_config={"ops": {"serving_benchmark": {"config": {
-            "concurrency": concurrency, "requests_per_point": 4}}}}, raise_on_error=False)
+    result = run_levels(
+        stub_variant(model_dir), [*upstream_specs("load_timing"), serving_benchmark],
+        fake_engine, {"ops": {"serving_benchmark": {"config": {
+            "concurrency": concurrency, "requests_per_point": 4}}}},
+        loadgen=RecordingLoadGenerator(record_to=str(record)), telemetry=GpuTelemetry(),
+        optional_upstream=optional_upstream,
+        outputs=OutputDirs(reports_dir=str(tmp_path / "reports")))
     assert result.success
     return [json.loads(line) for line in record.read_text().splitlines()]
 
@@ -506,25 +487,23 @@ def _recorded_nvfp4_start(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("hardware", "passed"), [("sm90", True), ("sm103", False)])
+@pytest.mark.parametrize(("hardware", "node_type", "passed"),
+                         [("sm90", "h200", True), ("sm103", "b300", False)])
 def test_the_kernel_check_reads_what_each_start_ran(config_dir, model_dir, tmp_path, monkeypatch,
-                                                    configs, hardware, passed):
+                                                    configs, hardware, node_type, passed):
     """The fake engine prints the recorded H200 NVFP4 start's log; the engine resource says it
-    runs on `hardware`. On Hopper the Marlin start passes as weight-only FP4 and says so; on a
-    B300's sm103 the same start is a fallback and fails, naming the kernel and what was
-    expected. The value stores each start's kernels."""
+    runs on `hardware`, in the cell of the node type that has it. On Hopper the Marlin start
+    passes as weight-only FP4 and says so; on a B300's sm103 the same start is a fallback and
+    fails, naming the kernel and what was expected. The value stores each start's kernels."""
     write_spec(config_dir, KEY, "s3://models/tiny/")
     monkeypatch.setenv("FAKE_ENGINE_LOG_FROM", str(_recorded_nvfp4_start(tmp_path)))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     engine = Engine(bin_dir=str(install_as_vllm(tmp_path / "bin")), hardware=hardware,
-                    node_type="local-gpu", start_timeout_s=30, log_dir=str(tmp_path / "logs"),
+                    node_type=node_type, start_timeout_s=30, log_dir=str(tmp_path / "logs"),
                     configs=configs)
     run_config = {"ops": {"load_timing": {"config": {
         "cold_repeats": 1, "cold_weights_repeats": 0, "warm_repeats": 1}}}}
-    result = dg.materialize(
-        [*stub_variant(model_dir, "nvfp4"), load_timing], partition_key=KEY,
-        instance=_instance_with_partition(), run_config=run_config, raise_on_error=False,
-        resources={"engine": engine, "configs": configs})
+    result = run_levels(stub_variant(model_dir, "nvfp4"), [load_timing], engine, run_config)
     assert result.success
     value = result.output_for_node("load_timing")
     assert [k.kind for k in value.kernels] == ["fully_cold", "warm"]
@@ -540,9 +519,3 @@ def test_the_kernel_check_reads_what_each_start_ran(config_dir, model_dir, tmp_p
         assert check.severity == dg.AssetCheckSeverity.ERROR
         assert "MarlinNvFp4LinearKernel" in check.metadata["seen_instead"].value
         assert "native FP4" in check.metadata["expected"].value
-
-
-def _instance_with_partition() -> dg.DagsterInstance:
-    instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("models", [KEY])
-    return instance

@@ -2,7 +2,8 @@
 config.json and tokenizer fetched from the real SeaweedFS, Model Optimizer's export markers,
 accuracy not applicable, the precision of the node at hand, `load_format: dummy` in its
 configuration, its starts and sweep on the fake engine; publish and manifest refuse; never
-ready. The real vLLM CPU engine on a twin: tests/e2e/test_twin_vllm.py."""
+ready. The model's own stages run keyed by the model, the measured ones in its (model, cpu)
+cell, in the graph's order. The real vLLM CPU engine on a twin: tests/e2e/test_twin_vllm.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import yaml
 
 from assets.checkpoint import COMPLETE, INTACT, checkpoint
 from assets.deploy import kserve_manifest, published_variant, serving_config
-from assets.partitions import models_partitions
+from assets.partitions import cell_key, cells_partitions, models_partitions
 from assets.quantize import (
     QUANTIZED_PRECISIONS,
     SERVING_CHECK,
@@ -51,7 +52,7 @@ from resources.s3 import S3ObjectStore
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import ACCESS_KEY, SECRET_KEY
-from tests.dagster_support import metadata
+from tests.dagster_support import Runs, level_of, metadata, register
 
 # the twin through the graph in one instance, end to end
 pytestmark = pytest.mark.slow
@@ -60,7 +61,10 @@ KEY = "llama-3-1-8b-instruct-twin"
 ASSETS = [checkpoint, quantized, accuracy, served_accuracy, serving_variant, serving_config,
           load_timing, serving_benchmark, published_variant, kserve_manifest, readiness,
           dg.AssetSpec("predictions", partitions_def=models_partitions)]
-UP_TO_BENCHMARK = [*ASSETS[:8], ASSETS[-1]]
+# Up to serving_benchmark, one run per level in the graph's order (a run cannot mix per-model
+# and per-cell stages; serving_variant reads every cell's served_accuracy)
+UP_TO_BENCHMARK = [[checkpoint, quantized, accuracy], [served_accuracy],
+                   [serving_variant, serving_config], [load_timing, serving_benchmark]]
 RUN_CONFIG = {"ops": {
     "load_timing": {"config": {"cold_repeats": 1, "cold_weights_repeats": 1, "warm_repeats": 1}},
     "serving_benchmark": {"config": {"concurrency": [1, 2], "requests_per_point": 4}}}}
@@ -95,17 +99,31 @@ def twin(tmp_path_factory, s3_server):
         "loadgen": LoadGenerator(), "telemetry": GpuTelemetry(),
         "manifest_validator": ManifestValidator(), "optional_upstream": optional_upstream}
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("models", [KEY])
-        result = dg.materialize(UP_TO_BENCHMARK, partition_key=KEY, instance=instance,
-                                resources=resources, run_config=RUN_CONFIG,
-                                raise_on_error=False)
-        yield instance, resources, result
+        results = []
+        for selection in UP_TO_BENCHMARK:
+            results.append(materialize(instance, resources, selection, run_config=RUN_CONFIG))
+            if not results[-1].success:
+                break
+        yield instance, resources, Runs(results)
 
 
-def run(twin, selection: list, **resources) -> dg.ExecuteInJobResult:
+def materialize(instance: dg.DagsterInstance, resources: dict, selection: list,
+                node_type: str = "cpu", run_config: dict | None = None):
+    """`selection` (all of one level) keyed by the model, or by its (model, `node_type`) cell;
+    the run config of the selected stages only."""
+    names = {a.key.to_user_string() for a in selection}
+    [level] = {level_of(n) for n in names}
+    register(instance, KEY, node_type)
+    ops = {k: v for k, v in (run_config or {}).get("ops", {}).items() if k in names}
+    return dg.materialize(
+        ASSETS, selection=selection, instance=instance, resources=resources,
+        partition_key=str(cell_key(KEY, node_type)) if level == cells_partitions else KEY,
+        run_config={"ops": ops} if ops else None, raise_on_error=False)
+
+
+def run(twin, selection: list, node_type: str = "cpu", **resources):
     instance, base, _ = twin
-    return dg.materialize(ASSETS, selection=selection, partition_key=KEY, instance=instance,
-                          resources={**base, **resources}, raise_on_error=False)
+    return materialize(instance, {**base, **resources}, selection, node_type)
 
 
 def checks(result) -> dict[str, dg.AssetCheckEvaluation]:
@@ -218,13 +236,15 @@ def test_publish_and_manifest_refuse_and_the_twin_is_never_ready(twin):
     assert not published.success
     assert f"{NOT_READY}: random weights are nothing to publish" in error(
         published, "published_variant")
-    manifest = run(twin, [kserve_manifest])
-    assert not manifest.success
-    why = error(manifest, "kserve_manifest")
-    assert f"{NOT_READY}: no deployable manifest is rendered" in why
-    assert not list(Path(twin[1]["outputs"].manifests, KEY).glob("*.yaml"))
-    verdict = run(twin, [readiness])
-    assert verdict.success
-    value = verdict.output_for_node("readiness")
-    assert not value.ready and value.summary() == f"not ready: {NOT_READY}"
-    assert metadata(verdict, "readiness")["ready"] is False
+    # every cell: the one measured here, and the node types the plan serves it on
+    for node_type in ("cpu", "h200", "b300"):
+        manifest = run(twin, [kserve_manifest], node_type)
+        assert not manifest.success, node_type
+        why = error(manifest, "kserve_manifest")
+        assert f"{NOT_READY}: no deployable manifest is rendered" in why, node_type
+        assert not list(Path(twin[1]["outputs"].manifests, KEY).rglob("*.yaml"))
+        verdict = run(twin, [readiness], node_type)
+        assert verdict.success, node_type
+        value = verdict.output_for_node("readiness")
+        assert not value.ready and value.summary() == f"not ready: {NOT_READY}", node_type
+        assert metadata(verdict, "readiness")["ready"] is False

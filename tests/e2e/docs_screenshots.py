@@ -1,7 +1,7 @@
-"""The screenshots docs/onboard-your-model.md and docs/operations.md show are the ones these
-end-to-end tests take: with ONBOARDING_DOCS_SCREENSHOTS=1 each test also copies its pictures
-into docs/ (CI runs the same tests and keeps them under test-artifacts/ only, so the suite never
-edits the checkout).
+"""The screenshots docs/onboard-your-model.md, docs/report.md and docs/operations.md show are
+the ones these end-to-end tests take: with ONBOARDING_DOCS_SCREENSHOTS=1 each test also copies
+its pictures into docs/ (CI runs the same tests and keeps them under test-artifacts/ only, so
+the suite never edits the checkout).
 
     ONBOARDING_DOCS_SCREENSHOTS=1 .venv/bin/python -m pytest -n 0 \\
         tests/e2e/test_report_browser.py tests/e2e/test_ui.py \\
@@ -24,6 +24,9 @@ SHOTS = {
     "screenshot-fleet.png": "the fleet page",
     "screenshot-ui-asset-graph.png": "the UI: a model's asset graph",
     "screenshot-ui-checkpoint.png": "the UI: a checkpoint partition with its checks",
+    # docs/report.md too
+    "screenshot-ui-readiness-grid.png": "the UI: readiness's partitions, models x node types "
+                                        "as a grid (cells materialized, failed, never run)",
     # docs/operations.md
     "screenshot-prometheus-alert.png": "Prometheus's Alerts page: the queue alert firing on the "
                                        "CPU engine, its threshold's source in the annotations",

@@ -29,6 +29,7 @@ from resources.evaluator import LmEvalEvaluator
 from resources.quantizer import ModelOptQuantizer
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
+from tests.dagster_support import upstream_specs
 
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 KEY = "smollm2-135m"
@@ -68,7 +69,7 @@ def test_smollm2_gets_variants_an_accuracy_table_and_a_serving_variant(config_di
     instance.add_dynamic_partitions("models", [KEY])
     result = dg.materialize(
         [_checkpoint, quantized, accuracy, serving_variant,
-         dg.AssetSpec("served_accuracy", partitions_def=models_partitions)], partition_key=KEY,
+         *upstream_specs("served_accuracy")], partition_key=KEY,
         instance=instance, raise_on_error=False,
         resources={"configs": configs, "optional_upstream": optional_upstream,
                    "quantizer": ModelOptQuantizer(device="cpu", configs=configs),

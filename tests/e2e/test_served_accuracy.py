@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from assets.partitions import models_partitions
+from assets.partitions import cell_key, models_partitions
 from assets.quantize import accuracy, serving_variant
 from assets.served_accuracy import agreement_check_name, served_accuracy, served_gate_check_name
 from onboarding.common.paths import PROJECT_ROOT
@@ -26,6 +26,7 @@ from resources.evaluator import LmEvalEvaluator
 from resources.quantizer import ModelOptQuantizer
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
+from tests.dagster_support import Runs, metadata, register
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -66,15 +67,23 @@ def test_smollm2_scored_in_process_and_through_the_cpu_engine(config_dir, config
     gates["accuracy"].update({"min_items": ITEMS, "inconclusive": {"max_items": ITEMS}})
     (config_dir / "gates.yaml").write_text(yaml.safe_dump(gates))
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("models", [KEY])
-    result = dg.materialize(
-        [*stand_ins(ckpt), accuracy, served_accuracy, serving_variant], partition_key=KEY,
-        instance=instance, raise_on_error=False,
-        resources={"configs": configs, "optional_upstream": optional_upstream,
-                   "quantizer": ModelOptQuantizer(device="cpu", configs=configs),
-                   "evaluator": LmEvalEvaluator(limit=ITEMS, batch_size=32, configs=configs),
-                   "engine": Engine(configs=configs, log_dir=str(tmp_path / "logs"))})
-    assert result.success
+    register(instance, KEY, "cpu")
+    assets = [*stand_ins(ckpt), accuracy, served_accuracy, serving_variant]
+    resources = {"configs": configs, "optional_upstream": optional_upstream,
+                 "quantizer": ModelOptQuantizer(device="cpu", configs=configs),
+                 "evaluator": LmEvalEvaluator(limit=ITEMS, batch_size=32, configs=configs),
+                 "engine": Engine(configs=configs, log_dir=str(tmp_path / "logs"))}
+    # in process (the model's), served on the embedded engine (its cpu cell's), then the
+    # variant chosen from both (the model's again, reading the cell's served gates)
+    runs = []
+    for key, selection in ((KEY, ["checkpoint", "quantized", "accuracy"]),
+                           (str(cell_key(KEY, "cpu")), ["served_accuracy"]),
+                           (KEY, ["serving_variant"])):
+        runs.append(dg.materialize(assets, partition_key=key, selection=selection,
+                                   instance=instance, raise_on_error=False,
+                                   resources=resources))
+        assert runs[-1].success, selection
+    result = Runs(runs)
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
     in_process = result.output_for_node("accuracy").record("bf16")
     report = result.output_for_node("served_accuracy")
@@ -100,4 +109,5 @@ def test_smollm2_scored_in_process_and_through_the_cpu_engine(config_dir, config
     assert "not checked" in checks[served_gate_check_name("fp8")].metadata["status"].value
     ref = result.output_for_node("serving_variant")
     assert ref.precision == "bf16"
+    assert metadata(result, "serving_variant")["served_on"] == ["cpu"]  # read the cell's report
     assert report.eval_s["bf16"] > 0

@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from assets.partitions import models_partitions
+from assets.partitions import cell_key
 from assets.serving import SLO_CHECK, load_timing, serving_benchmark
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.processes import free_port
@@ -50,6 +50,7 @@ from resources.loadgen import LoadGenerator, completion_bodies
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
+from tests.dagster_support import register, store_upstream, upstream_specs
 from tests.e2e.docs_screenshots import keep_for_docs
 from tests.e2e.prometheus_server import PROMETHEUS, alerts_page, prometheus_server
 
@@ -58,6 +59,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine]
 SMOL = PROJECT_ROOT / ".cache" / "smollm2-135m-instruct"
 VLLM = PROJECT_ROOT / ".venv-engine" / "bin" / "vllm"
 KEY = "smollm2-135m"
+CELL = str(cell_key(KEY, "cpu"))  # the embedded engine's cell
+# what the serving stages read of the model's own stages (stored under the model beforehand)
+UPSTREAM = upstream_specs("checkpoint", "serving_variant", "quantized", "serving_config")
 
 if not VLLM.is_file() or not (SMOL / "model.safetensors").is_file():
     pytest.skip(f"needs the engine venv ({VLLM}, scripts/setup.sh) and the model ({SMOL}, "
@@ -80,15 +84,19 @@ def smol(model_dir: Path, precision: str = "bf16") -> VariantRef:
                       content_hash="e2e")
 
 
-@dg.asset(name="quantized", partitions_def=models_partitions)
-def stub_quantized() -> QuantizedSet:
-    return QuantizedSet(KEY, "", 1, ())  # nothing quantized: the bf16 checkpoint is served
-
-
-@dg.asset(name="serving_config", partitions_def=models_partitions)
-def stub_serving_config() -> ServingPlan:
-    # No node type of nodes.yaml is "cpu": the engine at hand runs its own configuration.
-    return ServingPlan(plan=None, configs={})
+def store_model_stages(instance: dg.DagsterInstance, model_dir: Path) -> None:
+    """The model's own stages the serving stages read, stored under the model."""
+    v = smol(model_dir)
+    store_upstream(
+        instance, KEY,
+        checkpoint=CheckpointRef(model=KEY, source="s3://models/smollm2-135m-instruct/",
+                                 revision="e2e", path=v.path, content_hash=v.content_hash,
+                                 total_bytes=v.total_bytes),
+        serving_variant=v,
+        quantized=QuantizedSet(KEY, "", 1, ()),  # nothing quantized: bf16 is served
+        # No node type of nodes.yaml is "cpu": the engine at hand runs its own configuration.
+        serving_config=ServingPlan(plan=None, configs={}))
+    register(instance, KEY, "cpu")
 
 
 def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, outputs,
@@ -100,23 +108,12 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, o
     write_spec(config_dir, KEY, "s3://models/smollm2-135m-instruct/", scenarios=["chat"],
                engine_args={"max_model_len": 1024, "max_num_seqs": 16})
 
-    @dg.asset(name="checkpoint", partitions_def=models_partitions)
-    def stub_checkpoint() -> CheckpointRef:
-        v = smol(model_dir)
-        return CheckpointRef(model=KEY, source="s3://models/smollm2-135m-instruct/", revision="e2e",
-                             path=v.path, content_hash=v.content_hash, total_bytes=v.total_bytes)
-
-    @dg.asset(name="serving_variant", partitions_def=models_partitions)
-    def stub_variant() -> VariantRef:
-        return smol(model_dir)
-
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("models", [KEY])
+    store_model_stages(instance, model_dir)
     engine = Engine(hardware="cpu", log_dir=str(tmp_path / "logs"), start_timeout_s=300,
                     configs=configs)
     result = dg.materialize(
-        [stub_checkpoint, stub_variant, stub_quantized, stub_serving_config, load_timing,
-         serving_benchmark], partition_key=KEY,
+        [*UPSTREAM, load_timing, serving_benchmark], partition_key=CELL,
         instance=instance, resources={"engine": engine, "loadgen": LoadGenerator(),
                                       "telemetry": GpuTelemetry(),
                                       "optional_upstream": optional_upstream, "configs": configs,
@@ -143,7 +140,7 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, o
     # each point measured prefills, not vLLM's prefix cache: chat shares no prefix, and no point
     # re-sends an earlier one's prompts (the concurrency-4 point re-sent them all before issue
     # 28's fix); the engine's own counters say so
-    rows = pd.read_csv(outputs.reports / KEY / "serving_benchmark.csv")
+    rows = pd.read_csv(outputs.reports / KEY / "cpu" / "serving_benchmark.csv")
     assert list(rows["load"]) == [1, 4]
     assert (rows["prefix_cache_hit_fraction"] < 0.1).all(), rows["prefix_cache_hit_fraction"]
     # two starts (fully cold, warm; the cold-weights kind is the fake engine's to test, in
@@ -199,20 +196,6 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
     write_spec(config_dir, KEY, "s3://models/smollm2-135m-instruct/", scenarios=["chat"],
                engine_args={"max_model_len": 1024, "max_num_seqs": 16})
 
-    @dg.asset(name="checkpoint", partitions_def=models_partitions)
-    def stub_checkpoint() -> CheckpointRef:
-        v = smol(model_dir)
-        return CheckpointRef(model=KEY, source="s3://models/smollm2-135m-instruct/", revision="e2e",
-                             path=v.path, content_hash=v.content_hash, total_bytes=v.total_bytes)
-
-    @dg.asset(name="serving_variant", partitions_def=models_partitions)
-    def stub_variant() -> VariantRef:
-        return smol(model_dir)
-
-    @dg.asset(name="load_timing", partitions_def=models_partitions)
-    def stub_load_timing() -> LoadTimingResult:
-        return LoadTimingResult(model=KEY, precision="bf16", servable=True, reason="")
-
     port = free_port()
     killed: dict[str, int] = {}
     stop = threading.Event()
@@ -237,14 +220,15 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
     killer = threading.Thread(target=kill_during_point_2, daemon=True)
     killer.start()
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("models", [KEY])
+    store_model_stages(instance, model_dir)
+    store_upstream(instance, CELL, load_timing=LoadTimingResult(
+        model=KEY, precision="bf16", servable=True, reason=""))
     engine = Engine(hardware="cpu", log_dir=str(tmp_path / "logs"), start_timeout_s=300,
                     port=port, configs=configs)
     try:
         result = dg.materialize(
-            [stub_checkpoint, stub_variant, stub_quantized, stub_serving_config, stub_load_timing,
-             serving_benchmark],
-            partition_key=KEY, instance=instance,
+            [*UPSTREAM, *upstream_specs("load_timing"), serving_benchmark],
+            partition_key=CELL, instance=instance,
             resources={"engine": engine, "loadgen": LoadGenerator(),
                        "telemetry": GpuTelemetry(),
                        "optional_upstream": optional_upstream, "configs": configs, "outputs": outputs},
@@ -263,7 +247,7 @@ def test_the_real_engine_killed_during_a_point_fails_the_step_and_keeps_the_poin
     dying = re.search(r"was killed by SIGKILL \(exit code -9\) during point chat @ (\d+);", message)
     assert dying, said
     assert "last lines:" in message, said
-    [csv] = list((outputs.reports / KEY).glob("serving_benchmark.partial-*.csv"))
+    [csv] = list((outputs.reports / KEY / "cpu").glob("serving_benchmark.partial-*.csv"))
     rows = pd.read_csv(csv)
     assert int(dying.group(1)) in (4, 8) and rows["load"].iloc[-1] == int(dying.group(1)), said
     assert list(rows["load"]) == [1, 4, 8][:len(rows)] and len(rows) >= 2

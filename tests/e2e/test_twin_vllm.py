@@ -18,7 +18,7 @@ import yaml
 
 from assets.checkpoint import checkpoint
 from assets.deploy import serving_config
-from assets.partitions import models_partitions
+from assets.partitions import cell_key
 from assets.quantize import accuracy, quantized, serving_variant
 from assets.served_accuracy import served_accuracy
 from assets.serving import load_timing, serving_benchmark
@@ -35,6 +35,7 @@ from resources.quantizer import ModelOptQuantizer
 from resources.telemetry import GpuTelemetry
 from resources.upstream import optional_upstream
 from tests.conftest import write_spec
+from tests.dagster_support import Runs, metadata, register, upstream_specs
 from tests.engine_python import engine_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -65,18 +66,25 @@ def test_the_cpu_engine_serves_a_twin_on_random_weights(config_dir, configs, out
     engine = Engine(hardware="cpu", log_dir=str(tmp_path / "logs"), start_timeout_s=300,
                     configs=configs)
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("models", [KEY])
-    result = dg.materialize(
-        [checkpoint, quantized, accuracy, served_accuracy, serving_variant, serving_config,
-         load_timing, serving_benchmark,
-         dg.AssetSpec("predictions", partitions_def=models_partitions)],
-        partition_key=KEY, instance=instance, raise_on_error=False,
-        resources={"configs": configs, "outputs": outputs, "s3": s3_store,
-                   "hf": HuggingFaceStore(), "optional_upstream": optional_upstream,
-                   "nvme_cache": NvmeCache(root=str(tmp_path / "nvme"), reserve_gb=0),
-                   "quantizer": ModelOptQuantizer(device="cpu", configs=configs),
-                   "evaluator": LmEvalEvaluator(limit=8, configs=configs), "engine": engine,
-                   "loadgen": LoadGenerator(), "telemetry": GpuTelemetry()},
+    register(instance, KEY, "cpu")
+    assets = [checkpoint, quantized, accuracy, served_accuracy, serving_variant, serving_config,
+              load_timing, serving_benchmark, *upstream_specs("predictions")]
+    resources = {"configs": configs, "outputs": outputs, "s3": s3_store,
+                 "hf": HuggingFaceStore(), "optional_upstream": optional_upstream,
+                 "nvme_cache": NvmeCache(root=str(tmp_path / "nvme"), reserve_gb=0),
+                 "quantizer": ModelOptQuantizer(device="cpu", configs=configs),
+                 "evaluator": LmEvalEvaluator(limit=8, configs=configs), "engine": engine,
+                 "loadgen": LoadGenerator(), "telemetry": GpuTelemetry()}
+    # the model's own stages, then its cpu cell's on the engine at hand
+    model_run = dg.materialize(
+        assets, partition_key=KEY, instance=instance, raise_on_error=False,
+        selection=["checkpoint", "quantized", "accuracy", "serving_variant", "serving_config"],
+        resources=resources)
+    assert model_run.success, [e.message for e in model_run.all_events if e.is_failure]
+    cell_run = dg.materialize(
+        assets, partition_key=str(cell_key(KEY, "cpu")), instance=instance,
+        raise_on_error=False,
+        selection=["served_accuracy", "load_timing", "serving_benchmark"], resources=resources,
         run_config={"ops": {
             # one start (a twin reads no weights: its warm and cold-weights starts differ from
             # the cold one only in the page cache it does not use; the fake engine's tests
@@ -85,12 +93,12 @@ def test_the_cpu_engine_serves_a_twin_on_random_weights(config_dir, configs, out
                                        "warm_repeats": 0}},
             "serving_benchmark": {"config": {"concurrency": [1, 4],
                                              "requests_per_point": 2}}}})
+    result = Runs([model_run, cell_run])
     assert result.success, [e.message for e in result.all_events if e.is_failure]
     assert not [f for f in result.output_for_node("checkpoint").files if "safetensors" in f]
     assert result.output_for_node("quantized").get("fp8").usable  # the marker, unserved here
     assert result.output_for_node("serving_variant").precision == "bf16"
-    md = {k: getattr(v, "value", v) for k, v in next(
-        iter(result.asset_materializations_for_node("load_timing"))).metadata.items()}
+    md = metadata(result, "load_timing")
     assert md["weight_load_phase"] == NOT_A_WEIGHT_READ and md["weights_load_gbps"] is None
     assert md["cold_start_p95_s"] > 0
     assert "--load-format=dummy" in md["engine_argv"]

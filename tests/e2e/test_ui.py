@@ -1,6 +1,8 @@
 """End to end through the UI's own API: `dagster dev` on 127.0.0.1 with a temporary DAGSTER_HOME,
 the real SeaweedFS, a launch over GraphQL (what the launchpad sends), the new-checkpoint sensor
-firing for a checkpoint uploaded meanwhile, and a headless Chromium screenshot of the asset graph.
+firing for a checkpoint uploaded meanwhile, the model's cells following its planning run
+(`cells_after_model`: one run per node type), and headless Chromium screenshots of the asset
+graph and of the readiness grid (models x node types, the partitions of `readiness`).
 
 Knobs (environment):
 - ONBOARDING_E2E_ASSETS: comma-separated asset selection of the launched run (default
@@ -146,7 +148,17 @@ mutation DryRun($selector: ScheduleSelector!, $timestamp: Float) {
   }
 }"""
 RUNS = """query Runs($filter: RunsFilter) { runsOrError(filter: $filter) {
-  ... on Runs { results { runId status tags { key value } } } } }"""
+  ... on Runs { results { runId jobName status tags { key value } } } } }"""
+# what the partitions view of a multi-partitioned asset draws its grid from
+PARTITION_STATUSES = """query Statuses($key: AssetKeyInput!) { assetNodeOrError(assetKey: $key) {
+  ... on AssetNode { assetPartitionStatuses { __typename
+    ... on MultiPartitionStatuses { primaryDimensionName ranges {
+      primaryDimStartKey primaryDimEndKey secondaryDim { __typename
+        ... on DefaultPartitionStatuses { materializedPartitions failedPartitions
+          unmaterializedPartitions materializingPartitions } } } } } } } }"""
+MULTI_PARTITIONS = """query Keys($key: AssetKeyInput!) { assetNodeOrError(assetKey: $key) {
+  ... on AssetNode { partitionKeysByDimension { name partitionKeys } } } }"""
+CELL_TRIGGER_TAG = "onboarding/after_run"  # pipelines/cells.py: the run a cell's run followed
 
 
 def _wait(predicate, what: str, dev: DagsterDev, timeout_s: float = TIMEOUT_S):
@@ -293,7 +305,83 @@ def test_launch_from_the_ui_api_and_sensor_picks_up_an_upload(deployment, s3_sto
     if not full:
         assert "current with stack" in result["skipReason"]
 
+    # with the default knobs nothing but this model's planning run made a serving variant or
+    # started a cell, so what each cell shows is known exactly
+    _cells_follow_the_planning_run(dev, home, exact=selection == "checkpoint" and not full)
     _screenshot(dev)
+
+
+def _launch(dev: DagsterDev, job: str, tags: dict[str, str], assets: list[str] | None) -> str:
+    """A run launched as the launchpad launches it; its id."""
+    params = {
+        "selector": {"repositoryLocationName": "onboarding", "repositoryName": "__repository__",
+                     "jobName": job,
+                     **({} if assets is None else {"assetSelection": [
+                         {"path": [a]} for a in assets]})},
+        "runConfigData": {},
+        "mode": "default",
+        "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]},
+    }
+    launched = dev.gql(LAUNCH, {"params": params})["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    return launched["run"]["runId"]
+
+
+def _cells_follow_the_planning_run(dev: DagsterDev, home: Path, exact: bool) -> None:
+    """The model's own stages up to its plan (checkpoint, then serving_config, planned without
+    a quantized variant); when that run succeeds, `cells_after_model` requests one run per cell
+    of the fleet: onboard_cell where the node type can be measured here (the embedded `cpu`),
+    plan_cell on the GPU node types. The cpu cell's run fails (its engine steps need the
+    serving variant, never made: a real failed cell); the planned cells render and judge.
+    Not `exact` (a knob ran more of the job): the planned cells alone are held to it."""
+    planned = _launch(dev, "onboard_model", {"dagster/partition": MODEL},
+                      ["checkpoint", "serving_config"])
+    assert _wait(lambda: _finished(dev, planned), f"run {planned}", dev) == "SUCCESS", dev.tail()
+
+    def cell_runs():
+        runs = dev.gql(RUNS, {"filter": {"tags": [
+            {"key": CELL_TRIGGER_TAG, "value": planned}]}})["runsOrError"]["results"]
+        done = [r for r in runs if r["status"] in ("SUCCESS", "FAILURE", "CANCELED")]
+        return runs if len(runs) == 3 and len(done) == 3 else None
+
+    runs = _wait(cell_runs, "the three cell runs cells_after_model requests", dev)
+    by_cell = {next(t["value"] for t in r["tags"] if t["key"] == "dagster/partition"):
+               (r["jobName"], r["status"]) for r in runs}
+    expected = {f"{MODEL}|cpu": ("onboard_cell", "FAILURE"),
+                f"{MODEL}|b300": ("plan_cell", "SUCCESS"),
+                f"{MODEL}|h200": ("plan_cell", "SUCCESS")}
+    if not exact:
+        by_cell.pop(f"{MODEL}|cpu")
+        expected.pop(f"{MODEL}|cpu")
+    assert by_cell == expected, (by_cell, dev.tail())
+    if not exact:
+        return
+
+    # what the grid shows, from the API it is drawn from: models x node types, two cells
+    # materialized, the cpu cell failed, the other model's cells never run
+    key = {"key": {"path": ["readiness"]}}
+    dims = {d["name"]: set(d["partitionKeys"]) for d in dev.gql(MULTI_PARTITIONS, key)[
+        "assetNodeOrError"]["partitionKeysByDimension"]}
+    assert dims == {"model": {MODEL, "dropped-model"}, "node_type": {"b300", "h200", "cpu"}}
+    statuses = dev.gql(PARTITION_STATUSES, key)["assetNodeOrError"]["assetPartitionStatuses"]
+    assert statuses["__typename"] == "MultiPartitionStatuses", statuses
+    assert statuses["primaryDimensionName"] == "model"
+    # a range: consecutive models whose node types have the same statuses
+    shown = {(r["primaryDimStartKey"], r["primaryDimEndKey"]): {
+        k: set(r["secondaryDim"][f"{k}Partitions"]) for k in ("materialized", "failed",
+                                                              "materializing")}
+        for r in statuses["ranges"]}
+    none = {"materialized": set(), "failed": set(), "materializing": set()}
+    assert shown.pop((MODEL, MODEL)) == {"materialized": {"b300", "h200"}, "failed": {"cpu"},
+                                         "materializing": set()}, statuses
+    assert all(v == none for v in shown.values()), statuses  # dropped-model: never run
+    from dagster import AssetKey, DagsterInstance
+
+    with DagsterInstance.from_ref(_instance_ref(home)) as inst:
+        assert inst.get_materialized_partitions(AssetKey("readiness")) == {
+            f"{MODEL}|b300", f"{MODEL}|h200"}
+        assert inst.get_materialized_partitions(AssetKey("readiness_report")) == {
+            f"{MODEL}|b300", f"{MODEL}|h200"}
 
 
 def _screenshot(dev: DagsterDev) -> None:
@@ -310,6 +398,10 @@ def _screenshot(dev: DagsterDev) -> None:
         "asset-graph.png": (graph, "serving_stack"),
         f"checkpoint-{MODEL}.png": (f"/assets/checkpoint?view=partitions&partition={MODEL}",
                                     MODEL),
+        # the cells as the partitions view draws a two-dimensional asset: the models, the
+        # node types of the one selected (a status dot each), and its h200 cell's verdict
+        "readiness-grid.png": (f"/assets/readiness?view=partitions&partition={MODEL}%7Ch200",
+                               "next_step"),
     }
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -329,6 +421,7 @@ def _screenshot(dev: DagsterDev) -> None:
         assert (out / name).stat().st_size > 10_000, name
     keep_for_docs(out / "asset-graph.png", "screenshot-ui-asset-graph.png")
     keep_for_docs(out / f"checkpoint-{MODEL}.png", "screenshot-ui-checkpoint.png")
+    keep_for_docs(out / "readiness-grid.png", "screenshot-ui-readiness-grid.png")
 
 
 def _dismiss_welcome(page, error_type) -> None:

@@ -96,3 +96,27 @@ def test_the_cpu_profile_is_judged_but_never_ready():
               cold_start_budgets_s=cold_start_budgets(section, spec, ["cpu"]))
     assert not r.ready and r.nodes[0].reasons == (
         "SLOs judged as a warning only (a stand-in profile), not as a gate",)
+
+
+def test_a_cells_failed_served_gate_for_the_serving_precision_keeps_it_not_ready():
+    from onboarding.quantize.variants import GateOutcome, ServedAccuracyReport
+
+    failed = ServedAccuracyReport(model="m", records=(), gates=(GateOutcome(
+        precision="fp8", passed=False, reason="gsm8k drop beyond 0.02", source="served"),))
+    r = judge("m", ["h200"], VARIANT, BENCH, GOOD, served=failed)
+    assert not r.ready
+    assert r.nodes[0].reasons == (
+        "served accuracy gate of fp8 failed on h200: gsm8k drop beyond 0.02",)
+    passed = ServedAccuracyReport(model="m", records=(), gates=(GateOutcome(
+        precision="fp8", passed=True, reason="", source="served"),))
+    assert judge("m", ["h200"], VARIANT, BENCH, GOOD, served=passed).ready
+    # a gate of another precision says nothing of the one served
+    other = ServedAccuracyReport(model="m", records=(), gates=(GateOutcome(
+        precision="nvfp4", passed=False, reason="x", source="served"),))
+    assert judge("m", ["h200"], VARIANT, BENCH, GOOD, served=other).ready
+
+
+def test_a_cell_without_a_manifest_says_why_there_is_none():
+    facts = ManifestFacts(True, {}, {}, {"cpu": "cpu is not a deployment target"})
+    r = judge("m", ["cpu"], VARIANT, None, facts)
+    assert r.nodes[0].reasons == ("no manifest: cpu is not a deployment target",)

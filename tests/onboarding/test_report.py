@@ -36,6 +36,7 @@ from onboarding.reports.pages import (
     model_page,
     node_numbers,
     read_sweep_csv,
+    readiness_grid,
     to_html,
     to_markdown,
     when,
@@ -221,24 +222,38 @@ def test_since_is_carried_while_the_state_holds():
 def test_fleet_rows_cover_every_model_and_node_type():
     ready_report = carry_since(None, ready_model().values["readiness"], 100.0)
     no_variant = carry_since(None, judge("b", list(TARGETS), None, None, None), 50.0)
+    def cells(report, model):  # one cell per node type, each holding its own verdict
+        return ({nt: report for nt in TARGETS},
+                {nt: f"{model}/{nt}/readiness.html" for nt in TARGETS})
+
     rows = fleet_rows([
-        FleetEntry("a", False, ready_report, "a/readiness.html"),
-        FleetEntry("b", False, no_variant, "b/readiness.html"),
-        FleetEntry("c", True, None), FleetEntry("d", False, None)], TARGETS)
+        FleetEntry("a", False, *cells(ready_report, "a")),
+        FleetEntry("b", False, *cells(no_variant, "b")),
+        FleetEntry("c", True), FleetEntry("d", False),
+        FleetEntry("e", False, {"h200": ready_report}, {"h200": "e/h200/readiness.html"})],
+        TARGETS)
     by = {(r.model, r.node_type): r for r in rows}
-    assert len(rows) == 8
+    assert len(rows) == 10
     assert by[("a", "h200")].ready and by[("a", "h200")].since == 100.0
+    assert by[("a", "h200")].href == "a/h200/readiness.html"
+    # one cell measured and judged: the other node type's cell is never judged, whatever
+    # the first says
+    assert by[("e", "h200")].ready
+    assert by[("e", "b300")].why == "never judged: no readiness_report of this cell yet"
     assert by[("b", "h200")].why.startswith("no precision passed its accuracy gate")
     assert by[("b", "b300")].since == 50.0
     assert by[("c", "b300")].why.startswith("never judged: a plan-only catalog entry")
-    assert by[("d", "b300")].why == "never judged: no readiness_report yet"
+    assert by[("d", "b300")].why == "never judged: no readiness_report of this cell yet"
     fleet = FleetReport(rows, "", (NodeAcceptanceRow("n1", "h200", True, (), 10.0,
                                                      ({"phase": 1, "verdict": "go"},)),))
     page = fleet_page(fleet, TARGETS)
     text, md = to_html(page), to_markdown(page)
-    assert fleet.ready_models() == ["a"]
-    assert "1 of 4 catalogued models ready" in md
-    assert '<a href="a/readiness.html">a</a>' in text and "[a](a/readiness.html)" in md
+    assert fleet.ready_models() == ["a", "e"]
+    assert "2 of 5 catalogued models ready" in md
+    grid = {r["model"]: r for r in readiness_grid(fleet, TARGETS)}
+    assert grid["e"] == {"model": "e", "h200": "ready", "b300": "never judged"}
+    assert grid["c"]["h200"] == "plan only" and grid["b"]["h200"] == "not ready"
+    assert '<a href="a/h200/readiness.html">a</a>' in text and "[a](a/h200/readiness.html)" in md
     assert "| n1 | h200 | yes | 1: go |" in md and when(10.0) in md
 
 
@@ -334,6 +349,6 @@ def test_colours_mean_good_and_bad_not_yes_and_no():
     text = to_html(page)
     assert ('<td class="yes">no</td><td>yes</td><td class="no">no</td>'
             '<td class="yes">yes</td>') in text
-    rows = fleet_rows([FleetEntry("qwen3-32b", True, None)], ["h200"])
+    rows = fleet_rows([FleetEntry("qwen3-32b", True)], ["h200"])
     fleet = to_html(fleet_page(FleetReport(rows), ["h200"]))
     assert "<td>plan only</td>" in fleet and '<td class="no">' not in fleet

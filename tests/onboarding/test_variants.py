@@ -13,6 +13,7 @@ from onboarding.quantize.variants import (
     QuantizedSet,
     QuantizedVariant,
     ServedAccuracyReport,
+    choose_across,
     choose_precision,
     deciding_gate,
     pack_sequences,
@@ -65,6 +66,25 @@ def test_the_served_gate_decides_where_there_is_one_and_says_so():
     assert skipped == {"nvfp4": "accuracy gate failed (served): nvfp4 served reason"}
     gate, why = deciding_gate("fp8", ok("fp8"), in_process, served(fp8=False))
     assert gate.source == "served" and not gate.passed and why.startswith("served")
+
+
+def test_across_node_types_the_strictest_served_gate_decides():
+    """A variant whose served gate fails on one node type's kernels is served on none: the
+    choice is the one furthest down the ladder, and the reason names the node type."""
+    q, in_process = qset(ok("nvfp4"), ok("fp8")), report(nvfp4=True, fp8=True)
+    ladder = ["nvfp4", "fp8", "bf16"]
+    chosen, skipped = choose_across(ladder, q, in_process,
+                                    {"b300": served(nvfp4=True, fp8=True),
+                                     "h200": served(nvfp4=False, fp8=True)})
+    assert chosen == "fp8"
+    assert skipped == {"nvfp4": "h200: accuracy gate failed (served): nvfp4 served reason"}
+    assert choose_across(ladder, q, in_process, {"b300": served(nvfp4=True, fp8=True)}) == \
+        ("nvfp4", {})
+    # nothing served anywhere: the in-process gate, as before
+    assert choose_across(ladder, q, in_process, {}) == choose_precision(ladder, q, in_process)
+    chosen, skipped = choose_across(["nvfp4", "fp8"], q, in_process,
+                                    {"h200": served(nvfp4=False, fp8=False)})
+    assert chosen is None and set(skipped) == {"nvfp4", "fp8"}
 
 
 def test_the_in_process_gate_decides_when_nothing_was_served_and_says_why():

@@ -14,10 +14,11 @@ import pytest
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.test_utils import instance_for_test
 
+from assets.partitions import cell_key
 from assets.step_tags import CACHE_ASSETS, GPU_BOUND_ASSETS, cache_step_tags, gpu_step_tags
 from onboarding.common.paths import DEFAULT_CONFIG_DIR, PROJECT_ROOT
 from onboarding.runs.cluster import load_cluster_config, load_node_type
-from pipelines.executors import K8S_CONFIG_TAG, step_placements, step_run_config
+from pipelines.executors import CELL_STEPS, K8S_CONFIG_TAG, step_placements, step_run_config
 from tests.pipelines.k8s_render import KUBECONFIG, k8s_run_launcher_overrides, render_step_job
 from tests.pipelines.stand_in_graph import EDGES
 
@@ -59,9 +60,11 @@ def _container(rendered):
     return container
 
 
-def _validate(rendered):
+def _validate(rendered, overridden_env: tuple[str, ...] = ()):
     """Strict schema validation, plus the uniqueness the API server enforces beyond the schema:
-    the layers dagster-k8s merges must never declare a volume or a mount path twice."""
+    the layers dagster-k8s merges must never declare a volume or a mount path twice, nor an
+    env var, except `overridden_env`: set by the code location and again, later in the list
+    (which the kubelet applies), by the step's placement."""
     kubernetes_validate.validate(rendered["job"], K8S_VERSION, strict=True)
     pod = _pod(rendered)
     volumes = [v["name"] for v in pod.get("volumes") or []]
@@ -70,7 +73,7 @@ def _validate(rendered):
         paths = [m["mountPath"] for m in container.get("volumeMounts") or []]
         assert len(paths) == len(set(paths)), f"duplicate mount paths: {paths}"
         assert {m["name"] for m in container.get("volumeMounts") or []} <= set(volumes)
-        env = [e["name"] for e in container.get("env") or []]
+        env = [e["name"] for e in container.get("env") or [] if e["name"] not in overridden_env]
         assert len(env) == len(set(env)), f"duplicate env: {env}"
 
 
@@ -228,26 +231,83 @@ def onboard_model():
     return repo.get_reconstructable_job("onboard_model")
 
 
+@pytest.fixture(scope="module")
+def onboard_cell():
+    repo = ReconstructableRepository.for_module(
+        "pipelines.definitions", "defs", working_directory=str(PROJECT_ROOT)
+    )
+    return repo.get_reconstructable_job("onboard_cell")
+
+
+def _cell_executor_config(model: str, node_type_name: str) -> dict:
+    """The executor config onboard_cell's partitioned config gives the run of one cell (the
+    launchpad, a backfill and the sensor all ask it)."""
+    from pipelines.definitions import defs
+
+    job = defs.resolve_job_def("onboard_cell")
+    run_config = job.partitioned_config.get_run_config_for_partition_key(
+        str(cell_key(model, node_type_name)))
+    return run_config["execution"]["config"]
+
+
 @pytest.mark.slow
-def test_real_onboarding_job_renders_the_same_step_pods(onboard_model, k8s_instance,
-                                                         resource_env):
-    """The real code location: every step renders and validates; the GPU-bound assets carry
-    exactly `gpu_step_tags` and get their GPUs from the run-time placement, `checkpoint` its
-    cache placement, every other step no GPU."""
+def test_real_onboarding_job_renders_the_same_step_pods(onboard_model, onboard_cell,
+                                                         k8s_instance, resource_env,
+                                                         monkeypatch):
+    """The real code location: every step of a model's run and of a cell's renders and
+    validates; the GPU-bound assets carry exactly `gpu_step_tags` and get their GPUs from the
+    run-time placement (a cell's on its partition's node type), `checkpoint` its cache
+    placement, every other step no GPU."""
     from dagster._core.execution.api import create_execution_plan
 
-    steps = {s.key: s for s in create_execution_plan(onboard_model).steps}
-    assert set(GPU_BOUND_ASSETS) | {"checkpoint"} <= set(steps)
-    for key, step in steps.items():
-        rendered = render_step_job(onboard_model, key, k8s_instance)
-        _validate(rendered)
-        gpus = (_container(rendered).get("resources") or {}).get("limits", {})
-        if key in GPU_BOUND_ASSETS:
-            assert {k: step.tags[k] for k in gpu_step_tags(key)} == gpu_step_tags(key), key
-            assert step.pool == "gpu", key
-            assert gpus["nvidia.com/gpu"] == str(load_cluster().step_pods.gpus[key])
-        else:
-            assert "nvidia.com/gpu" not in gpus, key
+    cfg = load_cluster()
+
+    def render_all(job, executor_config=None, overridden_env=()) -> dict[str, dict]:
+        out = {}
+        for key, step in {s.key: s for s in create_execution_plan(job).steps}.items():
+            rendered = render_step_job(job, key, k8s_instance, executor_config)
+            _validate(rendered, overridden_env)
+            gpus = (_container(rendered).get("resources") or {}).get("limits", {})
+            if key in GPU_BOUND_ASSETS:
+                assert {k: step.tags[k] for k in gpu_step_tags(key)} == gpu_step_tags(key), key
+                assert step.pool == "gpu", key
+                assert gpus["nvidia.com/gpu"] == str(cfg.step_pods.gpus[key]), key
+            else:
+                assert "nvidia.com/gpu" not in gpus, key
+            out[key] = rendered
+        return out
+
+    # the model's own stages: the GPU steps that do not depend on the node type they run on
+    model_steps = render_all(onboard_model)
+    assert {*GPU_BOUND_ASSETS, "checkpoint"} - set(CELL_STEPS) <= set(model_steps)
+    assert not set(model_steps) & set(CELL_STEPS)  # those are the cells'
+    default = node_type(cfg.step_pods.node_type)
+    for key in GPU_BOUND_ASSETS:
+        if key in model_steps:
+            assert _pod(model_steps[key])["nodeSelector"] == {
+                "nvidia.com/gpu.product": default.gpu_product}, key
+
+    # each cell's GPU steps land on its own node type's pool: the default one and another
+    monkeypatch.setenv("ONBOARDING_EXECUTOR", "k8s")
+    assert cfg.step_pods.node_type == "h200"
+    for name in ("h200", "b300"):
+        node = node_type(name)
+        # The code location's env (deploy/helm/values.yaml) names the default node type; a
+        # cell's GPU step sets its own after it, and the kubelet applies the last definition.
+        cell_steps = render_all(onboard_cell, _cell_executor_config("some-model", name),
+                                overridden_env=("ONBOARDING_NODE_TYPE",))
+        assert set(CELL_STEPS) <= set(cell_steps), name
+        assert not set(cell_steps) & ({*GPU_BOUND_ASSETS, "checkpoint"} - set(CELL_STEPS))
+        for key in CELL_STEPS:
+            pod, container = _pod(cell_steps[key]), _container(cell_steps[key])
+            assert pod["nodeSelector"] == {"nvidia.com/gpu.product": node.gpu_product}, \
+                (name, key)
+            env = {e["name"]: e.get("value") for e in container["env"]}  # the last wins
+            assert env["ONBOARDING_NODE_TYPE"] == name, key  # the engine checks it
+            assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"]), key
+        for key in set(cell_steps) - set(CELL_STEPS):  # judged or rendered: no GPU node
+            assert "nvidia.com/gpu.product" not in (_pod(cell_steps[key]).get("nodeSelector")
+                                                    or {}), (name, key)
 
 
 def test_real_checkpoint_step_carries_the_cache_placement(onboard_model, k8s_instance,

@@ -6,7 +6,10 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from pipelines.launch import onboard_registered_model
+from assets.partitions import LOCAL_NODE_TYPE, cell_key
+from onboarding.runs.cluster import EXECUTOR_ENV, NODE_TYPE_ENV
+from pipelines.cells import cells_after_model
+from pipelines.launch import job_stages, onboard_registered_model
 from tests.conftest import write_spec
 from tests.pipelines.automation_graph import build_defs
 
@@ -34,6 +37,18 @@ def _error(result) -> str:
     return err.message + (err.cause.message if err.cause else "")
 
 
+def _cells_after(defs, instance, result) -> list[dg.RunRequest]:
+    """cells_after_model on a successful onboard_model run, as the daemon runs it."""
+    run = instance.get_run_by_id(result.run_id)
+    [success] = instance.get_records_for_run(
+        result.run_id, of_type=dg.DagsterEventType.RUN_SUCCESS).records
+    ctx = dg.build_run_status_sensor_context(
+        sensor_name=cells_after_model.name, dagster_instance=instance, dagster_run=run,
+        dagster_event=success.event_log_entry.dagster_event,
+        repository_def=defs.get_repository_def(), resources={"configs": defs.resources["configs"]})
+    return cells_after_model(ctx)
+
+
 def _follow_up(defs, instance, result) -> dg.RunRequest:
     run = instance.get_run_by_id(result.run_id)
     [success] = instance.get_records_for_run(
@@ -46,7 +61,12 @@ def _follow_up(defs, instance, result) -> dg.RunRequest:
 
 
 @pytest.mark.slow
-def test_register_then_onboard_with_the_quick_sweep(defs, instance, configs):
+def test_register_then_onboard_with_the_quick_sweep(defs, instance, configs, monkeypatch):
+    """The sweep chosen at launch reaches the stages that take it: onboard_model has none (the
+    measurements are per cell), so it carries the sweep as a tag, and the model's cell on
+    the local node type is requested with the sweep's run config, which the real job accepts."""
+    monkeypatch.delenv(EXECUTOR_ENV, raising=False)
+    monkeypatch.delenv(NODE_TYPE_ENV, raising=False)
     result = _register(defs, instance, id="my-model", source="s3://models/my-model/",
                        precision_ladder=["fp8", "bf16"], sweep="quick")
     assert result.success
@@ -55,14 +75,26 @@ def test_register_then_onboard_with_the_quick_sweep(defs, instance, configs):
     assert spec.precision_ladder == ["fp8", "bf16"] and spec.served_name == "my-model"
     assert spec.scenarios == ["chat"]  # the catalog default
 
+    launch = configs.automation().launch
     request = _follow_up(defs, instance, result)
     assert request.partition_key == "my-model"
-    assert request.run_config == configs.automation().launch.run_config("quick")
+    assert request.run_config == launch.run_config(
+        "quick", job_stages(defs.get_repository_def(), "onboard_model"))
     assert request.tags["onboarding/sweep"] == "quick"
     onboard = defs.resolve_job_def("onboard_model").execute_in_process(
-        instance=instance, partition_key="my-model", run_config=request.run_config)
+        instance=instance, partition_key="my-model", run_config=request.run_config,
+        tags=request.tags)
     assert onboard.success
-    timing = onboard.asset_materializations_for_node("load_timing")[0]
+
+    [cell] = [r for r in _cells_after(defs, instance, onboard) if r.job_name == "onboard_cell"]
+    assert cell.partition_key == f"my-model|{LOCAL_NODE_TYPE}"
+    assert cell.run_config == launch.run_config(
+        "quick", job_stages(defs.get_repository_def(), "onboard_cell")) != {}
+    measured = defs.resolve_job_def("onboard_cell").execute_in_process(
+        instance=instance, partition_key=cell_key("my-model", LOCAL_NODE_TYPE),
+        run_config=cell.run_config, tags=cell.tags)
+    assert measured.success
+    timing = measured.asset_materializations_for_node("load_timing")[0]
     assert timing.metadata["cold_repeats"].value == 1
 
 

@@ -346,12 +346,16 @@ def test_a_broken_catalog_file_is_reported_once_and_blocks_no_one(
 def test_a_new_checkpoint_of_a_judged_model_says_what_it_was_before(
         instance, watched, s3_store, tiny_checkpoint, sensor_configs):
     """A new upload of a model already judged: the run request carries that verdict, from the
-    `readiness` asset's latest stored value (the same words the report shows)."""
+    `readiness` asset's latest stored value of each judged cell (the same words the report
+    shows), node type by node type."""
     instance.add_dynamic_partitions("models", ["tiny-llama"])
+    instance.add_dynamic_partitions("node_types", ["cpu", "h200"])
     store_readiness(instance, Readiness("tiny-llama", False,
-                                        reasons=("h200: SLO missed at concurrency 32",)))
+                                        reasons=("SLO missed at concurrency 32",)), "h200")
+    store_readiness(instance, Readiness("tiny-llama", False,
+                                        reasons=("cold start 41 s > 30 s",)), "cpu")
     tick = Ticker(instance, s3_store, sensor_configs)
     _upload(s3_store, tiny_checkpoint, watched + "tiny-llama/", _files(tiny_checkpoint))
     [run] = tick().run_requests
     assert run.tags["onboarding/ready_before"] == (
-        "not ready: h200: SLO missed at concurrency 32")
+        "cpu: not ready: cold start 41 s > 30 s; h200: not ready: SLO missed at concurrency 32")

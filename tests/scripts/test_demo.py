@@ -127,3 +127,33 @@ def test_a_benchmark_without_a_gpu_says_tokens_per_s_not_per_gpu():
                                    config_hash="abc", slo_blocking=False)
     [line] = _benchmark(bench)
     assert "36 tokens/s (no GPU)" in line and "GPU," not in line
+
+
+def test_the_grid_shows_every_cell_in_a_word_and_the_onboarded_models_reasons():
+    """The demo's last section (fleet_report): models as rows, node types as columns; then, for
+    the model it onboarded, each cell's verdict or why not."""
+    from onboarding.reports.pages import FleetReport, FleetRow
+    from scripts.demo import grid_lines
+
+    def row(model: str, nt: str, ready: bool, why: str, since: float | None,
+            plan_only: bool = False) -> FleetRow:
+        return FleetRow(model=model, node_type=nt, ready=ready, why=why, since=since,
+                        config_hash="", href="", plan_only=plan_only)
+
+    big, small = "llama-3-1-70b-instruct", "smollm2-135m"
+    fleet = FleetReport((
+        row(big, "h200", True, "", 1.0),
+        row(big, "cpu", False, "never judged: no readiness_report of this cell yet", None),
+        row(small, "h200", False, "SLOs never measured at configuration abc on h200", 2.0),
+        row(small, "cpu", False, "cpu is not a deployment target", 3.0),
+        row("plan-only", "h200", False, "never judged: a plan-only entry", None, True)),
+        html_path="/reports/fleet.html")
+    assert grid_lines(fleet, small) == [
+        "readiness grid (/reports/fleet.html):",
+        "  model                   h200          cpu",
+        "  llama-3-1-70b-instruct  ready         never judged",
+        "  plan-only               plan only",  # a cell the grid lacks is left blank
+        "  smollm2-135m            not ready     not ready",
+        "  smollm2-135m, why:",
+        "    h200   SLOs never measured at configuration abc on h200",
+        "    cpu    cpu is not a deployment target"]

@@ -37,6 +37,7 @@ ELSEWHERE = {
     "bench/engine_measurements.py": "tests/onboarding/test_engine_choice.py",
     "bench/gpu_h200_doc.py": "tests/scripts/test_gpu_scripts.py",  # --check
     "scripts/add_measured_points.py": "tests/onboarding/test_predict.py",
+    "scripts/rekey_cells.py": "tests/scripts/test_rekey_cells.py",
     "scripts/check_gateway_config.py": "tests/onboarding/test_layout_render.py",
     "scripts/check_stack_matrix.py": "tests/scripts/test_check_stack_matrix.py",
     "scripts/gpu_node_probe.py": "tests/e2e/test_gpu_node_probe.py",
@@ -50,6 +51,7 @@ ELSEWHERE = {
 # Scripts this module runs, each by the test named.
 HERE = {
     "bench/fetch.py": "test_fetch_bench_reaches_its_warm_path",
+    "bench/definitions_load.py": "test_definitions_load_compares_with_its_peer",
     "bench/record_engine_metrics.py": "test_record_engine_metrics_imports_and_says_its_use",
     "scripts/record_node_tools.sh": "test_record_node_tools_writes_one_framed_file_per_command",
     "bench/write_block.py": "test_write_block_prints_both_write_lengths_and_the_ratio",
@@ -513,3 +515,12 @@ def test_record_node_tools_writes_one_framed_file_per_command(tmp_path):
         assert lines[0].startswith("$ ") and re.fullmatch(r"# exit \d+", lines[-1]), f.name
     tools = (tmp_path / "which-tools.txt").read_text()
     assert "nvidia-smi:" in tools and "dcgmi:" in tools
+
+
+@pytest.mark.slow
+def test_definitions_load_compares_with_its_peer(tmp_path):
+    """One pair against this checkout's own HEAD: both load, and the ratio is printed with n."""
+    proc = run_script(["bench/definitions_load.py", "--peer-ref", "HEAD", "--repeats", "1"],
+                      tmp_path)
+    assert "pair 1: peer " in proc.stdout
+    assert "(n=1 each); ratio here/peer " in proc.stdout
