@@ -217,6 +217,7 @@ def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
         (job, str(cell_key(model, nt)))
         for nt, job in cells_of(config_files().spec(model).node_types, config_files()).items()]
     values: dict[str, Any] = {}
+    manifests: list = []
     ok, fleet = True, None
     with TreeSampler() as sampler:
         for job_name, key in runs:
@@ -230,16 +231,33 @@ def run_job(model: str, selection: list[str] | None, sweep: str) -> bool:
             stored = stored_values(result)
             if job_name != "plan_cell":  # the measured cell's values, not a planned one's
                 values.update({k: v for k, v in stored.items() if v is not None})
+            if stored.get("kserve_manifest") is not None:  # every cell's manifest, side by side
+                manifests.append(stored["kserve_manifest"])
             if "fleet_report" in {e.asset_key.to_user_string()
                                   for e in result.get_asset_materialization_events()}:
                 fleet = result.asset_value("fleet_report")
             if job_name == "onboard_model" and not result.success:
                 break  # its cells need its results
+    if manifests:
+        values["kserve_manifest"] = merged_manifests(manifests)
     wanted = set(selection) if selection else set(SUMMARY_ASSETS)
     print("\n".join(["", *summary(model, values, wanted)]))
     if fleet is not None:
         print("\n".join(["", *grid_lines(fleet, model)]))
     return ok
+
+
+def merged_manifests(cells: list):
+    """The manifests of every cell's run as one set (each cell renders its node type only)."""
+    import dataclasses
+
+    first = cells[0]
+    merged = {f: {} for f in ("files", "services", "skipped", "errors", "config_hashes",
+                              "measured", "published")}
+    for m in cells:
+        for f, into in merged.items():
+            into.update(getattr(m, f))
+    return dataclasses.replace(first, routes=tuple(r for m in cells for r in m.routes), **merged)
 
 
 def grid_lines(fleet, model: str) -> list[str]:

@@ -157,3 +157,18 @@ def test_the_grid_shows_every_cell_in_a_word_and_the_onboarded_models_reasons():
         "  smollm2-135m, why:",
         "    h200   SLOs never measured at configuration abc on h200",
         "    cpu    cpu is not a deployment target"]
+
+
+def test_the_manifests_section_shows_every_cells_manifest_side_by_side():
+    """Each cell renders its own node type: the demo's summary puts them back together."""
+    from onboarding.deploy.serving_plan import ManifestSet
+    from scripts.demo import _manifests, merged_manifests
+
+    h200 = ManifestSet(model="m", files={"h200": "/x/h200.yaml"}, services={"h200": "s"},
+                       routes=(), skipped={}, config_hashes={"h200": "abc"},
+                       measured={"h200": False}, published={"h200": True})
+    cpu = ManifestSet(model="m", files={}, services={}, routes=(),
+                      skipped={"cpu": "cpu is not a deployment target"})
+    assert _manifests(merged_manifests([h200, cpu])) == [
+        "    h200   /x/h200.yaml  configuration abc, unmeasured, published",
+        "    cpu    no manifest: cpu is not a deployment target"]
