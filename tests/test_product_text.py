@@ -26,21 +26,21 @@ SKIPPED = ("tests/data/", "deploy/crds/", "deploy/kserve-crds/", ".venv")
 # that has the other checkouts beside this one
 OUTSIDE_ALLOWED = (".ci/",)
 
-# "issue 23", "issues 3, 17", "issue #23", "issue26-expectations": an internal tracker number
-# (a name such as ISSUE23_KINDS is NAME_REF's)
+# "issue N", "issues N, M", "issue #N", "issueN-expectations": an internal tracker number
+# (a name such as ISSUEN_KINDS is NAME_REF's)
 ISSUE = re.compile(r"\bissues?(?:\s+#?|\s*#|[-_]?)\d+(?!\w)", re.IGNORECASE)
 # what may stand right before an upstream issue: "owner/repo ", "upstream ", a URL
 UPSTREAM = re.compile(r"([\w.-]+/[\w.-]+|upstream|github\.com\S*)\s*$", re.IGNORECASE)
-# a function, class, test or constant named by run number: recording_run2, run3_sweep, _run_4
+# a function, class, test or constant named by run number: recording_runN, runN_sweep, _run_N
 NAMED_BY_RUN = re.compile(
     r"^\s*(?:async\s+def|def|class)\s+(\w*?(?:run\d|_run_\d)\w*)"
     r"|^([A-Z0-9_]*RUN_?\d+[A-Z0-9_]*)\s*=", re.IGNORECASE)
 FILE_BY_RUN = re.compile(r"run\d|_run_\d", re.IGNORECASE)
-# a file or folder, anywhere in the repository, named by run or issue number (h200-...-run5/,
-# test_issue23.py)
+# a file or folder, anywhere in the repository, named by run or issue number (h200-...-runN/,
+# test_issueN.py)
 PATH_BY_NUMBER = re.compile(r"(?:run|issue)[-_]?\d", re.IGNORECASE)
-# a mention of such a name anywhere (test_h200_run4_replay.py, run3_sweep_section, the
-# constant ISSUE23_KINDS); the recordings' folder names (tests/data/gpu/h200-slo-target/) are
+# a mention of such a name anywhere (test_h200_runN_replay.py, runN_sweep_section, the
+# constant ISSUEN_KINDS); the recordings' folder names (tests/data/gpu/h200-slo-target/) are
 # data and not matched
 NAME_REF = re.compile(r"\b(?:\w+_(?:run|issue)_?\d+\w*|\w*?(?:run|issue)\d+_\w+)\b",
                       re.IGNORECASE)
@@ -49,15 +49,15 @@ OUTSIDE = re.compile(r"\.\./shared\b")
 # borrowing a remote test GPU: the project's text says what device and command, not this
 LENDING = re.compile(r"\b(lent|leases?|leased)\b", re.IGNORECASE)
 # a session on a test GPU by its ordinal ("the tenth H200 run", "the fourth, fifth and eighth
-# runs' rows") or a repetition labelled like one ("c256 run 2 of"); a recording is named by topic
+# runs' rows") or a repetition labelled like one ("c256 run N of"); a recording is named by topic
 ORDINAL = (r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh"
            r"|twelfth|\d+(?:st|nd|rd|th))")
 RUN_ORDINAL = re.compile(
     rf"\b{ORDINAL}\s+(?:[HB]\d00|GPU)\s+(?:run|session)s?\b"
     rf"|\b{ORDINAL}(?:,\s*{ORDINAL})*,?\s+and\s+{ORDINAL}\s+runs\b"
     r"|\brun\s+\d+\s+of\b"
-    # a recording cited by its session number: "run 3: ...", "run 3's versions", "(..., run 2)",
-    # "the run-3 prepare.json", "run 1 twins.json"
+    # a recording cited by its session number: "run N: ...", "run N's versions", "(..., run N)",
+    # "the run-N prepare.json", "run N twins.json"
     r"|\brun[- ]\d+(?:['\u2019]s\b|:|\)|\s+\S+\.json\b|\s+prepare\b)", re.IGNORECASE)
 
 
@@ -122,7 +122,7 @@ def findings(path: Path, text: str) -> list[str]:
 def recorded_findings(path: Path, text: str) -> list[str]:
     """Of a recorded file: a name by run or issue number, a recording cited by its session
     number (an expectation written here, such as h200x2/expected/plan.json), or a path outside
-    the repository. The recorder's own labels (`"c256 run 2"`) are data."""
+    the repository. The recorder's own labels (`"c256 run N"`) are data."""
     rel = path.relative_to(PROJECT_ROOT)
     out = []
     for n, line in enumerate(text.splitlines(), 1):
@@ -143,32 +143,42 @@ def path_findings(paths: list[str]) -> list[str]:
     return [f"{n}: named by run or issue number" for n in sorted(named)]
 
 
+def _num(text: str) -> str:
+    """The self-tests' examples with their numbers: written `run @3`, `issue @23` here so this
+    file does not itself name a run or an issue."""
+    return text.replace("@", "")
+
+
+def _nums(texts: list[str]) -> list[str]:
+    return [_num(t) for t in texts]
+
+
 def test_the_checks_catch_what_they_are_for_and_spare_upstream_references():
     """Not vacuous: each pattern flags its kind and lets an upstream reference through."""
-    probe = PROJECT_ROOT / "onboarding" / "probe_run3.py"
-    text = ("# issue 23: x\n# see vllm-project/vllm issue 42738 and upstream issue 5\n"
-            "def recording_run2():\nH200_RUN9 = 1\n# on the lent H200\n"
+    probe = PROJECT_ROOT / "onboarding" / _num("probe_run@3.py")
+    text = _num("# issue @23: x\n# see vllm-project/vllm issue @42738 and upstream issue @5\n"
+            "def recording_run@2():\nH200_RUN@9 = 1\n# on the lent H200\n"
             "# kserve/kserve#5348, https://github.com/a/b/issues/7\n"
-            "# tests/data/gpu/h200-slo-target/onboard-A.json; see test_h200_run4_replay.py\n"
+            "# tests/data/gpu/h200-slo-target/onboard-A.json; see test_h200_run@4_replay.py\n"
             "# from the tenth H200 run\n# replaces the fourth, fifth and eighth runs' rows\n"
-            "# skipped: c256 run 2 of `frontend`\n"
+            "# skipped: c256 run @2 of `frontend`\n"
             "# the first run installs it; from its second run on; c=256 repetition 2 of x\n"
-            "KINDS = ISSUE23_KINDS  # format issue26-expectations/1, issue #7\n"
+            "KINDS = ISSUE@23_KINDS  # format issue@26-expectations/1, issue #@7\n"
             "# see ../shared/gpu/README.md; shared/ and ./shared are fine\n"
-            "# run 3: pieces 2.1 min; pinned to run 3's versions (ready in 106 s, run 2)\n"
-            "# the run-3 prepare.json, run 1 twins.json; run 2 replicas, 3 runs: fine\n")
+            "# run @3: pieces 2.1 min; pinned to run @3's versions (ready in 106 s, run @2)\n"
+            "# the run-@3 prepare.json, run @1 twins.json; run @2 replicas, 3 runs: fine\n")
     got = findings(probe, text)
-    assert [g.split(": ", 1)[1] for g in got] == [
-        "file named by run number", "internal issue number 'issue 23'",
-        "named by run number 'recording_run2'", "named by run number 'H200_RUN9'",
-        "GPU-lending word 'lent'", "a name by run or issue number 'test_h200_run4_replay'",
+    assert [g.split(": ", 1)[1] for g in got] == _nums([
+        "file named by run number", "internal issue number 'issue @23'",
+        "named by run number 'recording_run@2'", "named by run number 'H200_RUN@9'",
+        "GPU-lending word 'lent'", "a name by run or issue number 'test_h200_run@4_replay'",
         "a run by its ordinal 'tenth H200 run'",
         "a run by its ordinal 'fourth, fifth and eighth runs'",
-        "a run by its ordinal 'run 2 of'",
-        "internal issue number 'issue26'", "internal issue number 'issue #7'",
-        "a name by run or issue number 'ISSUE23_KINDS'",
+        "a run by its ordinal 'run @2 of'",
+        "internal issue number 'issue@26'", "internal issue number 'issue #@7'",
+        "a name by run or issue number 'ISSUE@23_KINDS'",
         "a path outside the repository '../shared'",
-        "a run by its ordinal 'run 3:'", "a run by its ordinal 'run-3 prepare.json'"]
+        "a run by its ordinal 'run @3:'", "a run by its ordinal 'run-@3 prepare.json'"])
     # the CI script may name the checkouts beside this one
     assert findings(PROJECT_ROOT / ".ci" / "run", "cd ../shared/x\n") == []
 
@@ -177,18 +187,18 @@ def test_the_name_and_recording_checks_catch_what_they_are_for():
     """Not vacuous: a folder or file named by run or issue number is flagged wherever it is,
     each folder once; a recorded file's names and paths are read, its run labels are not; the
     recordings' own READMEs are left to their history."""
-    assert path_findings(["tests/data/gpu/h200-2026-12-02-run5/README.md",
-                          "tests/data/gpu/h200-2026-12-02-run5/onboard-A.json",
-                          "tests/assets/test_issue23.py", "tests/data/gpu/h200/twins.json",
-                          "docs/runbook.md"]) == [
-        "tests/assets/test_issue23.py: named by run or issue number",
-        "tests/data/gpu/h200-2026-12-02-run5: named by run or issue number"]
+    assert path_findings(_nums(["tests/data/gpu/h200-2026-12-02-run@5/README.md",
+                          "tests/data/gpu/h200-2026-12-02-run@5/onboard-A.json",
+                          "tests/assets/test_issue@23.py", "tests/data/gpu/h200/twins.json",
+                          "docs/runbook.md"])) == _nums([
+        "tests/assets/test_issue@23.py: named by run or issue number",
+        "tests/data/gpu/h200-2026-12-02-run@5: named by run or issue number"])
     probe = PROJECT_ROOT / "tests" / "data" / "gpu" / "x" / "plan.json"
-    text = ('{"c256 run 2": {}, "basis": "(../shared/gpu/README.md)",\n'
-            ' "format": "x", "n": "ISSUE23_KINDS", "source": "pinned to run 3\'s versions"}\n')
-    assert [g.split(": ", 1)[1] for g in recorded_findings(probe, text)] == [
+    text = _num('{"c256 run @2": {}, "basis": "(../shared/gpu/README.md)",\n'
+            ' "format": "x", "n": "ISSUE@23_KINDS", "source": "pinned to run @3\'s versions"}\n')
+    assert [g.split(": ", 1)[1] for g in recorded_findings(probe, text)] == _nums([
         "a path outside the repository '../shared'",
-        "a name by run or issue number 'ISSUE23_KINDS'", "a run by its ordinal \"run 3's\""]
+        "a name by run or issue number 'ISSUE@23_KINDS'", "a run by its ordinal \"run @3's\""])
     assert recording_readme("tests/data/gpu/h200-slo-target/README.md")
     assert recording_readme("tests/data/operations/cpu-engine/README.md")
     assert not recording_readme("tests/data/gpu/README.md")  # the index is product text too
