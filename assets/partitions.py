@@ -60,6 +60,21 @@ def node_type_of(context: dg.AssetExecutionContext) -> str:
     return split_cell(context.partition_key)[1]
 
 
+
+def materialized_cells(instance: dg.DagsterInstance, asset: str, model: str | None = None
+                       ) -> list[str]:
+    """Cell keys `asset` has materialized (only `model`'s when given), in (model, node type)
+    order. Keys stored under the per-model partitioning are left out (docs/upgrading.md)."""
+    cells = []
+    for key in instance.get_materialized_partitions(dg.AssetKey(asset)):
+        try:
+            cell = split_cell(key)
+        except ValueError:
+            continue
+        if model is None or cell[0] == model:
+            cells.append((cell, str(key)))
+    return [key for _, key in sorted(cells)]
+
 # Which level an asset lives at, as an asset tag: jobs select by it (a selection by tag is
 # empty where a code location lacks the asset; one by name fails), and a test holds every
 # cells-partitioned asset to a cell level.

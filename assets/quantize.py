@@ -19,7 +19,12 @@ import dagster as dg
 
 from assets.checks import QUANTIZED_PRECISIONS, gate_check, not_applicable_check
 from assets.model_spec import MODEL_SPEC, spec_metadata
-from assets.partitions import cells_partitions, models_partitions, split_cell
+from assets.partitions import (
+    cells_partitions,
+    materialized_cells,
+    models_partitions,
+    split_cell,
+)
 from assets.stack import SERVING_STACK, stack_metadata
 from assets.step_tags import gpu_step_tags
 from onboarding.common.errors import OnboardingError
@@ -334,12 +339,8 @@ def served_reports(io_manager: dg.IOManager, instance: dg.DagsterInstance, model
                    ) -> dict[str, ServedAccuracyReport]:
     """node type -> the model's stored served_accuracy of that cell, where one exists."""
     out = {}
-    for key in instance.get_materialized_partitions(dg.AssetKey("served_accuracy")):
-        if "|" not in str(key):
-            continue  # stored under the per-model partitioning (docs/upgrading.md)
-        m, node_type = split_cell(key)
-        if m == model:
-            value = stored_value(io_manager, instance, "served_accuracy", key, cells_partitions)
-            if value is not None:
-                out[node_type] = value
+    for key in materialized_cells(instance, "served_accuracy", model):
+        value = stored_value(io_manager, instance, "served_accuracy", key, cells_partitions)
+        if value is not None:
+            out[split_cell(key)[1]] = value
     return out

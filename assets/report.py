@@ -24,6 +24,7 @@ from assets.partitions import (
     FLEET,
     LOCAL_NODE_TYPE,
     cells_partitions,
+    materialized_cells,
     model_of,
     node_type_of,
     node_types_partitions,
@@ -172,14 +173,10 @@ def cell_reports(io_manager: dg.IOManager, instance: dg.DagsterInstance
     missing partitions: that input logs a warning for each cell without a report (every
     plan-only entry, on every run)."""
     out = {}
-    for key in instance.get_materialized_partitions(dg.AssetKey("readiness_report")):
-        try:
-            cell = split_cell(key)
-        except ValueError:  # stored under the per-model partitioning (docs/upgrading.md)
-            continue
+    for key in materialized_cells(instance, "readiness_report"):
         value = stored_value(io_manager, instance, "readiness_report", key, cells_partitions)
         if value is not None:
-            out[cell] = value
+            out[split_cell(key)] = value
     return out
 
 

@@ -29,7 +29,12 @@ from onboarding.runs.cluster import EXECUTOR_ENV, NODE_TYPE_ENV, executor_kind
 from pipelines.executors import cell_run_config
 from pipelines.jobs import onboard_cell, onboard_model, plan_cell
 from pipelines.launch import job_stages
-from pipelines.schedules import REVALIDATE_CELL_JOB, revalidate_cell_job, revalidate_model
+from pipelines.schedules import (
+    REVALIDATE_CELL_JOB,
+    onboarded_cells,
+    revalidate_cell_job,
+    revalidate_job,
+)
 from resources.config_files import ConfigFiles
 
 CELL_TRIGGER_TAG = "onboarding/after_run"
@@ -59,21 +64,8 @@ def cells_of(model_node_types: list[str] | None, configs: ConfigFiles) -> dict[s
     return {nt: onboard_cell.name if nt in here else plan_cell.name for nt in wanted}
 
 
-def onboarded_cells(instance: dg.DagsterInstance, model: str, ready_asset: str) -> list[str]:
-    """Node types of `model` whose `ready_asset` has been materialized."""
-    out = []
-    for key in instance.get_materialized_partitions(dg.AssetKey(ready_asset)):
-        try:
-            m, nt = split_cell(key)
-        except ValueError:
-            continue
-        if m == model:
-            out.append(nt)
-    return sorted(out)
-
-
 @dg.run_status_sensor(
-    run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[onboard_model, revalidate_model],
+    run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[onboard_model, revalidate_job],
     request_jobs=[onboard_cell, plan_cell, revalidate_cell_job],
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="After a model's own stages succeed: one run per cell of the model (measured "
@@ -91,10 +83,10 @@ def cells_after_model(context: dg.RunStatusSensorContext, configs: ConfigFiles):
     passed = {k: v for k, v in run.tags.items()
               if k.startswith("onboarding/") and k != CELL_TRIGGER_TAG}
     registered = set(context.instance.get_dynamic_partitions(node_types_partitions.name))
-    if run.job_name == revalidate_model.name:
-        ready = configs.automation().revalidation.ready_assets[0]
-        cells = {nt: REVALIDATE_CELL_JOB for nt in onboarded_cells(context.instance, model,
-                                                                     ready)}
+    if run.job_name == revalidate_job.name:
+        ready = configs.automation().revalidation.ready_assets
+        cells = {split_cell(key)[1]: REVALIDATE_CELL_JOB
+                 for key in onboarded_cells(context.instance, ready, model)}
     else:
         spec = configs.catalog().specs.get(model) or configs.discovered().specs.get(model)
         cells = cells_of(spec.node_types if spec else None, configs)

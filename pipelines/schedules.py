@@ -28,6 +28,7 @@ from assets.partitions import (
     FLEET,
     cells_partitions,
     level_selection,
+    materialized_cells,
     split_cell,
 )
 from assets.stack import SERVING_STACK, STACK_FINGERPRINT_KEY, current_stack
@@ -94,43 +95,25 @@ def cell_verdict(io_manager: dg.IOManager, instance: dg.DagsterInstance, cell: s
     return verdict.summary() if verdict is not None else "not judged yet"
 
 
-def model_cells(instance: dg.DagsterInstance, asset: str, model: str) -> list[str]:
-    """Cell keys of `model` that `asset` has materialized, in node type order."""
-    out = []
-    for key in instance.get_materialized_partitions(dg.AssetKey(asset)):
-        try:
-            m, _ = split_cell(key)
-        except ValueError:  # stored under the per-model partitioning (docs/upgrading.md)
-            continue
-        if m == model:
-            out.append(str(key))
-    return sorted(out, key=lambda k: split_cell(k)[1])
-
-
 def readiness_verdict(io_manager: dg.IOManager, instance: dg.DagsterInstance, model: str
                       ) -> str:
     """Every judged cell of a model, in words (`<node type>: <verdict>`)."""
-    cells = model_cells(instance, "readiness", model)
+    cells = materialized_cells(instance, "readiness", model)
     if not cells:
         return "not judged yet"
     return "; ".join(f"{split_cell(c)[1]}: {cell_verdict(io_manager, instance, c)}"
                      for c in cells)
 
 
-def onboarded_cells(instance: dg.DagsterInstance, ready_assets: list[str]) -> list[str]:
-    """Cells with every `ready_assets` materialized, whatever their readiness verdict."""
+def onboarded_cells(instance: dg.DagsterInstance, ready_assets: list[str],
+                    model: str | None = None) -> list[str]:
+    """Cells (only `model`'s when given) with every `ready_assets` materialized, whatever
+    their readiness verdict."""
     if not ready_assets:
         return []
-    keys = [set(map(str, instance.get_materialized_partitions(dg.AssetKey(a))))
-            for a in ready_assets]
-    out = []
-    for key in set.intersection(*keys):
-        try:
-            split_cell(key)
-        except ValueError:
-            continue
-        out.append(key)
-    return sorted(out)
+    ready = set.intersection(*(set(materialized_cells(instance, a, model))
+                               for a in ready_assets))
+    return sorted(ready, key=split_cell)
 
 
 def onboarded_models(instance: dg.DagsterInstance, ready_assets: list[str]) -> list[str]:
@@ -272,36 +255,34 @@ def revalidation_requests(context: dg.ScheduleEvaluationContext, configs: Config
     return requests
 
 
-_SCHEDULE_WHY = ("whatever their readiness verdict, whose results were measured on another "
-                 "serving stack or read another version of the model's catalog entry "
-                 "(configs/automation.yaml `revalidation`).")
+_SCHEDULE_WHY = ("It picks, whatever their readiness verdict, those whose results were "
+                 "measured on another serving stack or read another version of the model's "
+                 "catalog entry (configs/automation.yaml `revalidation`).")
 
 
-@dg.schedule(
-    cron_schedule=AT_LOAD.cron,
-    execution_timezone=AT_LOAD.timezone,
-    job_name=REVALIDATE_JOB,
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Re-validates the model-level stages (quantized, accuracy, the plan, ...) of "
-    "onboarded models (a cell with every revalidation.ready_assets materialized), "
-    + _SCHEDULE_WHY + " Their cells follow.",
-)
-def revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: ConfigFiles,
-                          io_manager: dg.ResourceParam[dg.IOManager]):
-    return revalidation_requests(context, configs, io_manager, "model")
+def _revalidation_schedule(name: str, job: str, level: str, description: str
+                           ) -> dg.ScheduleDefinition:
+    """The re-validation schedule of one level ("model" or "cell"): `revalidation_requests`
+    on the cron of configs/automation.yaml."""
+
+    @dg.schedule(name=name, cron_schedule=AT_LOAD.cron, execution_timezone=AT_LOAD.timezone,
+                 job_name=job, default_status=dg.DefaultScheduleStatus.RUNNING,
+                 description=description + " " + _SCHEDULE_WHY)
+    def _schedule(context: dg.ScheduleEvaluationContext, configs: ConfigFiles,
+                  io_manager: dg.ResourceParam[dg.IOManager]):
+        return revalidation_requests(context, configs, io_manager, level)
+
+    return _schedule
 
 
-@dg.schedule(
-    cron_schedule=AT_LOAD.cron,
-    execution_timezone=AT_LOAD.timezone,
-    job_name=REVALIDATE_CELL_JOB,
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Re-validates exactly the stale (model, node type) cells of onboarded cells, "
-    + _SCHEDULE_WHY + " A cell whose model is stale waits for the model's run.",
-)
-def cell_revalidation_schedule(context: dg.ScheduleEvaluationContext, configs: ConfigFiles,
-                               io_manager: dg.ResourceParam[dg.IOManager]):
-    return revalidation_requests(context, configs, io_manager, "cell")
+revalidation_schedule = _revalidation_schedule(
+    "revalidation_schedule", REVALIDATE_JOB, "model",
+    "Re-validates the model-level stages (quantized, accuracy, the plan, ...) of onboarded "
+    "models (a cell with every revalidation.ready_assets materialized); their cells follow.")
+cell_revalidation_schedule = _revalidation_schedule(
+    "cell_revalidation_schedule", REVALIDATE_CELL_JOB, "cell",
+    "Re-validates exactly the stale (model, node type) cells of onboarded cells; a cell whose "
+    "model is stale waits for the model's run.")
 
 
 _REVALIDATED = dg.AssetSelection.assets(SERVING_STACK, MODEL_SPEC).downstream() - LAYOUT_ASSETS
@@ -312,7 +293,6 @@ revalidate_job = dg.define_asset_job(
     description="Observe the serving stack, record the model's spec, then re-run the model's "
     "own stages whose results depend on either, for one model; `checkpoint` is not re-fetched. "
     "Its onboarded cells follow (revalidate_cell).")
-revalidate_model = revalidate_job
 
 revalidate_cell_job = dg.define_asset_job(
     REVALIDATE_CELL_JOB,

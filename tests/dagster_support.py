@@ -1,10 +1,10 @@
-"""Stand-ins and result readers the asset tests share: upstream stages stored as fixed values,
-what a materialization recorded, and a graph run over both partition levels (a model's own
-stages, keyed by model; its cells, keyed by (model, node type); assets/partitions.py)."""
+"""Stand-ins and result readers the asset tests share: upstream stages stored as fixed values
+at their partition level (a model's own stages keyed by model, its cells by (model, node
+type); assets/partitions.py), what a materialization recorded, several runs read as one, and
+a run-status sensor evaluated on a run."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import dagster as dg
@@ -81,8 +81,8 @@ def metadata(result, asset: str) -> dict:
 
 
 class Runs:
-    """The runs of one `materialize_levels` call read as one result: the per-model run, then
-    the cell's, then the unpartitioned one (those that had something to run)."""
+    """Several runs of one test read as one result (a model's run, then its cell's: one run
+    cannot hold both levels); a later run's value of an asset wins."""
 
     def __init__(self, results: list[dg.ExecuteInJobResult]):
         self.results = results
@@ -122,34 +122,15 @@ class Runs:
         return self.results[-1].run_id
 
 
-def materialize_levels(assets: Iterable, instance: dg.DagsterInstance, model: str,
-                       node_type: str, **kwargs) -> Runs:
-    """`dg.materialize` of `assets` over both levels: the per-model ones keyed by `model`, the
-    cell-level ones by (model, `node_type`), then the unpartitioned ones, each run seeing every
-    asset (external specs included) and executing its level's. A run that fails stops the
-    rest, as a failed step stops its downstream."""
-    assets = list(assets)
-    register(instance, model, node_type)
-    levels: dict[str, list] = {"model": [], "cell": [], "none": []}
-    for a in assets:
-        if not isinstance(a, dg.AssetsDefinition) or not a.is_executable:
-            continue
-        pdef = a.partitions_def
-        level = "cell" if pdef == cells_partitions else "model" if pdef is not None else "none"
-        levels[level].extend(a.keys)
-    keys = {"model": model, "cell": str(cell_key(model, node_type)), "none": None}
-    results = []
-    for level in ("model", "cell", "none"):
-        if not levels[level]:
-            continue
-        run_config = dict(kwargs.get("run_config") or {})
-        if "ops" in run_config:  # each level's run takes its own stages' config only
-            names = {k.to_user_string() for k in levels[level]}
-            run_config["ops"] = {k: v for k, v in run_config["ops"].items() if k in names}
-        result = dg.materialize(assets, instance=instance, partition_key=keys[level],
-                                selection=levels[level],
-                                **{**kwargs, "run_config": run_config})
-        results.append(result)
-        if not result.success:
-            break
-    return Runs(results)
+def after_success(sensor: dg.RunStatusSensorDefinition, instance: dg.DagsterInstance,
+                  defs: dg.Definitions, run_id: str):
+    """A run-status sensor evaluated on a successful run, as the daemon evaluates it (the
+    definitions' `configs` resource at hand)."""
+    run = instance.get_run_by_id(run_id)
+    [success] = instance.get_records_for_run(
+        run_id, of_type=dg.DagsterEventType.RUN_SUCCESS).records
+    ctx = dg.build_run_status_sensor_context(
+        sensor_name=sensor.name, dagster_instance=instance, dagster_run=run,
+        dagster_event=success.event_log_entry.dagster_event,
+        repository_def=defs.get_repository_def(), resources={"configs": defs.resources["configs"]})
+    return sensor(ctx)

@@ -11,6 +11,7 @@ from onboarding.runs.cluster import EXECUTOR_ENV, NODE_TYPE_ENV
 from pipelines.cells import cells_after_model
 from pipelines.launch import job_stages, onboard_registered_model
 from tests.conftest import write_spec
+from tests.dagster_support import after_success
 from tests.pipelines.automation_graph import build_defs
 
 
@@ -39,25 +40,11 @@ def _error(result) -> str:
 
 def _cells_after(defs, instance, result) -> list[dg.RunRequest]:
     """cells_after_model on a successful onboard_model run, as the daemon runs it."""
-    run = instance.get_run_by_id(result.run_id)
-    [success] = instance.get_records_for_run(
-        result.run_id, of_type=dg.DagsterEventType.RUN_SUCCESS).records
-    ctx = dg.build_run_status_sensor_context(
-        sensor_name=cells_after_model.name, dagster_instance=instance, dagster_run=run,
-        dagster_event=success.event_log_entry.dagster_event,
-        repository_def=defs.get_repository_def(), resources={"configs": defs.resources["configs"]})
-    return cells_after_model(ctx)
+    return after_success(cells_after_model, instance, defs, result.run_id)
 
 
 def _follow_up(defs, instance, result) -> dg.RunRequest:
-    run = instance.get_run_by_id(result.run_id)
-    [success] = instance.get_records_for_run(
-        result.run_id, of_type=dg.DagsterEventType.RUN_SUCCESS).records
-    ctx = dg.build_run_status_sensor_context(
-        sensor_name=onboard_registered_model.name, dagster_instance=instance, dagster_run=run,
-        dagster_event=success.event_log_entry.dagster_event,
-        repository_def=defs.get_repository_def(), resources={"configs": defs.resources["configs"]})
-    return onboard_registered_model(ctx)
+    return after_success(onboard_registered_model, instance, defs, result.run_id)
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ from pipelines.schedules import (
 )
 from pipelines.sensors import catalog_partitions_sensor, serving_stack_sensor
 from tests.conftest import write_spec
+from tests.dagster_support import after_success
 from tests.pipelines.automation_graph import (
     BROKEN_VLLM,
     GATE,
@@ -413,15 +414,7 @@ def _report_failure(instance, defs, run_id: str) -> None:
 
 def _after_success(instance, defs, run_id: str):
     """cells_after_model on the successful run, as the daemon runs it."""
-    run = instance.get_run_by_id(run_id)
-    [success] = instance.get_records_for_run(
-        run_id, of_type=dg.DagsterEventType.RUN_SUCCESS).records
-    ctx = dg.build_run_status_sensor_context(
-        sensor_name=cells_after_model.name, dagster_instance=instance, dagster_run=run,
-        dagster_event=success.event_log_entry.dagster_event,
-        repository_def=defs.get_repository_def(),
-        resources={"configs": defs.resources["configs"]})
-    return cells_after_model(ctx)
+    return after_success(cells_after_model, instance, defs, run_id)
 
 
 @pytest.mark.slow
@@ -477,6 +470,26 @@ def test_a_model_run_that_did_not_plan_starts_no_cell(instance, defs, monkeypatc
                    asset_selection=[dg.AssetKey("serving_config")])
     assert {r.partition_key for r in _after_success(instance, defs, planned.run_id)} == {
         "ready-a|b300", "ready-a|h200", "ready-a|cpu"}
+
+
+@pytest.mark.slow
+def test_on_k8s_every_chained_cell_run_carries_its_pool_beside_the_sweep(
+        instance, defs, monkeypatch):
+    """A request's run config replaces the job's partitioned config: each cell run the chain
+    requests carries its own pool's placement merged with the model run's sweep."""
+    monkeypatch.setenv(EXECUTOR_ENV, "k8s")
+    _observe(instance, defs)
+    model_run = _run(instance, defs, "onboard_model", "ready-a",
+                     tags={"onboarding/sweep": "quick"})
+    requests = {r.partition_key: r for r in _after_success(instance, defs, model_run.run_id)}
+    nodes = defs.resources["configs"].nodes().node_types
+    for nt in ("b300", "h200"):
+        request = requests[f"ready-a|{nt}"]
+        assert request.job_name == "onboard_cell"
+        pod = request.run_config["execution"]["config"]["per_step_k8s_config"]["load_timing"]
+        assert pod["pod_spec_config"]["node_selector"]["nvidia.com/gpu.product"] == \
+            nodes[nt].gpu_product
+        assert request.run_config["ops"]["load_timing"]["config"]["cold_repeats"] == 1
 
 
 MODEL_STAGES = ["checkpoint", "quantized", "accuracy", "serving_variant", "serving_config"]
