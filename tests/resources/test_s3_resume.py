@@ -290,11 +290,16 @@ def _new_version_of_big(five_files: Path, tmp_path: Path) -> Path:
 
 
 def _via(proxy) -> S3ObjectStore:
+    """A store reaching SeaweedFS through the proxy. The proxy serves from threads of this test
+    process, so on a loaded machine a HEAD through it can take longer than the default 10 s
+    read timeout; these tests are about what is fetched, not about timeouts (tests/resources/
+    test_s3.py holds those), so silence is allowed a minute."""
     from tests.conftest import ACCESS_KEY, SECRET_KEY
 
     return S3ObjectStore(endpoint_url=proxy.endpoint_url, access_key_id=ACCESS_KEY,
                          secret_access_key=SECRET_KEY, chunk_size_mb=1, max_concurrency=4,
-                         max_attempts=2)
+                         max_attempts=2, list_read_timeout_s=60, list_deadline_s=180,
+                         range_read_timeout_s=60)
 
 
 @pytest.mark.slow
