@@ -85,8 +85,18 @@ class TreeSampler:
     _own: str = ""  # this process's own command line, read once on entering
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # samples stay in time order
+
+    def look(self) -> None:
+        """A sample now, beside the periodic ones: a breakdown read while sampling covers up to
+        this moment, not only up to the last periodic look."""
+        self._read()
 
     def _read(self) -> None:
+        with self._lock:
+            self._read_locked()
+
+    def _read_locked(self) -> None:
         now = time.time()
         self.samples.append((now, tree_cpu_s(self.pid, reaped=True)))
         try:
@@ -184,6 +194,7 @@ def run_step_timings(instance: dg.DagsterInstance, run_id: str, sampler: TreeSam
         run_id, of_type=types, limit=100_000).records]
     if sampler is None:
         return step_timings(records)
+    sampler.look()
     return step_timings(records, sampler.samples, sampler.children.values())
 
 

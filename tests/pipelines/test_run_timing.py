@@ -56,6 +56,16 @@ def test_each_step_gets_its_wall_time_cpu_time_and_child_processes():
     assert "waits_on_a_child" in table and "sleep 1.5" in table and "load average" in table
 
 
+@pytest.mark.slow
+def test_a_breakdown_read_while_sampling_covers_the_last_step():
+    """The demo prints each run's breakdown inside its sampler's block, right after the run:
+    however long ago the last periodic look was, the last step's CPU seconds are known."""
+    with dg.instance_for_test() as instance, TreeSampler(interval_s=3600) as sampler:
+        result = dg.materialize([burns_cpu], instance=instance)
+        [row] = run_step_timings(instance, result.run_id, sampler)
+    assert row.cpu_s is not None and row.cpu_s >= 0.45
+
+
 def test_cpu_is_none_where_the_samples_do_not_cover_the_step():
     samples = [(10.0, 1.0), (11.0, 2.0), (12.0, 2.5)]
     assert cpu_between(samples, 10.5, 11.5) == 0.75
