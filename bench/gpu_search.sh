@@ -3,9 +3,15 @@
 # has what it recorded and the exact calls). Each step is one device call, back to back on one
 # machine; the pieces and the code travel as carried folders under build/gpu-search/:
 #
+#   bash bench/gpu_search.sh stage T S     (here, on a CPU) build/gpu-search/: the payload tar T
+#                                          (the wheels below, under whl/) split in pieces p0-pN,
+#                                          and code/: its sha256, the twin's FP8 variant (Model
+#                                          Optimizer's export marker, no weights), vLLM's
+#                                          auto_tune.sh from S and a `bc` for it
 #   bash bench/gpu_search.sh piece K       keep pK's part of the vLLM payload under /tmp/asm
 #   bash bench/gpu_search.sh install       with the last piece and code/: assemble, check,
-#                                          install into /tmp/site, then start `drive` in its own
+#                                          install into /tmp/site, the working tree and code/
+#                                          into /tmp/code, then start `drive` in its own
 #                                          session (it outlives the call; `watch` follows it)
 #   bash bench/gpu_search.sh watch S       wait up to S seconds for `drive`, then return what it
 #                                          wrote so far under $OUT (called until it is done)
@@ -28,6 +34,19 @@ export DAGSTER_DISABLE_TELEMETRY=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_O
 TWIN=llama-3-1-8b-instruct-twin
 
 case "$1" in
+  stage)
+    tarball=${2:?the payload tar}; script=${3:?the path of vLLM benchmarks/auto_tune/auto_tune.sh}
+    rm -rf "$CARRY" && mkdir -p "$CARRY/code/peer/bin" "$CARRY/code/variant" "$CARRY/split"
+    # a call carries the working tree too (about 14 MB) within its 64 MiB: 44 MiB a piece
+    split -b 44m -d -a 2 "$tarball" "$CARRY/split/part."
+    k=0
+    for f in "$CARRY"/split/part.*; do mkdir -p "$CARRY/p$k" && mv "$f" "$CARRY/p$k/" && k=$((k + 1)); done
+    rmdir "$CARRY/split"
+    sha256sum "$tarball" | cut -d' ' -f1 > "$CARRY/code/payload.sha256"
+    cp "$script" "$CARRY/code/peer/auto_tune.sh"
+    cp bench/auto_tune_bc.py "$CARRY/code/peer/bin/bc" && chmod +x "$CARRY/code/peer/bin/bc"
+    .venv/bin/python bench/twin_variant.py llama-3-1-8b-instruct-twin fp8 "$CARRY/code/variant"
+    du -sh "$CARRY"/* ;;
   piece)
     mkdir -p /tmp/asm && cp "$CARRY/p$2"/part.* /tmp/asm/ && ls -l /tmp/asm
     if [ "$2" = 0 ]; then
@@ -37,7 +56,9 @@ case "$1" in
       pwd; df -h /tmp | tail -1
     fi ;;
   install)
-    rm -rf /tmp/code && cp -r "$CARRY/code" /tmp/code
+    rm -rf /tmp/code && mkdir -p /tmp/code
+    tar cf - --exclude=./build . | tar xf - -C /tmp/code  # the working tree, then code/'s extras
+    cp -r "$CARRY/code/." /tmp/code/
     n=$(ls -d "$CARRY"/p[0-9]* | sort -V | tail -1)
     cp "$n"/part.* /tmp/asm/
     cd /tmp/asm && cat $(ls part.* | sort -V) > payload.tar
@@ -71,8 +92,8 @@ print(versions)
 EOF
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     case "$gpu" in
-      *H200*) NT=h200; RATE=${RATE:-18} ;;
-      *) NT=h100; RATE=${RATE:-13} ;;
+      *H200*) NT=h200; RATE=${RATE:-34} ;;
+      *) NT=h100; RATE=${RATE:-26} ;;
     esac
     echo "card: $gpu, node type $NT, rate $RATE" | tee "$W/res/card.txt"
     rm -rf "$W/variant" && cp -r /tmp/code/variant "$W/variant"
@@ -82,7 +103,7 @@ EOF
         --model-dir "$V" --precision fp8 --node-type "$NT" --hardware sm90 --plan \
         --config-dir "$W/configs" --engine-bin "$W/bin" --gpus 0 --log-dir "$W/res/engine-logs" \
         --max-num-seqs 64 128 --max-num-batched-tokens 8192 2048 --max-candidates 4 \
-        --rate "$RATE" --repeats 2 --max-seconds 90 --min-seconds 20 --min-requests 300 \
+        --rate "$RATE" --repeats "${REPEATS:-3}" --max-seconds "${MAX_SECONDS:-60}" --min-seconds 20 --min-requests 300 \
         --look-every 100 --budget-min 30 --start-s 150 \
         --out "$W/res/searched_configs.json" --samples "$W/res/samples.jsonl" \
         --table-out "$W/res/search.json" > "$W/res/search.log" 2>&1
@@ -92,7 +113,7 @@ EOF
     if [ "$left" -gt 240 ]; then
       python3 bench/search_vs_auto_tune.py peer --script /tmp/code/peer/auto_tune.sh \
           --script-source "${PEER_SOURCE:-vllm-project/vllm benchmarks/auto_tune/auto_tune.sh}" \
-          --model "$V" --out "$W/res" --work /tmp/peer --seqs "32 64" --tokens "2048 8192" \
+          --model "$V" --out "$W/res" --work /tmp/peer --seqs "${PEER_SEQS:-32 64}" --tokens "${PEER_TOKENS:-8192}" \
           --deadline-s "$left" > "$W/res/peer.out" 2>&1
       echo "peer rc $? after $(( $(date +%s) - T0 )) s" | tee -a "$W/res/card.txt"
     else

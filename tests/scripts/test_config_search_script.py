@@ -75,3 +75,26 @@ def test_gpu_search_steps_parse_and_refuse_an_unknown_step():
     p = subprocess.run(["bash", str(sh), "nope"], capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin"}, check=False)
     assert p.returncode == 2 and "unknown step nope" in p.stderr
+
+
+def test_the_bc_for_auto_tune_answers_its_comparisons_and_sums():
+    """The lines auto_tune.sh pipes to `bc -l`: its memory-utilization walk, its latency test
+    (an empty number, from a benchmark that printed none, is false) and its throughput test."""
+    lines = "0.97 >= 0.9\n0.89 >= 0.9\n0.98 - 0.01\n <= 9680\n2250.3 <= 9680\n14.28 > 0\n"
+    out = subprocess.run([sys.executable, str(BENCH / "auto_tune_bc.py")], input=lines,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.split() == ["1", "0", "0.97", "0", "1", "1"]
+
+
+def test_twin_variant_writes_the_fp8_export_marker_and_no_weights(tmp_path):
+    subprocess.run([sys.executable, str(BENCH / "twin_variant.py"), "llama-3-1-8b-instruct-twin",
+                    "fp8", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                   cwd=PROJECT_ROOT, check=True)
+    import json
+
+    out = tmp_path / "llama-3-1-8b-instruct-twin-fp8"
+    hf = json.loads((out / "hf_quant_config.json").read_text())["quantization"]
+    assert hf["quant_algo"] == "FP8" and hf["kv_cache_quant_algo"] == "FP8"
+    config = json.loads((out / "config.json").read_text())
+    assert config["hidden_size"] == 4096 and config["quantization_config"]
+    assert (out / "tokenizer.json").is_file() and not list(out.glob("*.safetensors"))

@@ -34,6 +34,8 @@ ELSEWHERE = {
     "bench/config_search.py": "tests/scripts/test_config_search_script.py",  # --dry-run
     "bench/gpu_search.sh": "tests/scripts/test_config_search_script.py",
     "bench/search_vs_auto_tune.py": "tests/scripts/test_config_search_script.py",
+    "bench/auto_tune_bc.py": "tests/scripts/test_config_search_script.py",
+    "bench/twin_variant.py": "tests/scripts/test_config_search_script.py",
     "bench/engine_measurements.py": "tests/onboarding/test_engine_choice.py",
     "bench/gpu_h200_doc.py": "tests/scripts/test_gpu_scripts.py",  # --check
     "scripts/add_measured_points.py": "tests/onboarding/test_predict.py",
