@@ -10,7 +10,8 @@ format of configs/searched_configs.json; docs/serving.md "Measured configuration
         --model-dir .cache/smollm2-135m-instruct [--node-type cpu] [--scenario chat] \\
         [--tokens IN OUT] [--rate RPS] [--percentile P] [--ttft-s S] [--tpot-ms MS] \\
         [--repeats N] [--max-seconds S] [--min-requests N] [--min-seconds S] [--look-every N] \\
-        [--max-num-seqs 2 4 8] [--max-num-batched-tokens 512 2048] [--max-candidates N] \\
+        [--max-num-seqs 2 4 8] [--max-num-batched-tokens 512 2048] \\
+        [--api-server-count 1 2] [--max-candidates N] \\
         [--budget-min M] [--start-s S] [--out record.json] [--dry-run] \\
         [--plan] [--config-dir DIR] [--engine-bin DIR] [--gpus 0] [--log-dir DIR] \\
         [--samples requests.jsonl] [--table-out search.json]
@@ -99,6 +100,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--slo-itl-mean-ms", type=float)
     p.add_argument("--max-num-seqs", nargs="+", type=int)
     p.add_argument("--max-num-batched-tokens", nargs="+", type=int)
+    p.add_argument("--api-server-count", nargs="+", type=int)
     p.add_argument("--max-candidates", type=int)
     p.add_argument("--budget-min", type=float)
     p.add_argument("--start-s", type=float, default=60.0,
@@ -148,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     cands, left_out, basis = candidates(
         template, base, a.max_num_seqs or settings.max_num_seqs,
         a.max_num_batched_tokens or settings.max_num_batched_tokens, slo.target_concurrency,
-        a.max_candidates or settings.max_candidates)
+        a.max_candidates or settings.max_candidates,
+        api_server_count=a.api_server_count or settings.api_server_count)
     budget_s = (a.budget_min or settings.budget_minutes) * 60
     print(f"{spec.id} on {a.node_type}: {len(cands)} candidates (order: {basis}); left out: "
           f"{'; '.join(left_out) or 'none'}")

@@ -150,7 +150,7 @@ def report(a: argparse.Namespace) -> int:
     pf = next((f for f in (d / "peer.json", d / "peer" / "peer.json") if f.is_file()), None)
     p = json.loads(pf.read_text()) if pf else None
     win = next((r for r in s["table"] if r.get("chosen")), None)
-    print(f"search: {len(s['table'])} candidates in {s['search_s']:.0f} s; winner "
+    print(f"search: {len(s['table'])} candidates in {s['search_s']:.0f} s; chosen when it ran "
           + (f"max_num_seqs={win['max_num_seqs']}, max_num_batched_tokens="
              f"{win['max_num_batched_tokens']} ({win['verdict']}, n={win['n']})" if win
              else f"none ({s['failed_closed']})"))

@@ -5,10 +5,11 @@ the engine's default batch budget). The search measures a few around it and depl
 one measured at the SLO:
 
 - Candidates: the plan's configuration and its grid over `max_num_seqs` x
-  `max_num_batched_tokens` (configs/search.yaml `search`), every other setting as planned
-  (precision, TP, engine: the plan's choices). A pair the engine refuses is left out and said
-  (`max_num_batched_tokens` below `max_num_seqs`; below `max_model_len` without chunked
-  prefill).
+  `max_num_batched_tokens` x `api_server_count` (configs/search.yaml `search`; more API
+  servers where a point is frontend-bound, onboarding/serving/frontend.py), every other
+  setting as planned (precision, TP, engine: the plan's choices). A pair the engine refuses is
+  left out and said (`max_num_batched_tokens` below `max_num_seqs`; below `max_model_len`
+  without chunked prefill; an API-server count for an engine without the flag).
 - Order: by a prediction where one is given (`predicted`, lower is better, e.g. a calibrated
   TTFT p99 at the target rate), else by the stated `RULE`. At most `max_candidates`.
 - Each candidate is measured by the caller's `measure` (the rate verdict at the target rate,
@@ -20,6 +21,11 @@ one measured at the SLO:
 - The winner is the met candidate with the most headroom (the lowest worst ratio of measured to
   bound over the percentile bounds); none met: `SearchFailed`, "not met by any of N
   candidates", with the best one's numbers (fails closed).
+- A met plan's configuration is replaced only by a candidate whose every run beat every run of
+  the plan's by more than `min_margin` (`separated`: with a runs against b, a one-sided rank
+  test at p = 1 / C(a + b, a), 0.05 at three runs each); a plan that was not met is replaced by
+  any met candidate. Each row says its goodput at the SLO (requests inside every bound per
+  second), the number a deployment serves users at.
 
 Pure: the engine and the load generator are behind `measure`; the clock is injected.
 """
@@ -41,7 +47,7 @@ from onboarding.serving.stack import EngineTemplate
 RULE = ("the plan's configuration first (the baseline every winner is compared with); then "
         "max-num-seqs from the SLO's target concurrency upward (a slot for every request in "
         "flight at the target first, then headroom), the larger max-num-batched-tokens first "
-        "at equal max-num-seqs (fewer prefill chunks per prompt)")
+        "at equal max-num-seqs (fewer prefill chunks per prompt), one API server before more")
 
 
 class SearchFailed(OnboardingError):
@@ -56,8 +62,10 @@ class Candidate:
 
     @property
     def label(self) -> str:
+        servers = self.config.param("api_server_count")
         return (f"max_num_seqs={self.config.param('max_num_seqs')}, max_num_batched_tokens="
-                f"{self.config.param('max_num_batched_tokens', 'engine default')}")
+                f"{self.config.param('max_num_batched_tokens', 'engine default')}"
+                + (f", api_server_count={servers}" if servers is not None else ""))
 
 
 @dataclass(frozen=True)
@@ -70,17 +78,29 @@ class Measured:
     seconds: float = 0.0
 
     def headroom(self) -> float:
-        """The worst measured/bound ratio over the percentile bounds (lower is better; < 1
-        means every percentile is inside its bound); inf when nothing was measured."""
+        """The worst measured/bound ratio over the percentile bounds and runs (lower is better;
+        < 1 means every percentile is inside its bound); inf when nothing was measured."""
+        return max(self.run_headrooms(), default=math.inf)
+
+    def run_headrooms(self) -> list[float]:
+        """Each run's worst measured/bound ratio over the percentile bounds."""
         if self.verdict is None:
-            return math.inf
-        worst = 0.0
-        for run in self.verdict.runs:
-            for b in run.bounds:
-                if b.bound.quantile is None or math.isnan(b.estimate):
-                    continue
-                worst = max(worst, b.estimate / b.bound.limit)
-        return worst if self.verdict.runs else math.inf
+            return []
+        return [max((b.estimate / b.bound.limit for b in run.bounds
+                     if b.bound.quantile is not None and not math.isnan(b.estimate)),
+                    default=0.0) for run in self.verdict.runs]
+
+
+def separated(challenger: Measured, plan: Measured, min_margin: float) -> bool:
+    """Every run of `challenger` below every run of `plan` by more than `min_margin` of the
+    plan's best run: a lead that no single run of either decides."""
+    c, p = challenger.run_headrooms(), plan.run_headrooms()
+    return bool(c and p) and max(c) < min(p) * (1 - min_margin)
+
+
+def rank_p(a: int, b: int) -> float:
+    """One-sided p of a runs all ranking below b runs when both come from one distribution."""
+    return 1 / math.comb(a + b, a)
 
 
 @dataclass(frozen=True)
@@ -95,12 +115,15 @@ class SearchRow:
         out: dict[str, Any] = {
             "hash": c.hash, "max_num_seqs": c.param("max_num_seqs"),
             "max_num_batched_tokens": c.param("max_num_batched_tokens", "default"),
+            "api_server_count": c.param("api_server_count", 1),
             "baseline": self.candidate.baseline,
             "predicted": self.candidate.predicted if self.candidate.predicted is not None
             else "rule",
             "verdict": v.outcome if v else ("crashed" if m and m.crashed else "skipped"),
             "n": v.n if v else 0, "runs": len(v.runs) if v else 0,
             "headroom": round(m.headroom(), 4) if m and v else None,
+            "goodput_rps": round(v.goodput_rps, 3) if v else None,
+            "good": v.good if v else 0,
         }
         for iv in (v.intervals if v else ()):
             out[iv.name] = round(iv.mean, 4)
@@ -133,16 +156,22 @@ class SearchResult:
 
 
 def with_batching(template: EngineTemplate, base: EngineConfig, max_num_seqs: int,
-                  max_num_batched_tokens: int | None) -> EngineConfig:
-    """`base` with these two numbers, every other setting (and the hash's other inputs) kept."""
+                  max_num_batched_tokens: int | None, api_server_count: int | None = None
+                  ) -> EngineConfig:
+    """`base` with these numbers, every other setting (and the hash's other inputs) kept. One
+    API server (the engine's own default) is not written, so the grid without that axis keeps
+    its hashes."""
     params = {**base.params, "max_num_seqs": max_num_seqs}
     if max_num_batched_tokens is not None:
         params["max_num_batched_tokens"] = max_num_batched_tokens
+    if api_server_count is not None and api_server_count != 1:
+        params["api_server_count"] = api_server_count
     params = {k: v for k, v in params.items() if k not in base.dropped}
+    servers = f", api_server_count={api_server_count}" if "api_server_count" in params else ""
     return dataclasses.replace(
         base, params=params, param_args=tuple(render_params(template, params)),
         notes=(*base.notes, (f"searched: max_num_seqs={max_num_seqs}, max_num_batched_tokens="
-               f"{max_num_batched_tokens or 'engine default'}")))
+               f"{max_num_batched_tokens or 'engine default'}{servers}")))
 
 
 def refused_pair(base: EngineConfig, seqs: int, tokens: int) -> str:
@@ -158,11 +187,17 @@ def refused_pair(base: EngineConfig, seqs: int, tokens: int) -> str:
 
 def candidates(template: EngineTemplate, base: EngineConfig, max_num_seqs: Sequence[int],
                max_num_batched_tokens: Sequence[int], target_concurrency: int,
-               max_candidates: int, predict: Callable[[EngineConfig], float | None] | None = None
+               max_candidates: int, predict: Callable[[EngineConfig], float | None] | None = None,
+               api_server_count: Sequence[int] = (1,)
                ) -> tuple[list[Candidate], list[str], str]:
     """The plan's configuration first, then the grid in the predictor's order (when it predicts
     every candidate) or the RULE's, at most `max_candidates` in all; and what was left out."""
     left_out: list[str] = []
+    servers = sorted(set(api_server_count)) or [1]
+    if any(n != 1 for n in servers) and "api_server_count" not in template.args:
+        left_out.append(f"api_server_count {[n for n in servers if n != 1]}: engine "
+                        f"{base.engine} has no API-server count flag in configs/stack.yaml")
+        servers = [1]
     grid: list[EngineConfig] = []
     seen = {base.hash}
     for seqs in max_num_seqs:
@@ -170,10 +205,11 @@ def candidates(template: EngineTemplate, base: EngineConfig, max_num_seqs: Seque
             if why := refused_pair(base, seqs, tokens):
                 left_out.append(why)
                 continue
-            c = with_batching(template, base, seqs, tokens)
-            if c.hash not in seen:
-                seen.add(c.hash)
-                grid.append(c)
+            for n in servers:
+                c = with_batching(template, base, seqs, tokens, n)
+                if c.hash not in seen:
+                    seen.add(c.hash)
+                    grid.append(c)
     preds = {c.hash: predict(c) for c in grid} if predict else {}
     if grid and preds and all(p is not None for p in preds.values()):
         basis = "predicted"
@@ -184,7 +220,8 @@ def candidates(template: EngineTemplate, base: EngineConfig, max_num_seqs: Seque
 
         def rule(c: EngineConfig) -> tuple:
             seqs = c.max_num_seqs or 0
-            return (seqs < target_concurrency, seqs, -(c.param("max_num_batched_tokens") or 0))
+            return (seqs < target_concurrency, seqs, -(c.param("max_num_batched_tokens") or 0),
+                    c.param("api_server_count", 1))
         grid.sort(key=rule)
     out = [Candidate(base, predict(base) if basis == "predicted" and predict else None, True)]
     out += [Candidate(c, preds.get(c.hash)) for c in grid]
@@ -245,15 +282,16 @@ def search(node_type: str, cands: Sequence[Candidate],
     if base_row is not None and base_row.candidate is not winner_c and base_row.measured \
             and base_row.measured.verdict is not None \
             and base_row.measured.verdict.outcome == MET \
-            and winner_m.headroom() > base_row.measured.headroom() * (1 - min_margin):
-        kept = (f"{winner_c.label} was ahead by {base_row.measured.headroom() - winner_m.headroom():.3f}"
-                f", within min_margin={min_margin:g} of the plan's {base_row.measured.headroom():.3f}"
-                ": the plan's configuration kept")
+            and not separated(winner_m, base_row.measured, min_margin):
+        kept = (f"{winner_c.label}'s runs ({_runs(winner_m)}) did not all beat every run of the "
+                f"plan's ({_runs(base_row.measured)}) by more than min_margin={min_margin:g}: "
+                "the plan's configuration kept")
         winner_c, winner_m = base_row.candidate, base_row.measured
     others = sorted((r for r in measured if r.candidate.config.hash != winner_c.config.hash),
                     key=lambda r: r.measured.headroom())
     runner = others[0] if others else None
-    margin = _margin(winner_c, winner_m, runner, base_row) + (f"; {kept}" if kept else "")
+    margin = _margin(winner_c, winner_m, runner, base_row if not kept else None) + (
+        f"; {kept}" if kept else "")
     return SearchResult(node_type=node_type, winner=winner_c.config, baseline=cands[0].config,
                         rows=tuple(rows), basis=basis, margin=margin, crashed=crashed,
                         seconds=elapsed, notes=tuple(notes))
@@ -262,8 +300,9 @@ def search(node_type: str, cands: Sequence[Candidate],
 def _margin(wc: Candidate, wm: Measured, runner: SearchRow | None, base: SearchRow | None
             ) -> str:
     w = wm.headroom()
-    parts = [(f"winner {wc.label}: worst percentile at {w:.3f} of its bound "
-             f"({wm.verdict.says() if wm.verdict else ''})")]
+    parts = [(f"winner {wc.label}: worst percentile at {w:.3f} of its bound, goodput "
+              f"{wm.verdict.goodput_rps:.3g} req/s at the SLO "
+              f"({wm.verdict.says() if wm.verdict else ''})")]
     if runner is not None:
         r = runner.measured
         parts.append(f"next best {runner.candidate.label}: {r.headroom():.3f} "
@@ -271,11 +310,20 @@ def _margin(wc: Candidate, wm: Measured, runner: SearchRow | None, base: SearchR
     if base is not None and base.candidate is not wc:
         b = base.measured
         if b is not None and b.verdict is not None:
+            how = ""
+            if b.verdict.outcome == MET:
+                a, n = len(wm.run_headrooms()), len(b.run_headrooms())
+                how = (f"; every one of its {a} runs ahead of every one of the plan's {n} "
+                       f"(one-sided rank test p = {rank_p(a, n):.3g})")
             parts.append(f"the plan's configuration: {b.headroom():.3f} ({b.verdict.outcome}, "
-                         f"n={b.verdict.n})")
+                         f"n={b.verdict.n}, goodput {b.verdict.goodput_rps:.3g} req/s){how}")
         else:
             parts.append("the plan's configuration: not measured"
                          + (f" ({b.crashed})" if b and b.crashed else ""))
     elif base is not None:
         parts.append("the plan's configuration was already the best")
     return "; ".join(parts)
+
+
+def _runs(m: Measured) -> str:
+    return ", ".join(f"{h:.3f}" for h in m.run_headrooms())

@@ -161,7 +161,7 @@ def judge_bound(bound: Bound, records: Sequence[RequestRecord], alpha: float) ->
     return BoundVerdict(bound=bound, outcome=outcome, n=n, estimate=mean, low=low, high=high)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RateVerdict:
     outcome: str
     n: int  # requests judged
@@ -169,11 +169,22 @@ class RateVerdict:
     bounds: tuple[BoundVerdict, ...]
     error_outcome: str = MET
     alpha: float = 0.05
+    good: int = 0  # requests inside every bound's limit (a failed one never is)
+    span_s: float = math.nan  # first send to last finish of the judged requests
+
+    @property
+    def goodput_rps(self) -> float:
+        """Requests inside every bound per second of the run: what serves users at the SLO.
+        At a rate the configuration cannot keep up with, the queue stretches the span and
+        pushes requests over their TTFT bound, so this falls below the offered rate."""
+        return self.good / self.span_s if self.span_s > 0 else math.nan
 
     def says(self) -> str:
         why = "; ".join(b.says() for b in self.bounds)
         errs = f"; errors {self.failed} of n={self.n}: {self.error_outcome}"
-        return f"{self.outcome} (n={self.n}): {why}{errs}"
+        good = (f"; {self.good} of n={self.n} inside every bound, goodput "
+                f"{self.goodput_rps:.3g} req/s" if self.n else "")
+        return f"{self.outcome} (n={self.n}): {why}{errs}{good}"
 
     def stat(self, name: str) -> BoundVerdict:
         return next(b for b in self.bounds if b.bound.name == name)
@@ -183,7 +194,29 @@ class RateVerdict:
                                              "failed": self.failed}
         for b in self.bounds:
             out[f"{b.bound.name}_{b.bound.metric.rsplit('_', 1)[1]}"] = b.estimate
+        out["goodput_rps"] = self.goodput_rps
         return out
+
+
+def inside_every_bound(rec: RequestRecord, all_bounds: Sequence[Bound]) -> bool:
+    """One request within every bound's limit (a mean bound read per request, as the serving
+    benchmark's goodput reads the mean ITL bound); a failed request never is."""
+    if not rec.ok:
+        return False
+    for b in all_bounds:
+        v = _value(rec, b.metric)
+        if v is None:
+            if b.metric == "ttft_s":
+                return False
+            continue  # one output token: no TPOT to hold against a bound
+        if v > b.limit:
+            return False
+    return True
+
+
+def span_s(records: Sequence[RequestRecord]) -> float:
+    ends = [r.start_s + r.e2e_s for r in records if r.e2e_s is not None]
+    return max(ends) - min(r.start_s for r in records) if ends else math.nan
 
 
 def judge(records: Sequence[RequestRecord], slo: Slo, rate: RateSlo, looks: int = 1
@@ -191,7 +224,8 @@ def judge(records: Sequence[RequestRecord], slo: Slo, rate: RateSlo, looks: int 
     """The verdict on the finished requests so far; `looks`: how many looks the run may make
     in all (each judged at alpha / looks)."""
     alpha = (1 - rate.confidence) / max(looks, 1)
-    verdicts = tuple(judge_bound(b, records, alpha) for b in bounds(slo, rate))
+    all_bounds = bounds(slo, rate)
+    verdicts = tuple(judge_bound(b, records, alpha) for b in all_bounds)
     n = len(records)
     failed = sum(not r.ok for r in records)
     if slo.error_rate_max <= 0:
@@ -203,7 +237,9 @@ def judge(records: Sequence[RequestRecord], slo: Slo, rate: RateSlo, looks: int 
     outcomes = [v.outcome for v in verdicts] + [err]
     outcome = (NOT_MET if NOT_MET in outcomes else MET if all(o == MET for o in outcomes)
                else UNDECIDED)
-    return RateVerdict(outcome, n, failed, verdicts, err, alpha)
+    good = sum(inside_every_bound(r, all_bounds) for r in records)
+    return RateVerdict(outcome=outcome, n=n, failed=failed, bounds=verdicts, error_outcome=err,
+                       alpha=alpha, good=good, span_s=span_s(records))
 
 
 def max_looks(n_bodies: int, rate: RateSlo) -> int:
@@ -272,6 +308,16 @@ class RepeatedVerdict:
     @property
     def n(self) -> int:
         return sum(r.n for r in self.runs)
+
+    @property
+    def good(self) -> int:
+        return sum(r.good for r in self.runs)
+
+    @property
+    def goodput_rps(self) -> float:
+        """The runs' mean goodput (requests inside every bound per second)."""
+        values = [g for r in self.runs if not math.isnan(g := r.goodput_rps)]
+        return float(np.mean(values)) if values else math.nan
 
     def says(self) -> str:
         per = ", ".join(f"{r.outcome} (n={r.n})" for r in self.runs)

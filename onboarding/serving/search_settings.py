@@ -31,9 +31,10 @@ class SearchFields(StrictConfig):
     max_candidates: int | None = Field(default=None, ge=1)
     max_num_seqs: list[int] | None = Field(default=None, min_length=1)
     max_num_batched_tokens: list[int] | None = Field(default=None, min_length=1)
+    api_server_count: list[int] | None = Field(default=None, min_length=1)
     min_margin: float | None = Field(default=None, ge=0, lt=1)
 
-    @field_validator("max_num_seqs", "max_num_batched_tokens")
+    @field_validator("max_num_seqs", "max_num_batched_tokens", "api_server_count")
     @classmethod
     def _positive(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and min(v) < 1:
@@ -71,6 +72,7 @@ class SearchSettings(StrictConfig):
     max_candidates: int
     max_num_seqs: list[int]
     max_num_batched_tokens: list[int]
+    api_server_count: list[int]
     min_margin: float
 
 

@@ -3,7 +3,7 @@ serving stage measures and `kserve_manifest` renders (one hash, as before the se
 
 A record (configs/searched_configs.json, written by bench/config_search.py from a search run)
 names the model, the node type, the hash of the configuration the search started from (the
-plan's, or the engine at hand's), and the winner: its two searched numbers and its hash. It is
+plan's, or the engine at hand's), and the winner: its searched numbers and its hash. It is
 applied only where the plan still gives exactly that starting configuration, and only when
 rebuilding the winner from it gives the recorded hash; anything else (the plan, the stack or the
 spec changed since the search) keeps the plan's configuration and says why. Pure.
@@ -31,6 +31,7 @@ class SearchRecord:
     winner_hash: str
     max_num_seqs: int
     max_num_batched_tokens: int | None
+    api_server_count: int | None = None  # None: the engine's default (one)
     basis: str = ""  # the order's basis: "predicted" or the stated rule
     margin: str = ""  # how the winner won, with n
     candidates: int = 0  # measured
@@ -43,6 +44,7 @@ class SearchRecord:
         return cls(model=model, node_type=result.node_type, base_hash=result.baseline.hash,
                    winner_hash=w.hash, max_num_seqs=int(w.param("max_num_seqs")),
                    max_num_batched_tokens=w.param("max_num_batched_tokens"),
+                   api_server_count=w.param("api_server_count"),
                    basis=result.basis, margin=result.margin, candidates=result.measured,
                    crashed=result.crashed, table=tuple(result.table()))
 
@@ -78,7 +80,8 @@ def apply(config: EngineConfig, template: EngineTemplate, records: list[SearchRe
     for r in mine:
         if r.base_hash != config.hash:
             continue
-        won = with_batching(template, config, r.max_num_seqs, r.max_num_batched_tokens)
+        won = with_batching(template, config, r.max_num_seqs, r.max_num_batched_tokens,
+                            r.api_server_count)
         if won.hash != r.winner_hash:
             return config, (f"search record not applied: rebuilding its winner gives {won.hash},"
                             f" not the recorded {r.winner_hash}")

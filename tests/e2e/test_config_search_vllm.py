@@ -1,9 +1,9 @@
 """The configuration search on the real engine: PyPI's vLLM CPU build serving SmolLM2-135M.
 
-Three candidates (the local configuration with one sequence at a time, and max-num-seqs 4 and
-8), each started, judged at a Poisson rate by the rate verdict (p90 here, the `cpu` node type's
-percentile), repeated; the winner is a met candidate and the plan the search returns carries it
-for the node type, one hash. Skipped, with the reason, when the engine venv or the model has
+Three candidates (the local configuration with one sequence at a time, max-num-seqs 4, and
+max-num-seqs 4 behind two API server processes: the frontend axis), each started, judged at a
+Poisson rate by the rate verdict (p90 here, the `cpu` node type's percentile); the winner is a
+met candidate and the plan the search returns carries it for the node type, one hash. Skipped, with the reason, when the engine venv or the model has
 not been built.
 """
 
@@ -53,9 +53,11 @@ def test_a_small_search_on_the_real_engine_picks_a_met_candidate(tmp_path, model
                      served_name="smol", engine_args={"max_model_len": 1024, "max_num_seqs": 1})
     engine = Engine(hardware="cpu", log_dir=str(tmp_path / "logs"), start_timeout_s=300)
     base = engine.local_config(spec, "bf16")
-    cands, left_out, basis = candidates(engine.template(), base, [4, 8], [1024],
-                                        target_concurrency=4, max_candidates=3)
-    assert [c.config.max_num_seqs for c in cands] == [1, 4, 8] and not left_out
+    cands, left_out, basis = candidates(engine.template(), base, [4], [1024],
+                                        target_concurrency=4, max_candidates=3,
+                                        api_server_count=[1, 2])
+    assert [c.config.max_num_seqs for c in cands] == [1, 4, 4] and not left_out
+    assert [c.config.param("api_server_count") for c in cands] == [None, None, 2]
     # bounds a shared two-core machine meets at one request a second with these shapes; the
     # p95 needs about 77 requests to be shown met at alpha 0.1 over 5 looks
     slo = Slo(ttft_p95_s=5.0, itl_mean_ms=1000, error_rate_max=0.0, target_concurrency=4)
@@ -75,6 +77,7 @@ def test_a_small_search_on_the_real_engine_picks_a_met_candidate(tmp_path, model
     winner = result.winner
     assert winner.hash == chosen[0]["hash"] and winner.hash in {c.config.hash for c in cands}
     assert f"--max-num-seqs={winner.max_num_seqs}" in winner.args("/m", 1)
+    assert all(row["goodput_rps"] > 0 and row["good"] <= row["n"] for row in table)
     assert all(row["n"] > 0 for row in table)
     # recorded and applied: the engine at hand starts the winner, one hash (the manifest of a
     # planned node type renders it the same way: tests/onboarding/test_searched.py)

@@ -36,10 +36,17 @@ def base():
         image="local", precision="bf16"))
 
 
+def run(ttft: float, n: int = 60):
+    return judge([RequestRecord(ok=True, start_s=float(i), ttft_s=ttft, e2e_s=ttft + 0.5,
+                                output_tokens=11) for i in range(n)], SLO, RATE)
+
+
 def verdict(ttft: float, n: int = 60):
-    recs = [RequestRecord(ok=True, ttft_s=ttft, e2e_s=ttft + 0.5, output_tokens=11)
-            for _ in range(n)]
-    return combine([judge(recs, SLO, RATE)])
+    return combine([run(ttft, n)])
+
+
+def runs(*ttfts: float):
+    return combine([run(t) for t in ttfts])
 
 
 def grid(**kw):
@@ -66,6 +73,24 @@ def test_a_pair_the_engine_refuses_is_left_out_and_said():
     cands, left_out, _ = grid(max_num_seqs=[8], max_num_batched_tokens=[4, 512])
     assert [c.config.param("max_num_batched_tokens") for c in cands[1:]] == [512]
     assert left_out == ["max_num_batched_tokens 4 < max_num_seqs 8"]
+
+
+def test_more_api_servers_follow_one_and_an_engine_without_the_flag_is_said():
+    """The frontend axis: one API server (the engine's default, not written, so its hashes are
+    the two-axis grid's) before more, each a separate candidate with the flag."""
+    two_axes, _, _ = grid(max_num_seqs=[8], max_num_batched_tokens=[2048], max_candidates=10)
+    cands, left_out, _ = grid(max_num_seqs=[8], max_num_batched_tokens=[2048],
+                              api_server_count=[2, 1], max_candidates=10)
+    assert [c.config.param("api_server_count") for c in cands[1:]] == [None, 2]
+    assert cands[1].config.hash == two_axes[1].config.hash and not left_out
+    assert "--api-server-count=2" in cands[2].config.args("/m", 1)
+    assert "api_server_count=2" in cands[2].label and "api_server" not in cands[1].label
+    assert cands[2].config.hash != cands[1].config.hash
+    no_flag = TEMPLATE.model_copy(update={"args": {
+        k: v for k, v in TEMPLATE.args.items() if k != "api_server_count"}})
+    cands, left_out, _ = candidates(no_flag, base(), [8], [2048], 4, 10, api_server_count=[1, 2])
+    assert len(cands) == 2 and left_out == [
+        "api_server_count [2]: engine vllm has no API-server count flag in configs/stack.yaml"]
 
 
 def test_a_prediction_orders_the_grid_when_it_covers_every_candidate():
@@ -159,10 +184,57 @@ def test_a_lead_inside_min_margin_keeps_the_plans_configuration_and_says_so():
     kept = search("cpu", cands, measure, budget_s=600, cost_s=60, basis=basis, clock=clock(),
                   min_margin=0.05)
     assert kept.winner.hash == cands[0].config.hash
-    assert "within min_margin=0.05" in kept.margin and "the plan's configuration kept" in kept.margin
+    assert "by more than min_margin=0.05" in kept.margin
+    assert "the plan's configuration kept" in kept.margin
     assert [row["chosen"] for row in kept.table()] == [True, False, False]
     moved = search("cpu", cands, measure, budget_s=600, cost_s=60, basis=basis, clock=clock())
     assert moved.winner.hash == cands[1].config.hash
     ttfts[cands[1].config.hash] = 0.2  # well ahead: replaces the plan's
     assert search("cpu", cands, measure, budget_s=600, cost_s=60, basis=basis, clock=clock(),
                   min_margin=0.05).winner.hash == cands[1].config.hash
+
+
+def test_one_slow_run_of_the_plan_does_not_hand_the_deployment_to_a_challenger():
+    """The plan's two runs disagree (TTFT p90 0.3 s, then 0.9 s); a challenger at 0.35 s in
+    both is ahead of the plan's worst run but not of its best: not a lead any single run
+    decides, so the plan's configuration stays and the margin gives every run's number."""
+    cands, _, basis = grid()
+    ttfts = {cands[0].config.hash: (0.3, 0.9), cands[1].config.hash: (0.35, 0.35),
+             cands[2].config.hash: (0.8, 0.8)}
+
+    def measure(c, best):
+        return Measured(runs(*ttfts[c.config.hash]))
+
+    kept = search("cpu", cands, measure, budget_s=600, cost_s=60, basis=basis, clock=clock(),
+                  min_margin=0.05)
+    assert kept.winner.hash == cands[0].config.hash
+    assert "(0.350, 0.350) did not all beat every run of the plan's (0.300, 0.900)" in kept.margin
+
+    ttfts[cands[1].config.hash] = (0.2, 0.25)  # below every run of the plan's: it replaces it
+    moved = search("cpu", cands, measure, budget_s=600, cost_s=60, basis=basis,
+                   clock=clock(), min_margin=0.05)
+    assert moved.winner.hash == cands[1].config.hash
+    assert "every one of its 2 runs ahead of every one of the plan's 2" in moved.margin
+    assert "p = 0.167" in moved.margin  # 1 / C(4, 2)
+
+
+def test_a_plan_that_misses_the_slo_is_replaced_by_a_met_candidate_and_goodput_says_why():
+    """At a rate the plan cannot keep up with, its requests queue past the TTFT bounds: not
+    met, and its goodput (requests inside every bound per second) falls below the met one's."""
+    cands, _, basis = grid()
+
+    def measure(c, best):
+        if c.baseline:  # a growing queue: each request waits 0.05 s longer than the one before
+            recs = [RequestRecord(ok=True, start_s=float(i), ttft_s=0.2 + 0.05 * i,
+                                  e2e_s=0.7 + 0.05 * i, output_tokens=11) for i in range(60)]
+            return Measured(combine([judge(recs, SLO, RATE)]))
+        return Measured(runs(0.3))
+
+    r = search("cpu", cands, measure, budget_s=600, cost_s=60, basis=basis, clock=clock(),
+               min_margin=0.05)
+    table = {row["hash"]: row for row in r.table()}
+    plan, won = table[cands[0].config.hash], table[r.winner.hash]
+    assert plan["verdict"] == "not met" and won["verdict"] == "met" and not won["baseline"]
+    assert plan["good"] == 17 and won["good"] == 60  # TTFT <= 1 s (the catalog's p95 bound)
+    assert won["goodput_rps"] == round(60 / 59.8, 3) and plan["goodput_rps"] < won["goodput_rps"]
+    assert "goodput" in r.margin and "rank test" not in r.margin  # not met: no test needed

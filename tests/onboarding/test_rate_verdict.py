@@ -1,5 +1,6 @@
 """The open-loop verdict at a rate: percentile bounds judged by a binomial interval, n said."""
 
+import dataclasses
 import math
 
 import pytest
@@ -109,3 +110,17 @@ def test_bad_settings_are_refused_and_bodies_cover_the_time():
         RateSlo(target_rate_rps=1, ttft_p_s=1, tpot_p_ms=1, percentile=100)
     r = RateSlo(target_rate_rps=10, ttft_p_s=1, tpot_p_ms=1, max_seconds=60, min_requests=50)
     assert requests_for(r) >= 600 + 4 * math.sqrt(600)
+
+
+def test_goodput_counts_the_requests_inside_every_bound_over_the_runs_span():
+    """Inside every bound: TTFT within both TTFT bounds (the catalog's p95 bound, 1 s, is the
+    tighter), TPOT within the TPOT bound and the mean-ITL bound read per request; a failed
+    request never; a one-token answer has no TPOT to hold against a bound."""
+    recs = [dataclasses.replace(r, start_s=float(i)) for i, r in enumerate(
+        [req(ttft=0.2), req(ttft=1.5), req(tpot_ms=40.0), req(ok=False), req(n=1)])]
+    v = judge(recs, SLO, RATE)
+    assert v.good == 2  # the first and the one-token answer
+    last_end = max(r.start_s + r.e2e_s for r in recs if r.e2e_s is not None)
+    assert v.span_s == pytest.approx(last_end) and v.goodput_rps == pytest.approx(2 / last_end)
+    assert f"2 of n=5 inside every bound, goodput {2 / last_end:.3g} req/s" in v.says()
+    assert math.isnan(judge([], SLO, RATE).goodput_rps)

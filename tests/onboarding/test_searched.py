@@ -37,10 +37,11 @@ def planned():
     return serving_plan(LLAMA, p, NODES, STACK)
 
 
-def record(base, seqs=128, tokens=8192, **kw):
-    won = with_batching(VLLM, base, seqs, tokens)
+def record(base, seqs=128, tokens=8192, servers=None, **kw):
+    won = with_batching(VLLM, base, seqs, tokens, servers)
     return SearchRecord(model=LLAMA.id, node_type=base.node_type, base_hash=base.hash,
                         winner_hash=won.hash, max_num_seqs=seqs, max_num_batched_tokens=tokens,
+                        api_server_count=servers,
                         basis="rule", margin="winner ... (n=300)", candidates=4,
                         table=({"hash": won.hash, "chosen": True, "n": 300},), **kw)
 
@@ -114,3 +115,21 @@ def test_the_report_shows_each_search_table_and_margin():
     assert "searched:" in blocks[0].text and isinstance(blocks[2], Text)
     assert "n=300" in blocks[2].text
     assert _search_blocks(splan) == []
+
+
+def test_a_winner_with_more_api_servers_is_rendered_with_them(tmp_path):
+    splan = planned()
+    base = splan.config("h200")
+    rec = record(base, servers=4)
+    path = tmp_path / "searched_configs.json"
+    path.write_text(dump_records([rec]))
+    won = with_searched(splan, LLAMA, STACK.templates, load_records(path)).config("h200")
+    assert won.hash == rec.winner_hash
+    assert "--api-server-count=4" in won.args("/m", 8000)
+    # a record written before the API-server axis (no such field) still loads and applies
+    old = tmp_path / "old.json"
+    old.write_text(dump_records([record(base)]).replace('  "api_server_count": null,\n', ""))
+    assert "api_server_count" not in old.read_text()
+    again = with_searched(splan, LLAMA, STACK.templates, load_records(old)).config("h200")
+    assert again.hash == record(base).winner_hash and "--api-server-count" not in \
+        " ".join(again.args("/m", 8000))
