@@ -15,6 +15,7 @@ not applicable; the sweep measures the real kernels at the real shape (docs/twin
 
 import base64
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import dagster as dg
@@ -37,6 +38,8 @@ from onboarding.serving.frontend import FRONTEND_ADVICE, FRONTEND_BOUND_CORES, F
 from onboarding.serving.kernels import StartKernels, facts_table, judge, summarize_facts
 from onboarding.serving.plots import sweep_png
 from onboarding.serving.profiles import Profile, check_fits, resolve_slo, scenarios_for
+from onboarding.serving.rate_verdict import MET, RateSlo, RepeatedVerdict
+from onboarding.serving.search_settings import load_search_file, rate_slo
 from onboarding.serving.stats import (
     LoadTimingResult,
     ServingBenchmarkResult,
@@ -47,6 +50,7 @@ from onboarding.serving.stats import (
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator
+from resources.search_runner import Traffic, verdict_at_rate
 from resources.sweep import KeepPartial, run_sweep
 from resources.telemetry import GpuTelemetry
 
@@ -77,6 +81,7 @@ class ServingBenchmarkConfig(dg.Config):
     mode: str | None = None
     requests_per_point: int | None = None
     max_seconds_per_point: float | None = None
+    rate_verdict: bool | None = None  # the open-loop verdict at the target rate after the sweep
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -410,7 +415,8 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     asked = setup.profile.sweep.model_copy(update={k: v for k, v in {
         "concurrency": config.concurrency, "mode": config.mode,
         "requests_per_point": config.requests_per_point,
-        "max_seconds_per_point": config.max_seconds_per_point}.items() if v is not None})
+        "max_seconds_per_point": config.max_seconds_per_point,
+        "rate_verdict": config.rate_verdict}.items() if v is not None})
     # a blocking (gpu) profile always sweeps the target concurrency, where its SLO is judged
     sweep = setup.profile.model_copy(update={"sweep": asked}).sweep_for(
         setup.slo.target_concurrency)
@@ -421,17 +427,33 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     check_fits(scenarios, setup.config.max_model_len)
     tokenizer = _load_tokenizer(variant.path)
     gpu_ids = [int(g) for g in engine.gpus.split(",") if g.strip().isdigit()] or None
+    at_rate = _rate_settings(configs, engine.node_type) if sweep.rate_verdict else None
+    rate_v = None
     with engine.serve_shared(variant, setup.config) as running, \
             telemetry.sampler(gpu_ids) as sampler, FrontendSampler(running.pid) as frontend:
         context.log.info(engine_start_note(running))
         rows, points = run_sweep(context.log, loadgen, running, template, spec.served_name,
                                  scenarios, sweep, setup.slo, tokenizer, sampler, frontend,
                                  keep_partial=_keep_partial(context, outputs, running))
+        if at_rate is not None:
+            name, sc = next(iter(scenarios.items()))
+            traffic = Traffic(sc.input_tokens, sc.output_tokens, sc.prefix_tokens,
+                              sweep.warmup_requests, sweep.request_timeout_s,
+                              template.load_generator.count_tokens_by)
+            context.log.info(f"rate verdict: {at_rate.target_rate_rps:g} req/s Poisson on "
+                             f"{name}, {at_rate.repeats} runs at most")
+            rate_v = verdict_at_rate(loadgen, running.base_url, spec.served_name, tokenizer,
+                                     traffic, setup.slo, at_rate,
+                                     f"{setup.config.hash}/rate/{name}", log=context.log.info)
     result, basis, violations = headline(spec.id, variant.precision, engine.node_type, gpus,
                                          setup.slo, points, sweep.mode == "concurrency")
     result = dataclasses.replace(result, config_hash=setup.config.hash,
                                  slo_blocking=setup.blocking,
                                  servable=result.servable and not setup.reason)
+    rate_meta: dict = {}
+    if rate_v is not None and at_rate is not None:
+        result, violations, rate_meta = _with_rate_verdict(result, violations, rate_v, at_rate,
+                                                           next(iter(scenarios)))
     yield dg.Output(result, metadata={
         **_measured_metadata(engine, setup, serving_variant),
         **_sweep_report(outputs, f"{spec.id} ({variant.precision}) on {engine.node_type}",
@@ -443,6 +465,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
         "slo_pass": result.slo_pass,
         "throughput_basis": basis,
         "slo": dg.MetadataValue.json(setup.slo.__dict__),
+        **rate_meta,
         "engine_start": dg.MetadataValue.text(engine_start_note(running)),
         "engine_args_dropped": dg.MetadataValue.json(
             {"dropped_on_" + engine.resolved_hardware(): running.dropped_args}),
@@ -451,6 +474,31 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     })
     yield _slo_check(setup, result, violations)
     yield node_check
+
+
+def _rate_settings(configs: ConfigFiles, node_type: str) -> RateSlo:
+    return rate_slo(load_search_file(configs.path("search.yaml")), node_type)
+
+
+def _with_rate_verdict(result: ServingBenchmarkResult, violations: list[str],
+                       v: RepeatedVerdict, rate: RateSlo, scenario: str
+                       ) -> tuple[ServingBenchmarkResult, list[str], dict]:
+    """The SLO verdict with the open-loop one joined: met at the sweep's target concurrency and
+    at the target rate (an undecided rate verdict has not shown the SLO met: fails closed)."""
+    runs = f"{len(v.runs)} run{'s' if len(v.runs) != 1 else ''}"
+    where = f"at {rate.target_rate_rps:g} req/s (Poisson, {scenario}, {runs})"
+    if v.outcome != MET:
+        violations = [*violations, f"{where}: {v.outcome} (n={v.n}): {v.says()}"[:900]]
+    result = dataclasses.replace(
+        result, slo_pass=result.slo_pass and v.outcome == MET,
+        slo_violations=tuple(violations), rate_verdict=v.outcome,
+        rate_target_rps=rate.target_rate_rps, rate_n=v.n,
+        rate_goodput_rps=None if math.isnan(v.goodput_rps) else round(v.goodput_rps, 3))
+    meta = {"rate_verdict": v.outcome, "rate_verdict_n": v.n,
+            "rate_verdict_detail": dg.MetadataValue.md(f"{where}: {v.says()}")}
+    if result.rate_goodput_rps is not None:
+        meta["rate_goodput_rps"] = result.rate_goodput_rps
+    return result, violations, meta
 
 
 def engine_start_note(running) -> str:

@@ -24,7 +24,13 @@ from onboarding.common.errors import OnboardingError
 from onboarding.common.refs import VariantRef
 from onboarding.serving.config_search import Candidate, Measured, SearchResult, search
 from onboarding.serving.prompts import synthetic_prompts
-from onboarding.serving.rate_verdict import NOT_MET, RateSlo, combine, requests_for
+from onboarding.serving.rate_verdict import (
+    NOT_MET,
+    RateSlo,
+    RepeatedVerdict,
+    combine,
+    requests_for,
+)
 from onboarding.serving.stats import Slo
 from resources.loadgen import LoadGenerator, PointRun, completion_bodies, measure_at_rate
 
@@ -39,6 +45,38 @@ class Traffic:
     warmup_requests: int = 2
     request_timeout_s: float = 120.0
     count_tokens_by: str = "usage"
+
+
+def rate_bodies(tokenizer, served_name: str, traffic: Traffic, key: str, n: int
+                ) -> list[bytes]:
+    """`n` request bodies of the traffic's shapes, seeded by `key`: no two runs (and no sweep
+    point) send the same prompt, which the prefix cache would serve."""
+    prompts = synthetic_prompts(tokenizer, n, traffic.input_tokens, traffic.prefix_tokens,
+                                seed=zlib.crc32(key.encode()))
+    return completion_bodies(served_name, prompts, traffic.output_tokens,
+                             count_tokens_by=traffic.count_tokens_by)
+
+
+def verdict_at_rate(loadgen: LoadGenerator, base_url: str, served_name: str, tokenizer,
+                    traffic: Traffic, slo: Slo, rate: RateSlo, key: str,
+                    log: Callable[[str], None] = print) -> RepeatedVerdict:
+    """The rate verdict on a running engine: `rate.repeats` runs of Poisson arrivals at the
+    target rate, fresh prompts each, stopping after a run decided "not met" (the outcome is
+    then not met whatever follows)."""
+    per_run = requests_for(rate)
+    runs = []
+    for i in range(rate.repeats):
+        warm = rate_bodies(tokenizer, served_name, traffic, f"{key}/warm",
+                           traffic.warmup_requests) if i == 0 else ()
+        run, v = measure_at_rate(
+            loadgen, base_url, rate_bodies(tokenizer, served_name, traffic, f"{key}/{i}", per_run),
+            slo, rate, seed=i, request_timeout_s=traffic.request_timeout_s, warmup_bodies=warm)
+        runs.append(v)
+        log(f"  at {rate.target_rate_rps:g} req/s, run {i + 1}/{rate.repeats}: {v.says()} "
+            f"(stopped: {run.stopped})")
+        if v.outcome == NOT_MET:
+            break
+    return combine(runs, rate.confidence)
 
 
 def candidate_cost_s(rate: RateSlo, start_s: float) -> float:
@@ -57,10 +95,7 @@ def run_search(engine, loadgen: LoadGenerator, variant: VariantRef, cands: list[
     per_run = requests_for(rate)
 
     def bodies(c: Candidate, i: int, n: int) -> list[bytes]:
-        prompts = synthetic_prompts(tokenizer, n, traffic.input_tokens, traffic.prefix_tokens,
-                                    seed=zlib.crc32(f"{c.config.hash}/{i}".encode()))
-        return completion_bodies(c.config.served_name, prompts, traffic.output_tokens,
-                                 count_tokens_by=traffic.count_tokens_by)
+        return rate_bodies(tokenizer, c.config.served_name, traffic, f"{c.config.hash}/{i}", n)
 
     def measure(c: Candidate, best: Measured | None) -> Measured:
         t0 = clock()

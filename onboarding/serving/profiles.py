@@ -44,6 +44,9 @@ class Sweep(StrictConfig):
     warmup_requests: int = Field(default=0, ge=0)
     request_timeout_s: float = Field(gt=0)
     scrape_interval_s: float = Field(default=1.0, gt=0)
+    # after the sweep, the open-loop verdict at the node type's target rate (configs/search.yaml
+    # rate_verdict) on the first scenario's shapes; its outcome joins the SLO verdict
+    rate_verdict: bool = False
 
     @field_validator("concurrency")
     @classmethod

@@ -385,6 +385,11 @@ class ServingBenchmarkResult:
     e2e_p99_s: float | None = None
     ttft_p99_s: float | None = None
     judged_at: int | None = None
+    # the open-loop verdict at the node type's target rate ("" when the profile asks none)
+    rate_verdict: str = ""
+    rate_target_rps: float | None = None
+    rate_n: int = 0
+    rate_goodput_rps: float | None = None
 
 
 THROUGHPUT_BASIS = "output tokens/s at each scenario's saturation concurrency (min over scenarios)"

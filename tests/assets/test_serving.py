@@ -519,3 +519,49 @@ def test_the_kernel_check_reads_what_each_start_ran(config_dir, model_dir, tmp_p
         assert check.severity == dg.AssetCheckSeverity.ERROR
         assert "MarlinNvFp4LinearKernel" in check.metadata["seen_instead"].value
         assert "native FP4" in check.metadata["expected"].value
+
+
+def _rate_at(config_dir: Path, **rate) -> dict:
+    """configs/search.yaml's cpu rate verdict made short for the fake engine (20 req/s, a
+    p90 and the catalog's p95 shown met in about 110 requests), and a run config asking it."""
+    search = yaml.safe_load((config_dir / "search.yaml").read_text())
+    search["rate_verdict"]["node_types"]["cpu"].update(
+        {"target_rate_rps": 20.0, "min_requests": 30, "min_seconds": 0, "max_seconds": 10,
+         "look_every": 10, "repeats": 2, **rate})
+    (config_dir / "search.yaml").write_text(yaml.safe_dump(search))
+    sb = {**RUN_CONFIG["ops"]["serving_benchmark"]["config"], "rate_verdict": True}
+    return {"ops": {**RUN_CONFIG["ops"], "serving_benchmark": {"config": sb}}}
+
+
+@pytest.mark.slow
+def test_the_slo_is_met_at_the_target_rate_too_with_n_and_goodput(config_dir, model_dir,
+                                                                  fake_engine):
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"])
+    result = materialize(stub_variant(model_dir), fake_engine, _rate_at(config_dir))
+    b = metadata(result, "serving_benchmark")
+    assert b["slo_pass"] is True and b["rate_verdict"] == "met"
+    assert b["rate_verdict_n"] >= 2 * 100  # two runs, each until both percentiles showed met
+    assert "at 20 req/s (Poisson, chat, 2 runs)" in b["rate_verdict_detail"]
+    assert 0 < b["rate_goodput_rps"] <= 20 * 1.5
+    bench = result.output_for_node("serving_benchmark")
+    assert bench.rate_verdict == "met" and bench.rate_target_rps == 20.0
+    assert bench.rate_n == b["rate_verdict_n"]
+
+
+@pytest.mark.slow
+def test_a_miss_at_the_target_rate_fails_the_slo_the_sweep_met(config_dir, model_dir,
+                                                               fake_engine):
+    """The fake engine answers its first token in 5 ms: inside the catalog's bounds at every
+    concurrency of the sweep, over a 1 ms TTFT bound at the rate. One run decides it; none
+    follows."""
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"])
+    result = materialize(stub_variant(model_dir), fake_engine,
+                         _rate_at(config_dir, ttft_s=0.001))
+    b = metadata(result, "serving_benchmark")
+    assert b["slo_pass"] is False and b["rate_verdict"] == "not met"
+    assert "at 20 req/s (Poisson, chat, 1 run):" in b["rate_verdict_detail"]
+    ev = check_result(result)
+    assert not ev.passed
+    [why] = [v for v in ev.metadata["violations"].value if "req/s (Poisson" in v]
+    assert why.startswith("at 20 req/s (Poisson, chat, 1 run): not met (n=")
+    assert "ttft_p90" in why
