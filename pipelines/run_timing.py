@@ -88,15 +88,12 @@ class TreeSampler:
     _lock: threading.Lock = field(default_factory=threading.Lock)  # samples stay in time order
 
     def look(self) -> None:
-        """A sample now, beside the periodic ones: a breakdown read while sampling covers up to
-        this moment, not only up to the last periodic look."""
-        self._read()
+        """A sample now. Besides the periodic ones, a breakdown read while sampling takes one,
+        so it covers up to that moment, not only up to the last periodic look."""
+        with self._lock:
+            self._read()
 
     def _read(self) -> None:
-        with self._lock:
-            self._read_locked()
-
-    def _read_locked(self) -> None:
         now = time.time()
         self.samples.append((now, tree_cpu_s(self.pid, reaped=True)))
         try:
@@ -123,11 +120,11 @@ class TreeSampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._read()
+            self.look()
 
     def __enter__(self) -> Self:
         self._own = _command(self.pid)
-        self._read()
+        self.look()
         self._thread = threading.Thread(target=self._loop, name="run-cpu", daemon=True)
         self._thread.start()
         return self
@@ -136,7 +133,7 @@ class TreeSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._read()
+        self.look()
 
 
 def cpu_between(samples: Sequence[tuple[float, float]], t0: float, t1: float) -> float | None:

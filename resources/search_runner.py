@@ -27,6 +27,7 @@ from onboarding.serving.prompts import synthetic_prompts
 from onboarding.serving.rate_verdict import (
     NOT_MET,
     RateSlo,
+    RateVerdict,
     RepeatedVerdict,
     combine,
     requests_for,
@@ -57,14 +58,17 @@ def rate_bodies(tokenizer, served_name: str, traffic: Traffic, key: str, n: int
                              count_tokens_by=traffic.count_tokens_by)
 
 
-def verdict_at_rate(loadgen: LoadGenerator, base_url: str, served_name: str, tokenizer,
-                    traffic: Traffic, slo: Slo, rate: RateSlo, key: str,
-                    log: Callable[[str], None] = print) -> RepeatedVerdict:
-    """The rate verdict on a running engine: `rate.repeats` runs of Poisson arrivals at the
-    target rate, fresh prompts each, stopping after a run decided "not met" (the outcome is
-    then not met whatever follows)."""
+def runs_at_rate(loadgen: LoadGenerator, base_url: str, served_name: str, tokenizer,
+                 traffic: Traffic, slo: Slo, rate: RateSlo, key: str,
+                 log: Callable[[str], None] = print,
+                 after_run: Callable[[int, PointRun, list[RateVerdict]], str] | None = None
+                 ) -> tuple[list[RateVerdict], str]:
+    """Up to `rate.repeats` runs of Poisson arrivals at the target rate on a running engine,
+    fresh prompts each (`key` seeds them); and why it stopped before `repeats` ("" when all
+    ran). After each run `after_run(i, run, runs)` may give a reason to stop; a run decided "not
+    met" ends it too (the outcome is then not met whatever follows)."""
     per_run = requests_for(rate)
-    runs = []
+    runs: list[RateVerdict] = []
     for i in range(rate.repeats):
         warm = rate_bodies(tokenizer, served_name, traffic, f"{key}/warm",
                            traffic.warmup_requests) if i == 0 else ()
@@ -72,10 +76,21 @@ def verdict_at_rate(loadgen: LoadGenerator, base_url: str, served_name: str, tok
             loadgen, base_url, rate_bodies(tokenizer, served_name, traffic, f"{key}/{i}", per_run),
             slo, rate, seed=i, request_timeout_s=traffic.request_timeout_s, warmup_bodies=warm)
         runs.append(v)
-        log(f"  at {rate.target_rate_rps:g} req/s, run {i + 1}/{rate.repeats}: {v.says()} "
+        log(f"  run {i + 1}/{rate.repeats} at {rate.target_rate_rps:g} req/s: {v.says()} "
             f"(stopped: {run.stopped})")
+        if after_run is not None and (why := after_run(i, run, runs)):
+            return runs, why
         if v.outcome == NOT_MET:
-            break
+            return runs, f"repetition {i + 1} not met (n={v.n}): not repeated"
+    return runs, ""
+
+
+def verdict_at_rate(loadgen: LoadGenerator, base_url: str, served_name: str, tokenizer,
+                    traffic: Traffic, slo: Slo, rate: RateSlo, key: str,
+                    log: Callable[[str], None] = print) -> RepeatedVerdict:
+    """The rate verdict on a running engine (`runs_at_rate`'s runs, combined)."""
+    runs, _ = runs_at_rate(loadgen, base_url, served_name, tokenizer, traffic, slo, rate, key,
+                           log)
     return combine(runs, rate.confidence)
 
 
@@ -94,43 +109,37 @@ def run_search(engine, loadgen: LoadGenerator, variant: VariantRef, cands: list[
     node_type = cands[0].config.node_type if cands else "?"
     per_run = requests_for(rate)
 
-    def bodies(c: Candidate, i: int, n: int) -> list[bytes]:
-        return rate_bodies(tokenizer, c.config.served_name, traffic, f"{c.config.hash}/{i}", n)
-
     def measure(c: Candidate, best: Measured | None) -> Measured:
         t0 = clock()
-        runs = []
-        stopped = ""
+        runs: list[RateVerdict] = []
+        crashed = ""
         log(f"search on {node_type}: {c.label} ({c.config.hash})")
         try:
             with engine.serve(variant, c.config) as running:
-                for i in range(rate.repeats):
-                    warm = bodies(c, -1, traffic.warmup_requests) if i == 0 else ()
-                    run, v = measure_at_rate(
-                        loadgen, running.base_url, bodies(c, i, per_run), slo, rate,
-                        seed=i, request_timeout_s=traffic.request_timeout_s,
-                        warmup_bodies=warm)
-                    runs.append(v)
+
+                def after_run(i: int, run: PointRun, so_far: list[RateVerdict]) -> str:
+                    nonlocal crashed
                     if on_run is not None:  # the run's requests, for a record of the search
                         on_run(c, i, run, per_run)
-                    log(f"  repetition {i + 1}/{rate.repeats}: {v.says()} (stopped: {run.stopped})")
-                    errors = {r.error: 1 for r in run.records if r.error}
-                    if running.exited(errors):
-                        return Measured(combine(runs), crashed=(
-                            f"engine exited (code {running.exit_code()}) during repetition {i + 1}"),
-                            seconds=clock() - t0)
-                    if v.outcome == NOT_MET:
-                        stopped = f"repetition {i + 1} not met (n={v.n}): not repeated"
-                        break
-                    if best is not None and i + 1 < rate.repeats and \
-                            Measured(combine(runs)).headroom() > best.headroom():
-                        stopped = (f"after repetition {i + 1}: {Measured(combine(runs)).headroom():.3f}"
-                                   f" of its bounds vs the best's {best.headroom():.3f}: cannot "
-                                   "beat it, not repeated")
-                        break
+                    if running.exited({r.error: 1 for r in run.records if r.error}):
+                        crashed = (f"engine exited (code {running.exit_code()}) during "
+                                   f"repetition {i + 1}")
+                        return crashed
+                    now = Measured(combine(so_far)).headroom()
+                    if best is not None and so_far[-1].outcome != NOT_MET and \
+                            i + 1 < rate.repeats and now > best.headroom():
+                        return (f"after repetition {i + 1}: {now:.3f} of its bounds vs the "
+                                f"best's {best.headroom():.3f}: cannot beat it, not repeated")
+                    return ""
+
+                runs, stopped = runs_at_rate(loadgen, running.base_url, c.config.served_name,
+                                             tokenizer, traffic, slo, rate, c.config.hash,
+                                             log, after_run)
         except OnboardingError as exc:
             return Measured(combine(runs) if runs else None, crashed=str(exc)[:500],
                             seconds=clock() - t0)
+        if crashed:
+            return Measured(combine(runs), crashed=crashed, seconds=clock() - t0)
         return Measured(combine(runs, rate.confidence), stopped_early=stopped,
                         seconds=clock() - t0)
 

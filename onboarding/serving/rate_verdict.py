@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats as sps
 
-from onboarding.serving.stats import RequestRecord, Slo
+from onboarding.serving.stats import RequestRecord, Slo, within
 
 MET, NOT_MET, UNDECIDED = "met", "not met", "undecided"
 
@@ -198,22 +198,6 @@ class RateVerdict:
         return out
 
 
-def inside_every_bound(rec: RequestRecord, all_bounds: Sequence[Bound]) -> bool:
-    """One request within every bound's limit (a mean bound read per request, as the serving
-    benchmark's goodput reads the mean ITL bound); a failed request never is."""
-    if not rec.ok:
-        return False
-    for b in all_bounds:
-        v = _value(rec, b.metric)
-        if v is None:
-            if b.metric == "ttft_s":
-                return False
-            continue  # one output token: no TPOT to hold against a bound
-        if v > b.limit:
-            return False
-    return True
-
-
 def span_s(records: Sequence[RequestRecord]) -> float:
     ends = [r.start_s + r.e2e_s for r in records if r.e2e_s is not None]
     return max(ends) - min(r.start_s for r in records) if ends else math.nan
@@ -237,7 +221,11 @@ def judge(records: Sequence[RequestRecord], slo: Slo, rate: RateSlo, looks: int 
     outcomes = [v.outcome for v in verdicts] + [err]
     outcome = (NOT_MET if NOT_MET in outcomes else MET if all(o == MET for o in outcomes)
                else UNDECIDED)
-    good = sum(inside_every_bound(r, all_bounds) for r in records)
+    # inside every bound: the tightest TTFT and TPOT limits, read per request (the catalog's
+    # mean-ITL bound too, as the serving benchmark's goodput reads it)
+    good = sum(within(r, min(b.limit for b in all_bounds if b.metric == "ttft_s"),
+                      min(b.limit for b in all_bounds if b.metric == "tpot_ms"))
+               for r in records)
     return RateVerdict(outcome=outcome, n=n, failed=failed, bounds=verdicts, error_outcome=err,
                        alpha=alpha, good=good, span_s=span_s(records))
 

@@ -207,6 +207,13 @@ def itl_basis(ok: Sequence[RequestRecord]) -> str:
     return f"per token for {per_token} of {len(ok)} requests, the rest per text chunk"
 
 
+def within(rec: RequestRecord, ttft_s: float, tpot_ms: float) -> bool:
+    """One request inside a TTFT and a TPOT limit, what goodput counts: a failed request never
+    is; one without a TPOT (a single output token) is held to its TTFT alone."""
+    return rec.ok and rec.ttft_s is not None and rec.ttft_s <= ttft_s and (
+        rec.tpot_s is None or rec.tpot_s * 1e3 <= tpot_ms)
+
+
 def summarize(records: Sequence[RequestRecord], duration_s: float,
               slo: Slo | None = None) -> PointStats:
     ok = [r for r in records if r.ok]
@@ -226,12 +233,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float,
     dur = duration_s if duration_s > 0 else float("nan")
     goodput = None
     if slo is not None:
-        good = sum(
-            1 for r in ok
-            if r.ttft_s is not None and r.ttft_s <= slo.ttft_p95_s
-            and (r.tpot_s is None or r.tpot_s * 1e3 <= slo.itl_mean_ms)
-        )
-        goodput = good / dur
+        goodput = sum(within(r, slo.ttft_p95_s, slo.itl_mean_ms) for r in ok) / dur
     return PointStats(
         requests=len(records), completed=len(ok), failed=len(records) - len(ok),
         errors_by_cause=dict(errors), duration_s=duration_s,
