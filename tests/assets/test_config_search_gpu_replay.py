@@ -88,22 +88,30 @@ def test_each_run_and_candidate_is_judged_again_from_its_requests():
         assert all(r.n >= rate.min_requests for r in runs)
 
 
-def test_the_candidates_are_the_plans_configuration_and_its_grid(tmp_path):
+def recorded_candidates(tmp_path):
+    """The plan's configuration on the pinned stack and the recorded grid around it, built the
+    way the search built them."""
     from bench.config_search import planned_base
     from resources.config_files import ConfigFiles
 
     rec = recorded()
     slo, _ = settings(rec)
     cf = ConfigFiles(config_dir=str(pinned_configs(tmp_path)))
-    spec = cf.spec(MODEL)
-    base = planned_base(cf, spec, rec["node_type"])
-    # the rule's configuration: as many sequences as the SLO's target concurrency, FP8 on H100
-    assert base.max_num_seqs == slo.target_concurrency and base.precision == "fp8"
+    base = planned_base(cf, cf.spec(MODEL), rec["node_type"])
     seqs = sorted({r["max_num_seqs"] for r in rec["table"] if not r["baseline"]})
     tokens = sorted({r["max_num_batched_tokens"] for r in rec["table"] if not r["baseline"]},
                     reverse=True)
     cands, _, basis = candidates(cf.stack().templates[base.engine], base, seqs, tokens,
                                  slo.target_concurrency, len(rec["table"]))
+    return base, cands, basis
+
+
+def test_the_candidates_are_the_plans_configuration_and_its_grid(tmp_path):
+    rec = recorded()
+    slo, _ = settings(rec)
+    base, cands, basis = recorded_candidates(tmp_path)
+    # the rule's configuration: as many sequences as the SLO's target concurrency, FP8 on H100
+    assert base.max_num_seqs == slo.target_concurrency and base.precision == "fp8"
     assert [c.config.hash for c in cands] == [r["hash"] for r in rec["table"]]
     # ordered by the stated rule then and now (today's text adds the API-server axis, which
     # this grid does not vary): the same candidates in the same order
@@ -111,21 +119,11 @@ def test_the_candidates_are_the_plans_configuration_and_its_grid(tmp_path):
     assert basis == RULE and rec["basis"] != "predicted" and RULE.startswith(rec["basis"][:-1])
 
 
-def replayed_search(tmp_path):
-    """`config_search.search` over the recorded runs, today's rule deciding."""
-    from bench.config_search import planned_base
-    from resources.config_files import ConfigFiles
-
+def replayed_search(tmp_path, judged):
+    """`config_search.search` over the recorded runs (`judged`), today's rule deciding."""
     rec = recorded()
-    slo, rate = settings(rec)
-    judged = runs_by_candidate(rec)
-    cf = ConfigFiles(config_dir=str(pinned_configs(tmp_path)))
-    base = planned_base(cf, cf.spec(MODEL), rec["node_type"])
-    cands, _, basis = candidates(
-        cf.stack().templates[base.engine], base,
-        sorted({r["max_num_seqs"] for r in rec["table"] if not r["baseline"]}),
-        sorted({r["max_num_batched_tokens"] for r in rec["table"] if not r["baseline"]},
-               reverse=True), slo.target_concurrency, len(rec["table"]))
+    _, rate = settings(rec)
+    _, cands, basis = recorded_candidates(tmp_path)
 
     def measure(c, best):
         return Measured(combine(judged[c.config.hash], rate.confidence))
@@ -142,7 +140,8 @@ def test_at_13_requests_a_second_the_rule_was_already_best(tmp_path):
     every run of a challenger to beat every run of the plan, and keeps the plan's
     configuration, saying each run's number."""
     rec = recorded()
-    result = replayed_search(tmp_path)
+    judged = runs_by_candidate(rec)
+    result = replayed_search(tmp_path, judged)
     table = {r["hash"]: r for r in result.table()}
     assert result.winner.hash == rec["baseline"] != rec["winner"]
     assert all(r["verdict"] == MET and r["good"] == r["n"] > 1200 for r in table.values())
@@ -150,7 +149,7 @@ def test_at_13_requests_a_second_the_rule_was_already_best(tmp_path):
     assert all(0.9 * offered < r["goodput_rps"] < 1.1 * offered for r in table.values())
     assert "the plan's configuration kept" in result.margin
     assert "already the best" not in result.margin
-    plan_runs = Measured(combine(runs_by_candidate(rec)[rec["baseline"]])).run_headrooms()
+    plan_runs = Measured(combine(judged[rec["baseline"]])).run_headrooms()
     assert f"every run of the plan's ({', '.join(f'{h:.3f}' for h in plan_runs)})" in \
         result.margin
     assert max(plan_runs) > 3 * min(plan_runs)  # the one slow run
