@@ -1,6 +1,7 @@
 """A performance twin's quantized variant as the quantize stage writes it, for a GPU machine
 without Model Optimizer: the twin's config.json and tokenizer with Model Optimizer's export
-marker for the precision's configured preset (configs/quantization.yaml), no weights.
+marker for the precision's configured preset (configs/quantization.yaml), no weights: the
+quantize stage's own `ModelOptQuantizer.twin_variant`, which also reads the marker back.
 
     .venv/bin/python bench/twin_variant.py llama-3-1-8b-instruct-twin fp8 OUT_DIR
 writes OUT_DIR/<twin>-<precision>/.
@@ -10,32 +11,24 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
-
-from onboarding.fetch.twins import (
-    marker_hf_quant_config,
-    twin_source_dir,
-    write_twin_variant,
-)
-from resources.config_files import ConfigFiles
+from onboarding.fetch.twins import twin_source_dir
+from resources.quantizer import ModelOptQuantizer
 
 
 def main(twin: str, precision: str, out: Path) -> int:
-    settings = ConfigFiles().quantization().variant_for(twin, precision)
     ckpt = Path(tempfile.mkdtemp()) / twin
     twin_source_dir(twin, ckpt)
-    hf = marker_hf_quant_config(precision, settings.preset, settings.kv_cache,
-                                list(settings.disable), version("nvidia-modelopt"),
-                                f"performance twin {twin} at {precision}")
-    dest = out / f"{twin}-{precision}"
-    write_twin_variant(ckpt, dest, hf, convert_hf_quant_config_format(hf), "twin")
-    print(dest, sorted(p.name for p in dest.iterdir()))
+    v = ModelOptQuantizer(device="cpu").twin_variant(twin, ckpt, precision,
+                                                    out / f"{twin}-{precision}", "twin")
+    if not v.export_valid:
+        print(v.error, file=sys.stderr)
+        return 1
+    print(v.path, sorted(p.name for p in Path(v.path).iterdir()))
     return 0
 
 
