@@ -4,8 +4,9 @@ each candidate started by the `Engine` resource, measured by the rate verdict
 
 Per candidate: `rate.repeats` runs at the target rate, each on prompts no earlier run sent (a
 prompt sent again would be served from the prefix cache). The runs stop early when the
-candidate cannot beat the best so far: a run decided "not met" is not repeated, and neither is
-one whose worst percentile is already further from its bound than the best's. An engine that
+candidate cannot win: a run decided "not met" is not repeated, and neither is one whose worst
+percentile is already at or past the search's bar (`config_search.win_bar`: the best so far,
+and the plan's runs less the margin a challenger must win by). An engine that
 fails to start, or exits while measured, is a crashed candidate (its reason kept), never the
 end of the search.
 `on_run(candidate, repetition, run, bodies)` sees each run's requests as they came back (and
@@ -109,7 +110,7 @@ def run_search(engine, loadgen: LoadGenerator, variant: VariantRef, cands: list[
     node_type = cands[0].config.node_type if cands else "?"
     per_run = requests_for(rate)
 
-    def measure(c: Candidate, best: Measured | None) -> Measured:
+    def measure(c: Candidate, bar: float) -> Measured:
         t0 = clock()
         runs: list[RateVerdict] = []
         crashed = ""
@@ -126,10 +127,10 @@ def run_search(engine, loadgen: LoadGenerator, variant: VariantRef, cands: list[
                                    f"repetition {i + 1}")
                         return crashed
                     now = Measured(combine(so_far)).headroom()
-                    if best is not None and so_far[-1].outcome != NOT_MET and \
-                            i + 1 < rate.repeats and now > best.headroom():
-                        return (f"after repetition {i + 1}: {now:.3f} of its bounds vs the "
-                                f"best's {best.headroom():.3f}: cannot beat it, not repeated")
+                    if so_far[-1].outcome != NOT_MET and i + 1 < rate.repeats and now >= bar:
+                        return (f"after repetition {i + 1}: {now:.3f} of its bounds, at or past "
+                                f"the {bar:.3f} it had to stay under to win (the best so far; "
+                                f"the plan's runs less min_margin): not repeated")
                     return ""
 
                 runs, stopped = runs_at_rate(loadgen, running.base_url, c.config.served_name,

@@ -13,8 +13,10 @@ one measured at the SLO:
 - Order: by a prediction where one is given (`predicted`, lower is better, e.g. a calibrated
   TTFT p99 at the target rate), else by the stated `RULE`. At most `max_candidates`.
 - Each candidate is measured by the caller's `measure` (the rate verdict at the target rate,
-  repeated), which is told the best so far: it stops a candidate once it cannot beat it (a
-  run decided "not met" is not repeated).
+  repeated), which is told the bar a run must stay under to win (`win_bar`: the best so far's
+  worst run, and, once the plan's configuration met the SLO, every run of the plan's less
+  `min_margin`): it stops a candidate once one run is past it (a run decided "not met" is not
+  repeated either).
 - Budget: minutes per node type, engine starts included; a budget shorter than the estimated
   cost of one candidate is an error, and no candidate starts that would end past it.
 - A candidate whose engine crashed (failed to start or died) is counted and the search goes on.
@@ -96,6 +98,18 @@ def separated(challenger: Measured, plan: Measured, min_margin: float) -> bool:
     plan's best run: a lead that no single run of either decides."""
     c, p = challenger.run_headrooms(), plan.run_headrooms()
     return bool(c and p) and max(c) < min(p) * (1 - min_margin)
+
+
+def win_bar(best: Measured | None, plan: Measured | None, min_margin: float) -> float:
+    """The worst-run headroom a candidate must stay under to still win: below the best so far's
+    (`search` keeps the lowest), and, where the plan's configuration met the SLO, below each of
+    its runs by more than `min_margin` (`separated`); inf when nothing bars it yet. A run at or
+    past the bar decides that the candidate cannot win, whatever its later runs measure."""
+    bar = best.headroom() if best is not None else math.inf
+    if plan is not None and plan.verdict is not None and plan.verdict.outcome == MET \
+            and (runs := plan.run_headrooms()):
+        bar = min(bar, min(runs) * (1 - min_margin))
+    return bar
 
 
 def rank_p(a: int, b: int) -> float:
@@ -231,11 +245,12 @@ def candidates(template: EngineTemplate, base: EngineConfig, max_num_seqs: Seque
 
 
 def search(node_type: str, cands: Sequence[Candidate],
-           measure: Callable[[Candidate, Measured | None], Measured], budget_s: float,
+           measure: Callable[[Candidate, float], Measured], budget_s: float,
            cost_s: float, basis: str, clock: Callable[[], float] = time.monotonic,
            notes: Sequence[str] = (), min_margin: float = 0.0) -> SearchResult:
     """Measure the candidates in order within `budget_s` (`cost_s`: the estimated seconds of
-    one candidate, engine start included), then pick the winner (see the module). A candidate
+    one candidate, engine start included), then pick the winner (see the module); `measure`
+    is given `win_bar`, so it can stop a candidate that cannot win. A candidate
     replaces a met plan's configuration only when its headroom is lower by more than
     `min_margin` (a share of the plan's): a difference inside run-to-run noise keeps the plan's
     configuration, and says so."""
@@ -255,7 +270,8 @@ def search(node_type: str, cands: Sequence[Candidate],
         if clock() - start + cost_s > budget_s:
             rows.append(SearchRow(c, None, f"budget: {budget_s / 60:.1f} min would be passed"))
             continue
-        m = measure(c, best[1] if best else None)
+        plan = next((r.measured for r in rows if r.candidate.baseline), None)
+        m = measure(c, win_bar(best[1] if best else None, plan, min_margin))
         rows.append(SearchRow(c, m))
         if m.crashed:
             crashed += 1

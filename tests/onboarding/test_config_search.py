@@ -4,6 +4,7 @@ closed. `measure` here returns verdicts judged by the real rate verdict on made-
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
@@ -17,6 +18,7 @@ from onboarding.serving.config_search import (
     SearchFailed,
     candidates,
     search,
+    win_bar,
 )
 from onboarding.serving.engine_config import ConfigInputs, build_config
 from onboarding.serving.rate_verdict import RateSlo, combine, judge
@@ -109,16 +111,17 @@ def clock():
 def test_the_met_candidate_with_the_most_headroom_wins_and_says_by_how_much():
     cands, _, basis = grid()
     ttfts = {cands[0].config.hash: 0.9, cands[1].config.hash: 0.3, cands[2].config.hash: 0.5}
-    seen_best = []
+    seen_bars = []
 
-    def measure(c: Candidate, best):
-        seen_best.append(best)
+    def measure(c: Candidate, bar):
+        seen_bars.append(bar)
         return Measured(verdict(ttfts[c.config.hash]))
 
     r = search("cpu", cands, measure, budget_s=600, cost_s=60, basis=basis, clock=clock())
     assert r.winner.hash == cands[1].config.hash
     assert r.baseline.hash == base().hash
-    assert seen_best[0] is None and seen_best[1] is not None  # told the best so far
+    # told the bar to win: nothing before the plan, then the best so far's headroom
+    assert seen_bars == [math.inf, pytest.approx(0.9), pytest.approx(0.3)]
     table = r.table()
     assert [row["chosen"] for row in table] == [False, True, False]
     assert all(row["n"] == 60 and row["verdict"] == "met" for row in table)
@@ -238,3 +241,28 @@ def test_a_plan_that_misses_the_slo_is_replaced_by_a_met_candidate_and_goodput_s
     assert plan["good"] == 17 and won["good"] == 60  # TTFT <= 1 s (the catalog's p95 bound)
     assert won["goodput_rps"] == round(60 / 59.8, 3) and plan["goodput_rps"] < won["goodput_rps"]
     assert "goodput" in r.margin and "rank test" not in r.margin  # not met: no test needed
+
+
+def test_a_challenger_is_told_the_bar_the_plans_runs_and_the_margin_set():
+    """Where the plan's configuration met the SLO, a challenger wins only with every run below
+    every run of the plan's by more than min_margin: a run of it past the plan's best run less
+    the margin already decides that it cannot win, even when it is ahead of the best so far."""
+    cands, _, basis = grid()
+    ttfts = {cands[0].config.hash: (0.3, 0.4), cands[1].config.hash: (0.2, 0.2),
+             cands[2].config.hash: (0.25, 0.25)}
+    bars = []
+
+    def measure(c, bar):
+        bars.append(bar)
+        return Measured(runs(*ttfts[c.config.hash]))
+
+    search("cpu", cands, measure, budget_s=600, cost_s=60, basis=basis, clock=clock(),
+           min_margin=0.05)
+    # the plan's best run 0.3 less 5 % before any challenger; then the best so far: 0.25, its
+    # TPOT (50 ms of the 200 ms bound) now its worst percentile
+    assert bars == [math.inf, pytest.approx(0.285), pytest.approx(0.25)]
+    assert win_bar(None, Measured(runs(0.3, 0.4)), 0.05) == pytest.approx(0.285)
+    # a plan that missed the SLO bars nothing: any met candidate replaces it
+    missed = Measured(verdict(3.0))
+    assert missed.verdict.outcome == "not met" and win_bar(None, missed, 0.05) == math.inf
+    assert win_bar(Measured(runs(0.5)), missed, 0.05) == pytest.approx(0.5)

@@ -80,3 +80,23 @@ def test_no_candidate_met_fails_closed_with_the_best_ones_numbers(tmp_path, mode
     text = str(err.value)
     assert "not met by any of 3 candidates (1 crashed)" in text
     assert cands[1].config.hash in text and "n=" in text
+
+
+def test_a_challenger_that_cannot_beat_the_plan_by_the_margin_is_not_repeated(
+        tmp_path, model_dir, monkeypatch):
+    """The plan's configuration meets the SLO at a TTFT of 60 ms, a third of its 0.2 s bound.
+    With min_margin 0.95 a challenger must keep every run under 0.05 of that, about 3 ms of
+    TTFT, which a 5 ms engine cannot: its first run decides that it cannot win, so it is not
+    repeated, although it is ahead of the plan (the best so far)."""
+    engine, variant, cands, basis, tok = setup(tmp_path, model_dir, monkeypatch, {
+        0: {"FAKE_TTFT_MS": "60"}})
+    result = run_search(engine, LoadGenerator(), variant, cands[:2], basis, SLO, RATE,
+                        Traffic(input_tokens=8, output_tokens=4, warmup_requests=1,
+                                request_timeout_s=10),
+                        tok, budget_s=600, start_s=5, min_margin=0.95, log=lambda s: None)
+    plan, challenger = result.table()
+    assert plan["verdict"] == challenger["verdict"] == MET
+    assert plan["runs"] == 2 and challenger["runs"] == 1
+    assert challenger["headroom"] < plan["headroom"]  # ahead of the best so far
+    assert "had to stay under to win" in challenger["note"]
+    assert result.winner.hash == cands[0].config.hash
