@@ -29,6 +29,8 @@ OUTSIDE_ALLOWED = (".ci/",)
 # "issue N", "issues N, M", "issue #N", "issueN-expectations": an internal tracker number
 # (a name such as ISSUEN_KINDS is NAME_REF's)
 ISSUE = re.compile(r"\bissues?(?:\s+#?|\s*#|[-_]?)\d+(?!\w)", re.IGNORECASE)
+ISSUE_AT_END = re.compile(r"\bissues?\s*$", re.IGNORECASE)
+NUMBER_AT_START = re.compile(r"\s*(?:#|//|\*|\"\"\")?\s*#?\d+(?!\w)")
 # what may stand right before an upstream issue: "owner/repo ", "upstream ", a URL
 UPSTREAM = re.compile(r"([\w.-]+/[\w.-]+|upstream|github\.com\S*)\s*$", re.IGNORECASE)
 # a function, class, test or constant named by run number: recording_runN, runN_sweep, _run_N
@@ -102,10 +104,16 @@ def findings(path: Path, text: str) -> list[str]:
     out = []
     if FILE_BY_RUN.search(path.name):
         out.append(f"{rel}: file named by run number")
-    for n, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    for n, line in enumerate(lines, 1):
         for m in ISSUE.finditer(line):
             if not UPSTREAM.search(line[:m.start()]):
                 out.append(f"{rel}:{n}: internal issue number {m.group(0)!r}")
+        # the same, wrapped: "... before issue" / "28's fix"
+        if (m := ISSUE_AT_END.search(line)) and n < len(lines) and \
+                NUMBER_AT_START.match(lines[n]) and not UPSTREAM.search(line[:m.start()]):
+            out.append(f"{rel}:{n}: internal issue number {m.group(0)!r} wrapped onto the "
+                       "next line")
         if path.suffix == ".py" and (m := NAMED_BY_RUN.search(line)):
             out.append(f"{rel}:{n}: named by run number {(m.group(1) or m.group(2))!r}")
         elif m := NAME_REF.search(line):
@@ -181,6 +189,15 @@ def test_the_checks_catch_what_they_are_for_and_spare_upstream_references():
         "a run by its ordinal 'run @3:'", "a run by its ordinal 'run-@3 prepare.json'"])
     # the CI script may name the checkouts beside this one
     assert findings(PROJECT_ROOT / ".ci" / "run", "cd ../shared/x\n") == []
+
+
+def test_an_issue_number_wrapped_onto_the_next_line_is_caught():
+    probe = PROJECT_ROOT / "onboarding" / "probe.py"
+    text = _num("# re-sent them all before issue\n# @28's fix\n\"\"\"Named so before issue\n"
+                "@27, when\"\"\"\n# see vllm-project/vllm issue\n# @42738; tracked in issues\n# @4, @5\n")
+    got = [g.split(": ", 1)[1] for g in findings(probe, text)]
+    assert got == ["internal issue number 'issue' wrapped onto the next line"] * 2 + \
+        ["internal issue number 'issues' wrapped onto the next line"]
 
 
 def test_the_name_and_recording_checks_catch_what_they_are_for():

@@ -3,8 +3,7 @@
 `configs/scenarios.yaml` (the profiles: scenarios, the sweep, load-timing repeats) and
 `configs/gates.yaml` section `slo`. Each parser reads only its own section (other stages own the
 rest of gates.yaml), rejects unknown keys, and names file + field in every error. The engine
-templates are the serving stack's (onboarding/serving/stack.py). Named `serving_config` before issue
-27, when that name meant three things.
+templates are the serving stack's (onboarding/serving/stack.py).
 """
 
 from __future__ import annotations

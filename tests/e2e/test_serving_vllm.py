@@ -140,8 +140,8 @@ def test_dagster_run_times_and_benchmarks_the_real_engine(config_dir, configs, o
               and e.event_specific_data.check_name == SLO_CHECK)
     assert ev.check_name == SLO_CHECK and ev.passed == bench.slo_pass
     # each point measured prefills, not vLLM's prefix cache: chat shares no prefix, and no point
-    # re-sends an earlier one's prompts (the concurrency-4 point re-sent them all before issue
-    # 28's fix); the engine's own counters say so
+    # re-sends an earlier one's prompts (a point that did would measure the prefix cache); the
+    # engine's own counters say so
     rows = pd.read_csv(outputs.reports / KEY / "cpu" / "serving_benchmark.csv")
     assert list(rows["load"]) == [1, 4]
     assert (rows["prefix_cache_hit_fraction"] < 0.1).all(), rows["prefix_cache_hit_fraction"]
