@@ -427,7 +427,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     check_fits(scenarios, setup.config.max_model_len)
     tokenizer = _load_tokenizer(variant.path)
     gpu_ids = [int(g) for g in engine.gpus.split(",") if g.strip().isdigit()] or None
-    at_rate = _rate_settings(configs, engine.node_type) if sweep.rate_verdict else None
+    at_rate = _rate_settings(configs, engine.node_type, spec) if sweep.rate_verdict else None
     rate_v = None
     with engine.serve_shared(variant, setup.config) as running, \
             telemetry.sampler(gpu_ids) as sampler, FrontendSampler(running.pid) as frontend:
@@ -476,8 +476,9 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     yield node_check
 
 
-def _rate_settings(configs: ConfigFiles, node_type: str) -> RateSlo:
-    return rate_slo(load_search_file(configs.path("search.yaml")), node_type)
+def _rate_settings(configs: ConfigFiles, node_type: str, spec: ModelSpec) -> RateSlo:
+    return rate_slo(load_search_file(configs.path("search.yaml")), node_type,
+                    spec.slo.target_rate_rps, spec.id)
 
 
 def _with_rate_verdict(result: ServingBenchmarkResult, violations: list[str],

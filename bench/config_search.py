@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     slo = dataclasses.replace(slo, **{k: v for k, v in (
         ("ttft_p95_s", a.slo_ttft_p95_s), ("itl_mean_ms", a.slo_itl_mean_ms)) if v is not None})
     f = load_search_file(configs.path("search.yaml"))
-    rate = rate_slo(f, a.node_type)
+    rate = rate_slo(f, a.node_type, spec.slo.target_rate_rps, spec.id)
     rate = dataclasses.replace(rate, **{k: v for k, v in (
         ("target_rate_rps", a.rate), ("percentile", a.percentile), ("ttft_p_s", a.ttft_s),
         ("tpot_p_ms", a.tpot_ms), ("repeats", a.repeats), ("max_seconds", a.max_seconds),

@@ -40,6 +40,9 @@ class SloOverrides(StrictConfig):
     itl_mean_ms: float | None = Field(default=None, gt=0)
     error_rate_max: float | None = Field(default=None, ge=0, le=1)
     target_concurrency: int | None = Field(default=None, ge=1)
+    # the production rate one replica must hold (Poisson, req/s): the rate verdict's target,
+    # over configs/search.yaml's node-type value (the traffic is the model's, not the GPU's)
+    target_rate_rps: float | None = Field(default=None, gt=0)
 
 
 class ArchitectureHint(StrictConfig):

@@ -8,6 +8,7 @@ templates are the serving stack's (onboarding/serving/stack.py).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Literal
 
@@ -17,6 +18,10 @@ from onboarding.common.config import StrictConfig, format_validation_error, load
 from onboarding.common.errors import ConfigError
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.serving.stats import Slo
+
+# what a catalog entry's `slo` sets of the judged SLO (its target_rate_rps is the rate
+# verdict's: onboarding/serving/search_settings.py)
+SLO_FIELDS = frozenset(f.name for f in dataclasses.fields(Slo))
 
 # ---- configs/scenarios.yaml ----
 
@@ -177,5 +182,6 @@ def resolve_slo(section: SloSection, node_type: str, spec: ModelSpec) -> Slo:
     for layer in layers:
         if layer is None:
             continue
-        merged.update({k: v for k, v in layer.model_dump().items() if v is not None})
+        merged.update({k: v for k, v in layer.model_dump().items()
+                       if v is not None and k in SLO_FIELDS})
     return Slo(**merged)

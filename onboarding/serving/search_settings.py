@@ -91,10 +91,17 @@ def _merged(defaults: StrictConfig, layer: StrictConfig | None) -> dict:
     return out
 
 
-def rate_slo(f: SearchFile, node_type: str) -> RateSlo:
-    """The rate verdict at `node_type`; an error when its run could never show "met" (fewer
-    requests fit in `max_seconds` at the target rate than a met verdict needs)."""
+def rate_slo(f: SearchFile, node_type: str, model_rate_rps: float | None = None,
+             model: str = "") -> RateSlo:
+    """The rate verdict at `node_type`, at `model_rate_rps` where the model's catalog entry sets
+    one (`slo.target_rate_rps`: the traffic is the model's); an error when its run could never
+    show "met" (fewer requests fit in `max_seconds` at the target rate than a met verdict
+    needs)."""
     m = _merged(f.rate_verdict.defaults, f.rate_verdict.node_types.get(node_type))
+    where = f"configs/search.yaml rate_verdict at {node_type}"
+    if model_rate_rps is not None:
+        m["target_rate_rps"] = model_rate_rps
+        where += f" (the rate from {model or 'the model'}'s catalog entry slo.target_rate_rps)"
     rate = RateSlo(target_rate_rps=m["target_rate_rps"], ttft_p_s=m["ttft_s"],
                    tpot_p_ms=m["tpot_ms"], percentile=m["percentile"],
                    confidence=m["confidence"], min_requests=m["min_requests"],
@@ -103,7 +110,7 @@ def rate_slo(f: SearchFile, node_type: str) -> RateSlo:
     need, fit = requests_to_meet(rate), rate.target_rate_rps * rate.max_seconds
     if fit < need:
         raise ConfigError(
-            f"configs/search.yaml rate_verdict at {node_type}",
+            where,
             f"{fit:.0f} requests fit in max_seconds={rate.max_seconds:g} at "
             f"{rate.target_rate_rps:g} req/s, and showing p{rate.percentile:g} and p95 met at "
             f"confidence {rate.confidence:g} needs {need}: every run would end undecided",

@@ -1,5 +1,7 @@
 """configs/search.yaml: validated, merged per node type."""
 
+import dataclasses
+
 import pytest
 
 from onboarding.common.errors import ConfigError
@@ -37,3 +39,25 @@ def test_a_run_that_could_never_show_met_is_refused(tmp_path):
     p.write_text(SEARCH.read_text().replace("max_seconds: 150", "max_seconds: 60"))
     with pytest.raises(ConfigError, match="every run would end undecided"):
         rate_slo(load_search_file(p), "cpu")
+
+
+def test_the_models_own_rate_is_the_target_over_the_node_types(tmp_path):
+    """A catalog entry's slo.target_rate_rps is the verdict's target rate on every node type
+    (the traffic is the model's); the rest stays the node type's, and a rate whose runs could
+    never show met is refused, naming the entry."""
+    from onboarding.fetch.catalog import ModelSpec
+    from onboarding.serving.profiles import load_slo_section, resolve_slo
+
+    f = load_search_file(SEARCH)
+    spec = ModelSpec.model_validate({"id": "m", "source": "s3://models/m/",
+                                     "served_name": "m",
+                                     "slo": {"target_rate_rps": 12.5, "ttft_p95_s": 1.0}})
+    gpu = rate_slo(f, "h200", spec.slo.target_rate_rps, spec.id)
+    assert gpu.target_rate_rps == 12.5 and gpu == dataclasses.replace(
+        rate_slo(f, "h200"), target_rate_rps=12.5)
+    assert rate_slo(f, "h200", None).target_rate_rps == 4.0
+    # the judged SLO takes the entry's other fields and leaves the rate to the verdict
+    slo = resolve_slo(load_slo_section(PROJECT_ROOT / "configs" / "gates.yaml"), "h200", spec)
+    assert slo.ttft_p95_s == 1.0 and not hasattr(slo, "target_rate_rps")
+    with pytest.raises(ConfigError, match="m's catalog entry slo.target_rate_rps.*undecided"):
+        rate_slo(f, "cpu", 0.1, "m")
