@@ -18,7 +18,8 @@
 #
 # `drive`: the stack pinned to the installed engine (bench/gpu_serving.py pinned_configs, so the
 # plan's hash is the one the engine runs), the search (bench/config_search.py --plan on the 8B
-# twin in FP8 at the node type of this card), then vLLM's auto_tune as the peer
+# twin in FP8 at the node type of this card; RATE, REPEATS, MAX_SECONDS and BUDGET_MIN set it,
+# SEARCH_DEADLINE_S bounds it), then vLLM's auto_tune as the peer
 # (bench/search_vs_auto_tune.py peer) on the same variant, until DRIVE_DEADLINE_S.
 #
 # The payload: vLLM 0.22.0 and its wheels (bench/gpu_device.sh's list without nvidia-modelopt,
@@ -104,7 +105,7 @@ EOF
         --config-dir "$W/configs" --engine-bin "$W/bin" --gpus 0 --log-dir "$W/res/engine-logs" \
         --max-num-seqs 64 128 --max-num-batched-tokens 8192 2048 --max-candidates 4 \
         --rate "$RATE" --repeats "${REPEATS:-3}" --max-seconds "${MAX_SECONDS:-60}" --min-seconds 20 --min-requests 300 \
-        --look-every 100 --budget-min 30 --start-s 150 \
+        --look-every 100 --budget-min "${BUDGET_MIN:-30}" --start-s 150 \
         --out "$W/res/searched_configs.json" --samples "$W/res/samples.jsonl" \
         --table-out "$W/res/search.json" > "$W/res/search.log" 2>&1
     echo "search rc $? after $(( $(date +%s) - T0 )) s" | tee -a "$W/res/card.txt"

@@ -1,0 +1,90 @@
+"""The measured configuration search on an H100 at 26 req/s, past what the rule's configuration
+can serve (tests/data/gpu/config-search-at-capacity/), judged again.
+
+The plan serving_config gives the 8B twin in FP8 on h100 (`--max-num-seqs=32`, the SLO's target
+concurrency) queues at this rate; the search measured it and three challengers and moved the
+node type to the one with the most headroom. Replayed here: `config_search.search` over the
+recorded runs picks the same winner for the same reasons, its goodput at the SLO is several
+times the plan's (n stated), and the record the device wrote is what serving_config deploys on
+the stack that ran. Each run judged again and the candidates rebuilt are
+tests/assets/test_config_search_recordings.py's.
+
+Skipped, with the reason, when the recording is absent (made on a GPU machine by
+bench/gpu_search.sh; the README beside it has the command).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from onboarding.common.paths import PROJECT_ROOT
+from onboarding.serving.rate_verdict import MET, NOT_MET
+from onboarding.serving.searched import load_records
+from tests.search_recording import MODEL, SearchRecording
+
+RECORDING = SearchRecording(PROJECT_ROOT / "tests" / "data" / "gpu" / "config-search-at-capacity")
+
+if why := RECORDING.missing():
+    pytest.skip(why, allow_module_level=True)
+
+
+def test_past_the_plans_capacity_the_search_moves_to_more_sequences(tmp_path):
+    """The plan's configuration was decided "not met" on its first run (TTFT p99 over 2 s as
+    its 32 slots queue) and not repeated; 64 sequences with a 2048-token batch budget missed
+    too; 64 and 128 with 8192 met on both runs, and 128, with the lower worst headroom, won.
+    Its goodput at the SLO (requests inside every bound per second) is more than four times
+    the plan's, each with its n."""
+    rec = RECORDING.recorded()
+    result = RECORDING.replayed_search(tmp_path, RECORDING.runs_by_candidate())
+    table = {r["hash"]: r for r in result.table()}
+    assert result.winner.hash == rec["winner"] != rec["baseline"]
+    plan, won = table[rec["baseline"]], table[rec["winner"]]
+    assert plan["verdict"] == NOT_MET and plan["runs"] == 1 and plan["n"] >= 300
+    assert won["verdict"] == MET and won["runs"] == 2 and won["good"] == won["n"]
+    assert (won["max_num_seqs"], won["max_num_batched_tokens"]) == (128, 8192)
+    assert won["goodput_rps"] > 4 * plan["goodput_rps"] > 0
+    offered = RECORDING.settings()[1].target_rate_rps
+    assert 0.9 * offered < won["goodput_rps"] <= offered
+    missed = [r for r in table.values() if r["verdict"] != MET]
+    assert {(r["max_num_seqs"], r["max_num_batched_tokens"]) for r in missed} == \
+        {(32, "default"), (64, 2048)}
+    # the margin says the winner's numbers with n, the next best's and the plan's
+    assert f"n={plan['n']}, goodput {plan['goodput_rps']:.3g} req/s" in result.margin
+    assert "next best max_num_seqs=64, max_num_batched_tokens=8192" in result.margin
+    runner_up = table[next(h for h, r in table.items() if r["verdict"] == MET and h != won["hash"])]
+    assert won["headroom"] < runner_up["headroom"] * (1 - rec["min_margin"])
+
+
+def test_the_winner_is_what_h100_deploys_on_the_stack_that_ran(tmp_path):
+    """configs/searched_configs.json as the device wrote it, applied the way serving_config
+    applies it: on the pinned stack h100's configuration becomes the winner, one hash, with its
+    two numbers in the engine's arguments."""
+    from bench.config_search import planned_base
+    from onboarding.deploy.plan import build_plan
+    from onboarding.deploy.serving_plan import serving_plan, with_engine_choices, with_searched
+    from resources.config_files import ConfigFiles
+
+    rec = RECORDING.recorded()
+    records = load_records(RECORDING.path / "searched_configs.json")
+    assert [(r.model, r.node_type, r.winner_hash) for r in records] == \
+        [(MODEL, "h100", rec["winner"])]
+    cf = ConfigFiles(config_dir=str(RECORDING.pinned_configs(tmp_path)))
+    spec, stack = cf.spec(MODEL), cf.stack()
+    base = planned_base(cf, spec, "h100")
+    assert base.hash == rec["baseline"]
+    nodes = cf.nodes()
+    splan = with_engine_choices(serving_plan(spec, build_plan(spec, nodes, None, None), nodes,
+                                             stack), spec, stack.templates, cf.stack_config(),
+                                cf.engine_measurements(), stack.engine)
+    won = with_searched(splan, spec, stack.templates, records).config("h100")
+    assert won.hash == rec["winner"]
+    args = won.args("/m", 8000, "127.0.0.1")
+    assert "--max-num-seqs=128" in args and "--max-num-batched-tokens=8192" in args
+
+
+def test_the_recording_states_its_card_rate_and_versions():
+    versions = RECORDING.versions()
+    assert versions["vllm"] == "0.22.0" and "H100" in versions["gpu"]
+    card = (RECORDING.path / "card.txt").read_text()
+    assert "H100" in card and "rate 26" in card
+    assert RECORDING.settings()[1].target_rate_rps == 26.0
