@@ -85,7 +85,9 @@ class FakeConfig:
 
 FAULTS = ("none", "5xx", "drop", "malformed", "crlf", "cr", "reset", "reset_mid", "stall",
           "exit")
-METRICS_FAULTS = ("none", "404", "stall", "garbage")
+# stall_busy: /metrics hangs while a request streams (an API server saturated by the load it
+# serves), and answers once none does
+METRICS_FAULTS = ("none", "404", "stall", "garbage", "stall_busy")
 SEPARATORS = {"crlf": b"\r\n\r\n", "cr": b"\r\r"}
 BODIES_KEPT = 16  # what a client sends, for a test comparing two clients' requests
 
@@ -271,7 +273,7 @@ def build_app(cfg: FakeConfig) -> web.Application:
         truth.metrics_scrapes += 1
         if cfg.metrics_fault == "404":
             return web.Response(status=404, text="404: Not Found")
-        if cfg.metrics_fault == "stall":
+        if cfg.metrics_fault == "stall" or (cfg.metrics_fault == "stall_busy" and truth.running):
             await asyncio.Event().wait()
         if cfg.metrics_fault == "garbage":
             return web.Response(text="<html><body>a login page</body></html>",

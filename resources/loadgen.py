@@ -314,20 +314,24 @@ def _no_content(rec: RequestRecord, usage_chunks: int) -> str:
 
 class _Scraper:
     """The /metrics scrapes of one point, each bounded by `timeout_s`; a failure is counted on
-    `run`, never raised. The first scrape that times out ends scraping for the point: a
-    stalled endpoint would otherwise cost each later scrape (the one after the point too) the
-    whole timeout again, and the point its bound."""
+    `run`, never raised. The first scrape that times out ends the scrapes during the point: a
+    stalled endpoint would otherwise cost each later one the whole timeout again, and the
+    point its bound. The scrape after the point (`idle`, the load over) is still taken once
+    unless the one before it, also idle, timed out: an API server busy with the load answers
+    again when it ends, and the point's engine-side delta needs that scrape. A stalled
+    endpoint costs a point at most two timeouts."""
 
     def __init__(self, session: aiohttp.ClientSession, url: str | None, timeout_s: float,
                  run: PointRun):
         self.session, self.url, self.timeout_s, self.run = session, url, timeout_s, run
-        self.stalled = False
+        self.stalled = False  # a scrape of this point timed out
+        self.stalled_idle = False  # ... with no load on the endpoint
 
-    async def scrape(self) -> str | None:
+    async def scrape(self, *, idle: bool = False) -> str | None:
         url, run = self.url, self.run
         if url is None:
             return None
-        if self.stalled:
+        if self.stalled_idle or (self.stalled and not idle):
             run.scrape_failed(f"{url}: not scraped: an earlier scrape of this point timed out "
                               f"after {self.timeout_s:g} s")
             return None
@@ -341,6 +345,7 @@ class _Scraper:
                 return text
         except TimeoutError:
             self.stalled = True
+            self.stalled_idle = idle
             run.scrape_failed(f"{url}: timed out after {self.timeout_s:g} s")
         except (aiohttp.ClientError, OSError) as exc:
             run.scrape_failed(f"{url}: {_describe(exc)}")
@@ -370,7 +375,8 @@ async def run_point_async(
     `request_timeout_s`. Warm-up requests run first, `warmup_concurrency` of them at a time (the
     point's concurrency when not given; 4 for a rate), and are not recorded. Scrapes are bounded
     by `scrape_timeout_s`, one in flight when the requests are done is abandoned, and after
-    one timed out the point scrapes no more: a stalled /metrics costs a point at most one
+    one timed out the point scrapes no more during its load, only once after it (unless the
+    one before the load timed out too): a stalled /metrics costs a point at most two
     `scrape_timeout_s` in all, never one per scrape.
 
     At a rate, `decide` (given the finished requests, every `look_every` of them) may stop the
@@ -393,7 +399,7 @@ async def run_point_async(
                                      time.perf_counter(), float("inf"))
         run = PointRun(records=[], duration_s=0.0)
         scrapes = _Scraper(session, metrics_url, scrape_timeout_s, run)
-        run.metrics_before = await scrapes.scrape()
+        run.metrics_before = await scrapes.scrape(idle=True)
         stop = asyncio.Event()
         scraper = asyncio.create_task(scrapes.loop(scrape_interval_s, stop))
         start = time.perf_counter()
@@ -411,7 +417,7 @@ async def run_point_async(
             scraper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await scraper
-        run.metrics_after = await scrapes.scrape()
+        run.metrics_after = await scrapes.scrape(idle=True)
     run.drop_unparseable()
     return run
 

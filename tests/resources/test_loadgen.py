@@ -246,6 +246,24 @@ def test_a_stalled_metrics_endpoint_costs_a_point_one_scrape_timeout_not_one_per
     assert elapsed_s < r.duration_s + 2 * timeout_s
 
 
+@pytest.mark.slow
+@pytest.mark.waits
+def test_a_metrics_endpoint_that_stalls_under_load_is_still_read_after_the_point():
+    """/metrics answers before the point, hangs while requests stream (an API server busy with
+    the load) and answers again once they are done: the scrapes during the point stop at the
+    first timeout, but the one after the load is still taken, so the point keeps its
+    engine-side delta (before and after), with the timeout counted."""
+    with running_fake_server(itl_ms=20, metrics_fault="stall_busy") as url:
+        r = LoadGenerator(scrape_timeout_s=0.5).run_point(
+            url, completion_bodies("fake", ["a b c"] * 16, 32), concurrency=4, max_seconds=60,
+            request_timeout_s=30, scrape_interval_s=0.05)
+        scrapes = truth(url)["metrics_scrapes"]
+    assert summarize(r.records, r.duration_s).completed == 16
+    assert r.metrics_before is not None and r.metrics_after is not None
+    assert r.metrics_during == [] and scrapes == 3  # before, the one that timed out, after
+    assert r.scrape_failures == 1 and "timed out" in r.scrape_last_error
+
+
 def test_a_server_that_exits_mid_stream_keeps_every_record():
     """The process dies during request 10: those in flight are dropped, the rest cannot
     connect, /metrics stops answering; every record is kept and the point ends."""
