@@ -39,6 +39,18 @@ RUN = {"ops": {
                                      "scenarios": ["chat"]}}}}
 
 
+@pytest.fixture(autouse=True)
+def short_rate_verdict(config_dir) -> None:
+    """configs/search.yaml's h200 rate verdict made short for the fake engine: the gpu
+    profile's verdict at the target rate still runs (p99, n stated) but in seconds, at 50 req/s
+    and one run, not minutes (its own behaviour is tests/assets/test_serving.py's)."""
+    search = yaml.safe_load((config_dir / "search.yaml").read_text())
+    search["rate_verdict"]["node_types"][NODE_TYPE] = {
+        "target_rate_rps": 50.0, "min_seconds": 0, "max_seconds": 30, "look_every": 100,
+        "repeats": 1}
+    (config_dir / "search.yaml").write_text(yaml.safe_dump(search))
+
+
 @pytest.fixture
 def model_dir(tiny_checkpoint, tmp_path) -> Path:
     """The tiny random Llama with SmolLM2's tokenizer and a cache manifest, as `checkpoint`
@@ -133,6 +145,7 @@ def test_the_benchmarked_engine_command_is_the_rendered_container_args(
     plan_hash = metadata(result, "serving_config")["config_hashes"]["h200"]
     timed, bench = metadata(result, "load_timing"), metadata(result, "serving_benchmark")
     assert timed["config_hash"] == bench["config_hash"] == plan_hash  # the planned one
+    assert bench["rate_verdict"] == "met" and bench["rate_verdict_n"] >= 300  # gpu: at a rate
 
     record = json.loads((tmp_path / "record.json").read_text())  # the benchmark's start
     started = record["argv"][record["argv"].index("serve") + 1:]
