@@ -477,8 +477,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
 
 
 def _rate_settings(configs: ConfigFiles, node_type: str, spec: ModelSpec) -> RateSlo:
-    return rate_slo(load_search_file(configs.path("search.yaml")), node_type,
-                    spec.slo.target_rate_rps, spec.id)
+    return rate_slo(load_search_file(configs.path("search.yaml")), node_type, spec)
 
 
 def _with_rate_verdict(result: ServingBenchmarkResult, violations: list[str],

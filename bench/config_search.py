@@ -59,17 +59,22 @@ from resources.search_runner import Traffic, candidate_cost_s, run_search
 SAMPLE_FIELDS = ("ok", "error", "start_s", "ttft_s", "e2e_s", "output_tokens", "stream_tokens")
 
 
-def planned_base(configs: ConfigFiles, spec, node_type: str):
-    """What serving_config plans for `node_type` (assets/deploy.py, the search records left
-    out: the search starts from the rule's configuration)."""
+def planned_serving(configs: ConfigFiles, spec):
+    """The serving plan serving_config gives `spec` (assets/deploy.py), the search records left
+    out: the search starts from the rule's configuration."""
     from onboarding.deploy.plan import build_plan
     from onboarding.deploy.serving_plan import serving_plan, with_engine_choices
 
     nodes, stack = configs.nodes(), configs.stack()
-    splan = with_engine_choices(serving_plan(spec, build_plan(spec, nodes, None, None), nodes,
-                                             stack), spec, stack.templates,
-                                configs.stack_config(), configs.engine_measurements(),
-                                stack.engine)
+    return with_engine_choices(serving_plan(spec, build_plan(spec, nodes, None, None), nodes,
+                                            stack), spec, stack.templates,
+                               configs.stack_config(), configs.engine_measurements(),
+                               stack.engine)
+
+
+def planned_base(configs: ConfigFiles, spec, node_type: str):
+    """What serving_config plans for `node_type` (`planned_serving`)."""
+    splan = planned_serving(configs, spec)
     config = splan.config(node_type)
     if config is None:
         raise SystemExit(f"serving_config plans nothing for {spec.id} on {node_type}: "
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     slo = dataclasses.replace(slo, **{k: v for k, v in (
         ("ttft_p95_s", a.slo_ttft_p95_s), ("itl_mean_ms", a.slo_itl_mean_ms)) if v is not None})
     f = load_search_file(configs.path("search.yaml"))
-    rate = rate_slo(f, a.node_type, spec.slo.target_rate_rps, spec.id)
+    rate = rate_slo(f, a.node_type, spec)
     rate = dataclasses.replace(rate, **{k: v for k, v in (
         ("target_rate_rps", a.rate), ("percentile", a.percentile), ("ttft_p_s", a.ttft_s),
         ("tpot_p_ms", a.tpot_ms), ("repeats", a.repeats), ("max_seconds", a.max_seconds),

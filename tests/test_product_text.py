@@ -109,7 +109,7 @@ def findings(path: Path, text: str) -> list[str]:
         for m in ISSUE.finditer(line):
             if not UPSTREAM.search(line[:m.start()]):
                 out.append(f"{rel}:{n}: internal issue number {m.group(0)!r}")
-        # the same, wrapped: "... before issue" / "28's fix"
+        # the same, wrapped: "issue" ending one line, its number opening the next
         if (m := ISSUE_AT_END.search(line)) and n < len(lines) and \
                 NUMBER_AT_START.match(lines[n]) and not UPSTREAM.search(line[:m.start()]):
             out.append(f"{rel}:{n}: internal issue number {m.group(0)!r} wrapped onto the "

@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from onboarding.common.config import StrictConfig, format_validation_error, load_yaml
 from onboarding.common.errors import ConfigError
+from onboarding.fetch.catalog import ModelSpec
 from onboarding.serving.rate_verdict import RateSlo, requests_to_meet
 
 
@@ -91,17 +92,16 @@ def _merged(defaults: StrictConfig, layer: StrictConfig | None) -> dict:
     return out
 
 
-def rate_slo(f: SearchFile, node_type: str, model_rate_rps: float | None = None,
-             model: str = "") -> RateSlo:
-    """The rate verdict at `node_type`, at `model_rate_rps` where the model's catalog entry sets
+def rate_slo(f: SearchFile, node_type: str, spec: ModelSpec | None = None) -> RateSlo:
+    """The rate verdict at `node_type`, at the rate `spec`'s catalog entry sets where it sets
     one (`slo.target_rate_rps`: the traffic is the model's); an error when its run could never
     show "met" (fewer requests fit in `max_seconds` at the target rate than a met verdict
     needs)."""
     m = _merged(f.rate_verdict.defaults, f.rate_verdict.node_types.get(node_type))
     where = f"configs/search.yaml rate_verdict at {node_type}"
-    if model_rate_rps is not None:
-        m["target_rate_rps"] = model_rate_rps
-        where += f" (the rate from {model or 'the model'}'s catalog entry slo.target_rate_rps)"
+    if spec is not None and spec.slo.target_rate_rps is not None:
+        m["target_rate_rps"] = spec.slo.target_rate_rps
+        where += f" (the rate from {spec.id}'s catalog entry slo.target_rate_rps)"
     rate = RateSlo(target_rate_rps=m["target_rate_rps"], ttft_p_s=m["ttft_s"],
                    tpot_p_ms=m["tpot_ms"], percentile=m["percentile"],
                    confidence=m["confidence"], min_requests=m["min_requests"],

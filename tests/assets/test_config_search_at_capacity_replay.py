@@ -59,9 +59,8 @@ def test_the_winner_is_what_h100_deploys_on_the_stack_that_ran(tmp_path):
     """configs/searched_configs.json as the device wrote it, applied the way serving_config
     applies it: on the pinned stack h100's configuration becomes the winner, one hash, with its
     two numbers in the engine's arguments."""
-    from bench.config_search import planned_base
-    from onboarding.deploy.plan import build_plan
-    from onboarding.deploy.serving_plan import serving_plan, with_engine_choices, with_searched
+    from bench.config_search import planned_serving
+    from onboarding.deploy.serving_plan import with_searched
     from resources.config_files import ConfigFiles
 
     rec = RECORDING.recorded()
@@ -69,14 +68,10 @@ def test_the_winner_is_what_h100_deploys_on_the_stack_that_ran(tmp_path):
     assert [(r.model, r.node_type, r.winner_hash) for r in records] == \
         [(MODEL, "h100", rec["winner"])]
     cf = ConfigFiles(config_dir=str(RECORDING.pinned_configs(tmp_path)))
-    spec, stack = cf.spec(MODEL), cf.stack()
-    base = planned_base(cf, spec, "h100")
-    assert base.hash == rec["baseline"]
-    nodes = cf.nodes()
-    splan = with_engine_choices(serving_plan(spec, build_plan(spec, nodes, None, None), nodes,
-                                             stack), spec, stack.templates, cf.stack_config(),
-                                cf.engine_measurements(), stack.engine)
-    won = with_searched(splan, spec, stack.templates, records).config("h100")
+    spec = cf.spec(MODEL)
+    splan = planned_serving(cf, spec)
+    assert splan.config("h100").hash == rec["baseline"]
+    won = with_searched(splan, spec, cf.stack().templates, records).config("h100")
     assert won.hash == rec["winner"]
     args = won.args("/m", 8000, "127.0.0.1")
     assert "--max-num-seqs=128" in args and "--max-num-batched-tokens=8192" in args

@@ -25,18 +25,10 @@ from onboarding.serving.searched import load_records
 from tests.search_recording import MODEL, SearchRecording
 
 RECORDING = SearchRecording(PROJECT_ROOT / "tests" / "data" / "gpu" / "config-search")
-REC = RECORDING.path
 
 if why := RECORDING.missing():
     pytest.skip(why, allow_module_level=True)
 
-recorded, settings, runs_by_candidate = (RECORDING.recorded, RECORDING.settings,
-                                         RECORDING.runs_by_candidate)
-pinned_configs, recorded_candidates = RECORDING.pinned_configs, RECORDING.candidates
-
-
-def replayed_search(tmp_path, judged):
-    return RECORDING.replayed_search(tmp_path, judged)
 
 
 def test_at_13_requests_a_second_the_rule_was_already_best(tmp_path):
@@ -45,9 +37,9 @@ def test_at_13_requests_a_second_the_rule_was_already_best(tmp_path):
     worst headrooms, moved to max-num-seqs 64 on one slow run of the plan; today's rule asks
     every run of a challenger to beat every run of the plan, and keeps the plan's
     configuration, saying each run's number."""
-    rec = recorded()
-    judged = runs_by_candidate()
-    result = replayed_search(tmp_path, judged)
+    rec = RECORDING.recorded()
+    judged = RECORDING.runs_by_candidate()
+    result = RECORDING.replayed_search(tmp_path, judged)
     table = {r["hash"]: r for r in result.table()}
     assert result.winner.hash == rec["baseline"] != rec["winner"]
     assert all(r["verdict"] == MET and r["good"] == r["n"] > 1200 for r in table.values())
@@ -68,24 +60,20 @@ def test_the_recorded_winner_is_what_the_node_type_would_deploy(tmp_path):
     applies it: on the stack that ran, h100's configuration is the winner (one hash, its two
     numbers in the engine's arguments); on today's stack the plan's configuration hash differs,
     so the record is not applied and says why."""
-    from bench.config_search import planned_base
-    from onboarding.deploy.plan import build_plan
-    from onboarding.deploy.serving_plan import serving_plan, with_engine_choices, with_searched
+    from bench.config_search import planned_base, planned_serving
+    from onboarding.deploy.serving_plan import with_searched
     from resources.config_files import ConfigFiles
 
-    rec = recorded()
-    records = load_records(REC / "searched_configs.json")
+    rec = RECORDING.recorded()
+    records = load_records(RECORDING.path / "searched_configs.json")
     assert [(r.model, r.node_type, r.winner_hash) for r in records] == \
         [(MODEL, rec["node_type"], rec["winner"])]
 
     def planned(cf):
-        spec, nodes, stack = cf.spec(MODEL), cf.nodes(), cf.stack()
-        splan = with_engine_choices(serving_plan(spec, build_plan(spec, nodes, None, None),
-                                                 nodes, stack), spec, stack.templates,
-                                    cf.stack_config(), cf.engine_measurements(), stack.engine)
-        return spec, stack, splan
+        spec = cf.spec(MODEL)
+        return spec, cf.stack(), planned_serving(cf, spec)
 
-    cf = ConfigFiles(config_dir=str(pinned_configs(tmp_path)))
+    cf = ConfigFiles(config_dir=str(RECORDING.pinned_configs(tmp_path)))
     spec, stack, splan = planned(cf)
     assert splan.config(rec["node_type"]).hash == rec["baseline"] == \
         planned_base(cf, spec, rec["node_type"]).hash
@@ -108,10 +96,10 @@ def test_the_recorded_winner_is_what_the_node_type_would_deploy(tmp_path):
 
 
 def test_the_recording_states_its_card_versions_and_peer():
-    versions = json.loads((REC / "versions.json").read_text())["versions"]
+    versions = RECORDING.versions()
     assert versions["vllm"] == "0.22.0" and "H100" in versions["gpu"]
-    assert "H100" in (REC / "card.txt").read_text()
-    peer = json.loads((REC / "peer" / "peer.json").read_text())
+    assert "H100" in (RECORDING.path / "card.txt").read_text()
+    peer = json.loads((RECORDING.path / "peer" / "peer.json").read_text())
     # vLLM's auto_tune on the same variant: each configuration it finished states its P99
     for r in peer["results"]:
         assert r["p99_e2el_ms"] <= peer["variables"]["MAX_LATENCY_ALLOWED_MS"]

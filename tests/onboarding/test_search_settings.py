@@ -52,12 +52,14 @@ def test_the_models_own_rate_is_the_target_over_the_node_types(tmp_path):
     spec = ModelSpec.model_validate({"id": "m", "source": "s3://models/m/",
                                      "served_name": "m",
                                      "slo": {"target_rate_rps": 12.5, "ttft_p95_s": 1.0}})
-    gpu = rate_slo(f, "h200", spec.slo.target_rate_rps, spec.id)
+    gpu = rate_slo(f, "h200", spec)
     assert gpu.target_rate_rps == 12.5 and gpu == dataclasses.replace(
         rate_slo(f, "h200"), target_rate_rps=12.5)
-    assert rate_slo(f, "h200", None).target_rate_rps == 4.0
+    assert rate_slo(f, "h200", spec.model_copy(update={"slo": spec.slo.model_copy(
+        update={"target_rate_rps": None})})).target_rate_rps == 4.0
     # the judged SLO takes the entry's other fields and leaves the rate to the verdict
     slo = resolve_slo(load_slo_section(PROJECT_ROOT / "configs" / "gates.yaml"), "h200", spec)
     assert slo.ttft_p95_s == 1.0 and not hasattr(slo, "target_rate_rps")
     with pytest.raises(ConfigError, match="m's catalog entry slo.target_rate_rps.*undecided"):
-        rate_slo(f, "cpu", 0.1, "m")
+        rate_slo(f, "cpu", spec.model_copy(update={"slo": spec.slo.model_copy(
+            update={"target_rate_rps": 0.1})}))
