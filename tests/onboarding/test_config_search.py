@@ -258,7 +258,7 @@ def test_a_challenger_is_told_the_bar_the_plans_runs_and_the_margin_set():
 
     search("cpu", cands, measure, budget_s=600, cost_s=60, basis=basis, clock=clock(),
            min_margin=0.05)
-    # the plan's best run 0.3 less 5 % before any challenger; then the best so far: 0.25, its
+    # the plan's best headroom (0.3) less 5 % before any challenger; then the best so far: 0.25, its
     # TPOT (50 ms of the 200 ms bound) now its worst percentile
     assert bars == [math.inf, pytest.approx(0.285), pytest.approx(0.25)]
     assert win_bar(None, Measured(runs(0.3, 0.4)), 0.05) == pytest.approx(0.285)
