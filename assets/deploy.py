@@ -119,7 +119,7 @@ def serving_config(context: dg.AssetExecutionContext, configs: ConfigFiles, outp
     splan = with_engine_choices(serving_plan(spec, result, nodes, stack), spec, stack.templates,
                                 configs.stack_config(), configs.engine_measurements(),
                                 stack.engine)
-    splan = with_searched(splan, spec, stack.templates, configs.searched_configs())
+    splan = with_searched(splan, spec, stack.templates, configs.searched_configs(), nodes, stack)
     body = {"plan": result.to_dict(),
             "configs": {nt: {**c.content(), "hash": c.hash} for nt, c in splan.configs.items()},
             "engines": [c.row() for c in splan.engines]}

@@ -11,7 +11,8 @@ format of configs/searched_configs.json; docs/serving.md "Measured configuration
         [--tokens IN OUT] [--rate RPS] [--percentile P] [--ttft-s S] [--tpot-ms MS] \\
         [--repeats N] [--max-seconds S] [--min-requests N] [--min-seconds S] [--look-every N] \\
         [--max-num-seqs 2 4 8] [--max-num-batched-tokens 512 2048] \\
-        [--api-server-count 1 2] [--max-candidates N] \\
+        [--api-server-count 1 2] [--max-candidates N] [--other-starts] \\
+        [--variant PRECISION=DIR ...] \\
         [--budget-min M] [--start-s S] [--out record.json] [--dry-run] \\
         [--plan] [--config-dir DIR] [--engine-bin DIR] [--gpus 0] [--log-dir DIR] \\
         [--samples requests.jsonl] [--table-out search.json]
@@ -21,6 +22,10 @@ format of configs/searched_configs.json; docs/serving.md "Measured configuration
 at hand's local one. `--samples`: every run's requests (one JSON line each: candidate hash,
 repetition, bodies, the fields the verdict reads), which tests/serving judge again;
 `--table-out`: the search table, margin, settings and each candidate's engine argv.
+`--other-starts` (with `--plan`): the plan's configuration at the other precisions and TPs it
+may serve on the node type (serving_plan.search_bases: the ladder past the gate, TP up to the
+GPUs in `--gpus`) start the grid too, each precision served from its `--variant` directory
+(`--model-dir` is `--precision`'s); a precision without one is left out and said.
 `--dry-run`: resolve everything and print the candidates, start nothing. Exit 2 when no
 candidate met the SLO (the search fails closed), 1 on a configuration error.
 """
@@ -82,6 +87,36 @@ def planned_base(configs: ConfigFiles, spec, node_type: str):
     return config
 
 
+def other_dirs(given: list[str]) -> dict[str, Path]:
+    """`--variant PRECISION=DIR` values as precision -> directory."""
+    out = {}
+    for item in given:
+        precision, sep, path = item.partition("=")
+        if not sep or not precision or not path:
+            raise SystemExit(f"--variant {item!r}: expected PRECISION=DIR")
+        if not Path(path).is_dir():
+            raise SystemExit(f"--variant {item!r}: {path} is not a directory")
+        out[precision] = Path(path)
+    return out
+
+
+def other_starts(configs: ConfigFiles, spec, a: argparse.Namespace, dirs: dict[str, Path]
+                 ) -> tuple[list, list[str]]:
+    """The plan's configuration at the node type's other precisions and TPs
+    (`search_bases`), those with weights given; and what was left out."""
+    from onboarding.deploy.serving_plan import search_bases
+
+    if not a.plan:
+        raise SystemExit("--other-starts needs --plan: other starts are the plan's")
+    gpus = len([g for g in a.gpus.split(",") if g.strip()]) or 1
+    bases, left_out = search_bases(planned_serving(configs, spec), spec, configs.nodes(),
+                                   configs.stack(), a.node_type, max_tensor_parallel=gpus)
+    kept = [b for b in bases if b.precision in dirs]
+    left_out += [f"{b.precision} TP {b.tensor_parallel}: no --variant {b.precision}=DIR given"
+                 for b in bases if b.precision not in dirs]
+    return kept, left_out
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
@@ -107,6 +142,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", nargs="+", type=int)
     p.add_argument("--api-server-count", nargs="+", type=int)
     p.add_argument("--max-candidates", type=int)
+    p.add_argument("--other-starts", action="store_true",
+                   help="with --plan: other precisions and TPs start the grid too")
+    p.add_argument("--variant", action="append", default=[], metavar="PRECISION=DIR",
+                   help="the weights of another precision (--other-starts)")
     p.add_argument("--budget-min", type=float)
     p.add_argument("--start-s", type=float, default=60.0,
                    help="estimated seconds of one engine start (budget arithmetic)")
@@ -152,11 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     traffic = Traffic(tin, tout, sc.prefix_tokens if not a.tokens else 0,
                       profile.sweep.warmup_requests, profile.sweep.request_timeout_s,
                       template.load_generator.count_tokens_by)
+    dirs = {a.precision: a.model_dir, **other_dirs(a.variant)}
+    starts, starts_left_out = other_starts(configs, spec, a, dirs) if a.other_starts else ([], [])
     cands, left_out, basis = candidates(
         template, base, a.max_num_seqs or settings.max_num_seqs,
         a.max_num_batched_tokens or settings.max_num_batched_tokens, slo.target_concurrency,
         a.max_candidates or settings.max_candidates,
-        api_server_count=a.api_server_count or settings.api_server_count)
+        api_server_count=a.api_server_count or settings.api_server_count, starts=starts)
+    left_out = starts_left_out + left_out
     budget_s = (a.budget_min or settings.budget_minutes) * 60
     print(f"{spec.id} on {a.node_type}: {len(cands)} candidates (order: {basis}); left out: "
           f"{'; '.join(left_out) or 'none'}")
@@ -172,12 +214,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from transformers import AutoTokenizer
 
-    # a private copy: another process mapping the weights must not share this run's page cache
+    # private copies: another process mapping the weights must not share this run's page cache
     work = Path(tempfile.mkdtemp(prefix="config-search-"))
-    model_dir = work / a.model_dir.name
-    shutil.copytree(a.model_dir, model_dir)
-    size = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
-    variant = VariantRef(spec.id, a.precision, str(model_dir), size, "bench")
+    variants = {}
+    for precision in sorted({c.config.precision for c in cands}):
+        copy = work / precision / dirs[precision].name
+        shutil.copytree(dirs[precision], copy)
+        size = sum(p.stat().st_size for p in copy.glob("*.safetensors"))
+        variants[precision] = VariantRef(spec.id, precision, str(copy), size, "bench")
+    model_dir = Path(variants[a.precision].path)
     t0 = time.monotonic()
     if a.samples:
         a.samples.write_text("")
@@ -198,7 +243,10 @@ def main(argv: list[str] | None = None) -> int:
                 "slo": dataclasses.asdict(slo), "traffic": dataclasses.asdict(traffic),
                 "min_margin": settings.min_margin, "budget_s": budget_s,
                 "candidates": [{"hash": c.config.hash, "label": c.label, "baseline": c.baseline,
-                                "argv": c.config.args(str(model_dir), 0, "127.0.0.1")}
+                                "precision": c.config.precision,
+                                "tensor_parallel": c.config.tensor_parallel,
+                                "argv": c.config.args(variants[c.config.precision].path, 0,
+                                                      "127.0.0.1")}
                                for c in cands],
                 "table": result.table() if result else [],
                 "winner": result.winner.hash if result else None,
@@ -207,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 "search_s": round(time.monotonic() - t0, 1)}, indent=1, default=str) + "\n")
 
     try:
-        result = run_search(engine, LoadGenerator(), variant, cands, basis, slo, rate, traffic,
+        result = run_search(engine, LoadGenerator(), variants, cands, basis, slo, rate, traffic,
                             AutoTokenizer.from_pretrained(model_dir, local_files_only=True),
                             budget_s=budget_s, start_s=a.start_s,
                             min_margin=settings.min_margin,

@@ -6,7 +6,8 @@
 #   bash bench/gpu_search.sh stage T S     (here, on a CPU) build/gpu-search/: the payload tar T
 #                                          (the wheels below, under whl/) split in pieces p0-pN,
 #                                          and code/: its sha256, the twin's FP8 variant (Model
-#                                          Optimizer's export marker, no weights), vLLM's
+#                                          Optimizer's export marker, no weights) and its BF16
+#                                          checkpoint (config and tokenizer), vLLM's
 #                                          auto_tune.sh from S and a `bc` for it
 #   bash bench/gpu_search.sh piece K       keep pK's part of the vLLM payload under /tmp/asm
 #   bash bench/gpu_search.sh install       with the last piece and code/: assemble, check,
@@ -18,8 +19,9 @@
 #
 # `drive`: the stack pinned to the installed engine (bench/gpu_serving.py pinned_configs, so the
 # plan's hash is the one the engine runs), the search (bench/config_search.py --plan on the 8B
-# twin in FP8 at the node type of this card; RATE, REPEATS, MAX_SECONDS and BUDGET_MIN set it,
-# SEARCH_DEADLINE_S bounds it), then vLLM's auto_tune as the peer
+# twin in FP8 at the node type of this card; RATE, REPEATS, MAX_SECONDS, BUDGET_MIN,
+# SEARCH_SEQS, SEARCH_TOKENS, MAX_CANDIDATES and OTHER_STARTS set it, SEARCH_DEADLINE_S bounds
+# it), then vLLM's auto_tune as the peer
 # (bench/search_vs_auto_tune.py peer) on the same variant, until DRIVE_DEADLINE_S.
 #
 # The payload: vLLM 0.22.0 and its wheels (bench/gpu_device.sh's list without nvidia-modelopt,
@@ -46,7 +48,9 @@ case "$1" in
     sha256sum "$tarball" | cut -d' ' -f1 > "$CARRY/code/payload.sha256"
     cp "$script" "$CARRY/code/peer/auto_tune.sh"
     cp bench/auto_tune_bc.py "$CARRY/code/peer/bin/bc" && chmod +x "$CARRY/code/peer/bin/bc"
-    .venv/bin/python bench/twin_variant.py llama-3-1-8b-instruct-twin fp8 "$CARRY/code/variant"
+    for precision in fp8 bf16; do
+      .venv/bin/python bench/twin_variant.py llama-3-1-8b-instruct-twin $precision "$CARRY/code/variant"
+    done
     du -sh "$CARRY"/* ;;
   piece)
     mkdir -p /tmp/asm && cp "$CARRY/p$2"/part.* /tmp/asm/ && ls -l /tmp/asm
@@ -99,11 +103,16 @@ EOF
     echo "card: $gpu, node type $NT, rate $RATE" | tee "$W/res/card.txt"
     rm -rf "$W/variant" && cp -r /tmp/code/variant "$W/variant"
     V="$W/variant/$TWIN-fp8"
+    # OTHER_STARTS=1: the plan's configuration in BF16 (the twin's source precision) starts the
+    # grid too, served from the twin's checkpoint
+    starts=""
+    [ "${OTHER_STARTS:-0}" = 1 ] && starts="--other-starts --variant bf16=$W/variant/$TWIN-bf16"
     set +e
     timeout "${SEARCH_DEADLINE_S:-1000}" python3 bench/config_search.py --model "$TWIN" \
         --model-dir "$V" --precision fp8 --node-type "$NT" --hardware sm90 --plan \
         --config-dir "$W/configs" --engine-bin "$W/bin" --gpus 0 --log-dir "$W/res/engine-logs" \
-        --max-num-seqs 64 128 --max-num-batched-tokens 8192 2048 --max-candidates 4 \
+        --max-num-seqs ${SEARCH_SEQS:-64 128} --max-num-batched-tokens ${SEARCH_TOKENS:-8192 2048} \
+        --max-candidates "${MAX_CANDIDATES:-4}" $starts \
         --rate "$RATE" --repeats "${REPEATS:-3}" --max-seconds "${MAX_SECONDS:-60}" --min-seconds 20 --min-requests 300 \
         --look-every 100 --budget-min "${BUDGET_MIN:-30}" --start-s 150 \
         --out "$W/res/searched_configs.json" --samples "$W/res/samples.jsonl" \

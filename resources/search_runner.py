@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from onboarding.common.errors import OnboardingError
+from onboarding.common.errors import ConfigError, OnboardingError
 from onboarding.common.refs import VariantRef
 from onboarding.serving.config_search import Candidate, Measured, SearchResult, search
 from onboarding.serving.prompts import synthetic_prompts
@@ -100,15 +100,25 @@ def candidate_cost_s(rate: RateSlo, start_s: float) -> float:
     return start_s + rate.repeats * rate.max_seconds
 
 
-def run_search(engine, loadgen: LoadGenerator, variant: VariantRef, cands: list[Candidate],
-               basis: str, slo: Slo, rate: RateSlo, traffic: Traffic, tokenizer,
-               budget_s: float, start_s: float, notes: tuple[str, ...] = (),
+def run_search(engine, loadgen: LoadGenerator, variant: VariantRef | Mapping[str, VariantRef],
+               cands: list[Candidate], basis: str, slo: Slo, rate: RateSlo, traffic: Traffic,
+               tokenizer, budget_s: float, start_s: float, notes: tuple[str, ...] = (),
                min_margin: float = 0.0,
                log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
                on_run: Callable[[Candidate, int, PointRun, int], None] | None = None
                ) -> SearchResult:
+    """`variant`: the weights every candidate serves, or one per precision where candidates
+    differ in precision (each candidate's must be there, checked before anything starts)."""
     node_type = cands[0].config.node_type if cands else "?"
     per_run = requests_for(rate)
+    variants = dict(variant) if isinstance(variant, Mapping) else None
+    if variants is not None:
+        missing = sorted({c.config.precision for c in cands} - set(variants))
+        if missing:
+            raise ConfigError(f"search on {node_type}", f"no weights for {', '.join(missing)} "
+                              f"(given: {', '.join(sorted(variants)) or 'none'})",
+                              "Give a variant per precision the candidates serve, or leave "
+                              "those precisions out of the search.")
 
     def measure(c: Candidate, bar: float) -> Measured:
         t0 = clock()
@@ -116,7 +126,8 @@ def run_search(engine, loadgen: LoadGenerator, variant: VariantRef, cands: list[
         crashed = ""
         log(f"search on {node_type}: {c.label} ({c.config.hash})")
         try:
-            with engine.serve(variant, c.config) as running:
+            weights = variants[c.config.precision] if variants is not None else variant
+            with engine.serve(weights, c.config) as running:
 
                 def after_run(i: int, run: PointRun, so_far: list[RateVerdict]) -> str:
                     nonlocal crashed

@@ -374,10 +374,10 @@ def plan_inputs(
     )
 
 
-def _precision_for(inputs: PlanInputs, node: NodeType) -> tuple[str | None, str]:
-    """First ladder precision the node serves natively, never above the one that passed the
-    gate; the source's own precision (bf16, or fp8 for an FP8 release) needs no gate, and none
-    wider than it has weights."""
+def servable_precisions(inputs: PlanInputs, node: NodeType) -> tuple[list[str], str]:
+    """The ladder's precisions the node serves natively, in the ladder's order, never above the
+    one that passed the gate; the source's own precision (bf16, or fp8 for an FP8 release) needs
+    no gate, and none wider than it has weights. With none, why."""
     width = PRECISION_WIDTH[inputs.source_precision]
     ladder = [p for p in inputs.precision_ladder if PRECISION_WIDTH[p] <= width]
     m = inputs.measured
@@ -389,12 +389,18 @@ def _precision_for(inputs: PlanInputs, node: NodeType) -> tuple[str | None, str]
         ladder = [p for p in ladder if p not in failed]
     else:
         failed = []
-    for p in ladder:
-        if p in node.native_precisions:
-            return p, ""
+    native = [p for p in ladder if p in node.native_precisions]
+    if native:
+        return native, ""
     gate = f"; {', '.join(failed)} failed the accuracy gate" if failed else ""
-    return None, (f"no precision in {ladder} is native here (native: "
-                  f"{', '.join(node.native_precisions)}){gate}")
+    return [], (f"no precision in {ladder} is native here (native: "
+                f"{', '.join(node.native_precisions)}){gate}")
+
+
+def _precision_for(inputs: PlanInputs, node: NodeType) -> tuple[str | None, str]:
+    """The first servable precision (`servable_precisions`), or why there is none."""
+    native, why = servable_precisions(inputs, node)
+    return (native[0], "") if native else (None, why)
 
 
 def _weights(inputs: PlanInputs, precision: str, nodes: NodesConfig) -> tuple[int | None, Basis]:
@@ -430,23 +436,48 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-def plan_node(inputs: PlanInputs, name: str, node: NodeType, nodes: NodesConfig) -> NodePlan:
-    planning = nodes.planning
-    budget = int(node.memory_bytes * inputs.gpu_memory_utilization)
-    reserve = int(planning.runtime_reserve_gib_per_gpu * GIB)
+def _node_base(inputs: PlanInputs, name: str, node: NodeType, nodes: NodesConfig
+               ) -> dict[str, Any]:
+    """A node plan's fields that do not depend on the precision or TP."""
     m = inputs.measured
     measured_here = m.benchmark_node_type == name and m.tokens_per_s_per_gpu is not None
-    base: dict[str, Any] = {
-        "node_type": name, "budget_bytes_per_gpu": budget, "reserve_bytes_per_gpu": reserve,
+    return {
+        "node_type": name,
+        "budget_bytes_per_gpu": int(node.memory_bytes * inputs.gpu_memory_utilization),
+        "reserve_bytes_per_gpu": int(nodes.planning.runtime_reserve_gib_per_gpu * GIB),
         "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu if measured_here else None,
         "throughput_basis": "measured" if measured_here else "absent",
     }
+
+
+def plan_node(inputs: PlanInputs, name: str, node: NodeType, nodes: NodesConfig) -> NodePlan:
+    base = _node_base(inputs, name, node, nodes)
     precision, why = _precision_for(inputs, node)
     if precision is None:
         return NodePlan(feasible=False, reason=why, precision=None, weight_bytes=None,
                         weight_basis=None, tensor_parallel=None, gpu_ids=(), numa_nodes=(),
                         weight_bytes_per_gpu=None, kv_bytes_per_gpu=None,
                         headroom_bytes_per_gpu=None, max_sequences_at_context=None, **base)
+    return _fit(inputs, name, node, nodes, precision,
+                nodes.planning.tensor_parallel_candidates, base)
+
+
+def plan_node_at(inputs: PlanInputs, name: str, node: NodeType, nodes: NodesConfig,
+                 precision: str, tensor_parallel: int) -> NodePlan:
+    """The node's plan at this precision and exactly this TP (the configuration search's other
+    starting points), feasible or not, with why; the precision must be servable there."""
+    servable, why = servable_precisions(inputs, node)
+    if precision not in servable:
+        raise ValueError(f"{precision} is not servable on {name}: servable {servable} {why}")
+    base = _node_base(inputs, name, node, nodes)
+    return _fit(inputs, name, node, nodes, precision, [tensor_parallel], base)
+
+
+def _fit(inputs: PlanInputs, name: str, node: NodeType, nodes: NodesConfig, precision: str,
+         tensor_parallel: list[int], base: dict[str, Any]) -> NodePlan:
+    """The smallest of these TPs at which the weights, the KV budget and the reserve fit."""
+    planning = nodes.planning
+    budget, reserve = base["budget_bytes_per_gpu"], base["reserve_bytes_per_gpu"]
     weight_bytes, basis = _weights(inputs, precision, nodes)
     if weight_bytes is None:
         return NodePlan(feasible=False, reason=f"no weight size for {precision}: neither exported "
@@ -460,7 +491,7 @@ def plan_node(inputs: PlanInputs, name: str, node: NodeType, nodes: NodesConfig)
     shape = inputs.shape
     rejected: list[str] = []
     last: dict[str, Any] | None = None
-    for tp in sorted(t for t in planning.tensor_parallel_candidates if t <= node.gpus_per_node):
+    for tp in sorted(t for t in tensor_parallel if t <= node.gpus_per_node):
         if shape.num_attention_heads and shape.num_attention_heads % tp:
             rejected.append(f"TP {tp}: {shape.num_attention_heads} attention heads do not split "
                             f"over {tp} GPUs")

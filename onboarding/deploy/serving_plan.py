@@ -28,7 +28,14 @@ from onboarding.deploy.kserve import (
     source_precision,
     storage_for,
 )
-from onboarding.deploy.plan import DeploymentPlan, NodesConfig
+from onboarding.deploy.plan import (
+    DeploymentPlan,
+    NodePlan,
+    NodesConfig,
+    PlanInputs,
+    plan_node_at,
+    servable_precisions,
+)
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.fetch.twins import NOT_READY
 from onboarding.serving.engine_config import (
@@ -70,7 +77,13 @@ def planned_config(spec: ModelSpec, plan: DeploymentPlan, node_type: str, nodes:
                    stack: Stack) -> EngineConfig:
     """The configuration the plan gives a (feasible) node type, in the stack's engine (its
     template: `stack.template`)."""
-    node, node_t, inputs = plan.node(node_type), nodes.node_types[node_type], plan.inputs
+    return _node_config(spec, plan.inputs, plan.node(node_type), nodes, stack)
+
+
+def _node_config(spec: ModelSpec, inputs: PlanInputs, node: NodePlan, nodes: NodesConfig,
+                 stack: Stack) -> EngineConfig:
+    node_type = node.node_type
+    node_t = nodes.node_types[node_type]
     switches = stack.switches_for(node.precision, inputs.shape.moe, node_t.arch)
     planned: dict[str, Any] = {"max_model_len": inputs.context_tokens,
                                "max_num_seqs": node.max_num_seqs or inputs.target_concurrency,
@@ -144,21 +157,82 @@ def with_engine_choices(splan: ServingPlan, spec: ModelSpec,
     return dataclasses.replace(splan, configs=configs, engines=tuple(choices))
 
 
+def search_bases(splan: ServingPlan, spec: ModelSpec, nodes: NodesConfig, stack: Stack,
+                 node_type: str, max_tensor_parallel: int | None = None
+                 ) -> tuple[list[EngineConfig], list[str]]:
+    """The configuration search's other starting points on a planned node type: the plan's
+    configuration at each other precision the plan may serve there (the ladder, native, past
+    the gate) and each other TP candidate that fits in memory, at most `max_tensor_parallel`
+    (the GPUs at hand); and what was left out, with why. Built as the plan builds its own, so a
+    search winner from one of them is rebuilt to the same hash (`with_searched`)."""
+    config = splan.config(node_type)
+    if config is None:
+        return [], [f"{node_type}: nothing planned ({splan.skipped.get(node_type, '?')})"]
+    if config.engine != stack.engine:
+        return [], [(f"precision and TP: {node_type} serves {config.engine} (chosen by "
+                    f"measurement), and other starting points are built in the stack's engine "
+                    f"{stack.engine}")]
+    inputs, node_t = splan.plan.inputs, nodes.node_types[node_type]
+    precisions, _ = servable_precisions(inputs, node_t)
+    tps = sorted(t for t in nodes.planning.tensor_parallel_candidates
+                 if t <= node_t.gpus_per_node)
+    out, left_out = [], []
+    for precision in precisions:
+        for tp in tps:
+            if (precision, tp) == (config.precision, config.tensor_parallel):
+                continue
+            if max_tensor_parallel is not None and tp > max_tensor_parallel:
+                left_out.append(f"{precision} TP {tp}: {max_tensor_parallel} GPU(s) at hand")
+                continue
+            node = plan_node_at(inputs, node_type, node_t, nodes, precision, tp)
+            if not node.feasible:
+                left_out.append(f"{precision} TP {tp}: {node.reason}")
+                continue
+            out.append(_node_config(spec, inputs, node, nodes, stack))
+    return out, left_out
+
+
 def with_searched(splan: ServingPlan, spec: ModelSpec, templates: dict[str, EngineTemplate],
-                  records: list[SearchRecord]) -> ServingPlan:
+                  records: list[SearchRecord], nodes: NodesConfig | None = None,
+                  stack: Stack | None = None) -> ServingPlan:
     """Each configured node type's recorded search winner, where the plan still gives the
     configuration the search started from (onboarding/serving/searched.py); the records of this
-    model kept on the plan for the engine at hand (`config_at_hand`)."""
+    model kept on the plan for the engine at hand (`config_at_hand`). A winner at another
+    precision or TP (`search_bases`, which needs `nodes` and `stack`) also replaces the node
+    type's memory plan, so the manifest asks for its GPUs and publishes its weights."""
     mine = tuple(r for r in records if r.model == spec.id)
-    configs, notes = dict(splan.configs), []
+    configs, notes, node_plans = dict(splan.configs), [], {}
     for nt, config in splan.configs.items():
         template = templates.get(config.engine)
         if template is None:
             continue
-        configs[nt], said = apply(config, template, list(mine))
+
+        def rebase(precision: str, tp: int, nt: str = nt) -> tuple[EngineConfig | None, str]:
+            if nodes is None or stack is None:
+                return None, "no memory plan at hand to rebuild another precision or TP"
+            bases, left_out = search_bases(splan, spec, nodes, stack, nt)
+            hit = [b for b in bases if (b.precision, b.tensor_parallel) == (precision, tp)]
+            if not hit:
+                why = [w for w in left_out if w.startswith(f"{precision} TP {tp}:")]
+                return None, (why[0] if why else f"{precision} at TP {tp} is no longer a "
+                              f"starting point on {nt} (the ladder, the gate or the memory "
+                              "plan changed)")
+            node = plan_node_at(splan.plan.inputs, nt, nodes.node_types[nt], nodes, precision,
+                                tp)
+            node_plans[nt] = dataclasses.replace(
+                node, tp_basis=f"measured search: {precision} at TP {tp}")
+            return hit[0], ""
+
+        configs[nt], said = apply(config, template, list(mine), rebase)
         if said:
             notes.append((nt, said))
-    return dataclasses.replace(splan, configs=configs, searched=mine,
+        if configs[nt].hash == config.hash:
+            node_plans.pop(nt, None)
+    plan = splan.plan
+    if node_plans:
+        plan = dataclasses.replace(plan, nodes=tuple(node_plans.get(n.node_type, n)
+                                                     for n in plan.nodes))
+    return dataclasses.replace(splan, plan=plan, configs=configs, searched=mine,
                                search_notes=tuple(notes))
 
 

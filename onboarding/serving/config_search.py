@@ -6,9 +6,10 @@ one measured at the SLO:
 
 - Candidates: the plan's configuration and its grid over `max_num_seqs` x
   `max_num_batched_tokens` x `api_server_count` (configs/search.yaml `search`; more API
-  servers where a point is frontend-bound, onboarding/serving/frontend.py), every other
-  setting as planned (precision, TP, engine: the plan's choices). A pair the engine refuses is
-  left out and said (`max_num_batched_tokens` below `max_num_seqs`; below `max_model_len`
+  servers where a point is frontend-bound, onboarding/serving/frontend.py); the same from
+  each other start the caller gives (the plan's configuration at another precision the gate
+  passed, or another TP that fits: serving_plan.search_bases), every other setting as
+  planned (the engine is the plan's choice). A pair the engine refuses is left out and said (`max_num_batched_tokens` below `max_num_seqs`; below `max_model_len`
   without chunked prefill; an API-server count for an engine without the flag).
 - Order: by a prediction where one is given (`predicted`, lower is better, e.g. a calibrated
   TTFT p99 at the target rate), else by the stated `RULE`. At most `max_candidates`.
@@ -20,11 +21,13 @@ one measured at the SLO:
 - Budget: minutes per node type, engine starts included; a budget shorter than the estimated
   cost of one candidate is an error, and no candidate starts that would end past it.
 - A candidate whose engine crashed (failed to start or died) is counted and the search goes on.
-- The winner is the met candidate with the most headroom (the lowest worst ratio of measured to
-  bound over the percentile bounds); none met: `SearchFailed`, "not met by any of N
+- The winner is the met candidate on the fewest GPUs (TP: the target rate is what one replica
+  must hold, and GPUs are what it costs), then with the most headroom (the lowest worst ratio
+  of measured to bound over the percentile bounds); a candidate on more GPUs than a met one is
+  not measured. None met: `SearchFailed`, "not met by any of N
   candidates", with the best one's numbers (fails closed).
-- A met plan's configuration is replaced only by a candidate whose every run beat every run of
-  the plan's by more than `min_margin` (`separated`: with a runs against b, a one-sided rank
+- A met plan's configuration is replaced only by a candidate on fewer GPUs, or on as many
+  whose every run beat every run of the plan's by more than `min_margin` (`separated`: with a runs against b, a one-sided rank
   test at p = 1 / C(a + b, a), 0.05 at three runs each); a plan that was not met is replaced by
   any met candidate. Each row says its goodput at the SLO (requests inside every bound per
   second), the number a deployment serves users at.
@@ -49,7 +52,8 @@ from onboarding.serving.stack import EngineTemplate
 RULE = ("the plan's configuration first (the baseline every winner is compared with); then "
         "max-num-seqs from the SLO's target concurrency upward (a slot for every request in "
         "flight at the target first, then headroom), the larger max-num-batched-tokens first "
-        "at equal max-num-seqs (fewer prefill chunks per prompt), one API server before more")
+        "at equal max-num-seqs (fewer prefill chunks per prompt), one API server before more, "
+        "the plan's precision and TP before the others at equal numbers")
 
 
 class SearchFailed(OnboardingError):
@@ -61,11 +65,14 @@ class Candidate:
     config: EngineConfig
     predicted: float | None = None  # lower is better (the predictor's basis), None: by RULE
     baseline: bool = False  # the plan's own configuration
+    other_start: bool = False  # from another precision or TP than the plan's (`candidates`)
 
     @property
     def label(self) -> str:
         servers = self.config.param("api_server_count")
-        return (f"max_num_seqs={self.config.param('max_num_seqs')}, max_num_batched_tokens="
+        start = (f"{self.config.precision} TP {self.config.tensor_parallel}, "
+                 if self.other_start else "")
+        return (f"{start}max_num_seqs={self.config.param('max_num_seqs')}, max_num_batched_tokens="
                 f"{self.config.param('max_num_batched_tokens', 'engine default')}"
                 + (f", api_server_count={servers}" if servers is not None else ""))
 
@@ -127,7 +134,8 @@ class SearchRow:
         c, m = self.candidate.config, self.measured
         v = m.verdict if m else None
         out: dict[str, Any] = {
-            "hash": c.hash, "max_num_seqs": c.param("max_num_seqs"),
+            "hash": c.hash, "precision": c.precision, "tensor_parallel": c.tensor_parallel,
+            "max_num_seqs": c.param("max_num_seqs"),
             "max_num_batched_tokens": c.param("max_num_batched_tokens", "default"),
             "api_server_count": c.param("api_server_count", 1),
             "baseline": self.candidate.baseline,
@@ -202,10 +210,12 @@ def refused_pair(base: EngineConfig, seqs: int, tokens: int) -> str:
 def candidates(template: EngineTemplate, base: EngineConfig, max_num_seqs: Sequence[int],
                max_num_batched_tokens: Sequence[int], target_concurrency: int,
                max_candidates: int, predict: Callable[[EngineConfig], float | None] | None = None,
-               api_server_count: Sequence[int] = (1,)
+               api_server_count: Sequence[int] = (1,), starts: Sequence[EngineConfig] = ()
                ) -> tuple[list[Candidate], list[str], str]:
     """The plan's configuration first, then the grid in the predictor's order (when it predicts
-    every candidate) or the RULE's, at most `max_candidates` in all; and what was left out."""
+    every candidate) or the RULE's, at most `max_candidates` in all; and what was left out.
+    `starts`: the plan's configuration at other precisions and TPs (serving_plan.search_bases),
+    each a candidate itself and a start of the same grid, after the plan's at equal numbers."""
     left_out: list[str] = []
     servers = sorted(set(api_server_count)) or [1]
     if any(n != 1 for n in servers) and "api_server_count" not in template.args:
@@ -213,17 +223,22 @@ def candidates(template: EngineTemplate, base: EngineConfig, max_num_seqs: Seque
                         f"{base.engine} has no API-server count flag in configs/stack.yaml")
         servers = [1]
     grid: list[EngineConfig] = []
-    seen = {base.hash}
-    for seqs in max_num_seqs:
-        for tokens in max_num_batched_tokens:
-            if why := refused_pair(base, seqs, tokens):
-                left_out.append(why)
-                continue
-            for n in servers:
-                c = with_batching(template, base, seqs, tokens, n)
-                if c.hash not in seen:
-                    seen.add(c.hash)
-                    grid.append(c)
+    rank: dict[str, int] = {}  # hash -> which start it came from (0: the plan's)
+    for i, start in enumerate([base, *starts]):
+        if i and start.hash not in rank and start.hash != base.hash:
+            rank[start.hash] = i
+            grid.append(start)
+        for seqs in max_num_seqs:
+            for tokens in max_num_batched_tokens:
+                if why := refused_pair(start, seqs, tokens):
+                    if why not in left_out:
+                        left_out.append(why)
+                    continue
+                for n in servers:
+                    c = with_batching(template, start, seqs, tokens, n)
+                    if c.hash not in rank and c.hash != base.hash:
+                        rank[c.hash] = i
+                        grid.append(c)
     preds = {c.hash: predict(c) for c in grid} if predict else {}
     if grid and preds and all(p is not None for p in preds.values()):
         basis = "predicted"
@@ -235,10 +250,10 @@ def candidates(template: EngineTemplate, base: EngineConfig, max_num_seqs: Seque
         def rule(c: EngineConfig) -> tuple:
             seqs = c.max_num_seqs or 0
             return (seqs < target_concurrency, seqs, -(c.param("max_num_batched_tokens") or 0),
-                    c.param("api_server_count", 1))
+                    c.param("api_server_count", 1), rank[c.hash])
         grid.sort(key=rule)
     out = [Candidate(base, predict(base) if basis == "predicted" and predict else None, True)]
-    out += [Candidate(c, preds.get(c.hash)) for c in grid]
+    out += [Candidate(c, preds.get(c.hash), other_start=rank[c.hash] > 0) for c in grid]
     if len(out) > max_candidates:
         left_out.append(f"{len(out) - max_candidates} beyond max_candidates={max_candidates}")
     return out[:max_candidates], left_out, basis
@@ -267,17 +282,27 @@ def search(node_type: str, cands: Sequence[Candidate],
     best: tuple[Candidate, Measured] | None = None
     crashed = 0
     for c in cands:
+        tp = c.config.tensor_parallel
+        if best is not None and tp > best[0].config.tensor_parallel:
+            rows.append(SearchRow(c, None, f"not measured: TP {tp} takes more GPUs than "
+                                  f"{best[0].label}, which met the SLO on "
+                                  f"{best[0].config.tensor_parallel}"))
+            continue
         if clock() - start + cost_s > budget_s:
             rows.append(SearchRow(c, None, f"budget: {budget_s / 60:.1f} min would be passed"))
             continue
-        plan = next((r.measured for r in rows if r.candidate.baseline), None)
-        m = measure(c, win_bar(best[1] if best else None, plan, min_margin))
+        plan = next((r for r in rows if r.candidate.baseline), None)
+        m = measure(c, win_bar(
+            best[1] if best and best[0].config.tensor_parallel == tp else None,
+            plan.measured if plan and plan.candidate.config.tensor_parallel == tp else None,
+            min_margin))
         rows.append(SearchRow(c, m))
         if m.crashed:
             crashed += 1
             continue
         if m.verdict is not None and m.verdict.outcome == MET and (
-                best is None or m.headroom() < best[1].headroom()):
+                best is None or (tp, m.headroom())
+                < (best[0].config.tensor_parallel, best[1].headroom())):
             best = (c, m)
     elapsed = clock() - start
     measured = [r for r in rows if r.measured is not None and r.measured.verdict is not None]
@@ -298,6 +323,7 @@ def search(node_type: str, cands: Sequence[Candidate],
     if base_row is not None and base_row.candidate is not winner_c and base_row.measured \
             and base_row.measured.verdict is not None \
             and base_row.measured.verdict.outcome == MET \
+            and winner_c.config.tensor_parallel == base_row.candidate.config.tensor_parallel \
             and not separated(winner_m, base_row.measured, min_margin):
         kept = (f"{winner_c.label}'s runs ({_runs(winner_m)}) did not all beat every run of the "
                 f"plan's ({_runs(base_row.measured)}) by more than min_margin={min_margin:g}: "
@@ -327,7 +353,10 @@ def _margin(wc: Candidate, wm: Measured, runner: SearchRow | None, base: SearchR
         b = base.measured
         if b is not None and b.verdict is not None:
             how = ""
-            if b.verdict.outcome == MET:
+            wtp, btp = wc.config.tensor_parallel, base.candidate.config.tensor_parallel
+            if b.verdict.outcome == MET and wtp < btp:
+                how = f"; the winner met the SLO on {wtp} GPU(s) a replica, the plan's on {btp}"
+            elif b.verdict.outcome == MET:
                 a, n = len(wm.run_headrooms()), len(b.run_headrooms())
                 how = (f"; every one of its {a} runs ahead of every one of the plan's {n} "
                        f"(one-sided rank test p = {rank_p(a, n):.3g})")

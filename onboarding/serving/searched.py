@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,10 @@ class SearchRecord:
     max_num_seqs: int
     max_num_batched_tokens: int | None
     api_server_count: int | None = None  # None: the engine's default (one)
+    # the winner's precision and TP where the search started from others too ("" / 0: the
+    # starting configuration's, as in records written before those axes)
+    precision: str = ""
+    tensor_parallel: int = 0
     basis: str = ""  # the order's basis: "predicted" or the stated rule
     margin: str = ""  # how the winner won, with n
     candidates: int = 0  # measured
@@ -45,6 +50,7 @@ class SearchRecord:
                    winner_hash=w.hash, max_num_seqs=int(w.param("max_num_seqs")),
                    max_num_batched_tokens=w.param("max_num_batched_tokens"),
                    api_server_count=w.param("api_server_count"),
+                   precision=w.precision, tensor_parallel=w.tensor_parallel,
                    basis=result.basis, margin=result.margin, candidates=result.measured,
                    crashed=result.crashed, table=tuple(result.table()))
 
@@ -70,17 +76,31 @@ def dump_records(records: list[SearchRecord]) -> str:
                       indent=1, default=str) + "\n"
 
 
-def apply(config: EngineConfig, template: EngineTemplate, records: list[SearchRecord]
-          ) -> tuple[EngineConfig, str]:
+Rebase = Callable[[str, int], tuple[EngineConfig | None, str]]
+
+
+def apply(config: EngineConfig, template: EngineTemplate, records: list[SearchRecord],
+          rebase: Rebase | None = None) -> tuple[EngineConfig, str]:
     """The winner for `config` (same model, node type and starting hash), else `config`; and
-    what was done ("" when no record names this model and node type)."""
+    what was done ("" when no record names this model and node type). A winner at another
+    precision or TP starts from `rebase(precision, tp)`: the plan's configuration there, or
+    None and why (then the plan's configuration is kept, and that is said)."""
     mine = [r for r in records if r.model == config.model and r.node_type == config.node_type]
     if not mine:
         return config, ""
     for r in mine:
         if r.base_hash != config.hash:
             continue
-        won = with_batching(template, config, r.max_num_seqs, r.max_num_batched_tokens,
+        start = config
+        precision = r.precision or config.precision
+        tp = r.tensor_parallel or config.tensor_parallel
+        if (precision, tp) != (config.precision, config.tensor_parallel):
+            start, why = rebase(precision, tp) if rebase is not None else (
+                None, "another precision or TP, and nothing to rebuild it from")
+            if start is None:
+                return config, (f"search record not applied: its winner is {precision} at TP "
+                                f"{tp}: {why}")
+        won = with_batching(template, start, r.max_num_seqs, r.max_num_batched_tokens,
                             r.api_server_count)
         if won.hash != r.winner_hash:
             return config, (f"search record not applied: rebuilding its winner gives {won.hash},"

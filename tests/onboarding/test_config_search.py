@@ -266,3 +266,48 @@ def test_a_challenger_is_told_the_bar_the_plans_runs_and_the_margin_set():
     missed = Measured(verdict(3.0))
     assert missed.verdict.outcome == "not met" and win_bar(None, missed, 0.05) == math.inf
     assert win_bar(Measured(runs(0.5)), missed, 0.05) == pytest.approx(0.5)
+
+
+def at(config, precision: str, tp: int):
+    """`config` as if planned at another precision and TP (a start: serving_plan.search_bases)."""
+    import dataclasses
+
+    return dataclasses.replace(config, precision=precision, tensor_parallel=tp)
+
+
+def test_other_starts_are_candidates_and_start_the_grid_after_the_plans():
+    b = base()
+    fp8 = at(b, "fp8", 1)
+    cands, left_out, basis = candidates(TEMPLATE, b, [8], [2048], target_concurrency=4,
+                                        max_candidates=10, starts=[fp8])
+    assert basis == RULE and not left_out
+    assert [(c.config.precision, c.config.max_num_seqs, c.other_start) for c in cands] == [
+        ("bf16", 4, False), ("fp8", 4, True), ("bf16", 8, False), ("fp8", 8, True)]
+    assert cands[1].label.startswith("fp8 TP 1, ") and "bf16" not in cands[2].label
+    assert cands[3].config.hash != cands[2].config.hash
+    # a start that repeats the plan's configuration is not a second candidate
+    same, _, _ = candidates(TEMPLATE, b, [8], [2048], target_concurrency=4, max_candidates=10,
+                            starts=[b])
+    assert len(same) == 2
+
+
+def test_fewer_gpus_that_meet_the_slo_win_and_more_gpus_are_not_measured():
+    b = at(base(), "fp8", 2)
+    cands = [Candidate(b, baseline=True), Candidate(at(b, "bf16", 1), other_start=True),
+             Candidate(at(b, "bf16", 4), other_start=True)]
+    ttfts = {cands[0].config.hash: 0.2, cands[1].config.hash: 0.8}
+    measured = []
+
+    def measure(c: Candidate, bar):
+        measured.append(c.config.hash)
+        return Measured(runs(ttfts[c.config.hash], ttfts[c.config.hash]))
+
+    r = search("h200", cands, measure, budget_s=600, cost_s=60, basis=RULE, clock=clock(),
+               min_margin=0.05)
+    # the TP 1 candidate met with less headroom than the plan's TP 2, and still won: one GPU
+    assert r.winner.hash == cands[1].config.hash
+    assert "on 1 GPU(s) a replica, the plan's on 2" in r.margin
+    assert measured == [cands[0].config.hash, cands[1].config.hash]
+    skipped = r.table()[2]
+    assert skipped["verdict"] == "skipped" and "takes more GPUs" in skipped["note"]
+    assert skipped["precision"] == "bf16" and skipped["tensor_parallel"] == 4

@@ -14,6 +14,7 @@ from onboarding.deploy.plan import Measured, load_nodes, plan, plan_inputs, shap
 from onboarding.deploy.serving_plan import (
     config_at_hand,
     render_targets,
+    search_bases,
     serving_plan,
     with_searched,
 )
@@ -133,3 +134,53 @@ def test_a_winner_with_more_api_servers_is_rendered_with_them(tmp_path):
     again = with_searched(splan, LLAMA, STACK.templates, load_records(old)).config("h200")
     assert again.hash == record(base).winner_hash and "--api-server-count" not in \
         " ".join(again.args("/m", 8000))
+
+
+def test_a_winner_at_another_precision_and_tp_moves_the_node_plan_and_the_manifest():
+    splan = planned()
+    plan_cfg = splan.config("h200")
+    bases, left_out = search_bases(splan, LLAMA, NODES, STACK, "h200")
+    assert (plan_cfg.precision, plan_cfg.tensor_parallel) == ("fp8", 2)
+    assert ("bf16", 4) in {(b.precision, b.tensor_parallel) for b in bases}
+    assert any(w.startswith("bf16 TP 1: infeasible") for w in left_out)  # 70B bf16 on one GPU
+    _, at_hand = search_bases(splan, LLAMA, NODES, STACK, "h200", max_tensor_parallel=2)
+    assert "bf16 TP 4: 2 GPU(s) at hand" in at_hand
+    start = next(b for b in bases if (b.precision, b.tensor_parallel) == ("bf16", 4))
+    won = with_batching(VLLM, start, 64, 8192)
+    rec = SearchRecord(model=LLAMA.id, node_type="h200", base_hash=plan_cfg.hash,
+                       winner_hash=won.hash, max_num_seqs=64, max_num_batched_tokens=8192,
+                       precision="bf16", tensor_parallel=4, candidates=3, margin="m")
+    searched = with_searched(splan, LLAMA, STACK.templates, [rec], NODES, STACK)
+    cfg = searched.config("h200")
+    assert cfg.hash == won.hash and (cfg.precision, cfg.tensor_parallel) == ("bf16", 4)
+    node = searched.plan.node("h200")
+    assert (node.precision, node.tensor_parallel) == ("bf16", 4) and "measured search" in \
+        node.tp_basis
+    assert searched.plan.node("h100") == splan.plan.node("h100")
+    rendered, _ = render_targets(LLAMA, searched, NODES, STACK, DEPLOY, None, None, None)
+    h200 = next(r for r in rendered if r.node_type == "h200")
+    assert h200.config_hash == won.hash
+    text = str(h200.docs)
+    assert "'nvidia.com/gpu': 4" in text or "'nvidia.com/gpu': '4'" in text
+    assert "--tensor-parallel-size=4" in text
+    # without the memory plan (nodes, stack) the record cannot be rebuilt: kept, and said
+    kept = with_searched(splan, LLAMA, STACK.templates, [rec])
+    assert kept.config("h200") == plan_cfg and "bf16 at TP 4" in dict(kept.search_notes)["h200"]
+
+
+def test_a_winner_at_a_precision_the_gate_failed_since_is_not_applied():
+    p = plan(plan_inputs(LLAMA, NODES, shape_from_hint(LLAMA.architecture, "t"),
+                         Measured(passed_precisions=("bf16",))), NODES)
+    gated = serving_plan(LLAMA, p, NODES, STACK)
+    ungated = planned()
+    start = next(b for b in search_bases(ungated, LLAMA, NODES, STACK, "b300")[0]
+                 if (b.precision, b.tensor_parallel) == ("fp8", 1))
+    won = with_batching(VLLM, start, 64, 8192)
+    base_cfg = gated.config("b300")
+    assert base_cfg.precision == "bf16"  # nvfp4 and fp8 failed the gate
+    rec = SearchRecord(model=LLAMA.id, node_type="b300", base_hash=base_cfg.hash,
+                       winner_hash=won.hash, max_num_seqs=64, max_num_batched_tokens=8192,
+                       precision="fp8", tensor_parallel=1)
+    kept = with_searched(gated, LLAMA, STACK.templates, [rec], NODES, STACK)
+    assert kept.config("b300") == base_cfg
+    assert "no longer a starting point" in dict(kept.search_notes)["b300"]

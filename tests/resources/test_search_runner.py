@@ -100,3 +100,33 @@ def test_a_challenger_that_cannot_beat_the_plan_by_the_margin_is_not_repeated(
     assert challenger["headroom"] < plan["headroom"]  # ahead of the best so far
     assert "had to stay under to win" in challenger["note"]
     assert result.winner.hash == cands[0].config.hash
+
+
+def test_each_precision_is_served_from_its_own_weights(tmp_path, model_dir, monkeypatch):
+    """Candidates at two precisions, one variant each: the engine of each candidate is started
+    on its precision's directory; a precision without weights is refused before any start."""
+    from onboarding.common.errors import ConfigError
+
+    engine, variant, cands, basis, tok = setup(tmp_path, model_dir, monkeypatch, {})
+    other = tiny_with_smol_tokenizer(model_dir, tmp_path / "fp8")
+    fp8 = Candidate(dataclasses.replace(cands[1].config, precision="fp8"), other_start=True)
+    started: list[tuple[str, str]] = []
+
+    class Recorded:  # the real engine, and which weights each start was given
+        def serve(self, v, config, **kw):
+            started.append((config.precision, v.path))
+            # the CPU build serves bf16: the fp8 candidate's engine starts as bf16 here
+            return engine.serve(dataclasses.replace(v, precision="bf16"),
+                                dataclasses.replace(config, precision="bf16"), **kw)
+
+    traffic = Traffic(input_tokens=8, output_tokens=4, warmup_requests=1, request_timeout_s=10)
+    with pytest.raises(ConfigError, match="no weights for fp8"):
+        run_search(Recorded(), LoadGenerator(), {"bf16": variant}, [cands[0], fp8], basis, SLO,
+                   RATE, traffic, tok, budget_s=600, start_s=5, log=lambda s: None)
+    assert started == []
+    fp8_ref = VariantRef("tiny", "fp8", str(other), 1, "stub")
+    result = run_search(Recorded(), LoadGenerator(), {"bf16": variant, "fp8": fp8_ref},
+                        [cands[0], fp8], basis, SLO, RATE, traffic, tok, budget_s=600,
+                        start_s=5, log=lambda s: None)
+    assert started == [("bf16", str(model_dir)), ("fp8", str(other))]
+    assert [r["precision"] for r in result.table()] == ["bf16", "fp8"]
