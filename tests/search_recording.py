@@ -67,18 +67,29 @@ class SearchRecording:
     def candidates(self, tmp_path: Path):
         """The plan's configuration on the pinned stack and the recorded grid around it, built
         the way the search built them: (the plan's configuration, candidates, basis)."""
-        from bench.config_search import planned_base
+        from bench.config_search import planned_base, planned_serving
+        from onboarding.deploy.serving_plan import search_bases
         from resources.config_files import ConfigFiles
 
         rec = self.recorded()
         slo, _ = self.settings()
         cf = ConfigFiles(config_dir=str(self.pinned_configs(tmp_path)))
-        base = planned_base(cf, cf.spec(MODEL), rec["node_type"])
-        seqs = sorted({r["max_num_seqs"] for r in rec["table"] if not r["baseline"]})
-        tokens = sorted({r["max_num_batched_tokens"] for r in rec["table"] if not r["baseline"]},
-                        reverse=True)
+        spec = cf.spec(MODEL)
+        base = planned_base(cf, spec, rec["node_type"])
+        grid = [r for r in rec["table"] if not r["baseline"]
+                and isinstance(r["max_num_batched_tokens"], int)]
+        seqs = sorted({r["max_num_seqs"] for r in grid})
+        tokens = sorted({r["max_num_batched_tokens"] for r in grid}, reverse=True)
+        # other starts: the precisions and TPs the recorded candidates served beside the plan's
+        served = {(r.get("precision"), r.get("tensor_parallel")) for r in rec["table"]} - {
+            (base.precision, base.tensor_parallel), (None, None)}
+        starts = []
+        if served:
+            bases, _ = search_bases(planned_serving(cf, spec), spec, cf.nodes(), cf.stack(),
+                                    rec["node_type"], max_tensor_parallel=1)
+            starts = [b for b in bases if (b.precision, b.tensor_parallel) in served]
         cands, _, basis = candidates(cf.stack().templates[base.engine], base, seqs, tokens,
-                                     slo.target_concurrency, len(rec["table"]))
+                                     slo.target_concurrency, len(rec["table"]), starts=starts)
         return base, cands, basis
 
     def replayed_search(self, tmp_path: Path, judged: dict[str, list[RateVerdict]]

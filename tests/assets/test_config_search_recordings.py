@@ -30,8 +30,9 @@ def recording(request) -> SearchRecording:
     return r
 
 
-def test_both_recordings_are_here():
-    assert RECORDINGS == ["config-search", "config-search-at-capacity"]
+def test_every_recording_is_here():
+    assert RECORDINGS == ["config-search", "config-search-at-capacity",
+                          "config-search-precision"]
 
 
 def test_each_run_and_candidate_is_judged_again_from_its_requests(recording):
@@ -58,7 +59,8 @@ def test_the_candidates_are_the_plans_configuration_and_its_grid(recording, tmp_
     # the rule's configuration: as many sequences as the SLO's target concurrency, FP8
     assert base.max_num_seqs == slo.target_concurrency and base.precision == "fp8"
     assert [c.config.hash for c in cands] == [r["hash"] for r in rec["table"]]
-    # ordered by the stated rule then and now (a later text adds the API-server axis, which
-    # these grids do not vary): the same candidates in the same order
+    # ordered by the stated rule then and now (later texts add the API-server axis and the
+    # other starts' place, which the older grids do not vary): the same candidates in the same
+    # order
     assert cands[0].baseline and rec["baseline"] == base.hash
     assert basis == RULE and rec["basis"] != "predicted" and RULE.startswith(rec["basis"][:-1])
