@@ -57,6 +57,7 @@ from onboarding.deploy.serving_plan import (
     ServingPlan,
     render_targets,
     serving_plan,
+    with_cell_search,
     with_engine_choices,
     with_searched,
     with_sla_choices,
@@ -64,6 +65,7 @@ from onboarding.deploy.serving_plan import (
 from onboarding.fetch import twins
 from onboarding.predictions.predict import PredictionTable
 from onboarding.quantize.variants import AccuracyReport, QuantizedSet
+from onboarding.serving.searched import CellSearch
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 from resources.cache_filler import prefill
 from resources.config_files import ConfigFiles, OutputDirs
@@ -244,7 +246,8 @@ def published_variant(context: dg.AssetExecutionContext, configs: ConfigFiles,
 @dg.asset(
     tags=CELL_DERIVED,
     partitions_def=cells_partitions,
-    ins=_optional("checkpoint", "load_timing", "serving_benchmark", "published_variant"),
+    ins=_optional("checkpoint", "load_timing", "serving_benchmark", "published_variant",
+                  "config_search"),
     deps=[SERVING_STACK, MODEL_SPEC],
     group_name=GROUP,
     check_specs=[
@@ -267,6 +270,7 @@ def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, out
                     load_timing: LoadTimingResult | None,
                     serving_benchmark: ServingBenchmarkResult | None,
                     published_variant: dict[str, PublishedVariant] | None,
+                    config_search: CellSearch | None,
                     manifest_validator: ManifestValidator, s3: S3ObjectStore,
                     hf: HuggingFaceStore):
     spec, node_type = configs.spec(model_of(context)), node_type_of(context)
@@ -275,6 +279,9 @@ def kserve_manifest(context: dg.AssetExecutionContext, configs: ConfigFiles, out
                             "a deployment would serve random weights, and its measurements "
                             "describe the shape, not the model")
     stack = configs.stack()
+    # the cell's search winner, as its load timing and sweep measured it: one hash
+    serving_config = with_cell_search(serving_config, spec, config_search, configs.nodes(),
+                                      stack)
     ckpt = fetched_checkpoint_dir(checkpoint)
     rendered, skipped = render_targets(
         spec, serving_config, configs.nodes(), stack, configs.deploy(),

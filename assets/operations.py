@@ -19,8 +19,9 @@ from onboarding.common.paths import PROJECT_ROOT
 from onboarding.common.tables import md_table
 from onboarding.deploy.observability import NodeLimits
 from onboarding.deploy.operations_files import files_of, render_all
-from onboarding.deploy.serving_plan import ManifestSet, ServingPlan
+from onboarding.deploy.serving_plan import ManifestSet, ServingPlan, with_cell_search
 from onboarding.serving.profiles import resolve_slo
+from onboarding.serving.searched import CellSearch
 from onboarding.serving.stats import ServingBenchmarkResult
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.manifest_validator import ManifestValidator
@@ -37,7 +38,8 @@ def operations_validator() -> ManifestValidator:
 @dg.asset(
     tags=CELL_DERIVED,
     partitions_def=cells_partitions,
-    ins={"serving_benchmark": dg.AssetIn(input_manager_key="optional_upstream")},
+    ins={"serving_benchmark": dg.AssetIn(input_manager_key="optional_upstream"),
+         "config_search": dg.AssetIn(input_manager_key="optional_upstream")},
     deps=[SERVING_STACK, MODEL_SPEC],
     group_name="deploy",
     check_specs=[dg.AssetCheckSpec(VALID_CHECK, asset="operations", blocking=True,
@@ -50,8 +52,11 @@ def operations_validator() -> ManifestValidator:
 )
 def operations(context: dg.AssetExecutionContext, configs: ConfigFiles, outputs: OutputDirs,
                kserve_manifest: ManifestSet, serving_config: ServingPlan,
-               serving_benchmark: ServingBenchmarkResult | None):
+               serving_benchmark: ServingBenchmarkResult | None,
+               config_search: CellSearch | None):
     spec = configs.spec(model_of(context))
+    serving_config = with_cell_search(serving_config, spec, config_search, configs.nodes(),
+                                      configs.stack())
     node_types = sorted(kserve_manifest.files)
     acceptance = configs.acceptance()
     limits = {nt: NodeLimits.of(acceptance.node_types[nt]) if nt in acceptance.node_types

@@ -34,7 +34,7 @@ from assets.partitions import (
 from onboarding.common.errors import OnboardingError
 from onboarding.common.files import write_atomic
 from onboarding.deploy.readiness import Readiness
-from onboarding.deploy.serving_plan import ManifestSet
+from onboarding.deploy.serving_plan import ManifestSet, with_cell_search
 from onboarding.quantize.variants import choose_precision
 from onboarding.reports.pages import (
     FleetEntry,
@@ -60,7 +60,7 @@ GROUP = "report"
 OPTIONAL = "optional_upstream"
 UPSTREAM = ("readiness", "checkpoint", "quantized", "accuracy", "serving_variant",
             "serving_config", "load_timing", "serving_benchmark", "published_variant",
-            "kserve_manifest", "predictions")
+            "kserve_manifest", "predictions", "config_search")
 MODEL_PAGE = "readiness.html"
 FLEET_PAGE = "fleet.html"
 # the node assets: partitioned by GPU node (assets/partitions.py `nodes_partitions` there)
@@ -93,7 +93,9 @@ def model_facts(configs: ConfigFiles, outputs: OutputDirs, verdict: ModelReport,
         ladder=tuple(spec.precision_ladder), gates=configs.accuracy_gates(),
         checkpoint=up["checkpoint"], quantized=up["quantized"], accuracy=up["accuracy"],
         serving_variant=up["serving_variant"], skipped=skipped,
-        serving_plan=up["serving_config"], load_timing=up["load_timing"],
+        serving_plan=with_cell_search(up["serving_config"], spec, up["config_search"],
+                                      configs.nodes(), configs.stack())
+        if up["serving_config"] is not None else None, load_timing=up["load_timing"],
         benchmark=up["serving_benchmark"],
         slos={nt: resolve_slo(section, nt, spec) for nt in {*targets, *measured_on}},
         sweep_rows=read_sweep_csv(sweep), sweep_source=str(sweep),

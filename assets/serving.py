@@ -29,17 +29,24 @@ from assets.step_tags import gpu_step_tags
 from onboarding.common.errors import ConfigError
 from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.common.tables import md_table, write_csv
-from onboarding.deploy.serving_plan import ServingPlan, config_at_hand
+from onboarding.deploy.serving_plan import (
+    ServingPlan,
+    config_at_hand,
+    search_bases,
+    with_cell_search,
+)
 from onboarding.fetch.catalog import ModelSpec
 from onboarding.fetch.twins import NO_WEIGHTS, NOT_A_WEIGHT_READ
 from onboarding.quantize.variants import QuantizedSet
+from onboarding.serving.config_search import candidates
 from onboarding.serving.engine_config import EngineConfig
 from onboarding.serving.frontend import FRONTEND_ADVICE, FRONTEND_BOUND_CORES, FrontendSampler
 from onboarding.serving.kernels import StartKernels, facts_table, judge, summarize_facts
 from onboarding.serving.plots import sweep_png
 from onboarding.serving.profiles import Profile, check_fits, resolve_slo, scenarios_for
 from onboarding.serving.rate_verdict import MET, RateSlo, RepeatedVerdict
-from onboarding.serving.search_settings import load_search_file, rate_slo
+from onboarding.serving.search_settings import load_search_file, rate_slo, search_settings
+from onboarding.serving.searched import CellSearch, SearchRecord
 from onboarding.serving.stats import (
     LoadTimingResult,
     ServingBenchmarkResult,
@@ -50,7 +57,7 @@ from onboarding.serving.stats import (
 from resources.config_files import ConfigFiles, OutputDirs
 from resources.engine import Engine
 from resources.loadgen import LoadGenerator
-from resources.search_runner import Traffic, verdict_at_rate
+from resources.search_runner import Traffic, run_search, verdict_at_rate
 from resources.sweep import KeepPartial, run_sweep
 from resources.telemetry import GpuTelemetry
 
@@ -82,6 +89,16 @@ class ServingBenchmarkConfig(dg.Config):
     requests_per_point: int | None = None
     max_seconds_per_point: float | None = None
     rate_verdict: bool | None = None  # the open-loop verdict at the target rate after the sweep
+
+
+class ConfigSearchConfig(dg.Config):
+    """Unset fields take configs/search.yaml's `search` for the cell's node type and the
+    profile's defaults in configs/scenarios.yaml."""
+
+    profile: str | None = None
+    substitute_baseline: bool | None = None
+    run: bool | None = None  # None: search.in_pipeline for the node type
+    scenario: str | None = None  # the traffic's shapes; None: the model's first scenario
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,11 +138,13 @@ def _planned_variant(precision: str, serving: VariantRef, checkpoint: Checkpoint
 
 
 def _setup(context: dg.AssetExecutionContext, configs: ConfigFiles, engine: Engine,
-           run: LoadTimingConfig | ServingBenchmarkConfig, serving: VariantRef,
-           checkpoint: CheckpointRef, quantized: QuantizedSet, splan: ServingPlan) -> Setup:
+           run: LoadTimingConfig | ServingBenchmarkConfig | ConfigSearchConfig,
+           serving: VariantRef, checkpoint: CheckpointRef, quantized: QuantizedSet,
+           splan: ServingPlan, searched: CellSearch | None = None) -> Setup:
     spec = configs.spec(model_of(context))
     engine.require_node_type(node_type_of(context), configs.nodes(),
                              f"{context.asset_key.to_user_string()}[{context.partition_key}]")
+    splan = with_cell_search(splan, spec, searched, configs.nodes(), configs.stack())
     name, prof = configs.profile(run.profile, engine.resolved_hardware())
     substitute = prof.substitute_baseline if run.substitute_baseline is None \
         else run.substitute_baseline
@@ -215,8 +234,92 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
     partitions_def=cells_partitions,
     group_name=GROUP,
     deps=[SERVING_STACK, MODEL_SPEC],
+    op_tags=gpu_step_tags("config_search"),
+    pool="gpu",
+    description="The measured configuration search on the cell's node type: the plan's "
+    "configuration and its grid (configs/search.yaml), each started and judged by the rate "
+    "verdict at the target rate; the winner is what the cell's load timing and sweep measure "
+    "and its manifest renders. Off unless search.in_pipeline is true for the node type.",
+)
+def config_search(context: dg.AssetExecutionContext, config: ConfigSearchConfig,
+                  configs: ConfigFiles, engine: Engine, loadgen: LoadGenerator,
+                  serving_variant: VariantRef, checkpoint: CheckpointRef,
+                  quantized: QuantizedSet, serving_config: ServingPlan):
+    spec, node_type = configs.spec(model_of(context)), node_type_of(context)
+    f = load_search_file(configs.path("search.yaml"))
+    settings = search_settings(f, node_type)
+    if not (settings.in_pipeline if config.run is None else config.run):
+        note = (f"not run: configs/search.yaml search.in_pipeline is false for {node_type}; "
+                "the cell keeps serving_config's configuration")
+        context.log.info(note)
+        return dg.Output(CellSearch(None, note), metadata={
+            "searched": False, "note": note, **spec_metadata(spec)})
+    setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
+                   serving_config)
+    if setup.variant is None or setup.config is None:
+        note = f"not run: nothing this engine can serve ({setup.reason})"
+        return dg.Output(CellSearch(None, note), metadata={
+            "searched": False, "note": note, **spec_metadata(spec)})
+    template = engine.template()
+    starts, left_out = _tp_starts(configs, spec, serving_config, setup.config, engine)
+    cands, grid_left_out, basis = candidates(
+        template, setup.config, settings.max_num_seqs, settings.max_num_batched_tokens,
+        setup.slo.target_concurrency, settings.max_candidates,
+        api_server_count=settings.api_server_count, starts=starts)
+    left_out += grid_left_out
+    name = config.scenario or next(iter(scenarios_for(spec, setup.profile, "search")))
+    sc = setup.profile.scenarios[name]
+    sweep = setup.profile.sweep
+    traffic = Traffic(sc.input_tokens, sc.output_tokens, sc.prefix_tokens,
+                      sweep.warmup_requests, sweep.request_timeout_s,
+                      template.load_generator.count_tokens_by)
+    rate = _rate_settings(configs, node_type, spec)
+    context.log.info(f"search on {node_type}: {len(cands)} candidates ({basis}); left out: "
+                     f"{'; '.join(left_out) or 'none'}; {rate.target_rate_rps:g} req/s on "
+                     f"{name}")
+    result = run_search(engine, loadgen, setup.variant, cands, basis, setup.slo, rate, traffic,
+                        _load_tokenizer(setup.variant.path),
+                        budget_s=settings.budget_minutes * 60, start_s=settings.start_seconds,
+                        min_margin=settings.min_margin, log=context.log.info)
+    record = SearchRecord.of(spec.id, result)
+    return dg.Output(CellSearch(record, result.margin), metadata={
+        "searched": True,
+        "search_table": dg.MetadataValue.md(md_table(result.table())),
+        "margin": dg.MetadataValue.text(result.margin),
+        "baseline_hash": result.baseline.hash, "winner_hash": result.winner.hash,
+        "measured": result.measured, "crashed": result.crashed,
+        "left_out": dg.MetadataValue.json(left_out), "order": basis,
+        "scenario": name, "target_rate_rps": rate.target_rate_rps,
+        "search_s": round(result.seconds, 1),
+        **stack_metadata(configs), **spec_metadata(spec)})
+
+
+def _tp_starts(configs: ConfigFiles, spec: ModelSpec, splan: ServingPlan,
+               config: EngineConfig, engine: Engine) -> tuple[list[EngineConfig], list[str]]:
+    """The plan's configuration at the other TPs that fit, up to the engine's GPUs, at its own
+    precision: the cell has that precision's weights, and published_variant publishes the
+    plan's precisions (other precisions: bench/config_search.py --other-starts, whose record
+    serving_config applies)."""
+    if splan.config(config.node_type) is None or splan.config(config.node_type) != config:
+        return [], []
+    bases, left_out = search_bases(splan, spec, configs.nodes(), configs.stack(),
+                                   config.node_type, max_tensor_parallel=engine.gpu_count())
+    same = [b for b in bases if b.precision == config.precision]
+    others = sorted({b.precision for b in bases} - {config.precision})
+    if others:
+        left_out.append(f"precisions {', '.join(others)}: not published for this cell "
+                        "(bench/config_search.py --other-starts)")
+    return same, left_out
+
+
+@dg.asset(
+    tags=CELL_MEASURED,
+    partitions_def=cells_partitions,
+    group_name=GROUP,
+    deps=[SERVING_STACK, MODEL_SPEC],
     op_tags=gpu_step_tags("load_timing"),
     pool="gpu",
+    ins={"config_search": dg.AssetIn(input_manager_key="optional_upstream")},
     check_specs=[dg.AssetCheckSpec(COLD_START_CHECK, asset="load_timing",
                                    partitions_def=cells_partitions,
                                    description="cold start p95 within configs/gates.yaml "
@@ -234,9 +337,9 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
 def load_timing(context: dg.AssetExecutionContext, config: LoadTimingConfig, configs: ConfigFiles,
                 engine: Engine, serving_variant: VariantRef, checkpoint: CheckpointRef,
                 quantized: QuantizedSet, serving_config: ServingPlan,
-                io_manager: dg.ResourceParam[dg.IOManager]):
+                config_search: CellSearch | None, io_manager: dg.ResourceParam[dg.IOManager]):
     setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
-                   serving_config)
+                   serving_config, config_search)
     spec, variant = setup.spec, setup.variant
     node_check = _node_check(context, io_manager, engine, setup)
     if variant is None:
@@ -378,7 +481,8 @@ def _load_tokenizer(path: str):
     deps=[SERVING_STACK, MODEL_SPEC],
     # After load_timing in the graph (one engine on the GPU at a time), but not on its numbers:
     # a node that cannot evict its page cache fails load_timing and still gets its sweep.
-    ins={"load_timing": dg.AssetIn(input_manager_key="optional_upstream")},
+    ins={"load_timing": dg.AssetIn(input_manager_key="optional_upstream"),
+         "config_search": dg.AssetIn(input_manager_key="optional_upstream")},
     op_tags=gpu_step_tags("serving_benchmark"),
     pool="gpu",
     check_specs=[dg.AssetCheckSpec(SLO_CHECK, asset="serving_benchmark", blocking=True,
@@ -394,10 +498,10 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
                       loadgen: LoadGenerator, telemetry: GpuTelemetry,
                       serving_variant: VariantRef, checkpoint: CheckpointRef,
                       quantized: QuantizedSet, serving_config: ServingPlan,
-                      load_timing: LoadTimingResult | None,
+                      load_timing: LoadTimingResult | None, config_search: CellSearch | None,
                       io_manager: dg.ResourceParam[dg.IOManager]):
     setup = _setup(context, configs, engine, config, serving_variant, checkpoint, quantized,
-                   serving_config)
+                   serving_config, config_search)
     spec, variant, gpus = setup.spec, setup.variant, engine.gpu_count()
     node_check = _node_check(context, io_manager, engine, setup)
     if variant is None:
@@ -583,4 +687,4 @@ def _keep_partial(context: dg.AssetExecutionContext, outputs: OutputDirs, runnin
     return keep
 
 
-defs = dg.Definitions(assets=[load_timing, serving_benchmark])
+defs = dg.Definitions(assets=[config_search, load_timing, serving_benchmark])

@@ -21,7 +21,7 @@
 # plan's hash is the one the engine runs), the search (bench/config_search.py --plan on the 8B
 # twin in FP8 at the node type of this card; RATE, REPEATS, MAX_SECONDS, BUDGET_MIN,
 # SEARCH_SEQS, SEARCH_TOKENS, MAX_CANDIDATES and OTHER_STARTS set it, SEARCH_DEADLINE_S bounds
-# it), then vLLM's auto_tune as the peer
+# it, SEARCH=0 skips it), then vLLM's auto_tune as the peer
 # (bench/search_vs_auto_tune.py peer) on the same variant, until DRIVE_DEADLINE_S.
 #
 # The payload: vLLM 0.22.0 and its wheels (bench/gpu_device.sh's list without nvidia-modelopt,
@@ -108,7 +108,7 @@ EOF
     starts=""
     [ "${OTHER_STARTS:-0}" = 1 ] && starts="--other-starts --variant bf16=$W/variant/$TWIN-bf16"
     set +e
-    timeout "${SEARCH_DEADLINE_S:-1000}" python3 bench/config_search.py --model "$TWIN" \
+    [ "${SEARCH:-1}" = 1 ] && timeout "${SEARCH_DEADLINE_S:-1000}" python3 bench/config_search.py --model "$TWIN" \
         --model-dir "$V" --precision fp8 --node-type "$NT" --hardware sm90 --plan \
         --config-dir "$W/configs" --engine-bin "$W/bin" --gpus 0 --log-dir "$W/res/engine-logs" \
         --max-num-seqs ${SEARCH_SEQS:-64 128} --max-num-batched-tokens ${SEARCH_TOKENS:-8192 2048} \

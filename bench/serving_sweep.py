@@ -30,7 +30,7 @@ import dagster as dg
 import pandas as pd
 import yaml
 
-from assets.partitions import cell_key, models_partitions
+from assets.partitions import cell_key, cells_partitions, models_partitions
 from assets.serving import load_timing, serving_benchmark
 from onboarding.common.refs import CheckpointRef, VariantRef
 from onboarding.deploy.serving_plan import ServingPlan
@@ -102,6 +102,7 @@ def main() -> None:
         # run each (a run cannot mix the two), the cell's reading the stored stand-ins.
         cell = str(cell_key(KEY, engine.node_type))
         assets = [*(dg.AssetSpec(a.key, partitions_def=models_partitions) for a in upstream),
+                  dg.AssetSpec("config_search", partitions_def=cells_partitions),
                   load_timing, serving_benchmark]
         resources = {"engine": engine,
                      "loadgen": LoadGenerator(), "telemetry": GpuTelemetry(),

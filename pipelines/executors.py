@@ -48,7 +48,7 @@ from resources.config_files import ConfigFiles
 
 K8S_CONFIG_TAG = "dagster-k8s/config"
 # the GPU-bound steps of a cell run (pipelines/jobs.py CELL_ASSETS)
-CELL_STEPS = ("served_accuracy", "load_timing", "serving_benchmark")
+CELL_STEPS = ("served_accuracy", "config_search", "load_timing", "serving_benchmark")
 
 
 def _with_defaults(base: dg.ExecutorDefinition, name: str,

@@ -28,8 +28,8 @@ from pipelines.executors import (
 # partition key, so a model's stages and its cells are two jobs: the cells follow the model's
 # run (pipelines/cells.py). The names, for what reads the graph by name (the schedule);
 # tests/pipelines/test_cells.py holds them to the tags.
-CELL_ASSETS = ("served_accuracy", "load_timing", "serving_benchmark", "kserve_manifest",
-               "operations", "readiness", "readiness_report")
+CELL_ASSETS = ("served_accuracy", "config_search", "load_timing", "serving_benchmark",
+               "kserve_manifest", "operations", "readiness", "readiness_report")
 # Over every cell: run after a cell's run, from whatever the other cells stored.
 FLEET_ASSETS = ("gateway_routes", "fleet_report")
 CELLS = level_selection(CELL_MEASURED, CELL_DERIVED)

@@ -12,7 +12,8 @@ import dagster as dg
 from assets.partitions import cell_key, cells_partitions, models_partitions, split_cell
 
 # The cell-level stages (assets/partitions.py; pipelines/jobs.py CELL_ASSETS holds the same).
-CELL_LEVEL = frozenset({"served_accuracy", "load_timing", "serving_benchmark", "kserve_manifest",
+CELL_LEVEL = frozenset({"served_accuracy", "config_search", "load_timing", "serving_benchmark",
+                        "kserve_manifest",
                         "operations", "readiness", "readiness_report"})
 
 

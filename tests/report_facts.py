@@ -246,7 +246,8 @@ def write_manifests(stored: Stored, root: Path) -> dict[str, str]:
 # the per-model stages the report reads, and the cell-level ones (kept per model x node type)
 UPSTREAM = ("checkpoint", "quantized", "accuracy", "serving_variant", "serving_config",
             "published_variant", "predictions")
-CELL_UPSTREAM = ("load_timing", "serving_benchmark", "kserve_manifest", "served_accuracy")
+CELL_UPSTREAM = ("load_timing", "serving_benchmark", "kserve_manifest", "served_accuracy",
+                 "config_search")
 
 
 def manifest_set(stored: Stored, root: Path):

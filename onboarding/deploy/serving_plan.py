@@ -44,7 +44,7 @@ from onboarding.serving.engine_config import (
     build_config,
     evidence,
 )
-from onboarding.serving.searched import SearchRecord, apply
+from onboarding.serving.searched import CellSearch, SearchRecord, apply
 from onboarding.serving.stack import EngineTemplate, Stack
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
@@ -234,6 +234,23 @@ def with_searched(splan: ServingPlan, spec: ModelSpec, templates: dict[str, Engi
                                                      for n in plan.nodes))
     return dataclasses.replace(splan, plan=plan, configs=configs, searched=mine,
                                search_notes=tuple(notes))
+
+
+def with_cell_search(splan: ServingPlan, spec: ModelSpec, found: CellSearch | None,
+                     nodes: NodesConfig, stack: Stack) -> ServingPlan:
+    """The plan with one cell's search winner (its `config_search` asset) applied to that
+    cell's node type only (`with_searched`), the other node types and what serving_config
+    applied before kept; a node type nothing plans (the engine at hand) gets it through
+    `config_at_hand`. Unchanged when the search did not run."""
+    if found is None or found.record is None:
+        return splan
+    r = found.record
+    one = dataclasses.replace(splan, configs={k: v for k, v in splan.configs.items()
+                                              if k == r.node_type})
+    one = with_searched(one, spec, stack.templates, [r], nodes, stack)
+    return dataclasses.replace(splan, plan=one.plan, configs={**splan.configs, **one.configs},
+                               searched=(*splan.searched, r),
+                               search_notes=(*splan.search_notes, *one.search_notes))
 
 
 def config_at_hand(splan: ServingPlan, spec: ModelSpec, template: EngineTemplate,

@@ -19,8 +19,8 @@ from pydantic import Field, ValidationError, model_validator
 from onboarding.common.config import StrictConfig, format_validation_error, load_yaml
 from onboarding.common.errors import ConfigError
 
-GPU_BOUND_STAGES = ("quantized", "accuracy", "served_accuracy", "load_timing",
-                    "serving_benchmark")
+GPU_BOUND_STAGES = ("quantized", "accuracy", "served_accuracy", "config_search",
+                    "load_timing", "serving_benchmark")
 # Steps that touch the node's NVMe cache: the fetch, the publish, and every GPU-bound step.
 CACHE_STAGES = ("checkpoint", "published_variant", *GPU_BOUND_STAGES)
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -72,7 +72,8 @@ class Candidate:
         servers = self.config.param("api_server_count")
         start = (f"{self.config.precision} TP {self.config.tensor_parallel}, "
                  if self.other_start else "")
-        return (f"{start}max_num_seqs={self.config.param('max_num_seqs')}, max_num_batched_tokens="
+        return (f"{start}max_num_seqs={self.config.param('max_num_seqs', 'engine default')}, "
+                f"max_num_batched_tokens="
                 f"{self.config.param('max_num_batched_tokens', 'engine default')}"
                 + (f", api_server_count={servers}" if servers is not None else ""))
 
@@ -177,13 +178,15 @@ class SearchResult:
         return next(r for r in self.rows if r.candidate.config.hash == self.winner.hash)
 
 
-def with_batching(template: EngineTemplate, base: EngineConfig, max_num_seqs: int,
+def with_batching(template: EngineTemplate, base: EngineConfig, max_num_seqs: int | None,
                   max_num_batched_tokens: int | None, api_server_count: int | None = None
                   ) -> EngineConfig:
-    """`base` with these numbers, every other setting (and the hash's other inputs) kept. One
-    API server (the engine's own default) is not written, so the grid without that axis keeps
-    its hashes."""
-    params = {**base.params, "max_num_seqs": max_num_seqs}
+    """`base` with these numbers, every other setting (and the hash's other inputs) kept; None
+    keeps the base's. One API server (the engine's own default) is not written, so the grid
+    without that axis keeps its hashes."""
+    params = dict(base.params)
+    if max_num_seqs is not None:
+        params["max_num_seqs"] = max_num_seqs
     if max_num_batched_tokens is not None:
         params["max_num_batched_tokens"] = max_num_batched_tokens
     if api_server_count is not None and api_server_count != 1:
@@ -192,7 +195,8 @@ def with_batching(template: EngineTemplate, base: EngineConfig, max_num_seqs: in
     servers = f", api_server_count={api_server_count}" if "api_server_count" in params else ""
     return dataclasses.replace(
         base, params=params, param_args=tuple(render_params(template, params)),
-        notes=(*base.notes, (f"searched: max_num_seqs={max_num_seqs}, max_num_batched_tokens="
+        notes=(*base.notes, (f"searched: max_num_seqs={max_num_seqs or 'engine default'}, "
+               f"max_num_batched_tokens="
                f"{max_num_batched_tokens or 'engine default'}{servers}")))
 
 

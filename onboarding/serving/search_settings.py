@@ -34,6 +34,8 @@ class SearchFields(StrictConfig):
     max_num_batched_tokens: list[int] | None = Field(default=None, min_length=1)
     api_server_count: list[int] | None = Field(default=None, min_length=1)
     min_margin: float | None = Field(default=None, ge=0, lt=1)
+    in_pipeline: bool | None = None  # the cell's config_search asset runs it
+    start_seconds: float | None = Field(default=None, gt=0)  # one engine start, for the budget
 
     @field_validator("max_num_seqs", "max_num_batched_tokens", "api_server_count")
     @classmethod
@@ -75,6 +77,8 @@ class SearchSettings(StrictConfig):
     max_num_batched_tokens: list[int]
     api_server_count: list[int]
     min_margin: float
+    in_pipeline: bool
+    start_seconds: float
 
 
 def load_search_file(path: Path) -> SearchFile:

@@ -30,7 +30,7 @@ class SearchRecord:
     node_type: str
     base_hash: str  # the configuration the search started from
     winner_hash: str
-    max_num_seqs: int
+    max_num_seqs: int | None  # None: the engine's default, as the plan left it
     max_num_batched_tokens: int | None
     api_server_count: int | None = None  # None: the engine's default (one)
     # the winner's precision and TP where the search started from others too ("" / 0: the
@@ -47,12 +47,21 @@ class SearchRecord:
     def of(cls, model: str, result: SearchResult) -> SearchRecord:
         w = result.winner
         return cls(model=model, node_type=result.node_type, base_hash=result.baseline.hash,
-                   winner_hash=w.hash, max_num_seqs=int(w.param("max_num_seqs")),
+                   winner_hash=w.hash, max_num_seqs=w.max_num_seqs,
                    max_num_batched_tokens=w.param("max_num_batched_tokens"),
                    api_server_count=w.param("api_server_count"),
                    precision=w.precision, tensor_parallel=w.tensor_parallel,
                    basis=result.basis, margin=result.margin, candidates=result.measured,
                    crashed=result.crashed, table=tuple(result.table()))
+
+
+@dataclass(frozen=True)
+class CellSearch:
+    """What a cell's `config_search` asset stores: the winner's record, or None and why the
+    search did not run."""
+
+    record: SearchRecord | None
+    note: str = ""
 
 
 def load_records(path: Path) -> list[SearchRecord]:

@@ -41,7 +41,8 @@ from tests.dagster_support import metadata, register, store_upstream, upstream_s
 # The upstream stages exist in this graph only as what they stored (external asset specs, each
 # at its level: load_timing and serving_benchmark per cell, the others per model).
 UPSTREAM = upstream_specs("checkpoint", "serving_variant", "accuracy", "predictions",
-                          "load_timing", "serving_benchmark", "published_variant")
+                          "load_timing", "serving_benchmark", "published_variant",
+                          "config_search")
 ASSETS = [serving_config, kserve_manifest, gateway_routes, *UPSTREAM]
 TARGETS = ("b300", "h200")  # configs/deploy.yaml target_node_types
 PLAN_ONLY = ("llama-3-1-70b-instruct", "qwen3-235b-a22b-instruct")

@@ -40,7 +40,8 @@ from tests.dagster_support import metadata, register, store_upstream, upstream_s
 
 GOLDEN = PROJECT_ROOT / "tests" / "golden"
 UPSTREAM = upstream_specs("checkpoint", "serving_variant", "accuracy", "predictions",
-                          "load_timing", "serving_benchmark", "published_variant")
+                          "load_timing", "serving_benchmark", "published_variant",
+                          "config_search")
 
 
 @pytest.fixture

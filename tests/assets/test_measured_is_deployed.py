@@ -105,7 +105,7 @@ def run(instance, model_dir, engine, configs, outputs, s3_store):
     scenarios["profiles"]["gpu"]["require_node_acceptance"] = False
     path.write_text(yaml.safe_dump(scenarios))
     assets = [*stand_ins(model_dir), serving_config, published_variant, load_timing,
-              serving_benchmark, kserve_manifest, *upstream_specs("predictions")]
+              serving_benchmark, kserve_manifest, *upstream_specs("predictions", "config_search")]
     resources = {"configs": configs, "outputs": outputs, "engine": engine,
                  "loadgen": LoadGenerator(), "telemetry": GpuTelemetry(), "s3": s3_store,
                  "hf": HuggingFaceStore(), "manifest_validator": ManifestValidator(),
@@ -216,7 +216,7 @@ def test_publishing_fills_this_nodes_kserve_cache_folder_without_a_download(
     instance.add_dynamic_partitions("models", [KEY])
     result = dg.materialize(
         [*stand_ins(model_dir), serving_config, published_variant,
-         *upstream_specs("predictions")],
+         *upstream_specs("predictions", "config_search")],
         partition_key=KEY, instance=instance, raise_on_error=False,
         resources={"configs": configs, "outputs": outputs, "s3": s3_store,
                    "optional_upstream": optional_upstream})

@@ -234,7 +234,7 @@ def test_no_verdict_no_report(instance, configs, outputs):
         [readiness_report, fleet_report, *upstream_specs(
             "readiness", "checkpoint", "quantized", "accuracy", "serving_variant",
             "serving_config", "load_timing", "serving_benchmark", "published_variant",
-            "kserve_manifest", "predictions")],
+            "kserve_manifest", "predictions", "config_search")],
         instance=instance, partition_key=str(cell_key(BIG, "h200")), raise_on_error=False,
         selection=[readiness_report],
         resources={"configs": configs, "outputs": outputs, "optional_upstream": optional_upstream})

@@ -17,6 +17,7 @@ from assets.serving import (
     COLD_START_CHECK,
     KERNEL_CHECK,
     SLO_CHECK,
+    config_search,
     load_timing,
     serving_benchmark,
 )
@@ -83,9 +84,11 @@ def run_levels(upstream: dict, assets: list, engine: Engine, run_config, instanc
     register(instance, KEY, engine.node_type)
     store_upstream(instance, KEY, node_type=engine.node_type, **upstream)
     return dg.materialize(
-        [*upstream_specs(*upstream), *assets], instance=instance,
+        [*upstream_specs(*upstream, *([] if config_search in assets else ["config_search"])),
+         *assets], instance=instance,
         partition_key=str(cell_key(KEY, engine.node_type)),
-        resources={"engine": engine, "configs": engine.configs, **resources},
+        resources={"engine": engine, "configs": engine.configs,
+                   "optional_upstream": optional_upstream, **resources},
         run_config=run_config, raise_on_error=False)
 
 
@@ -330,7 +333,7 @@ def test_the_sweep_runs_where_load_timing_never_materialized(config_dir, model_d
     so a later run of serving_benchmark alone still measures."""
     write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"])
     result = run_levels(
-        stub_variant(model_dir), [*upstream_specs("load_timing"), serving_benchmark],
+        stub_variant(model_dir), [*upstream_specs("load_timing", "config_search"), serving_benchmark],
         fake_engine, {"ops": {"serving_benchmark": {"config": {
             "concurrency": [1, 2], "requests_per_point": 4}}}},
         loadgen=LoadGenerator(), telemetry=GpuTelemetry(), optional_upstream=optional_upstream,
@@ -429,7 +432,7 @@ def _recorded_sweep(config_dir, model_dir, fake_engine, tmp_path, concurrency: l
                engine_args={"max_model_len": 2048})
     record = tmp_path / "prompts.jsonl"
     result = run_levels(
-        stub_variant(model_dir), [*upstream_specs("load_timing"), serving_benchmark],
+        stub_variant(model_dir), [*upstream_specs("load_timing", "config_search"), serving_benchmark],
         fake_engine, {"ops": {"serving_benchmark": {"config": {
             "concurrency": concurrency, "requests_per_point": 4}}}},
         loadgen=RecordingLoadGenerator(record_to=str(record)), telemetry=GpuTelemetry(),
@@ -565,3 +568,60 @@ def test_a_miss_at_the_target_rate_fails_the_slo_the_sweep_met(config_dir, model
     [why] = [v for v in ev.metadata["violations"].value if "req/s (Poisson" in v]
     assert why.startswith("at 20 req/s (Poisson, chat, 1 run): not met (n=")
     assert "ttft_p90" in why
+
+
+def _search_on(config_dir: Path) -> None:
+    """configs/search.yaml's cpu search switched on and made small for the fake engine: two
+    candidates (the local configuration and 4 sequences), the rate verdict in seconds."""
+    search = yaml.safe_load((config_dir / "search.yaml").read_text())
+    search["search"]["node_types"]["cpu"].update(
+        {"in_pipeline": True, "max_num_seqs": [4], "max_num_batched_tokens": [2048],
+         "max_candidates": 2, "start_seconds": 10, "budget_minutes": 10})
+    search["rate_verdict"]["node_types"]["cpu"].update(
+        {"target_rate_rps": 20.0, "min_requests": 30, "min_seconds": 0, "max_seconds": 10,
+         "look_every": 10, "repeats": 2})
+    (config_dir / "search.yaml").write_text(yaml.safe_dump(search))
+
+
+def materialize_searched(upstream, engine: Engine):
+    outputs = OutputDirs(reports_dir=str(Path(engine.log_dir).parent / "reports"))
+    return run_levels(upstream, [config_search, load_timing, serving_benchmark], engine,
+                      RUN_CONFIG, loadgen=LoadGenerator(), telemetry=GpuTelemetry(),
+                      optional_upstream=optional_upstream, outputs=outputs)
+
+
+def test_a_search_that_is_off_starts_nothing_and_the_cell_keeps_its_configuration(
+        config_dir, model_dir, fake_engine):
+    """search.in_pipeline is false for cpu as shipped: the asset records why and starts no
+    engine; the cell's measurements use the configuration they would without it."""
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"])
+    outputs = OutputDirs(reports_dir=str(Path(fake_engine.log_dir).parent / "reports"))
+    result = run_levels(stub_variant(model_dir), [config_search], fake_engine, None,
+                        loadgen=LoadGenerator(), outputs=outputs)
+    assert result.success
+    found = result.output_for_node("config_search")
+    assert found.record is None and "in_pipeline is false for cpu" in found.note
+    assert metadata(result, "config_search")["searched"] is False
+    assert not list(Path(fake_engine.log_dir).glob("*.log"))  # no engine was started
+
+
+@pytest.mark.slow
+def test_the_cells_search_winner_is_what_the_cell_measures(config_dir, model_dir,
+                                                           fake_engine):
+    """With the search on, the cell's run searches first (two candidates, each started and
+    judged at the target rate, n stated), and load timing and the sweep measure the winner's
+    hash, not the plan's."""
+    write_spec(config_dir, KEY, "s3://models/tiny/", scenarios=["chat"])
+    _search_on(config_dir)
+    result = materialize_searched(stub_variant(model_dir), fake_engine)
+    assert result.success
+    found = result.output_for_node("config_search")
+    rec = found.record
+    assert rec is not None and rec.node_type == "cpu" and rec.candidates == 2
+    m = metadata(result, "config_search")
+    assert m["searched"] is True and m["measured"] == 2 and m["crashed"] == 0
+    assert m["winner_hash"] == rec.winner_hash and m["baseline_hash"] == rec.base_hash
+    assert [row["n"] >= 30 for row in rec.table] == [True, True]
+    assert "n=" in found.note
+    assert metadata(result, "load_timing")["config_hash"] == rec.winner_hash
+    assert b_hash(result) == rec.winner_hash

@@ -30,7 +30,13 @@ from assets.quantize import (
 )
 from assets.readiness import readiness
 from assets.served_accuracy import PRECISIONS, agreement_check_name, served_accuracy
-from assets.serving import COLD_START_CHECK, SLO_CHECK, load_timing, serving_benchmark
+from assets.serving import (
+    COLD_START_CHECK,
+    SLO_CHECK,
+    config_search,
+    load_timing,
+    serving_benchmark,
+)
 from bench.openai_stream_server import install_as_vllm
 from onboarding.common.paths import PROJECT_ROOT
 from onboarding.fetch.twins import (
@@ -59,12 +65,13 @@ pytestmark = pytest.mark.slow
 
 KEY = "llama-3-1-8b-instruct-twin"
 ASSETS = [checkpoint, quantized, accuracy, served_accuracy, serving_variant, serving_config,
-          load_timing, serving_benchmark, published_variant, kserve_manifest, readiness,
-          dg.AssetSpec("predictions", partitions_def=models_partitions)]
+          config_search, load_timing, serving_benchmark, published_variant, kserve_manifest,
+          readiness, dg.AssetSpec("predictions", partitions_def=models_partitions)]
 # Up to serving_benchmark, one run per level in the graph's order (a run cannot mix per-model
 # and per-cell stages; serving_variant reads every cell's served_accuracy)
 UP_TO_BENCHMARK = [[checkpoint, quantized, accuracy], [served_accuracy],
-                   [serving_variant, serving_config], [load_timing, serving_benchmark]]
+                   [serving_variant, serving_config],
+                   [config_search, load_timing, serving_benchmark]]
 RUN_CONFIG = {"ops": {
     "load_timing": {"config": {"cold_repeats": 1, "cold_weights_repeats": 1, "warm_repeats": 1}},
     "serving_benchmark": {"config": {"concurrency": [1, 2], "requests_per_point": 4}}}}

@@ -50,7 +50,8 @@ MODEL = rec.MODEL
 ASSETS = [serving_config, load_timing, serving_benchmark, kserve_manifest, readiness,
           readiness_report, fleet_report,
           *upstream_specs("checkpoint", "serving_variant", "accuracy", "quantized",
-                          "published_variant", "predictions", "served_accuracy")]
+                          "published_variant", "predictions", "served_accuracy",
+                          "config_search")]
 CELL_ASSETS = ("load_timing", "serving_benchmark", "kserve_manifest", "readiness",
                "readiness_report")
 REPLAYED_FROM = "tests/data/gpu/h200"

@@ -63,7 +63,8 @@ VLLM = PROJECT_ROOT / ".venv-engine" / "bin" / "vllm"
 KEY = "smollm2-135m"
 CELL = str(cell_key(KEY, "cpu"))  # the embedded engine's cell
 # what the serving stages read of the model's own stages (stored under the model beforehand)
-UPSTREAM = upstream_specs("checkpoint", "serving_variant", "quantized", "serving_config")
+UPSTREAM = upstream_specs("checkpoint", "serving_variant", "quantized", "serving_config",
+                          "config_search")
 
 if not VLLM.is_file() or not (SMOL / "model.safetensors").is_file():
     pytest.skip(f"needs the engine venv ({VLLM}, scripts/setup.sh) and the model ({SMOL}, "

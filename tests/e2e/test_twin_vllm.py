@@ -68,7 +68,7 @@ def test_the_cpu_engine_serves_a_twin_on_random_weights(config_dir, configs, out
     instance = dg.DagsterInstance.ephemeral()
     register(instance, KEY, "cpu")
     assets = [checkpoint, quantized, accuracy, served_accuracy, serving_variant, serving_config,
-              load_timing, serving_benchmark, *upstream_specs("predictions")]
+              load_timing, serving_benchmark, *upstream_specs("predictions", "config_search")]
     resources = {"configs": configs, "outputs": outputs, "s3": s3_store,
                  "hf": HuggingFaceStore(), "optional_upstream": optional_upstream,
                  "nvme_cache": NvmeCache(root=str(tmp_path / "nvme"), reserve_gb=0),

@@ -311,3 +311,21 @@ def test_fewer_gpus_that_meet_the_slo_win_and_more_gpus_are_not_measured():
     skipped = r.table()[2]
     assert skipped["verdict"] == "skipped" and "takes more GPUs" in skipped["note"]
     assert skipped["precision"] == "bf16" and skipped["tensor_parallel"] == 4
+
+
+def test_a_kept_plan_without_max_num_seqs_is_recorded_and_rebuilt():
+    """The engine at hand's own configuration may leave max-num-seqs to the engine: when it
+    wins, its record says so (None) and applying it rebuilds the same hash."""
+    from onboarding.serving.searched import SearchRecord, apply
+
+    spec = ModelSpec(id="m", source="s3://models/m/", served_name="m")
+    b = build_config(TEMPLATE, ConfigInputs(
+        spec=spec, node_type="cpu", hardware="cpu", engine="vllm", engine_version="0.32.0+cpu",
+        image="local", precision="bf16"))
+    assert b.max_num_seqs is None
+    r = search("cpu", [Candidate(b, baseline=True)], lambda c, bar: Measured(verdict(0.2)),
+               budget_s=600, cost_s=60, basis=RULE, clock=clock())
+    rec = SearchRecord.of("m", r)
+    assert rec.max_num_seqs is None and rec.winner_hash == b.hash
+    won, said = apply(b, TEMPLATE, [rec])
+    assert won.hash == b.hash and said == f"searched: {b.hash} -> {b.hash}"

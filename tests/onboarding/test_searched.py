@@ -184,3 +184,24 @@ def test_a_winner_at_a_precision_the_gate_failed_since_is_not_applied():
     kept = with_searched(gated, LLAMA, STACK.templates, [rec], NODES, STACK)
     assert kept.config("b300") == base_cfg
     assert "no longer a starting point" in dict(kept.search_notes)["b300"]
+
+
+def test_a_cells_search_moves_only_its_node_type():
+    """A cell's `config_search` winner applies to that cell's node type; the others keep what
+    serving_config gave them (here a file record's winner on b300), and a search that did not
+    run changes nothing."""
+    from onboarding.deploy.serving_plan import with_cell_search
+    from onboarding.serving.searched import CellSearch
+
+    splan = planned()
+    filed = with_searched(splan, LLAMA, STACK.templates, [record(splan.config("b300"))],
+                          NODES, STACK)
+    cell = record(filed.config("h200"), seqs=64)
+    moved = with_cell_search(filed, LLAMA, CellSearch(cell, "m"), NODES, STACK)
+    assert moved.config("h200").hash == cell.winner_hash != filed.config("h200").hash
+    assert moved.config("b300") == filed.config("b300") != splan.config("b300")
+    assert moved.searched == (*filed.searched, cell)
+    assert dict(moved.search_notes)["h200"].startswith("searched:")
+    assert "b300" in dict(moved.search_notes)
+    assert with_cell_search(filed, LLAMA, CellSearch(None, "not run"), NODES, STACK) is filed
+    assert with_cell_search(filed, LLAMA, None, NODES, STACK) is filed

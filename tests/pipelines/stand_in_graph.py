@@ -18,9 +18,10 @@ EDGES = {
     "accuracy": ["quantized"],
     "served_accuracy": ["accuracy"],
     "serving_variant": ["accuracy", "served_accuracy"],
-    "load_timing": ["serving_variant"],
-    "serving_benchmark": ["load_timing"],
     "serving_config": ["serving_variant"],
+    "config_search": ["serving_variant", "serving_config"],
+    "load_timing": ["serving_variant", "config_search"],
+    "serving_benchmark": ["load_timing", "config_search"],
     "published_variant": ["serving_config"],
     "kserve_manifest": ["serving_config", "published_variant", "serving_benchmark"],
 }

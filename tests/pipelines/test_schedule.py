@@ -603,7 +603,7 @@ def test_the_real_stages_that_read_the_spec_depend_on_model_spec():
 
     graph = real.resolve_asset_graph()
     assert spec_dependent(graph) == [
-        "accuracy", "kserve_manifest", "load_timing", "operations", "predictions", "quantized",
+        "accuracy", "config_search", "kserve_manifest", "load_timing", "operations", "predictions", "quantized",
         "readiness",
         "readiness_report", "served_accuracy", "serving_benchmark", "serving_config",
         "serving_variant"]
