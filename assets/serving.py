@@ -291,6 +291,7 @@ def config_search(context: dg.AssetExecutionContext, config: ConfigSearchConfig,
         "left_out": dg.MetadataValue.json(left_out), "order": basis,
         "scenario": name, "target_rate_rps": rate.target_rate_rps,
         "search_s": round(result.seconds, 1),
+        "measured_precision": setup.variant.precision, "substituted": setup.note or "no",
         **stack_metadata(configs), **spec_metadata(spec)})
 
 

@@ -620,6 +620,7 @@ def test_the_cells_search_winner_is_what_the_cell_measures(config_dir, model_dir
     assert rec is not None and rec.node_type == "cpu" and rec.candidates == 2
     m = metadata(result, "config_search")
     assert m["searched"] is True and m["measured"] == 2 and m["crashed"] == 0
+    assert m["measured_precision"] == "bf16" and m["substituted"] == "no"
     assert m["winner_hash"] == rec.winner_hash and m["baseline_hash"] == rec.base_hash
     assert [row["n"] >= 30 for row in rec.table] == [True, True]
     assert "n=" in found.note
