@@ -229,13 +229,16 @@ def _measured_metadata(engine: Engine, setup: Setup, serving: VariantRef) -> dic
     }
 
 
+def _measured_cell(stage: str) -> dict:
+    """What every asset that starts the engine on a cell's GPU declares: the cell partitions
+    and tag, the stack and spec it depends on, its GPU step's tags and the one-engine pool."""
+    return {"tags": CELL_MEASURED, "partitions_def": cells_partitions, "group_name": GROUP,
+            "deps": [SERVING_STACK, MODEL_SPEC], "op_tags": gpu_step_tags(stage),
+            "pool": "gpu"}
+
+
 @dg.asset(
-    tags=CELL_MEASURED,
-    partitions_def=cells_partitions,
-    group_name=GROUP,
-    deps=[SERVING_STACK, MODEL_SPEC],
-    op_tags=gpu_step_tags("config_search"),
-    pool="gpu",
+    **_measured_cell("config_search"),
     description="The measured configuration search on the cell's node type: the plan's "
     "configuration and its grid (configs/search.yaml), each started and judged by the rate "
     "verdict at the target rate; the winner is what the cell's load timing and sweep measure "
@@ -269,10 +272,7 @@ def config_search(context: dg.AssetExecutionContext, config: ConfigSearchConfig,
     left_out += grid_left_out
     name = config.scenario or next(iter(scenarios_for(spec, setup.profile, "search")))
     sc = setup.profile.scenarios[name]
-    sweep = setup.profile.sweep
-    traffic = Traffic(sc.input_tokens, sc.output_tokens, sc.prefix_tokens,
-                      sweep.warmup_requests, sweep.request_timeout_s,
-                      template.load_generator.count_tokens_by)
+    traffic = Traffic.of(sc, setup.profile.sweep, template)
     rate = _rate_settings(configs, node_type, spec)
     context.log.info(f"search on {node_type}: {len(cands)} candidates ({basis}); left out: "
                      f"{'; '.join(left_out) or 'none'}; {rate.target_rate_rps:g} req/s on "
@@ -314,12 +314,7 @@ def _tp_starts(configs: ConfigFiles, spec: ModelSpec, splan: ServingPlan,
 
 
 @dg.asset(
-    tags=CELL_MEASURED,
-    partitions_def=cells_partitions,
-    group_name=GROUP,
-    deps=[SERVING_STACK, MODEL_SPEC],
-    op_tags=gpu_step_tags("load_timing"),
-    pool="gpu",
+    **_measured_cell("load_timing"),
     ins={"config_search": dg.AssetIn(input_manager_key="optional_upstream")},
     check_specs=[dg.AssetCheckSpec(COLD_START_CHECK, asset="load_timing",
                                    partitions_def=cells_partitions,
@@ -476,16 +471,11 @@ def _load_tokenizer(path: str):
 
 
 @dg.asset(
-    tags=CELL_MEASURED,
-    partitions_def=cells_partitions,
-    group_name=GROUP,
-    deps=[SERVING_STACK, MODEL_SPEC],
+    **_measured_cell("serving_benchmark"),
     # After load_timing in the graph (one engine on the GPU at a time), but not on its numbers:
     # a node that cannot evict its page cache fails load_timing and still gets its sweep.
     ins={"load_timing": dg.AssetIn(input_manager_key="optional_upstream"),
          "config_search": dg.AssetIn(input_manager_key="optional_upstream")},
-    op_tags=gpu_step_tags("serving_benchmark"),
-    pool="gpu",
     check_specs=[dg.AssetCheckSpec(SLO_CHECK, asset="serving_benchmark", blocking=True,
                                    partitions_def=cells_partitions,
                                    description="TTFT p95, mean ITL and error rate within "
@@ -542,9 +532,7 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
                                  keep_partial=_keep_partial(context, outputs, running))
         if at_rate is not None:
             name, sc = next(iter(scenarios.items()))
-            traffic = Traffic(sc.input_tokens, sc.output_tokens, sc.prefix_tokens,
-                              sweep.warmup_requests, sweep.request_timeout_s,
-                              template.load_generator.count_tokens_by)
+            traffic = Traffic.of(sc, sweep, template)
             context.log.info(f"rate verdict: {at_rate.target_rate_rps:g} req/s Poisson on "
                              f"{name}, {at_rate.repeats} runs at most")
             rate_v = verdict_at_rate(loadgen, running.base_url, spec.served_name, tokenizer,

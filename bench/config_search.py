@@ -187,10 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = search_settings(f, a.node_type)
     _, profile = configs.profile(None, a.hardware)
     sc = profile.scenarios[a.scenario]
-    tin, tout = a.tokens or (sc.input_tokens, sc.output_tokens)
-    traffic = Traffic(tin, tout, sc.prefix_tokens if not a.tokens else 0,
-                      profile.sweep.warmup_requests, profile.sweep.request_timeout_s,
-                      template.load_generator.count_tokens_by)
+    traffic = Traffic.of(sc, profile.sweep, template)
+    if a.tokens:  # exact shapes asked: no shared prefix
+        traffic = dataclasses.replace(traffic, input_tokens=a.tokens[0],
+                                      output_tokens=a.tokens[1], prefix_tokens=0)
     dirs = {a.precision: a.model_dir, **other_dirs(a.variant)}
     starts, starts_left_out = other_starts(configs, spec, a, dirs) if a.other_starts else ([], [])
     cands, left_out, basis = candidates(

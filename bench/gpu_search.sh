@@ -108,7 +108,8 @@ EOF
     starts=""
     [ "${OTHER_STARTS:-0}" = 1 ] && starts="--other-starts --variant bf16=$W/variant/$TWIN-bf16"
     set +e
-    [ "${SEARCH:-1}" = 1 ] && timeout "${SEARCH_DEADLINE_S:-1000}" python3 bench/config_search.py --model "$TWIN" \
+    if [ "${SEARCH:-1}" != 1 ]; then echo "search not run (SEARCH=0)" | tee -a "$W/res/card.txt"; else
+    timeout "${SEARCH_DEADLINE_S:-1000}" python3 bench/config_search.py --model "$TWIN" \
         --model-dir "$V" --precision fp8 --node-type "$NT" --hardware sm90 --plan \
         --config-dir "$W/configs" --engine-bin "$W/bin" --gpus 0 --log-dir "$W/res/engine-logs" \
         --max-num-seqs ${SEARCH_SEQS:-64 128} --max-num-batched-tokens ${SEARCH_TOKENS:-8192 2048} \
@@ -117,7 +118,7 @@ EOF
         --look-every 100 --budget-min "${BUDGET_MIN:-30}" --start-s 150 \
         --out "$W/res/searched_configs.json" --samples "$W/res/samples.jsonl" \
         --table-out "$W/res/search.json" > "$W/res/search.log" 2>&1
-    echo "search rc $? after $(( $(date +%s) - T0 )) s" | tee -a "$W/res/card.txt"
+    echo "search rc $? after $(( $(date +%s) - T0 )) s" | tee -a "$W/res/card.txt"; fi
     export PATH=$W/bin:/tmp/code/peer/bin:$PATH  # `vllm` (python3 -m vllm.entrypoints.cli.main), `bc`
     left=$(( ${DRIVE_DEADLINE_S:-1500} - ($(date +%s) - T0) ))
     if [ "$left" -gt 240 ]; then

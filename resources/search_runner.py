@@ -48,6 +48,13 @@ class Traffic:
     request_timeout_s: float = 120.0
     count_tokens_by: str = "usage"
 
+    @classmethod
+    def of(cls, scenario, sweep, template) -> Traffic:
+        """A scenario's shapes with the profile's sweep settings and the engine's token count."""
+        return cls(scenario.input_tokens, scenario.output_tokens, scenario.prefix_tokens,
+                   sweep.warmup_requests, sweep.request_timeout_s,
+                   template.load_generator.count_tokens_by)
+
 
 def rate_bodies(tokenizer, served_name: str, traffic: Traffic, key: str, n: int
                 ) -> list[bytes]:
