@@ -165,6 +165,14 @@ def report(a: argparse.Namespace) -> int:
           + (f"; best max_num_seqs={best['max_num_seqs']}, max_num_batched_tokens="
              f"{best['max_num_batched_tokens']} at {best['throughput_rps']} req/s" if best
              else "; no best"))
+    if p.get("timed_out"):
+        print("best configuration: not compared (auto_tune stopped before its grid was done)")
+    elif best and win:
+        same = (best["max_num_seqs"], best["max_num_batched_tokens"]) == \
+            (win["max_num_seqs"], win["max_num_batched_tokens"])
+        print("best configuration: " + ("the same for both" if same else
+              "they differ (the search judges a sustained rate at p99 TTFT and TPOT, auto_tune "
+              "a 100-prompt burst at one P99 end-to-end bound)"))
     if p["results"] or p["missed"]:
         # per configuration: from its memory probe's end to its last finished configuration
         probe = next((t for t, e in p["events"] if "gpu_memory_utilization" in e), 0.0)
