@@ -32,6 +32,7 @@ from onboarding.common.tables import md_table, write_csv
 from onboarding.deploy.serving_plan import (
     ServingPlan,
     config_at_hand,
+    engine_bases,
     search_bases,
     with_cell_search,
 )
@@ -298,9 +299,9 @@ def config_search(context: dg.AssetExecutionContext, config: ConfigSearchConfig,
 def _tp_starts(configs: ConfigFiles, spec: ModelSpec, splan: ServingPlan,
                config: EngineConfig, engine: Engine) -> tuple[list[EngineConfig], list[str]]:
     """The plan's configuration at the other TPs that fit, up to the engine's GPUs, at its own
-    precision: the cell has that precision's weights, and published_variant publishes the
-    plan's precisions (other precisions: bench/config_search.py --other-starts, whose record
-    serving_config applies)."""
+    precision and engine: the cell has that precision's weights, and published_variant
+    publishes the plan's precisions; its pod runs one engine (other precisions and engines:
+    bench/config_search.py --other-starts, whose record serving_config applies)."""
     if splan.config(config.node_type) is None or splan.config(config.node_type) != config:
         return [], []
     bases, left_out = search_bases(splan, spec, configs.nodes(), configs.stack(),
@@ -310,7 +311,10 @@ def _tp_starts(configs: ConfigFiles, spec: ModelSpec, splan: ServingPlan,
     if others:
         left_out.append(f"precisions {', '.join(others)}: not published for this cell "
                         "(bench/config_search.py --other-starts)")
-    return same, left_out
+    # the cell's pod runs one engine's image: other engines are searched where installed
+    _, engines_left_out = engine_bases(splan, spec, configs.stack(), config.node_type,
+                                       at_hand=frozenset({engine.kind()}))
+    return same, left_out + engines_left_out
 
 
 @dg.asset(

@@ -12,7 +12,7 @@ format of configs/searched_configs.json; docs/serving.md "Measured configuration
         [--repeats N] [--max-seconds S] [--min-requests N] [--min-seconds S] [--look-every N] \\
         [--max-num-seqs 2 4 8] [--max-num-batched-tokens 512 2048] \\
         [--api-server-count 1 2] [--max-candidates N] [--other-starts] \\
-        [--variant PRECISION=DIR ...] \\
+        [--variant PRECISION=DIR ...] [--engine-bin-for ENGINE=DIR ...] \\
         [--budget-min M] [--start-s S] [--out record.json] [--dry-run] \\
         [--plan] [--config-dir DIR] [--engine-bin DIR] [--gpus 0] [--log-dir DIR] \\
         [--samples requests.jsonl] [--table-out search.json]
@@ -25,7 +25,11 @@ repetition, bodies, the fields the verdict reads), which tests/serving judge aga
 `--other-starts` (with `--plan`): the plan's configuration at the other precisions and TPs it
 may serve on the node type (serving_plan.search_bases: the ladder past the gate, TP up to the
 GPUs in `--gpus`) start the grid too, each precision served from its `--variant` directory
-(`--model-dir` is `--precision`'s); a precision without one is left out and said.
+(`--model-dir` is `--precision`'s); a precision without one is left out and said. The plan's
+configuration in each other engine template with kernels for it there (serving_plan.
+engine_bases: SGLang's flags for the same numbers) starts the grid too where
+`--engine-bin-for ENGINE=DIR` says where that engine is installed (the directory its template's
+command runs from: `python` for SGLang); an engine without one is left out and said.
 `--dry-run`: resolve everything and print the candidates, start nothing. Exit 2 when no
 candidate met the SLO (the search fails closed), 1 on a configuration error.
 """
@@ -87,15 +91,16 @@ def planned_base(configs: ConfigFiles, spec, node_type: str):
     return config
 
 
-def other_dirs(given: list[str]) -> dict[str, Path]:
-    """`--variant PRECISION=DIR` values as precision -> directory."""
+def other_dirs(given: list[str], flag: str = "--variant") -> dict[str, Path]:
+    """`--variant PRECISION=DIR` (or `--engine-bin-for ENGINE=DIR`) values as name ->
+    directory."""
     out = {}
     for item in given:
         precision, sep, path = item.partition("=")
         if not sep or not precision or not path:
-            raise SystemExit(f"--variant {item!r}: expected PRECISION=DIR")
+            raise SystemExit(f"{flag} {item!r}: expected NAME=DIR")
         if not Path(path).is_dir():
-            raise SystemExit(f"--variant {item!r}: {path} is not a directory")
+            raise SystemExit(f"{flag} {item!r}: {path} is not a directory")
         out[precision] = Path(path)
     return out
 
@@ -104,7 +109,7 @@ def other_starts(configs: ConfigFiles, spec, a: argparse.Namespace, dirs: dict[s
                  ) -> tuple[list, list[str]]:
     """The plan's configuration at the node type's other precisions and TPs
     (`search_bases`), those with weights given; and what was left out."""
-    from onboarding.deploy.serving_plan import search_bases
+    from onboarding.deploy.serving_plan import engine_bases, search_bases
 
     if not a.plan:
         raise SystemExit("--other-starts needs --plan: other starts are the plan's")
@@ -114,7 +119,11 @@ def other_starts(configs: ConfigFiles, spec, a: argparse.Namespace, dirs: dict[s
     kept = [b for b in bases if b.precision in dirs]
     left_out += [f"{b.precision} TP {b.tensor_parallel}: no --variant {b.precision}=DIR given"
                  for b in bases if b.precision not in dirs]
-    return kept, left_out
+    engines, engines_left_out = engine_bases(planned_serving(configs, spec), spec,
+                                             configs.stack(), a.node_type,
+                                             at_hand=frozenset(other_dirs(a.engine_bin_for,
+                                                                          "--engine-bin-for")))
+    return kept + engines, left_out + engines_left_out
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -146,6 +155,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="with --plan: other precisions and TPs start the grid too")
     p.add_argument("--variant", action="append", default=[], metavar="PRECISION=DIR",
                    help="the weights of another precision (--other-starts)")
+    p.add_argument("--engine-bin-for", action="append", default=[], metavar="ENGINE=DIR",
+                   help="where another engine template's command runs from (--other-starts)")
     p.add_argument("--budget-min", type=float)
     p.add_argument("--start-s", type=float, default=60.0,
                    help="estimated seconds of one engine start (budget arithmetic)")
@@ -197,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         template, base, a.max_num_seqs or settings.max_num_seqs,
         a.max_num_batched_tokens or settings.max_num_batched_tokens, slo.target_concurrency,
         a.max_candidates or settings.max_candidates,
-        api_server_count=a.api_server_count or settings.api_server_count, starts=starts)
+        api_server_count=a.api_server_count or settings.api_server_count, starts=starts,
+        templates=configs.stack().templates)
     left_out = starts_left_out + left_out
     budget_s = (a.budget_min or settings.budget_minutes) * 60
     print(f"{spec.id} on {a.node_type}: {len(cands)} candidates (order: {basis}); left out: "
@@ -243,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 "slo": dataclasses.asdict(slo), "traffic": dataclasses.asdict(traffic),
                 "min_margin": settings.min_margin, "budget_s": budget_s,
                 "candidates": [{"hash": c.config.hash, "label": c.label, "baseline": c.baseline,
-                                "precision": c.config.precision,
+                                "engine": c.config.engine, "precision": c.config.precision,
                                 "tensor_parallel": c.config.tensor_parallel,
                                 "argv": c.config.args(variants[c.config.precision].path, 0,
                                                       "127.0.0.1")}
@@ -254,8 +266,13 @@ def main(argv: list[str] | None = None) -> int:
                 "margin": result.margin if result else "", "failed_closed": failed,
                 "search_s": round(time.monotonic() - t0, 1)}, indent=1, default=str) + "\n")
 
+    engines = {base.engine: engine}
+    for name, bin_dir in other_dirs(a.engine_bin_for, "--engine-bin-for").items():
+        engines[name] = Engine(engine=name, bin_dir=str(bin_dir), hardware=a.hardware,
+                               node_type=a.node_type, log_dir=str(logs), start_timeout_s=900,
+                               configs=configs, **({"gpus": a.gpus} if a.gpus else {}))
     try:
-        result = run_search(engine, LoadGenerator(), variants, cands, basis, slo, rate, traffic,
+        result = run_search(engines, LoadGenerator(), variants, cands, basis, slo, rate, traffic,
                             AutoTokenizer.from_pretrained(model_dir, local_files_only=True),
                             budget_s=budget_s, start_s=a.start_s,
                             min_margin=settings.min_margin,

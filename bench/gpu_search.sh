@@ -10,6 +10,10 @@
 #                                          checkpoint (config and tokenizer), vLLM's
 #                                          auto_tune.sh from S and a `bc` for it
 #   bash bench/gpu_search.sh piece K       keep pK's part of the vLLM payload under /tmp/asm
+#   bash bench/gpu_search.sh sglang-piece K   keep .sglK's part of SGLang's payload (made here by
+#                                          `PIECE=44m bash bench/sglang_payload.sh`) under
+#                                          /tmp/sglasm; `install` then unpacks it too and the
+#                                          search starts SGLang's candidates beside vLLM's
 #   bash bench/gpu_search.sh install       with the last piece and code/: assemble, check,
 #                                          install into /tmp/site, the working tree and code/
 #                                          into /tmp/code, then start `drive` in its own
@@ -21,7 +25,8 @@
 # plan's hash is the one the engine runs), the search (bench/config_search.py --plan on the 8B
 # twin in FP8 at the node type of this card; RATE, REPEATS, MAX_SECONDS, BUDGET_MIN,
 # SEARCH_SEQS, SEARCH_TOKENS, MAX_CANDIDATES and OTHER_STARTS set it, SEARCH_DEADLINE_S bounds
-# it, SEARCH=0 skips it), then vLLM's auto_tune as the peer
+# it, SEARCH=0 skips it; with SGLang's pieces sent, its engine starts the grid too), then vLLM's
+# auto_tune as the peer
 # (bench/search_vs_auto_tune.py peer) on the same variant, until DRIVE_DEADLINE_S.
 #
 # The payload: vLLM 0.22.0 and its wheels (bench/gpu_device.sh's list without nvidia-modelopt,
@@ -60,6 +65,10 @@ case "$1" in
       for t in curl bc setsid; do printf '%s: %s\n' "$t" "$(command -v $t || echo missing)"; done
       pwd; df -h /tmp | tail -1
     fi ;;
+  sglang-piece)
+    mkdir -p /tmp/sglasm && cp ".sgl$2"/part.* /tmp/sglasm/
+    [ -f ".sgl$2/sgl.sha256" ] && cp ".sgl$2/sgl.sha256" /tmp/sglasm/
+    ls -l /tmp/sglasm ;;
   install)
     rm -rf /tmp/code && mkdir -p /tmp/code
     tar cf - --exclude=./build . | tar xf - -C /tmp/code  # the working tree, then code/'s extras
@@ -76,6 +85,21 @@ case "$1" in
     rm -rf whl
     python3 -c "import vllm, torch, dagster; print('vllm', vllm.__version__, 'torch', torch.__version__, 'dagster', dagster.__version__)"
     mkdir -p "$W/res"
+    if [ -f /tmp/sglasm/sgl.sha256 ]; then
+      # SGLang beside vLLM: its own tree first on the engine's path (bench/gpu_device.sh sglang)
+      cd /tmp/sglasm && cat $(ls part.* | sort -V) > /tmp/sgl.tar.xz
+      echo "$(cat sgl.sha256)  /tmp/sgl.tar.xz" | sha256sum -c - && cd / && rm -rf /tmp/sglasm
+      rm -rf /tmp/sgl-site
+      if command -v xz >/dev/null; then xz -dc -T0 /tmp/sgl.tar.xz | tar -C /tmp -xf -
+      else python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall("/tmp")' /tmp/sgl.tar.xz
+      fi
+      rm -f /tmp/sgl.tar.xz
+      mkdir -p "$W/bin-sglang"
+      printf '#!/bin/sh\nPYTHONPATH=/tmp/sgl-site${PYTHONPATH:+:$PYTHONPATH} exec %s "$@"\n' \
+          "$(command -v python3)" > "$W/bin-sglang/python"
+      chmod +x "$W/bin-sglang/python"
+      "$W/bin-sglang/python" -c "import sglang; print('sglang', sglang.__version__)"
+    fi
     cd /tmp/code && setsid nohup bash bench/gpu_search.sh drive > "$W/res/drive.log" 2>&1 < /dev/null &
     sleep 2; echo "drive started" ;;
   drive)
@@ -107,6 +131,8 @@ EOF
     # grid too, served from the twin's checkpoint
     starts=""
     [ "${OTHER_STARTS:-0}" = 1 ] && starts="--other-starts --variant bf16=$W/variant/$TWIN-bf16"
+    # SGLang unpacked by `install`: the plan's configuration in its template starts the grid too
+    [ -x "$W/bin-sglang/python" ] && starts="${starts:---other-starts} --engine-bin-for sglang=$W/bin-sglang"
     set +e
     if [ "${SEARCH:-1}" != 1 ]; then echo "search not run (SEARCH=0)" | tee -a "$W/res/card.txt"; else
     timeout "${SEARCH_DEADLINE_S:-1000}" python3 bench/config_search.py --model "$TWIN" \

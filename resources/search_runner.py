@@ -115,9 +115,19 @@ def run_search(engine, loadgen: LoadGenerator, variant: VariantRef | Mapping[str
                on_run: Callable[[Candidate, int, PointRun, int], None] | None = None
                ) -> SearchResult:
     """`variant`: the weights every candidate serves, or one per precision where candidates
-    differ in precision (each candidate's must be there, checked before anything starts)."""
+    differ in precision; `engine`: the `Engine` resource that starts every candidate, or one
+    per engine name where candidates differ in engine (each candidate's must be there, checked
+    before anything starts)."""
     node_type = cands[0].config.node_type if cands else "?"
     per_run = requests_for(rate)
+    engines = dict(engine) if isinstance(engine, Mapping) else None
+    if engines is not None:
+        missing = sorted({c.config.engine for c in cands} - set(engines))
+        if missing:
+            raise ConfigError(f"search on {node_type}", f"no engine at hand for "
+                              f"{', '.join(missing)} (given: {', '.join(sorted(engines)) or 'none'})",
+                              "Give an installed engine per engine the candidates run, or leave "
+                              "those engines out of the search.")
     variants = dict(variant) if isinstance(variant, Mapping) else None
     if variants is not None:
         missing = sorted({c.config.precision for c in cands} - set(variants))
@@ -134,7 +144,8 @@ def run_search(engine, loadgen: LoadGenerator, variant: VariantRef | Mapping[str
         log(f"search on {node_type}: {c.label} ({c.config.hash})")
         try:
             weights = variants[c.config.precision] if variants is not None else variant
-            with engine.serve(weights, c.config) as running:
+            starter = engines[c.config.engine] if engines is not None else engine
+            with starter.serve(weights, c.config) as running:
 
                 def after_run(i: int, run: PointRun, so_far: list[RateVerdict]) -> str:
                     nonlocal crashed

@@ -32,6 +32,7 @@ PLANNED = ("max_model_len", "max_num_seqs", "gpu_memory_utilization", "kv_cache_
 
 MEASURED = "measured"
 DEFAULT = "template default"
+SEARCHED = "measured search"  # the configuration search's winner, at the SLO's target rate
 
 
 def config_for_engine(config: EngineConfig, spec: ModelSpec, template: EngineTemplate,

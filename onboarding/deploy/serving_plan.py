@@ -12,11 +12,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from onboarding.common.errors import ConfigError
 from onboarding.deploy.engine_choice import (
     MEASURED,
+    SEARCHED,
     EngineChoice,
     Measurement,
     choose_engine,
+    config_for_engine,
     engine_candidates,
 )
 from onboarding.deploy.kserve import (
@@ -45,7 +48,7 @@ from onboarding.serving.engine_config import (
     evidence,
 )
 from onboarding.serving.searched import CellSearch, SearchRecord, apply
-from onboarding.serving.stack import EngineTemplate, Stack
+from onboarding.serving.stack import EngineTemplate, Stack, servable
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
 LOCAL_IMAGE = "local"
@@ -192,6 +195,43 @@ def search_bases(splan: ServingPlan, spec: ModelSpec, nodes: NodesConfig, stack:
     return out, left_out
 
 
+def engine_bases(splan: ServingPlan, spec: ModelSpec, stack: Stack, node_type: str,
+                 at_hand: frozenset[str] | None = None) -> tuple[list[EngineConfig], list[str]]:
+    """The configuration search's starts in the other engines: the plan's configuration of
+    `node_type` rendered by every other engine template of configs/stack.yaml with kernels for
+    its precision on that hardware, at that engine's pinned version and image (as the engine
+    choice builds it: `config_for_engine`); and what was left out, with why. `at_hand`: the
+    engines this machine can start (None: all), the others left out, said."""
+    config = splan.config(node_type)
+    if config is None:
+        return [], [f"{node_type}: nothing planned ({splan.skipped.get(node_type, '?')})"]
+    out, left_out = [], []
+    for name, template in sorted(stack.templates.items()):
+        if name == config.engine:
+            continue
+        ok, why = servable(template, name, config.hardware, config.precision)
+        version = stack.versions.get(name)
+        image = stack.images_by_engine.get(name, {}).get(config.hardware)
+        if ok and not version:
+            ok, why = False, f"stack.yaml versions has no {name}"
+        elif ok and not image:
+            ok, why = False, f"stack.yaml images gives {name} no image for {config.hardware}"
+        if not ok:
+            left_out.append(f"engine {name}: {why}")
+            continue
+        try:
+            start = config_for_engine(config, spec, template, name, version, image)
+        except (ConfigError, ValueError) as exc:  # e.g. a twin where it takes no dummy load
+            left_out.append(f"engine {name}: {exc}")
+            continue
+        if at_hand is not None and name not in at_hand:
+            left_out.append(f"engine {name} {version}: not installed where this search runs "
+                            f"(bench/config_search.py --engine-bin-for {name}=DIR starts it)")
+            continue
+        out.append(start)
+    return out, left_out
+
+
 def with_searched(splan: ServingPlan, spec: ModelSpec, templates: dict[str, EngineTemplate],
                   records: list[SearchRecord], nodes: NodesConfig | None = None,
                   stack: Stack | None = None) -> ServingPlan:
@@ -199,16 +239,30 @@ def with_searched(splan: ServingPlan, spec: ModelSpec, templates: dict[str, Engi
     configuration the search started from (onboarding/serving/searched.py); the records of this
     model kept on the plan for the engine at hand (`config_at_hand`). A winner at another
     precision or TP (`search_bases`, which needs `nodes` and `stack`) also replaces the node
-    type's memory plan, so the manifest asks for its GPUs and publishes its weights."""
+    type's memory plan, so the manifest asks for its GPUs and publishes its weights; a winner
+    in another engine (`engine_bases`) replaces the node type's engine choice, saying so."""
     mine = tuple(r for r in records if r.model == spec.id)
     configs, notes, node_plans = dict(splan.configs), [], {}
+    engines: dict[str, EngineChoice] = {}
     for nt, config in splan.configs.items():
         template = templates.get(config.engine)
         if template is None:
             continue
 
-        def rebase(precision: str, tp: int, nt: str = nt) -> tuple[EngineConfig | None, str]:
-            if nodes is None or stack is None:
+        def rebase(precision: str, tp: int, engine: str, nt: str = nt,
+                   config: EngineConfig = config) -> tuple[EngineConfig | None, str]:
+            if stack is None:
+                return None, "no stack at hand to rebuild another precision, TP or engine"
+            if engine != config.engine:
+                if (precision, tp) != (config.precision, config.tensor_parallel):
+                    return None, (f"the search starts other engines at the plan's precision "
+                                  f"and TP ({config.precision}, TP {config.tensor_parallel})")
+                bases, left_out = engine_bases(splan, spec, stack, nt)
+                hit = [b for b in bases if b.engine == engine]
+                why = [w for w in left_out if w.startswith(f"engine {engine}")]
+                return (hit[0], "") if hit else (None, why[0] if why else (
+                    f"{engine} is no longer an engine template of configs/stack.yaml"))
+            if nodes is None:
                 return None, "no memory plan at hand to rebuild another precision or TP"
             bases, left_out = search_bases(splan, spec, nodes, stack, nt)
             hit = [b for b in bases if (b.precision, b.tensor_parallel) == (precision, tp)]
@@ -223,17 +277,27 @@ def with_searched(splan: ServingPlan, spec: ModelSpec, templates: dict[str, Engi
                 node, tp_basis=f"measured search: {precision} at TP {tp}")
             return hit[0], ""
 
-        configs[nt], said = apply(config, template, list(mine), rebase)
+        configs[nt], said = apply(config, template, list(mine), rebase, templates)
         if said:
             notes.append((nt, said))
         if configs[nt].hash == config.hash:
             node_plans.pop(nt, None)
+        elif configs[nt].engine != config.engine:
+            won = next(r for r in mine if r.node_type == nt and r.base_hash == config.hash)
+            engines[nt] = EngineChoice(
+                node_type=nt, engine=configs[nt].engine, basis=SEARCHED,
+                config_hash=configs[nt].hash,
+                reason=(f"{configs[nt].engine}: the measured search's winner over "
+                        f"{won.candidates} candidates, {config.engine} among them: "
+                        f"{won.margin}")[:600])
     plan = splan.plan
     if node_plans:
         plan = dataclasses.replace(plan, nodes=tuple(node_plans.get(n.node_type, n)
                                                      for n in plan.nodes))
+    choices = tuple(engines.get(c.node_type, c) for c in splan.engines) + tuple(
+        c for nt, c in engines.items() if splan.engine_choice(nt) is None)
     return dataclasses.replace(splan, plan=plan, configs=configs, searched=mine,
-                               search_notes=tuple(notes))
+                               search_notes=tuple(notes), engines=choices)
 
 
 def with_cell_search(splan: ServingPlan, spec: ModelSpec, found: CellSearch | None,
@@ -249,7 +313,7 @@ def with_cell_search(splan: ServingPlan, spec: ModelSpec, found: CellSearch | No
                                               if k == r.node_type})
     one = with_searched(one, spec, stack.templates, [r], nodes, stack)
     return dataclasses.replace(splan, plan=one.plan, configs={**splan.configs, **one.configs},
-                               searched=(*splan.searched, r),
+                               engines=one.engines, searched=(*splan.searched, r),
                                search_notes=(*splan.search_notes, *one.search_notes))
 
 

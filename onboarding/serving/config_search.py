@@ -8,9 +8,11 @@ one measured at the SLO:
   `max_num_batched_tokens` x `api_server_count` (configs/search.yaml `search`; more API
   servers where a point is frontend-bound, onboarding/serving/frontend.py); the same from
   each other start the caller gives (the plan's configuration at another precision the gate
-  passed, or another TP that fits: serving_plan.search_bases), every other setting as
-  planned (the engine is the plan's choice). A pair the engine refuses is left out and said (`max_num_batched_tokens` below `max_num_seqs`; below `max_model_len`
-  without chunked prefill; an API-server count for an engine without the flag).
+  passed, or another TP that fits: serving_plan.search_bases; the plan's configuration in
+  another engine template: serving_plan.engine_bases), every other setting as planned. A pair
+  the engine refuses is left out and said (`max_num_batched_tokens` below `max_num_seqs`;
+  below `max_model_len` without chunked prefill; an API-server count for an engine without
+  the flag).
 - Order: by a prediction where one is given (`predicted`, lower is better, e.g. a calibrated
   TTFT p99 at the target rate), else by the stated `RULE`. At most `max_candidates`.
 - Each candidate is measured by the caller's `measure` (the rate verdict at the target rate,
@@ -40,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +55,8 @@ RULE = ("the plan's configuration first (the baseline every winner is compared w
         "max-num-seqs from the SLO's target concurrency upward (a slot for every request in "
         "flight at the target first, then headroom), the larger max-num-batched-tokens first "
         "at equal max-num-seqs (fewer prefill chunks per prompt), one API server before more, "
-        "the plan's precision and TP before the others at equal numbers")
+        "the plan's precision and TP before the others at equal numbers, and the plan's engine "
+        "before another's")
 
 
 class SearchFailed(OnboardingError):
@@ -65,12 +68,14 @@ class Candidate:
     config: EngineConfig
     predicted: float | None = None  # lower is better (the predictor's basis), None: by RULE
     baseline: bool = False  # the plan's own configuration
-    other_start: bool = False  # from another precision or TP than the plan's (`candidates`)
+    other_start: bool = False  # from another precision, TP or engine than the plan's
+    other_engine: bool = False  # in another engine than the plan's (`candidates`)
 
     @property
     def label(self) -> str:
         servers = self.config.param("api_server_count")
-        start = (f"{self.config.precision} TP {self.config.tensor_parallel}, "
+        start = (f"{self.config.engine + ' ' if self.other_engine else ''}"
+                 f"{self.config.precision} TP {self.config.tensor_parallel}, "
                  if self.other_start else "")
         return (f"{start}max_num_seqs={self.config.param('max_num_seqs', 'engine default')}, "
                 f"max_num_batched_tokens="
@@ -135,7 +140,8 @@ class SearchRow:
         c, m = self.candidate.config, self.measured
         v = m.verdict if m else None
         out: dict[str, Any] = {
-            "hash": c.hash, "precision": c.precision, "tensor_parallel": c.tensor_parallel,
+            "hash": c.hash, "engine": c.engine, "precision": c.precision,
+            "tensor_parallel": c.tensor_parallel,
             "max_num_seqs": c.param("max_num_seqs"),
             "max_num_batched_tokens": c.param("max_num_batched_tokens", "default"),
             "api_server_count": c.param("api_server_count", 1),
@@ -214,21 +220,31 @@ def refused_pair(base: EngineConfig, seqs: int, tokens: int) -> str:
 def candidates(template: EngineTemplate, base: EngineConfig, max_num_seqs: Sequence[int],
                max_num_batched_tokens: Sequence[int], target_concurrency: int,
                max_candidates: int, predict: Callable[[EngineConfig], float | None] | None = None,
-               api_server_count: Sequence[int] = (1,), starts: Sequence[EngineConfig] = ()
+               api_server_count: Sequence[int] = (1,), starts: Sequence[EngineConfig] = (),
+               templates: Mapping[str, EngineTemplate] | None = None
                ) -> tuple[list[Candidate], list[str], str]:
     """The plan's configuration first, then the grid in the predictor's order (when it predicts
     every candidate) or the RULE's, at most `max_candidates` in all; and what was left out.
-    `starts`: the plan's configuration at other precisions and TPs (serving_plan.search_bases),
-    each a candidate itself and a start of the same grid, after the plan's at equal numbers."""
+    `starts`: the plan's configuration at other precisions and TPs (serving_plan.search_bases)
+    and in other engines (serving_plan.engine_bases), each a candidate itself and a start of
+    the same grid, after the plan's at equal numbers; a start in another engine has its numbers
+    rendered by that engine's template (`templates`; `template` is the plan's engine's)."""
     left_out: list[str] = []
-    servers = sorted(set(api_server_count)) or [1]
-    if any(n != 1 for n in servers) and "api_server_count" not in template.args:
-        left_out.append(f"api_server_count {[n for n in servers if n != 1]}: engine "
-                        f"{base.engine} has no API-server count flag in configs/stack.yaml")
-        servers = [1]
+    wanted = sorted(set(api_server_count)) or [1]
     grid: list[EngineConfig] = []
     rank: dict[str, int] = {}  # hash -> which start it came from (0: the plan's)
     for i, start in enumerate([base, *starts]):
+        tmpl = template if start.engine == base.engine else (templates or {}).get(start.engine)
+        if tmpl is None:
+            left_out.append(f"engine {start.engine}: no template given for it")
+            continue
+        servers = wanted
+        if any(n != 1 for n in servers) and "api_server_count" not in tmpl.args:
+            why = (f"api_server_count {[n for n in servers if n != 1]}: engine "
+                   f"{start.engine} has no API-server count flag in configs/stack.yaml")
+            if why not in left_out:
+                left_out.append(why)
+            servers = [1]
         if i and start.hash not in rank and start.hash != base.hash:
             rank[start.hash] = i
             grid.append(start)
@@ -239,7 +255,7 @@ def candidates(template: EngineTemplate, base: EngineConfig, max_num_seqs: Seque
                         left_out.append(why)
                     continue
                 for n in servers:
-                    c = with_batching(template, start, seqs, tokens, n)
+                    c = with_batching(tmpl, start, seqs, tokens, n)
                     if c.hash not in rank and c.hash != base.hash:
                         rank[c.hash] = i
                         grid.append(c)
@@ -257,7 +273,8 @@ def candidates(template: EngineTemplate, base: EngineConfig, max_num_seqs: Seque
                     c.param("api_server_count", 1), rank[c.hash])
         grid.sort(key=rule)
     out = [Candidate(base, predict(base) if basis == "predicted" and predict else None, True)]
-    out += [Candidate(c, preds.get(c.hash), other_start=rank[c.hash] > 0) for c in grid]
+    out += [Candidate(c, preds.get(c.hash), other_start=rank[c.hash] > 0,
+                      other_engine=c.engine != base.engine) for c in grid]
     if len(out) > max_candidates:
         left_out.append(f"{len(out) - max_candidates} beyond max_candidates={max_candidates}")
     return out[:max_candidates], left_out, basis

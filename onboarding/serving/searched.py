@@ -3,7 +3,8 @@ serving stage measures and `kserve_manifest` renders (one hash, as before the se
 
 A record (configs/searched_configs.json, written by bench/config_search.py from a search run)
 names the model, the node type, the hash of the configuration the search started from (the
-plan's, or the engine at hand's), and the winner: its searched numbers and its hash. It is
+plan's, or the engine at hand's), and the winner: its searched numbers, its precision, TP and
+engine where those were searched too, and its hash. It is
 applied only where the plan still gives exactly that starting configuration, and only when
 rebuilding the winner from it gives the recorded hash; anything else (the plan, the stack or the
 spec changed since the search) keeps the plan's configuration and says why. Pure.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ class SearchRecord:
     # starting configuration's, as in records written before those axes)
     precision: str = ""
     tensor_parallel: int = 0
+    engine: str = ""  # the winner's engine where the search started other engines too
     basis: str = ""  # the order's basis: "predicted" or the stated rule
     margin: str = ""  # how the winner won, with n
     candidates: int = 0  # measured
@@ -51,7 +53,7 @@ class SearchRecord:
                    max_num_batched_tokens=w.param("max_num_batched_tokens"),
                    api_server_count=w.param("api_server_count"),
                    precision=w.precision, tensor_parallel=w.tensor_parallel,
-                   basis=result.basis, margin=result.margin, candidates=result.measured,
+                   engine=w.engine, basis=result.basis, margin=result.margin, candidates=result.measured,
                    crashed=result.crashed, table=tuple(result.table()))
 
 
@@ -85,15 +87,18 @@ def dump_records(records: list[SearchRecord]) -> str:
                       indent=1, default=str) + "\n"
 
 
-Rebase = Callable[[str, int], tuple[EngineConfig | None, str]]
+Rebase = Callable[[str, int, str], tuple[EngineConfig | None, str]]
 
 
 def apply(config: EngineConfig, template: EngineTemplate, records: list[SearchRecord],
-          rebase: Rebase | None = None) -> tuple[EngineConfig, str]:
+          rebase: Rebase | None = None, templates: Mapping[str, EngineTemplate] | None = None
+          ) -> tuple[EngineConfig, str]:
     """The winner for `config` (same model, node type and starting hash), else `config`; and
     what was done ("" when no record names this model and node type). A winner at another
-    precision or TP starts from `rebase(precision, tp)`: the plan's configuration there, or
-    None and why (then the plan's configuration is kept, and that is said)."""
+    precision, TP or engine starts from `rebase(precision, tp, engine)`: the plan's
+    configuration there, or None and why (then the plan's configuration is kept, and that is
+    said); its numbers are rendered by its engine's template (`templates`; `template` is
+    `config`'s engine's)."""
     mine = [r for r in records if r.model == config.model and r.node_type == config.node_type]
     if not mine:
         return config, ""
@@ -103,13 +108,18 @@ def apply(config: EngineConfig, template: EngineTemplate, records: list[SearchRe
         start = config
         precision = r.precision or config.precision
         tp = r.tensor_parallel or config.tensor_parallel
-        if (precision, tp) != (config.precision, config.tensor_parallel):
-            start, why = rebase(precision, tp) if rebase is not None else (
-                None, "another precision or TP, and nothing to rebuild it from")
+        engine = r.engine or config.engine
+        if (precision, tp, engine) != (config.precision, config.tensor_parallel, config.engine):
+            start, why = rebase(precision, tp, engine) if rebase is not None else (
+                None, "another precision, TP or engine, and nothing to rebuild it from")
             if start is None:
-                return config, (f"search record not applied: its winner is {precision} at TP "
-                                f"{tp}: {why}")
-        won = with_batching(template, start, r.max_num_seqs, r.max_num_batched_tokens,
+                return config, (f"search record not applied: its winner is {engine} {precision}"
+                                f" at TP {tp}: {why}")
+        tmpl = template if start.engine == config.engine else (templates or {}).get(start.engine)
+        if tmpl is None:
+            return config, (f"search record not applied: no template for its winner's engine "
+                            f"{start.engine}")
+        won = with_batching(tmpl, start, r.max_num_seqs, r.max_num_batched_tokens,
                             r.api_server_count)
         if won.hash != r.winner_hash:
             return config, (f"search record not applied: rebuilding its winner gives {won.hash},"

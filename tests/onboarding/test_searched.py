@@ -205,3 +205,73 @@ def test_a_cells_search_moves_only_its_node_type():
     assert "b300" in dict(moved.search_notes)
     assert with_cell_search(filed, LLAMA, CellSearch(None, "not run"), NODES, STACK) is filed
     assert with_cell_search(filed, LLAMA, None, NODES, STACK) is filed
+
+
+def test_the_other_engines_start_the_grid_in_their_own_flags():
+    """The plan's h200 configuration in every other engine template with kernels for FP8 on
+    Hopper (as the engine choice builds it), at that engine's pin; an engine not installed where
+    the search runs is left out, said. The grid from an SGLang start is rendered in SGLang's
+    flags, and SGLang takes no API-server count (left out, said)."""
+    from onboarding.deploy.serving_plan import engine_bases
+    from onboarding.serving.config_search import candidates
+
+    splan = planned()
+    base = splan.config("h200")
+    starts, _ = engine_bases(splan, LLAMA, STACK, "h200")
+    sglang = next(s for s in starts if s.engine == "sglang")
+    assert (sglang.precision, sglang.tensor_parallel) == (base.precision, base.tensor_parallel)
+    assert sglang.engine_version == STACK.versions["sglang"] and sglang.hash != base.hash
+    assert sglang.max_num_seqs == base.max_num_seqs
+    none, at_hand = engine_bases(splan, LLAMA, STACK, "h200", at_hand=frozenset({"vllm"}))
+    assert none == [] and any(w.startswith(f"engine sglang {STACK.versions['sglang']}: not "
+                                           "installed where this search runs") for w in at_hand)
+    cands, grid_left_out, _ = candidates(VLLM, base, [128], [8192], 32, 10,
+                                         api_server_count=[1, 2], starts=[sglang],
+                                         templates=STACK.templates)
+    theirs = [c for c in cands if c.config.engine == "sglang"]
+    assert [c.label for c in theirs] == [
+        (f"sglang fp8 TP 2, max_num_seqs={base.max_num_seqs}, max_num_batched_tokens=engine "
+         "default"), "sglang fp8 TP 2, max_num_seqs=128, max_num_batched_tokens=8192"]
+    argv = " ".join(theirs[1].config.param_args)
+    assert "--max-running-requests 128" in argv or "--max-running-requests=128" in argv
+    assert "chunked-prefill-size" in argv and "max-num-seqs" not in argv
+    assert "api_server_count [2]: engine sglang has no API-server count flag" in \
+        "; ".join(grid_left_out)
+    ours = [c for c in cands if c.config.engine == "vllm"]
+    assert any(c.config.param("api_server_count") == 2 for c in ours)
+    # at equal numbers the plan's engine comes first
+    assert cands.index(ours[1]) < cands.index(theirs[1])
+
+
+def test_a_winner_in_another_engine_moves_the_engine_choice_and_the_manifest():
+    """A recorded winner in SGLang is rebuilt from the plan's configuration in SGLang's template
+    (same hash), replaces the node type's engine choice (basis: the measured search, its margin
+    said), and the manifest runs SGLang's image and flags; without the stack it is kept out."""
+    from onboarding.deploy.engine_choice import SEARCHED
+    from onboarding.deploy.serving_plan import engine_bases, with_engine_choices
+    from resources.config_files import ConfigFiles
+
+    cf = ConfigFiles()
+    splan = with_engine_choices(planned(), LLAMA, STACK.templates, cf.stack_config(), [],
+                                STACK.engine)
+    base = splan.config("h200")
+    sglang = next(s for s in engine_bases(splan, LLAMA, STACK, "h200")[0]
+                  if s.engine == "sglang")
+    won = with_batching(STACK.templates["sglang"], sglang, 128, 8192)
+    rec = SearchRecord(model=LLAMA.id, node_type="h200", base_hash=base.hash,
+                       winner_hash=won.hash, max_num_seqs=128, max_num_batched_tokens=8192,
+                       engine="sglang", candidates=4, margin="sglang ahead (n=1300)")
+    searched = with_searched(splan, LLAMA, STACK.templates, [rec], NODES, STACK)
+    cfg = searched.config("h200")
+    assert cfg.hash == won.hash and cfg.engine == "sglang"
+    choice = searched.engine_choice("h200")
+    assert choice.engine == "sglang" and choice.basis == SEARCHED
+    assert "sglang ahead (n=1300)" in choice.reason and choice.config_hash == won.hash
+    assert searched.engine_choice("b300") == splan.engine_choice("b300")
+    rendered, _ = render_targets(LLAMA, searched, NODES, STACK, DEPLOY, None, None, None)
+    text = str(next(r for r in rendered if r.node_type == "h200").docs)
+    assert "sglang.launch_server" in text and "--max-running-requests=128" in text
+    assert "--chunked-prefill-size=8192" in text and "--max-num-seqs" not in text
+    assert won.image in text
+    kept = with_searched(splan, LLAMA, STACK.templates, [rec])
+    assert kept.config("h200") == base and "no stack at hand" in dict(kept.search_notes)["h200"]

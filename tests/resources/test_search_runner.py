@@ -130,3 +130,36 @@ def test_each_precision_is_served_from_its_own_weights(tmp_path, model_dir, monk
                         start_s=5, log=lambda s: None)
     assert started == [("bf16", str(model_dir)), ("fp8", str(other))]
     assert [r["precision"] for r in result.table()] == ["bf16", "fp8"]
+
+
+def test_each_engine_starts_its_own_candidates(tmp_path, model_dir, monkeypatch):
+    """Candidates in two engines, one `Engine` resource each: each candidate is started by the
+    resource of its configuration's engine; an engine with none at hand is refused before any
+    start. (Both resources here start the fake engine posing as vLLM: the CPU has no second
+    engine installed; which resource started which candidate is what is checked.)"""
+    from onboarding.common.errors import ConfigError
+
+    engine, variant, cands, basis, tok = setup(tmp_path, model_dir, monkeypatch, {})
+    other = Candidate(dataclasses.replace(cands[1].config, engine="sglang"), other_start=True,
+                      other_engine=True)
+    started: list[tuple[str, str]] = []
+
+    class Recorded:  # the real engine, and which resource each start went to
+        def __init__(self, name):
+            self.name = name
+
+        def serve(self, v, config, **kw):
+            started.append((self.name, config.engine))
+            return engine.serve(v, dataclasses.replace(config, engine="vllm"), **kw)
+
+    traffic = Traffic(input_tokens=8, output_tokens=4, warmup_requests=1, request_timeout_s=10)
+    with pytest.raises(ConfigError, match="no engine at hand for sglang"):
+        run_search({"vllm": Recorded("vllm")}, LoadGenerator(), variant, [cands[0], other],
+                   basis, SLO, RATE, traffic, tok, budget_s=600, start_s=5, log=lambda s: None)
+    assert started == []
+    result = run_search({"vllm": Recorded("vllm"), "sglang": Recorded("sglang")},
+                        LoadGenerator(), variant, [cands[0], other], basis, SLO, RATE, traffic,
+                        tok, budget_s=600, start_s=5, log=lambda s: None)
+    assert started == [("vllm", "vllm"), ("sglang", "sglang")]
+    assert [r["engine"] for r in result.table()] == ["vllm", "sglang"]
+    assert other.label.startswith("sglang bf16 TP 1, ")

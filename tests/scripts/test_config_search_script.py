@@ -3,6 +3,7 @@ search it runs is tests/e2e/test_config_search_vllm.py's (CPU) and the recording
 tests/data/gpu/config-search (GPU, made by bench/gpu_search.sh). bench/search_vs_auto_tune.py
 reports that recording against vLLM's auto_tune."""
 
+import re
 import subprocess
 import sys
 
@@ -33,6 +34,27 @@ def test_config_search_plan_dry_run_starts_from_the_h100_plan():
         capture_output=True, text=True, timeout=300, cwd=PROJECT_ROOT, check=True).stdout
     assert "llama-3-1-8b-instruct-twin on h100: 4 candidates" in out
     assert "max_num_seqs=32, max_num_batched_tokens=engine default (the plan)" in out
+
+
+def test_config_search_other_engines_start_where_installed(tmp_path):
+    """--other-starts with --engine-bin-for: the plan's configuration in SGLang's template starts
+    the grid too (its own hash, its own label); an engine that cannot take the twin says why."""
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "llama-3-1-8b-instruct-twin", "--model-dir",
+         "/nonexistent", "--precision", "fp8", "--node-type", "h100", "--hardware", "sm90",
+         "--plan", "--max-num-seqs", "128", "--max-num-batched-tokens", "8192",
+         "--max-candidates", "4", "--other-starts", "--engine-bin-for", f"sglang={tmp_path}",
+         "--dry-run"],
+        capture_output=True, text=True, timeout=300, cwd=PROJECT_ROOT, check=True).stdout
+    assert "sglang fp8 TP 1, max_num_seqs=128, max_num_batched_tokens=8192" in out
+    assert "engine trtllm: performance twin" in out
+    without = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "llama-3-1-8b-instruct-twin", "--model-dir",
+         "/nonexistent", "--precision", "fp8", "--node-type", "h100", "--hardware", "sm90",
+         "--plan", "--other-starts", "--dry-run"],
+        capture_output=True, text=True, timeout=300, cwd=PROJECT_ROOT, check=True).stdout
+    assert re.search(r"engine sglang [\w.]+: not installed where this search runs", without)
+    assert "sglang fp8" not in without.split("budget", 1)[1]
 
 
 BENCH = PROJECT_ROOT / "bench"
