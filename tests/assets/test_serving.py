@@ -626,3 +626,25 @@ def test_the_cells_search_winner_is_what_the_cell_measures(config_dir, model_dir
     assert "n=" in found.note
     assert metadata(result, "load_timing")["config_hash"] == rec.winner_hash
     assert b_hash(result) == rec.winner_hash
+
+
+def test_a_cells_search_starts_its_own_engine_only_and_says_why():
+    """In the pipeline the cell's pod runs one engine's image and has the plan's precision's
+    weights: the cell's search starts the plan's configuration at other TPs only, and says why
+    the other precisions and engines are left out (bench/config_search.py searches those)."""
+    from assets.serving import _tp_starts
+    from bench.config_search import planned_serving
+
+    cf = ConfigFiles()
+    spec = cf.spec("llama-3-1-8b-instruct-twin")
+    splan = planned_serving(cf, spec)
+    config = splan.config("h100")
+    engine = Engine(hardware="sm90", node_type="h100", gpus="0", configs=cf)
+    starts, left_out = _tp_starts(cf, spec, splan, config, engine)
+    assert starts == []  # one GPU at hand: no other TP
+    said = "; ".join(left_out)
+    assert "not published for this cell" in said
+    assert f"engine sglang {cf.stack().versions['sglang']}: not installed where this search " \
+        "runs" in said
+    assert "engine trtllm: performance twin" in said
+    assert all(not w.startswith(f"engine {config.engine}") for w in left_out)
