@@ -244,23 +244,38 @@ def engine_candidates(config: EngineConfig, spec: ModelSpec,
     for engine, template in sorted(templates.items()):
         if engine == config.engine:
             continue
-        ok, reason = servable(template, engine, config.hardware, config.precision)
         version = stack_data.get("versions", {}).get(engine)
-        if ok and not version:
-            ok, reason = False, f"stack.yaml versions has no {engine}"
-        image = None
-        if ok:
+        image, reason = None, ""
+        if version:
             try:
                 image = engine_images(stack_data, engine, version).get(config.hardware)
             except ValueError as exc:
-                ok, reason = False, str(exc)
-        if ok and not image:
-            ok, reason = False, f"stack.yaml images gives {engine} no image for {config.hardware}"
-        if not ok:
+                reason = str(exc)
+        rendered, reason = in_engine(config, spec, template, engine, version, image, reason)
+        if rendered is None:
             why[engine] = reason
-            continue
-        try:
-            out[engine] = config_for_engine(config, spec, template, engine, version, image)
-        except ConfigError as exc:  # e.g. a twin on a template without --load-format
-            why[engine] = str(exc)
+        else:
+            out[engine] = rendered
     return out, why
+
+
+def in_engine(config: EngineConfig, spec: ModelSpec, template: EngineTemplate, engine: str,
+              version: str | None, image: str | None, image_error: str = ""
+              ) -> tuple[EngineConfig | None, str]:
+    """`config` rendered by `engine`'s template at `version` and `image` (`config_for_engine`),
+    or None and why not: no kernels for its precision on its hardware, no pinned version, no
+    image for that hardware (`image_error`: why the tag rule gave none), or a template that
+    cannot take the model (e.g. a twin where it has no dummy load)."""
+    ok, reason = servable(template, engine, config.hardware, config.precision)
+    if ok and not version:
+        ok, reason = False, f"stack.yaml versions has no {engine}"
+    elif ok and image_error:
+        ok, reason = False, image_error
+    elif ok and not image:
+        ok, reason = False, f"stack.yaml images gives {engine} no image for {config.hardware}"
+    if not ok:
+        return None, reason
+    try:
+        return config_for_engine(config, spec, template, engine, version, image), ""
+    except (ConfigError, ValueError) as exc:
+        return None, str(exc)

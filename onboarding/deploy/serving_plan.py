@@ -12,15 +12,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from onboarding.common.errors import ConfigError
 from onboarding.deploy.engine_choice import (
     MEASURED,
     SEARCHED,
     EngineChoice,
     Measurement,
     choose_engine,
-    config_for_engine,
     engine_candidates,
+    in_engine,
 )
 from onboarding.deploy.kserve import (
     DeployConfig,
@@ -48,7 +47,7 @@ from onboarding.serving.engine_config import (
     evidence,
 )
 from onboarding.serving.searched import CellSearch, SearchRecord, apply
-from onboarding.serving.stack import EngineTemplate, Stack, servable
+from onboarding.serving.stack import EngineTemplate, Stack
 from onboarding.serving.stats import LoadTimingResult, ServingBenchmarkResult
 
 LOCAL_IMAGE = "local"
@@ -209,20 +208,11 @@ def engine_bases(splan: ServingPlan, spec: ModelSpec, stack: Stack, node_type: s
     for name, template in sorted(stack.templates.items()):
         if name == config.engine:
             continue
-        ok, why = servable(template, name, config.hardware, config.precision)
         version = stack.versions.get(name)
-        image = stack.images_by_engine.get(name, {}).get(config.hardware)
-        if ok and not version:
-            ok, why = False, f"stack.yaml versions has no {name}"
-        elif ok and not image:
-            ok, why = False, f"stack.yaml images gives {name} no image for {config.hardware}"
-        if not ok:
+        start, why = in_engine(config, spec, template, name, version,
+                               stack.images_by_engine.get(name, {}).get(config.hardware))
+        if start is None:
             left_out.append(f"engine {name}: {why}")
-            continue
-        try:
-            start = config_for_engine(config, spec, template, name, version, image)
-        except (ConfigError, ValueError) as exc:  # e.g. a twin where it takes no dummy load
-            left_out.append(f"engine {name}: {exc}")
             continue
         if at_hand is not None and name not in at_hand:
             left_out.append(f"engine {name} {version}: not installed where this search runs "
