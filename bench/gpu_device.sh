@@ -148,19 +148,8 @@ case "$1" in
       install)
         last=$(ls -d .sgl[0-9]* | sort -V | tail -1)
         mkdir -p /tmp/sglasm && cp "$last"/part.* /tmp/sglasm/
-        cat /tmp/sglasm/part.* > /tmp/sgl.tar.xz && rm -rf /tmp/sglasm
-        echo "$(cat "$last/sgl.sha256")  /tmp/sgl.tar.xz" | sha256sum -c -
-        rm -rf /tmp/sgl-site
-        if command -v xz >/dev/null; then xz -dc -T0 /tmp/sgl.tar.xz | tar -C /tmp -xf -
-        else python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall("/tmp")' /tmp/sgl.tar.xz
-        fi
-        rm -f /tmp/sgl.tar.xz
-        # the engine's interpreter: SGLang's pins (transformers 5.12.1, tokenizers 0.22.2,
-        # openai 2.6.1, tvm-ffi 0.1.11) ahead of the vLLM payload, for the engine process only
-        mkdir -p "$sgl_bin"
-        printf '#!/bin/sh\nPYTHONPATH=/tmp/sgl-site${PYTHONPATH:+:$PYTHONPATH} exec %s "$@"\n' \
-            "$(command -v python3)" > "$sgl_bin/python"
-        chmod +x "$sgl_bin/python"
+        bash bench/sglang_unpack.sh /tmp/sglasm "$last/sgl.sha256" "$sgl_bin"
+        rm -rf /tmp/sglasm
         need_payload sglang install "(SGLang is unpacked; \`sglang check\` after it)"
         "$sgl_bin/python" bench/sglang_check.py | tee "$OUT/sglang-install.txt" ;;
       check)  # the import check alone, on an unpacked SGLang (after `install`)

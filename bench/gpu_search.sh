@@ -87,17 +87,8 @@ case "$1" in
     mkdir -p "$W/res"
     if [ -f /tmp/sglasm/sgl.sha256 ]; then
       # SGLang beside vLLM: its own tree first on the engine's path (bench/gpu_device.sh sglang)
-      cd /tmp/sglasm && cat $(ls part.* | sort -V) > /tmp/sgl.tar.xz
-      echo "$(cat sgl.sha256)  /tmp/sgl.tar.xz" | sha256sum -c - && cd / && rm -rf /tmp/sglasm
-      rm -rf /tmp/sgl-site
-      if command -v xz >/dev/null; then xz -dc -T0 /tmp/sgl.tar.xz | tar -C /tmp -xf -
-      else python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall("/tmp")' /tmp/sgl.tar.xz
-      fi
-      rm -f /tmp/sgl.tar.xz
-      mkdir -p "$W/bin-sglang"
-      printf '#!/bin/sh\nPYTHONPATH=/tmp/sgl-site${PYTHONPATH:+:$PYTHONPATH} exec %s "$@"\n' \
-          "$(command -v python3)" > "$W/bin-sglang/python"
-      chmod +x "$W/bin-sglang/python"
+      bash /tmp/code/bench/sglang_unpack.sh /tmp/sglasm /tmp/sglasm/sgl.sha256 "$W/bin-sglang"
+      rm -rf /tmp/sglasm
       "$W/bin-sglang/python" -c "import sglang; print('sglang', sglang.__version__)"
     fi
     cd /tmp/code && setsid nohup bash bench/gpu_search.sh drive > "$W/res/drive.log" 2>&1 < /dev/null &

@@ -107,6 +107,18 @@ def candidate_cost_s(rate: RateSlo, start_s: float) -> float:
     return start_s + rate.repeats * rate.max_seconds
 
 
+def _one_per(given, needed: set[str], node_type: str, what: str, fix: str) -> dict | None:
+    """`given` as a name -> value mapping when it is one (None: one value serves every
+    candidate), refusing before anything starts when a name the candidates need is missing."""
+    if not isinstance(given, Mapping):
+        return None
+    missing = sorted(needed - set(given))
+    if missing:
+        raise ConfigError(f"search on {node_type}", f"{what} for {', '.join(missing)} (given: "
+                          f"{', '.join(sorted(given)) or 'none'})", fix)
+    return dict(given)
+
+
 def run_search(engine, loadgen: LoadGenerator, variant: VariantRef | Mapping[str, VariantRef],
                cands: list[Candidate], basis: str, slo: Slo, rate: RateSlo, traffic: Traffic,
                tokenizer, budget_s: float, start_s: float, notes: tuple[str, ...] = (),
@@ -120,22 +132,12 @@ def run_search(engine, loadgen: LoadGenerator, variant: VariantRef | Mapping[str
     before anything starts)."""
     node_type = cands[0].config.node_type if cands else "?"
     per_run = requests_for(rate)
-    engines = dict(engine) if isinstance(engine, Mapping) else None
-    if engines is not None:
-        missing = sorted({c.config.engine for c in cands} - set(engines))
-        if missing:
-            raise ConfigError(f"search on {node_type}", f"no engine at hand for "
-                              f"{', '.join(missing)} (given: {', '.join(sorted(engines)) or 'none'})",
-                              "Give an installed engine per engine the candidates run, or leave "
-                              "those engines out of the search.")
-    variants = dict(variant) if isinstance(variant, Mapping) else None
-    if variants is not None:
-        missing = sorted({c.config.precision for c in cands} - set(variants))
-        if missing:
-            raise ConfigError(f"search on {node_type}", f"no weights for {', '.join(missing)} "
-                              f"(given: {', '.join(sorted(variants)) or 'none'})",
-                              "Give a variant per precision the candidates serve, or leave "
-                              "those precisions out of the search.")
+    engines = _one_per(engine, {c.config.engine for c in cands}, node_type, "no engine at hand",
+                       "Give an installed engine per engine the candidates run, or leave those "
+                       "engines out of the search.")
+    variants = _one_per(variant, {c.config.precision for c in cands}, node_type,
+                        "no weights", "Give a variant per precision the candidates serve, or "
+                        "leave those precisions out of the search.")
 
     def measure(c: Candidate, bar: float) -> Measured:
         t0 = clock()

@@ -74,6 +74,7 @@ HERE = {
     "bench/sglang_check.py": "test_sglang_steps_parse_and_the_check_stops_where_a_cpu_has_no_build",
     "bench/sglang_payload.sh":
         "test_sglang_steps_parse_and_the_check_stops_where_a_cpu_has_no_build",
+    "bench/sglang_unpack.sh": "test_sglang_unpack_checks_unpacks_and_wraps_the_interpreter",
     "scripts/build_smollm2.py": "test_build_smollm2_keeps_a_complete_output",
     "scripts/demo.py": "test_demo_fetch_only_reaches_its_summary",
     "scripts/dev.sh": "test_shell_scripts_parse_and_gpu_device_refuses_an_unknown_step",
@@ -244,6 +245,46 @@ def test_sglang_steps_parse_and_the_check_stops_where_a_cpu_has_no_build(tmp_pat
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "sglang-kernel: not installed" in proc.stdout
     assert "FAIL import sgl_kernel: ModuleNotFoundError" in proc.stdout
+
+
+def test_sglang_unpack_checks_unpacks_and_wraps_the_interpreter(tmp_path):
+    """The device steps' SGLang unpack, on a payload shaped as bench/sglang_payload.sh makes it
+    (an xz tar of sgl-site/, split in parts, its sha256 beside): the interpreter it writes
+    imports from the unpacked tree; a corrupted part stops it before anything is unpacked."""
+    site = tmp_path / "src" / "sgl-site" / "sglang"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text('__version__ = "0.0.unpack-test"\n')
+    tar = tmp_path / "sgl.tar.xz"
+    subprocess.run(["tar", "-C", str(tmp_path / "src"), "-cJf", str(tar), "sgl-site"], check=True)
+    data = tar.read_bytes()
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    half = len(data) // 2
+    (parts / "part.0").write_bytes(data[:half])
+    (parts / "part.1").write_bytes(data[half:])
+    import hashlib
+
+    (tmp_path / "sgl.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
+    root, bin_dir = tmp_path / "root", tmp_path / "bin"
+    root.mkdir()
+
+    def unpack() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "bench/sglang_unpack.sh", str(parts),
+                               str(tmp_path / "sgl.sha256"), str(bin_dir), str(root)],
+                              cwd=PROJECT_ROOT, capture_output=True, text=True, check=False)
+
+    done = unpack()
+    assert done.returncode == 0, done.stderr
+    out = subprocess.run([str(bin_dir / "python"), "-c",
+                          "import sglang; print(sglang.__version__, sglang.__file__)"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("0.0.unpack-test " + str(root / "sgl-site"))
+    assert not (root / "sgl.tar.xz").exists()
+    shutil.rmtree(root / "sgl-site")
+    (parts / "part.1").write_bytes(data[half:][::-1])
+    done = unpack()
+    assert done.returncode != 0 and "FAILED" in done.stdout + done.stderr
+    assert not (root / "sgl-site").exists() and not (root / "sgl.tar.xz").exists()
 
 
 def test_write_block_prints_both_write_lengths_and_the_ratio(tmp_path):
