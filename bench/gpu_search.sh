@@ -162,9 +162,12 @@ EOF
     fi
     tar czf "$OUT/res.tar.gz" --exclude='*.tar.gz' --exclude=profile . /tmp/peer/auto-benchmark 2>/dev/null || true
     for f in search.json card.txt searched_configs.json peer.json versions.json; do
-      [ -f "$f" ] && cp "$f" "$OUT/"
+      if [ -f "$f" ]; then cp "$f" "$OUT/"; fi
     done
-    ls -la; tail -5 card.txt 2>/dev/null; tail -25 search.log 2>/dev/null
-    tail -8 peer-log.txt 2>/dev/null; [ -f DONE ] && echo DRIVE-DONE || echo DRIVE-RUNNING ;;
+    # what is written so far: a drive still searching has no peer log yet
+    ls -la; for f in card.txt:5 search.log:25 peer-log.txt:8; do
+      if [ -f "${f%:*}" ]; then tail -"${f#*:}" "${f%:*}"; fi
+    done
+    if [ -f DONE ]; then echo DRIVE-DONE; else echo DRIVE-RUNNING; fi ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac

@@ -120,3 +120,22 @@ def test_twin_variant_writes_the_fp8_export_marker_and_no_weights(tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["hidden_size"] == 4096 and config["quantization_config"]
     assert (out / "tokenizer.json").is_file() and not list(out.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("done", [True, False])
+def test_gpu_search_watch_reports_a_drive_with_no_peer_or_search_output_yet(tmp_path, done):
+    """`watch` returns what the drive wrote so far and says whether it is done, whatever is not
+    written yet (no peer log while the search runs, no search log before it starts)."""
+    res = tmp_path / "w" / "res"
+    res.mkdir(parents=True)
+    (res / "card.txt").write_text("card: test\n")
+    if done:
+        (res / "DONE").touch()
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.run(["bash", str(BENCH / "gpu_search.sh"), "watch", "0"], capture_output=True,
+                       text=True, timeout=60, cwd=PROJECT_ROOT, check=False,
+                       env={"PATH": "/usr/bin:/bin", "W": str(tmp_path / "w"), "OUT": str(out)})
+    assert p.returncode == 0, p.stderr
+    assert ("DRIVE-DONE" if done else "DRIVE-RUNNING") in p.stdout
+    assert (out / "card.txt").read_text() == "card: test\n" and (out / "res.tar.gz").is_file()
