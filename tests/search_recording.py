@@ -20,6 +20,23 @@ from onboarding.serving.stats import RequestRecord, Slo
 MODEL = "llama-3-1-8b-instruct-twin"
 
 
+def judged_runs(samples: Path, slo: Slo, rate: RateSlo) -> dict[str, list[RateVerdict]]:
+    """Per candidate hash in a search's samples.jsonl.gz, its runs in order, each judged again
+    by `rate_verdict.judge` from its requests at the run's looks."""
+    runs: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
+    bodies: dict[tuple[str, int], int] = {}
+    with gzip.open(samples, "rt") as fh:
+        for line in fh:
+            s = json.loads(line)
+            runs[s["hash"]][s["repetition"]].append(RequestRecord(
+                ok=s["ok"], error=s["error"], start_s=s["start_s"], ttft_s=s["ttft_s"],
+                e2e_s=s["e2e_s"], output_tokens=s["output_tokens"],
+                stream_tokens=s["stream_tokens"]))
+            bodies[(s["hash"], s["repetition"])] = s["bodies"]
+    return {h: [judge(recs, slo, rate, max_looks(bodies[(h, i)], rate))
+                for i, recs in sorted(reps.items())] for h, reps in runs.items()}
+
+
 @dataclass(frozen=True)
 class SearchRecording:
     path: Path
@@ -43,19 +60,7 @@ class SearchRecording:
 
     def runs_by_candidate(self) -> dict[str, list[RateVerdict]]:
         """Per candidate hash, its runs in order, each judged again from its requests."""
-        slo, rate = self.settings()
-        runs: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
-        bodies: dict[tuple[str, int], int] = {}
-        with gzip.open(self.path / "samples.jsonl.gz", "rt") as fh:
-            for line in fh:
-                s = json.loads(line)
-                runs[s["hash"]][s["repetition"]].append(RequestRecord(
-                    ok=s["ok"], error=s["error"], start_s=s["start_s"], ttft_s=s["ttft_s"],
-                    e2e_s=s["e2e_s"], output_tokens=s["output_tokens"],
-                    stream_tokens=s["stream_tokens"]))
-                bodies[(s["hash"], s["repetition"])] = s["bodies"]
-        return {h: [judge(recs, slo, rate, max_looks(bodies[(h, i)], rate))
-                    for i, recs in sorted(reps.items())] for h, reps in runs.items()}
+        return judged_runs(self.path / "samples.jsonl.gz", *self.settings())
 
     def pinned_configs(self, tmp_path: Path) -> Path:
         """configs/ pinned to the engine, torch, CUDA and driver that ran (as the device did)."""

@@ -12,7 +12,7 @@ the complete recordings (tests/assets/test_config_search_recordings.py).
 
 from __future__ import annotations
 
-import gzip
+import functools
 import json
 import re
 from collections import defaultdict
@@ -20,13 +20,15 @@ from collections import defaultdict
 import pytest
 
 from onboarding.common.paths import PROJECT_ROOT
-from onboarding.serving.rate_verdict import RateSlo, judge, max_looks
-from onboarding.serving.stats import RequestRecord, Slo
+from onboarding.serving.rate_verdict import RateSlo
+from onboarding.serving.stats import Slo
+from tests.search_recording import SearchRecording, judged_runs
 
 REC = PROJECT_ROOT / "tests" / "data" / "gpu" / "search-over-engines"
 MODEL = "llama-3-1-8b-instruct-twin"
 
 
+@functools.cache
 def _log() -> str:
     return (REC / "search.log").read_text()
 
@@ -62,33 +64,22 @@ def _printed_candidates() -> list[str]:
     return re.findall(r"^  ([0-9a-f]{12}) ", _log(), re.MULTILINE)
 
 
-def _recorded_runs(slo: Slo, rate: RateSlo):
-    runs: dict[str, dict[int, list[RequestRecord]]] = defaultdict(lambda: defaultdict(list))
-    bodies = {}
-    with gzip.open(REC / "samples.jsonl.gz", "rt") as fh:
-        for line in fh:
-            s = json.loads(line)
-            runs[s["hash"]][s["repetition"]].append(RequestRecord(
-                ok=s["ok"], error=s["error"], start_s=s["start_s"], ttft_s=s["ttft_s"],
-                e2e_s=s["e2e_s"], output_tokens=s["output_tokens"],
-                stream_tokens=s["stream_tokens"]))
-            bodies[(s["hash"], s["repetition"])] = s["bodies"]
-    return {h: [judge(recs, slo, rate, max_looks(bodies[(h, i)], rate))
-                for i, recs in sorted(reps.items())] for h, reps in runs.items()}
+@pytest.fixture(scope="module")
+def judged() -> dict:
+    """Every recorded run, judged again from its requests at the settings the device printed."""
+    return judged_runs(REC / "samples.jsonl.gz", *_settings())
 
 
 @pytest.fixture(scope="module")
 def rebuilt(tmp_path_factory):
     """The candidates as bench/config_search.py --plan --other-starts --engine-bin-for
-    sglang=DIR built them on the device: (candidates, templates)."""
+    sglang=DIR built them on the device: (candidates, templates, what engine_bases left out)."""
     from bench.config_search import planned_base, planned_serving
-    from bench.gpu_serving import pinned_configs
     from onboarding.deploy.serving_plan import engine_bases
     from onboarding.serving.config_search import candidates
     from resources.config_files import ConfigFiles
 
-    versions = json.loads((REC / "versions.json").read_text())["versions"]
-    cfg, _ = pinned_configs(tmp_path_factory.mktemp("pinned"), versions)
+    cfg = SearchRecording(REC).pinned_configs(tmp_path_factory.mktemp("pinned"))
     cf = ConfigFiles(config_dir=str(cfg))
     spec, stack = cf.spec(MODEL), cf.stack()
     slo, _ = _settings()
@@ -121,9 +112,8 @@ def test_the_device_started_the_candidates_the_plan_renders(rebuilt):
         assert argv[0].endswith(command[0].split("}")[-1])
 
 
-def test_each_recorded_run_is_judged_again_as_the_device_printed_it():
-    slo, rate = _settings()
-    judged = _recorded_runs(slo, rate)
+def test_each_recorded_run_is_judged_again_as_the_device_printed_it(judged):
+    _, rate = _settings()
     printed = _printed_runs()
     assert list(printed) == _printed_candidates()
     for h, texts in printed.items():
@@ -131,12 +121,10 @@ def test_each_recorded_run_is_judged_again_as_the_device_printed_it():
         assert all(v.n >= rate.min_requests for v in judged.get(h, []))
 
 
-def test_what_the_search_measured_before_it_stopped():
+def test_what_the_search_measured_before_it_stopped(judged):
     """At 26 req/s both engines at the plan's 32 sequences queue past the TTFT bounds, SGLang
     further than vLLM; vLLM with 128 x 8192 meets every bound in both runs; SGLang's
     128 x 8192 started and has no run."""
-    slo, rate = _settings()
-    judged = _recorded_runs(slo, rate)
     plan, sgl32, vllm128, sgl128 = _printed_candidates()
     assert [v.outcome for v in judged[plan]] == ["not met"]
     assert [v.outcome for v in judged[sgl32]] == ["not met"]
